@@ -1,0 +1,239 @@
+"""The async path (stores without synchronous IO): overlap, failure, cleanup."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import zarr
+from zarr.abc.codec import BytesBytesCodec
+from zarr.codecs import BytesCodec
+from zarr.core.array_spec import ArrayConfig, ArraySpec
+from zarr.core.buffer import default_buffer_prototype
+from zarr.core.buffer.cpu import NDBuffer
+from zarr.core.dtype import Int32
+from zarr.registry import register_codec
+
+import zarr_fused
+from zarr_fused._fallback import read_async, write_async
+from zarr_fused.errors import CorruptChunkError
+
+from conftest import BATCHED, FUSED, assert_same_values, chunk_items, make_store, with_pipeline
+
+
+def _spec(shape: tuple[int, ...]) -> ArraySpec:
+    return ArraySpec(
+        shape=shape,
+        dtype=Int32(),
+        fill_value=np.int32(-1),
+        config=ArrayConfig(order="C", write_empty_chunks=True),
+        prototype=default_buffer_prototype(),
+    )
+
+
+def _pipeline(shape: tuple[int, ...]) -> zarr_fused.FusedCodecPipeline:
+    return zarr_fused.FusedCodecPipeline.from_codecs([BytesCodec()]).evolve_from_array_spec(
+        _spec(shape)
+    )
+
+
+class Getter:
+    """An async-only byte getter/setter over a dict, with hooks."""
+
+    def __init__(self, data: dict[str, Any], key: str, *, before: Any = None) -> None:
+        self.data, self.key, self.before = data, key, before
+        self.path = key
+
+    async def get(self, prototype: Any, byte_range: Any = None) -> Any:
+        if self.before is not None:
+            await self.before()
+        return self.data.get(self.key)
+
+    async def set(self, value: Any, byte_range: Any = None) -> None:
+        if self.before is not None:
+            await self.before()
+        self.data[self.key] = value
+
+    async def delete(self) -> None:
+        self.data.pop(self.key, None)
+
+
+def _encoded(values: np.ndarray) -> Any:
+    return default_buffer_prototype().buffer.from_bytes(values.astype("<i4").tobytes())
+
+
+def test_decoding_starts_while_fetches_are_in_flight() -> None:
+    """The last chunk's fetch waits until the first chunk's decode has
+    started; a path that decodes only after every fetch finished would
+    never get there (bounded by a timeout, so it fails instead of hanging)."""
+    pipeline = _pipeline((4,))
+    plan = pipeline.plan
+    assert plan is not None and plan.chain is not None
+    first_decode = threading.Event()
+    inner = plan.chain
+
+    class SpyChain:
+        native = inner.native
+        reason = inner.reason
+
+        def decode_into(self, *args: Any) -> None:
+            first_decode.set()
+            inner.decode_into(*args)
+
+    spy_plan = dataclasses.replace(plan, chain=SpyChain())
+    data = {f"c{i}": _encoded(np.arange(4) + 10 * i) for i in range(3)}
+
+    async def wait_for_a_decode() -> None:
+        await asyncio.wait_for(asyncio.to_thread(first_decode.wait), timeout=10)
+
+    spec = _spec((4,))
+    batch = [
+        (Getter(data, "c0"), spec, (slice(0, 4),), (slice(0, 4),), True),
+        (Getter(data, "c1"), spec, (slice(0, 4),), (slice(4, 8),), True),
+        (Getter(data, "c2", before=wait_for_a_decode), spec, (slice(0, 4),), (slice(8, 12),), True),
+    ]
+    out = NDBuffer.from_numpy_array(np.zeros(12, dtype="int32"))
+    with zarr.config.set({"codec_pipeline.max_workers": 2}):
+        statuses = asyncio.run(read_async(spy_plan, batch, out, ()))
+    assert [s["status"] for s in statuses] == ["present"] * 3
+    assert_same_values(out.as_numpy_array(), np.concatenate([np.arange(4) + 10 * i for i in range(3)]).astype("int32"))
+
+
+@pytest.mark.parametrize("max_workers", [1, 2])
+def test_failed_read_cancels_and_drains(max_workers: int) -> None:
+    """A failing fetch cancels the others; nothing is left running or unobserved."""
+    pipeline = _pipeline((4,))
+    assert pipeline.plan is not None
+    slow_started = asyncio.Event()
+    slow_finished = False
+
+    async def slow() -> None:
+        nonlocal slow_finished
+        slow_started.set()
+        await asyncio.sleep(0.5)
+        slow_finished = True
+
+    async def fail() -> None:
+        await asyncio.wait_for(slow_started.wait(), timeout=5)
+        raise OSError("simulated fetch failure")
+
+    async def scenario() -> None:
+        spec = _spec((4,))
+        data = {"a": _encoded(np.arange(4)), "b": _encoded(np.arange(4))}
+        batch = [
+            (Getter(data, "a", before=slow), spec, (slice(0, 4),), (slice(0, 4),), True),
+            (Getter(data, "b", before=fail), spec, (slice(0, 4),), (slice(4, 8),), True),
+        ]
+        out = NDBuffer.from_numpy_array(np.zeros(8, dtype="int32"))
+        with pytest.raises(OSError, match="simulated fetch failure"):
+            await read_async(pipeline.plan, batch, out, ())
+        others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        assert others == []
+        await asyncio.sleep(0.7)
+        assert not slow_finished, "the slow fetch kept running after the batch failed"
+
+    with zarr.config.set({"codec_pipeline.max_workers": max_workers}):
+        asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("max_workers", [1, 2])
+def test_failed_write_cancels_and_drains(max_workers: int) -> None:
+    pipeline = _pipeline((4,))
+    assert pipeline.plan is not None
+    slow_started = asyncio.Event()
+    slow_finished = False
+
+    async def slow() -> None:
+        nonlocal slow_finished
+        slow_started.set()
+        await asyncio.sleep(0.5)
+        slow_finished = True
+
+    async def fail() -> None:
+        await asyncio.wait_for(slow_started.wait(), timeout=5)
+        raise OSError("simulated write failure")
+
+    async def scenario() -> None:
+        spec = _spec((4,))
+        stored: dict[str, Any] = {}
+        batch = [
+            (Getter(stored, "a", before=slow), spec, (slice(0, 4),), (slice(0, 4),), True),
+            (Getter(stored, "b", before=fail), spec, (slice(0, 4),), (slice(4, 8),), True),
+        ]
+        value = NDBuffer.from_numpy_array(np.arange(8, dtype="int32"))
+        with pytest.raises(OSError, match="simulated write failure"):
+            await write_async(pipeline.plan, batch, value, ())
+        others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        assert others == []
+        await asyncio.sleep(0.7)
+        assert not slow_finished, "the slow write kept running after the batch failed"
+        assert stored == {}
+
+    with zarr.config.set({"codec_pipeline.max_workers": max_workers}):
+        asyncio.run(scenario())
+
+
+@pytest.mark.filterwarnings("ignore:Duplicate name:UserWarning")
+@pytest.mark.parametrize("kind", ["nosync", "zip"])
+def test_corrupt_chunk_on_async_path_names_the_key(tmp_path: Path, kind: str) -> None:
+    store = make_store(kind, tmp_path)
+    with with_pipeline(FUSED):
+        arr = zarr.create_array(store, shape=(8,), chunks=(4,), dtype="<i4", compressors=None)
+        arr[:] = np.arange(8)
+        zarr.core.sync.sync(store.set("c/1", default_buffer_prototype().buffer.from_bytes(b"\x00" * 7)))
+        with pytest.raises(CorruptChunkError, match=r"c/1.*7 bytes"):
+            arr[:]
+
+
+class AsyncOnlyNoop(BytesBytesCodec):  # type: ignore[misc]
+    """A bytes->bytes codec with only the async interface."""
+
+    is_fixed_size = True
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": "zarr-fused-test-async-only"}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> AsyncOnlyNoop:
+        return cls()
+
+    def compute_encoded_size(self, input_byte_length: int, _spec: Any) -> int:
+        return input_byte_length
+
+    async def _encode_single(self, chunk_bytes: Any, chunk_spec: Any) -> Any:
+        return chunk_bytes
+
+    async def _decode_single(self, chunk_bytes: Any, chunk_spec: Any) -> Any:
+        return chunk_bytes
+
+
+register_codec("zarr-fused-test-async-only", AsyncOnlyNoop)
+
+
+@pytest.mark.filterwarnings("ignore::zarr.errors.UnstableSpecificationWarning")
+@pytest.mark.parametrize("kind", ["memory", "nosync"])
+def test_async_only_codec_matches_zarr(tmp_path: Path, kind: str) -> None:
+    data = np.arange(60, dtype="<i4").reshape(6, 10)
+    results = {}
+    for path in (FUSED, BATCHED):
+        store = make_store(kind, tmp_path)
+        with with_pipeline(path):
+            arr = zarr.create_array(
+                store, shape=data.shape, chunks=(4, 4), dtype=data.dtype,
+                compressors=[AsyncOnlyNoop()], fill_value=-1,
+            )
+            if path == FUSED:
+                assert arr._async_array.codec_pipeline.plan.chain is None
+            arr[...] = data
+            arr[1:3, 2:9] = 5
+            results[path] = (np.asarray(arr[...]), np.asarray(arr[2:5, ::3]), chunk_items(store))
+    for ours, theirs in zip(results[FUSED], results[BATCHED]):
+        if isinstance(ours, dict):
+            assert ours == theirs
+        else:
+            assert_same_values(ours, theirs)

@@ -1,0 +1,63 @@
+"""The package builds as an sdist and installs (and works) from it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tarfile
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def sdist(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    outdir = tmp_path_factory.mktemp("dist")
+    subprocess.run(
+        [sys.executable, "-m", "build", "--sdist", "--no-isolation", "--outdir", str(outdir)],
+        cwd=ROOT, check=True, capture_output=True, timeout=300,
+    )
+    (archive,) = outdir.glob("zarr_fused-*.tar.gz")
+    return archive
+
+
+def test_sdist_ships_sources_not_generated_code(sdist: Path) -> None:
+    with tarfile.open(sdist) as tar:
+        names = [n.split("/", 1)[1] for n in tar.getnames() if "/" in n]
+    assert "setup.py" in names and "pyproject.toml" in names and "MANIFEST.in" in names
+    assert "zarr_fused/_scatter.pyx" in names
+    assert "zarr_fused/_scatter.pxd" in names
+    assert not [n for n in names if n.endswith((".c", ".so"))]
+
+
+def test_installs_and_runs_from_sdist(sdist: Path, tmp_path: Path) -> None:
+    target = tmp_path / "site"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+         "--disable-pip-version-check", "--target", str(target), str(sdist)],
+        check=True, capture_output=True, timeout=600,
+    )
+    script = textwrap.dedent(
+        f"""
+        import zarr, zarr_fused, numpy as np
+        assert zarr_fused.__file__.startswith({str(target)!r}), zarr_fused.__file__
+        assert all(zarr_fused.native_info()["extensions"].values())
+        a = zarr.create_array({{}}, shape=(9, 9), chunks=(4, 4), dtype=">f4", compressors=None)
+        assert type(a._async_array.codec_pipeline) is zarr_fused.FusedCodecPipeline
+        a[...] = np.arange(81).reshape(9, 9)
+        assert (a[2:7:2, ::3] == np.arange(81).reshape(9, 9)[2:7:2, ::3]).all()
+        print("ok")
+        """
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ZARR_")}
+    env.update(PYTHONPATH=str(target), ZARR_CODEC_PIPELINE__PATH="zarr_fused.FusedCodecPipeline")
+    out = subprocess.run(
+        [sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok"

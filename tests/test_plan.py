@@ -1,0 +1,266 @@
+"""Plans: which chains run natively, strict mode, fallback logging, errors."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import zarr
+from zarr.codecs import BytesCodec, GzipCodec, TransposeCodec, ZstdCodec
+from zarr.core.buffer import default_buffer_prototype
+from zarr.core.chunk_utils import ChunkTransform
+from zarr.errors import ZarrUserWarning
+
+import zarr_fused
+from zarr_fused.errors import CorruptChunkError, UnsupportedError
+
+from conftest import FUSED, assert_same_values, make_store, with_pipeline
+
+
+def _array(store: Any, **kwargs: Any) -> zarr.Array:
+    kwargs.setdefault("shape", (10, 6))
+    kwargs.setdefault("chunks", (4, 4))
+    kwargs.setdefault("dtype", "<f8")
+    return zarr.create_array(store, **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "native"),
+    [
+        pytest.param({"compressors": None}, True, id="bytes"),
+        pytest.param({"compressors": None, "serializer": BytesCodec(endian="big")}, True, id="bytes-big"),
+        pytest.param({"compressors": None, "dtype": "bool"}, True, id="bytes-bool"),
+        pytest.param({"compressors": ZstdCodec(level=1)}, False, id="zstd"),
+        pytest.param({"compressors": None, "filters": [TransposeCodec(order=(1, 0))]}, False, id="transpose"),
+        pytest.param({"compressors": None, "dtype": "<U4"}, False, id="unicode"),
+        pytest.param({"compressors": None, "dtype": str}, False, id="vlen-str"),
+    ],
+)
+def test_chain_kind(fused: None, kwargs: dict[str, Any], native: bool) -> None:
+    plan = _array({}, **kwargs)._async_array.codec_pipeline.plan
+    assert plan.chain.native is native
+    assert (plan.fallback == "") is native
+    if not native:
+        assert plan.fallback  # a reason is recorded
+
+
+def test_native_chain_never_calls_chunk_transform(
+    fused: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls = []
+    for name in ("decode_chunk", "encode_chunk"):
+        real = getattr(ChunkTransform, name)
+
+        def spy(self: Any, *args: Any, _real: Any = real, _name: str = name) -> Any:
+            calls.append(_name)
+            return _real(self, *args)
+
+        monkeypatch.setattr(ChunkTransform, name, spy)
+    arr = _array({}, compressors=None, fill_value=0.0)
+    data = np.random.default_rng(0).random((10, 6))
+    arr[...] = data
+    arr[2:7, 1:5] = 0.5  # partial chunks: existing bytes are decoded and merged
+    data[2:7, 1:5] = 0.5
+    assert_same_values(arr[...], data)
+    assert_same_values(arr[3:9:2, 5], data[3:9:2, 5])
+    assert calls == []
+
+    # the spy is live: a non-native chain goes through it
+    gz = _array({}, compressors=GzipCodec(level=1))
+    gz[...] = data
+    assert "encode_chunk" in calls
+
+
+def test_native_info_reports_bytes() -> None:
+    info = zarr_fused.native_info()
+    assert info["extensions"] == {"zarr_fused._scatter": True}
+    assert "bytes" in info["codecs"]
+
+
+# -- strict mode and fallback logging -------------------------------------------------
+
+
+def test_strict_mode_raises_for_non_native_chain(fused: None) -> None:
+    arr = _array({}, compressors=GzipCodec(level=1))
+    with zarr.config.set({"codec_pipeline.strict": True}):
+        with pytest.raises(UnsupportedError, match="GzipCodec"):
+            arr[...] = 1.0
+        with pytest.raises(UnsupportedError, match="GzipCodec"):
+            arr[...]
+    arr[...] = 1.0  # strict off again: falls back
+    assert_same_values(arr[...], np.ones((10, 6)))
+
+
+def test_strict_mode_allows_native_chain(fused: None) -> None:
+    arr = _array({}, compressors=None)
+    with zarr.config.set({"codec_pipeline.strict": True}):
+        arr[...] = 2.0
+        assert_same_values(arr[...], np.full((10, 6), 2.0))
+
+
+def test_strict_mode_by_environment_variable(tmp_path: Path) -> None:
+    script = textwrap.dedent(
+        """
+        import zarr, numpy as np
+        from zarr.codecs import GzipCodec
+        a = zarr.create_array({}, shape=(4,), chunks=(2,), dtype="i4", compressors=GzipCodec())
+        try:
+            a[:] = 1
+        except Exception as exc:
+            print(type(exc).__name__)
+        """
+    )
+    env = {
+        "ZARR_CODEC_PIPELINE__PATH": FUSED,
+        "ZARR_CODEC_PIPELINE__STRICT": "True",
+        "PATH": "/usr/bin:/bin",
+    }
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env,
+                         check=True, timeout=120)
+    assert out.stdout.strip() == "UnsupportedError"
+
+
+def test_invalid_strict_value_warns_and_falls_back(fused: None) -> None:
+    arr = _array({}, compressors=GzipCodec(level=1))
+    with zarr.config.set({"codec_pipeline.strict": "maybe"}):
+        with pytest.warns(ZarrUserWarning, match="codec_pipeline.strict"):
+            arr[...] = 3.0
+    assert_same_values(arr[...], np.full((10, 6), 3.0))
+
+
+def test_fallback_is_logged_with_reason(fused: None, caplog: pytest.LogCaptureFixture) -> None:
+    arr = _array({}, compressors=GzipCodec(level=1))
+    with caplog.at_level(logging.DEBUG, logger="zarr_fused"):
+        arr[...] = 1.0
+        arr[...]
+    messages = [r.getMessage() for r in caplog.records if r.name == "zarr_fused"]
+    assert any("write falls back" in m and "GzipCodec" in m for m in messages)
+    assert any("read falls back" in m and "GzipCodec" in m for m in messages)
+
+
+def test_async_path_is_logged(tmp_path: Path, fused: None, caplog: pytest.LogCaptureFixture) -> None:
+    arr = _array(make_store("nosync", tmp_path), compressors=None)
+    with caplog.at_level(logging.DEBUG, logger="zarr_fused"):
+        arr[...] = 1.0
+        arr[...]
+    messages = [r.getMessage() for r in caplog.records if r.name == "zarr_fused"]
+    assert any("async path" in m for m in messages)
+
+
+# -- corrupt stored bytes -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("nbytes", [0, 7, 8 * 16 - 1, 8 * 16 + 8], ids=lambda n: f"{n}B")
+def test_wrong_size_chunk_raises_with_key(fused: None, nbytes: int) -> None:
+    store = zarr.storage.MemoryStore()
+    arr = _array(store, compressors=None)
+    arr[...] = 1.0
+    bad = default_buffer_prototype().buffer.from_bytes(b"\x01" * nbytes)
+    zarr.core.sync.sync(store.set("c/1/0", bad))
+    with pytest.raises(CorruptChunkError, match=rf"'c/1/0'.*{nbytes} bytes"):
+        arr[...]
+    with pytest.raises(CorruptChunkError, match=r"'c/1/0'"):
+        arr[5, 0] = 2.0  # partial write decodes the existing chunk
+    # the other chunks are still readable
+    assert_same_values(arr[0:4, :], np.ones((4, 6)))
+
+
+# -- the CodecPipeline interface -----------------------------------------------------
+
+
+def test_batch_decode_encode_roundtrip(fused: None) -> None:
+    arr = _array({}, compressors=None)
+    pipeline = arr._async_array.codec_pipeline
+    spec = pipeline.array_spec
+    data = np.arange(16, dtype="<f8").reshape(4, 4)
+    nd = default_buffer_prototype().nd_buffer.from_numpy_array(data)
+    encoded = list(zarr.core.sync.sync(pipeline.encode([(nd, spec), (None, spec)])))
+    assert encoded[1] is None
+    assert encoded[0].to_bytes() == data.tobytes()
+    decoded = list(zarr.core.sync.sync(pipeline.decode([(encoded[0], spec), (None, spec)])))
+    assert decoded[1] is None
+    assert_same_values(decoded[0].as_numpy_array(), data)
+
+
+def test_registry_key_and_class() -> None:
+    from zarr.registry import get_pipeline_class
+
+    with with_pipeline(FUSED):
+        assert get_pipeline_class() is zarr_fused.FusedCodecPipeline
+    assert zarr_fused.FusedCodecPipeline.__module__ == "zarr_fused"
+    assert issubclass(zarr_fused.FusedCodecPipeline, zarr.core.codec_pipeline.FusedCodecPipeline)
+
+
+# -- discovery and robustness in fresh processes ------------------------------------
+
+
+def _run(script: str, **env: str) -> subprocess.CompletedProcess[str]:
+    import os
+
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("ZARR_")}
+    full_env.update(env)
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script)],
+        capture_output=True, text=True, env=full_env, timeout=120,
+    )
+
+
+def test_selected_by_env_var_without_import() -> None:
+    out = _run(
+        """
+        import sys, zarr, numpy as np
+        assert "zarr_fused" not in sys.modules
+        a = zarr.create_array({}, shape=(6,), chunks=(4,), dtype="i2", compressors=None)
+        a[:] = np.arange(6)
+        assert (a[:] == np.arange(6)).all()
+        p = a._async_array.codec_pipeline
+        print(type(p).__module__ + "." + type(p).__qualname__)
+        """,
+        ZARR_CODEC_PIPELINE__PATH=FUSED,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == FUSED
+
+
+def test_missing_extensions_degrade_cleanly() -> None:
+    """Without the compiled modules, zarr keeps working on every pipeline,
+    zarr_fused says so once, and strict mode raises."""
+    out = _run(
+        """
+        import sys, warnings
+        sys.modules["zarr_fused._scatter"] = None  # as if it had never been built
+        import zarr, numpy as np
+        # the default pipeline is unaffected by a broken entry point
+        b = zarr.create_array({}, shape=(6,), chunks=(4,), dtype="i2")
+        b[:] = 1
+        with zarr.config.set({"codec_pipeline.path": "zarr_fused.FusedCodecPipeline"}):
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                a = zarr.create_array({}, shape=(6,), chunks=(4,), dtype=">i2", compressors=None)
+                a[:] = np.arange(6)
+                ok = bool((a[:] == np.arange(6)).all() and (a[1:5:2] == [1, 3]).all())
+            names = {type(w.message).__name__ for w in caught}
+            print("values", ok)
+            print("warned", "ZarrFusedWarning" in names, sum(
+                "compiled extensions" in str(w.message) for w in caught))
+            import zarr_fused
+            print("native", zarr_fused.native_info())
+            with zarr.config.set({"codec_pipeline.strict": True}):
+                try:
+                    a[:]
+                except Exception as exc:
+                    print("strict", type(exc).__name__)
+        """
+    )
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert "values True" in lines
+    assert "warned True 1" in lines
+    assert "'codecs': []" in out.stdout and "False" in out.stdout
+    assert "strict NativeExtensionError" in lines

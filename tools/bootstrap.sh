@@ -1,0 +1,121 @@
+#!/usr/bin/env bash
+# Prepare a development environment for zarr_fused, from nothing:
+#   1. find a Python >= 3.12 (PATH, then pyenv's versions, then the system);
+#   2. install the native build dependencies from apt when missing (as root);
+#   3. create .venv and install zarr_fused (editable) with its test extras;
+#   4. build the Cython extensions in place.
+# Re-running is cheap: the venv is reused, dependencies are reinstalled only
+# when pyproject.toml or setup.py change, and the build is incremental.
+#
+# Environment: PYTHON (interpreter to use), VENV (default .venv),
+# EXTRAS (default "test"), ZARR_FUSED_SKIP_APT=1 (never call apt-get).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+VENV=${VENV:-.venv}
+EXTRAS=${EXTRAS:-test}
+
+say() { printf 'bootstrap: %s\n' "$*" >&2; }
+
+usable() {  # a Python >= 3.12 that can create virtual environments
+  "$1" - <<'PY' >/dev/null 2>&1
+import sys, venv, ensurepip
+sys.exit(0 if sys.version_info >= (3, 12) else 1)
+PY
+}
+
+find_python() {
+  if [ -n "${PYTHON:-}" ]; then
+    usable "$PYTHON" && { echo "$PYTHON"; return 0; }
+    say "PYTHON=$PYTHON is not a usable Python >= 3.12 (with venv and ensurepip)"
+    return 1
+  fi
+  local name p root
+  for name in python3.14 python3.13 python3.12 python3 python; do
+    p=$(command -v "$name" 2>/dev/null) || continue
+    usable "$p" && { echo "$p"; return 0; }
+  done
+  root=$(pyenv root 2>/dev/null || echo "${PYENV_ROOT:-$HOME/.pyenv}")
+  if [ -d "$root/versions" ]; then
+    for p in $(ls -d "$root"/versions/3.* 2>/dev/null | sort -V -r); do
+      [ -x "$p/bin/python" ] && usable "$p/bin/python" && { echo "$p/bin/python"; return 0; }
+    done
+  fi
+  for p in /usr/bin/python3.14 /usr/bin/python3.13 /usr/bin/python3.12 /usr/bin/python3; do
+    [ -x "$p" ] && usable "$p" && { echo "$p"; return 0; }
+  done
+  return 1
+}
+
+apt_install() {
+  if [ "${ZARR_FUSED_SKIP_APT:-0}" = 1 ] || ! command -v apt-get >/dev/null 2>&1; then
+    say "missing build dependencies: $*; install them with your package manager"
+    return 1
+  fi
+  local sudo=""
+  if [ "$(id -u)" != 0 ]; then
+    if command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
+      sudo="sudo -n"
+    else
+      say "missing build dependencies: $*; run as root: apt-get install -y $*"
+      return 1
+    fi
+  fi
+  say "installing from apt: $*"
+  $sudo apt-get update -qq >/dev/null
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "$@" >/dev/null
+}
+
+PY=$(find_python) || {
+  say "no Python >= 3.12 found on PATH, in pyenv ($(pyenv root 2>/dev/null || echo ~/.pyenv)/versions) or in /usr/bin."
+  say "install one (e.g. 'pyenv install 3.13' or 'apt-get install python3.13-venv python3.13-dev') or set PYTHON=/path/to/python3.12+"
+  exit 1
+}
+
+# -- native build dependencies ------------------------------------------------
+# A C compiler and the interpreter's own headers (Python.h). Later kernels add
+# their libraries here (header -> Debian package).
+missing=()
+command -v cc >/dev/null 2>&1 || command -v gcc >/dev/null 2>&1 || missing+=(gcc libc6-dev)
+if ! "$PY" -c 'import os, sysconfig, sys; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))'; then
+  ver=$("$PY" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
+  missing+=("python${ver}-dev")
+fi
+if [ ${#missing[@]} -gt 0 ]; then
+  apt_install "${missing[@]}" || exit 1
+fi
+
+# -- virtual environment --------------------------------------------------------
+if [ -x "$VENV/bin/python" ] && usable "$VENV/bin/python"; then
+  :
+else
+  say "creating $VENV with $PY ($("$PY" --version 2>&1))"
+  rm -rf "$VENV"
+  "$PY" -m venv "$VENV"
+fi
+VPY="$VENV/bin/python"
+
+pip_quiet() {  # pip install, without the noise of unreachable local mirrors
+  "$VPY" -m pip install -q --disable-pip-version-check "$@" \
+    2> >(grep -v "^WARNING: Location 'file:" >&2)
+}
+
+want="$(cat pyproject.toml setup.py | sha256sum | cut -c1-16) extras=$EXTRAS"
+stamp="$VENV/.zarr_fused-installed"
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  say "installing zarr_fused[$EXTRAS] and its dependencies into $VENV"
+  pip_quiet "setuptools>=77" "Cython>=3.1" "numpy>=2" wheel
+  pip_quiet --no-build-isolation -e ".[$EXTRAS]"
+  echo "$want" > "$stamp"
+fi
+
+# -- extensions (incremental) ------------------------------------------------------
+"$VPY" setup.py -q build_ext --inplace >/dev/null
+"$VPY" - <<'PY'
+import zarr_fused
+info = zarr_fused.native_info()
+missing = [name for name, ok in info["extensions"].items() if not ok]
+if missing:
+    raise SystemExit(f"bootstrap: extensions failed to import: {missing}")
+PY
+say "ready: $("$VPY" --version) in $VENV"

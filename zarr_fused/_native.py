@@ -1,0 +1,88 @@
+"""Access to the compiled extensions, which may be missing.
+
+zarr loads every ``zarr.codec_pipeline`` entry point when it first looks a
+pipeline up, so an ImportError escaping from here would break every zarr
+array in the process, including those that never use zarr_fused. The
+extensions are therefore imported defensively: without them zarr_fused keeps
+working on zarr's pure-Python code, says so once with a `ZarrFusedWarning`
+when it is first used, and raises `NativeExtensionError` in strict mode.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from types import ModuleType
+from warnings import warn
+
+from zarr_fused.errors import NativeExtensionError, ZarrFusedWarning
+
+logger = logging.getLogger("zarr_fused")
+
+_EXTENSIONS = ("_scatter",)
+
+_modules: dict[str, ModuleType] = {}
+_errors: dict[str, ImportError] = {}
+for _name in _EXTENSIONS:
+    try:
+        _modules[_name] = __import__(f"zarr_fused.{_name}", fromlist=["_"])
+    except ImportError as _exc:  # missing or built for another interpreter
+        _errors[_name] = _exc
+
+scatter_kernels: ModuleType | None = _modules.get("_scatter")
+
+_warned = False
+_warn_lock = threading.Lock()
+
+
+def extensions_available() -> bool:
+    """Whether every compiled extension of zarr_fused imported."""
+    return not _errors
+
+
+def missing_message() -> str:
+    """Why the extensions are unusable and how to fix it ('' when they are fine)."""
+    if not _errors:
+        return ""
+    details = "; ".join(f"zarr_fused.{k}: {v}" for k, v in sorted(_errors.items()))
+    return (
+        "zarr_fused's compiled extensions could not be imported "
+        f"({details}). zarr_fused falls back to zarr's pure-Python code, which is "
+        "correct but not faster. Build the extensions with `make build` in a source "
+        "checkout, or reinstall with `pip install --force-reinstall --no-binary "
+        "zarr-fused zarr-fused` (needs a C compiler and the Python headers)."
+    )
+
+
+def note_missing_extensions(strict: bool) -> None:
+    """Tell the user, once, that the native code is missing; raise in strict mode."""
+    global _warned
+    if not _errors:
+        return
+    if strict:
+        raise NativeExtensionError(missing_message())
+    if not _warned:
+        with _warn_lock:
+            if not _warned:
+                _warned = True
+                warn(missing_message(), ZarrFusedWarning, stacklevel=3)
+    logger.debug("native extensions missing: %s", missing_message())
+
+
+def native_info() -> dict[str, object]:
+    """What this build of zarr_fused runs natively.
+
+    Returns
+    -------
+    dict
+        ``extensions``: each compiled module and whether it imported;
+        ``codecs``: the zarr codecs run by native kernels (an empty list
+        when the extensions are missing).
+    """
+    codecs: list[str] = []
+    if scatter_kernels is not None:
+        codecs.append("bytes")
+    return {
+        "extensions": {f"zarr_fused.{n}": n in _modules for n in _EXTENSIONS},
+        "codecs": codecs,
+    }

@@ -1,0 +1,94 @@
+"""Writing decoded chunks and fill values into the caller's output array.
+
+The native kernels (`zarr_fused._scatter`) take every basic selection of a
+NumPy output with a fixed-size dtype, the GIL released; anything else (an
+orthogonal or coordinate selection, object arrays, non-NumPy buffers, a
+build without the extensions) takes zarr's own assignment, which is the
+reference behaviour.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from zarr.core.chunk_utils import fill_value_or_default
+
+from zarr_fused._native import scatter_kernels
+
+if TYPE_CHECKING:
+    from zarr.core.array_spec import ArraySpec
+    from zarr.core.buffer import NDBuffer
+    from zarr.core.indexing import SelectorTuple
+
+__all__ = ["SWAPPABLE_KINDS", "fill_missing", "scatter_array", "scatter_chunk"]
+
+# dtype kinds whose byte order is a per-element (per-component for complex)
+# reversal, which the copy kernel can apply on the fly
+SWAPPABLE_KINDS = frozenset("biufcmM")
+
+
+def _basic_view(dst: np.ndarray, selection: SelectorTuple) -> np.ndarray | None:
+    """``dst[selection]`` as a view when ``selection`` is basic, else None."""
+    if not isinstance(selection, tuple):
+        selection = (selection,)
+    for s in selection:
+        # bool is an int to Python but a mask to numpy (a copy, not a view)
+        if type(s) is not slice and (
+            not isinstance(s, (int, np.integer)) or isinstance(s, (bool, np.bool_))
+        ):
+            return None
+    return dst[(*selection, Ellipsis)]
+
+
+def scatter_array(
+    out: NDBuffer, out_selection: SelectorTuple, src: np.ndarray, drop_axes: tuple[int, ...]
+) -> None:
+    """``out[out_selection] = src`` (``src`` squeezed on ``drop_axes``)."""
+    if drop_axes:
+        src = src.squeeze(axis=drop_axes)
+    dst = out.as_ndarray_like()
+    if (
+        scatter_kernels is not None
+        and type(dst) is np.ndarray
+        and isinstance(src, np.ndarray)
+        and not dst.dtype.hasobject
+    ):
+        view = _basic_view(dst, out_selection)
+        if view is not None and view.shape == src.shape:
+            if view.dtype == src.dtype:
+                scatter_kernels.scatter(src, view)
+                return
+            if (
+                src.dtype.kind in SWAPPABLE_KINDS
+                and src.dtype.itemsize > 1
+                and view.dtype == src.dtype.newbyteorder()
+            ):
+                scatter_kernels.scatter(src, view, swap=True)
+                return
+    dst[out_selection] = src
+
+
+def scatter_chunk(
+    out: NDBuffer, out_selection: SelectorTuple, chunk: NDBuffer, drop_axes: tuple[int, ...]
+) -> None:
+    """Scatter an already-selected decoded chunk into ``out``."""
+    src = chunk.as_ndarray_like()
+    if isinstance(src, np.ndarray):
+        scatter_array(out, out_selection, src, drop_axes)
+        return
+    if drop_axes:
+        chunk = chunk.squeeze(axis=drop_axes)
+    out[out_selection] = chunk
+
+
+def fill_missing(out: NDBuffer, out_selection: SelectorTuple, spec: ArraySpec) -> None:
+    """Write the fill value of ``spec`` into ``out[out_selection]``."""
+    value: Any = fill_value_or_default(spec)
+    dst = out.as_ndarray_like()
+    if scatter_kernels is not None and type(dst) is np.ndarray and not dst.dtype.hasobject:
+        view = _basic_view(dst, out_selection)
+        if view is not None:
+            scatter_kernels.fill(view, value)
+            return
+    out[out_selection] = value

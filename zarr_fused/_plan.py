@@ -1,0 +1,111 @@
+"""The plan of one pipeline: which path each stage of a read or write takes.
+
+A plan is made once per array, in ``evolve_from_array_spec``, from the
+evolved codec chain: the chain that decodes and encodes a whole chunk
+(native kernels where zarr_fused has them, zarr's `ChunkTransform`
+otherwise), the reader and writer the synchronous path uses, and the reason,
+if any, why part of the work falls back to zarr's own code. The
+orchestration in `zarr_fused.pipeline` only ever talks to the plan, so new
+native paths arrive here without touching it.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from zarr.abc.codec import _codec_supports_sync
+from zarr.core.codec_pipeline import AsyncChunkTransform
+
+from zarr_fused._chain import build_chain
+from zarr_fused._read import ChunkReader, PartialDecodeReader
+from zarr_fused._write import ChunkWriter, PartialEncodeWriter
+from zarr_fused.errors import UnsupportedError
+
+if TYPE_CHECKING:
+    from zarr.abc.codec import ArrayBytesCodec, Codec
+    from zarr.core.array_spec import ArraySpec
+    from zarr.core.chunk_utils import ChunkTransform
+
+    from zarr_fused._chain import Chain
+
+__all__ = ["PipelinePlan", "build_plan"]
+
+logger = logging.getLogger("zarr_fused")
+
+
+@dataclass(frozen=True, slots=True)
+class PipelinePlan:
+    array_bytes_codec: ArrayBytesCodec
+    #: whole-chunk codec chain; None when a codec has no synchronous code
+    chain: Chain | None
+    #: per-chunk async codec chain, for codecs without synchronous code
+    async_transform: AsyncChunkTransform
+    #: the async path lets the array->bytes codec read partially (sharding)
+    partial_decode: bool
+    #: the synchronous path (None when ``chain`` is None)
+    reader: ChunkReader | PartialDecodeReader | None
+    writer: ChunkWriter | PartialEncodeWriter | None
+    #: why some of the work runs on zarr's own code ("" when none does)
+    fallback: str
+
+    def check(self, what: str, strict: bool) -> None:
+        """Raise in strict mode when this plan falls back; log it otherwise."""
+        if not self.fallback:
+            return
+        if strict:
+            raise UnsupportedError(
+                f"zarr_fused cannot {what} natively: {self.fallback}. "
+                "Unset `codec_pipeline.strict` to let zarr's own code handle it."
+            )
+        if logger.isEnabledFor(logging.DEBUG):
+            logger.debug("%s falls back to zarr's code: %s", what, self.fallback)
+
+
+def build_plan(
+    codecs: tuple[Codec, ...],
+    array_bytes_codec: ArrayBytesCodec,
+    spec: ArraySpec | None,
+    sync_transform: ChunkTransform | None,
+    *,
+    partial_decode: bool,
+    partial_encode: bool,
+) -> PipelinePlan:
+    """Plan the read and write paths for an (evolved) codec chain.
+
+    ``spec`` is the array's chunk spec from ``evolve_from_array_spec``;
+    None for a pipeline that was never evolved, which zarr itself only runs
+    on its async path.
+    """
+    async_transform = AsyncChunkTransform(codecs=codecs)
+    if spec is None or sync_transform is None:
+        if spec is None:
+            why = "the pipeline was not evolved for an array"
+        else:
+            names = ", ".join(type(c).__name__ for c in codecs if not _codec_supports_sync(c))
+            why = f"codecs without synchronous implementations ({names})"
+        return PipelinePlan(
+            array_bytes_codec, None, async_transform, partial_decode, None, None, why
+        )
+
+    chain = build_chain(codecs, spec, sync_transform)
+    fallback = chain.reason
+    reader: ChunkReader | PartialDecodeReader
+    writer: ChunkWriter | PartialEncodeWriter
+    # Same dispatch as zarr's FusedCodecPipeline: a codec that implements
+    # the partial mixins but only their async methods takes the whole-chunk
+    # path.
+    if partial_decode and hasattr(array_bytes_codec, "_decode_partial_sync"):
+        reader = PartialDecodeReader(array_bytes_codec)
+        fallback = f"{type(array_bytes_codec).__name__} reads its chunks with zarr's code"
+    else:
+        reader = ChunkReader(chain)
+    if partial_encode and hasattr(array_bytes_codec, "_encode_partial_sync"):
+        writer = PartialEncodeWriter(array_bytes_codec)
+        fallback = fallback or f"{type(array_bytes_codec).__name__} writes with zarr's code"
+    else:
+        writer = ChunkWriter(chain)
+    return PipelinePlan(
+        array_bytes_codec, chain, async_transform, partial_decode, reader, writer, fallback
+    )

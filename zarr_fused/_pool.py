@@ -1,0 +1,311 @@
+"""Thread pool of zarr_fused: sizing, the pool itself, fork safety.
+
+Every thread count zarr_fused uses comes from `resolve_max_workers`, and every
+parallel loop runs through `run_parallel`. The pool is module-global, grows
+on demand and never shrinks: a pool is never shut down while another thread
+may still submit to it (``shutdown`` would make that submit raise); a
+replaced pool finishes its work and is collected once unreferenced.
+
+Fork: executor threads do not survive ``fork()``; a child inheriting the
+parent's pool object would queue work that no thread ever runs, and it may
+inherit the pool lock in a locked state. ``os.register_at_fork`` drops both
+in the child; a pid check in `get_pool` is the backstop for forks that
+bypass the hook (``os.fork`` from C code). No OpenMP is used anywhere for
+the same reason: its runtime is not fork-safe.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import operator
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor, wait
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from warnings import warn
+
+from zarr.core.config import config as zarr_config
+from zarr.errors import ZarrUserWarning
+
+from zarr_fused.config import MAX_WORKERS_CAP, MAX_WORKERS_KEY
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+
+__all__ = [
+    "available_cpus",
+    "get_pool",
+    "resolve_max_workers",
+    "run_parallel",
+]
+
+_pool: ThreadPoolExecutor | None = None
+_pool_size = 0
+_pool_pid = os.getpid()
+_pool_lock = threading.Lock()
+# Set in pool worker threads, so a parallel loop started from inside another
+# one runs inline instead of waiting on the pool it occupies (deadlock).
+_local = threading.local()
+
+
+# -- how many CPUs may this process use? ----------------------------------------
+
+
+def _read_text(path: Path) -> str | None:
+    # ValueError: undecodable bytes, or a NUL in a path taken from /proc
+    try:
+        return path.read_text()
+    except (OSError, ValueError):
+        return None
+
+
+def _cgroup_v2_quota(root: Path, rel: str) -> float | None:
+    """Smallest ``cpu.max`` quota on the path from the process's cgroup to
+    the hierarchy root, in CPUs; None when unlimited or unreadable."""
+    best: float | None = None
+    for base in (root / "sys/fs/cgroup", root / "sys/fs/cgroup/unified"):
+        cur = base / rel.lstrip("/")
+        while True:
+            text = _read_text(cur / "cpu.max")
+            if text is not None:
+                parts = text.split()
+                if len(parts) == 2 and parts[0] != "max":
+                    try:
+                        quota = int(parts[0]) / int(parts[1])
+                    except (ValueError, ArithmeticError):
+                        quota = None
+                    if quota is not None and quota > 0 and (best is None or quota < best):
+                        best = quota
+            if cur == base:
+                break
+            cur = cur.parent
+    return best
+
+
+def _cgroup_v1_quota(root: Path, rel: str) -> float | None:
+    best: float | None = None
+    for mount in ("cpu", "cpu,cpuacct", "cpuacct,cpu"):
+        base = root / "sys/fs/cgroup" / mount
+        for cur in (base / rel.lstrip("/"), base):
+            q = _read_text(cur / "cpu.cfs_quota_us")
+            p = _read_text(cur / "cpu.cfs_period_us")
+            if q is None or p is None:
+                continue
+            try:
+                quota, period = int(q), int(p)
+            except ValueError:
+                continue
+            if quota > 0 and period > 0:
+                try:
+                    value = quota / period
+                except ArithmeticError:
+                    continue
+                if best is None or value < best:
+                    best = value
+    return best
+
+
+def cgroup_cpu_quota(root: str | os.PathLike[str] = "/") -> float | None:
+    """The CPU quota of this process's cgroup in CPUs (e.g. 1.5), or None.
+
+    Reads cgroup v2 ``cpu.max`` and cgroup v1 ``cpu.cfs_quota_us`` /
+    ``cpu.cfs_period_us`` for the cgroups named in ``/proc/self/cgroup``;
+    ``root`` exists for tests.
+    """
+    root = Path(root)
+    text = _read_text(root / "proc/self/cgroup")
+    if text is None:
+        return None
+    quotas: list[float] = []
+    for line in text.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        _, controllers, rel = parts
+        if controllers == "":
+            q = _cgroup_v2_quota(root, rel)
+        elif "cpu" in controllers.split(","):
+            q = _cgroup_v1_quota(root, rel)
+        else:
+            continue
+        if q is not None:
+            quotas.append(q)
+    return min(quotas) if quotas else None
+
+
+def available_cpus(root: str | os.PathLike[str] = "/") -> tuple[int, str]:
+    """How many CPUs this process may actually run on, and why.
+
+    The affinity mask (``taskset``, a batch scheduler's CPU binding, Dask's
+    worker pinning) bounds it first, then a cgroup CPU quota (containers,
+    Slurm/Kubernetes CPU limits), rounded up. ``os.cpu_count()`` is only the
+    last resort: it counts the machine's CPUs, which oversubscribes a job
+    that was given a few of them.
+    """
+    if hasattr(os, "sched_getaffinity"):
+        count = len(os.sched_getaffinity(0))
+        why = f"{count} CPUs in this process's affinity mask"
+    else:
+        count = os.cpu_count() or 1
+        why = f"{count} CPUs reported by os.cpu_count()"
+    quota = cgroup_cpu_quota(root)
+    if quota is not None and math.ceil(quota) < count:
+        count = max(1, math.ceil(quota))
+        why += f", capped at {count} by a cgroup CPU quota of {quota:g} CPUs"
+    return max(1, count), why
+
+
+def resolve_max_workers() -> int:
+    """Threads for one batch, from ``codec_pipeline.max_workers``.
+
+    Never raises: the value often comes from an environment variable, and a
+    typo there must not break reads. See `zarr_fused.config` for the rules.
+    """
+    value = zarr_config.get(MAX_WORKERS_KEY, default=None)
+    if value is None:
+        return available_cpus()[0]
+    parsed: int | None = None
+    if isinstance(value, str):  # from an environment variable
+        try:
+            parsed = int(value.strip())
+        except ValueError:
+            parsed = None
+    elif not isinstance(value, bool):
+        try:
+            parsed = operator.index(value)  # int, numpy integers
+        except TypeError:
+            parsed = None
+    if parsed is None or parsed < 1:
+        default = available_cpus()[0]
+        warn(
+            f"Ignoring invalid `{MAX_WORKERS_KEY}` config value {value!r} (expected an "
+            f"integer >= 1 or None); using {default}.",
+            category=ZarrUserWarning,
+            stacklevel=2,
+        )
+        return default
+    if parsed > MAX_WORKERS_CAP:
+        warn(
+            f"`{MAX_WORKERS_KEY}` = {parsed} is above the cap of {MAX_WORKERS_CAP}; "
+            f"using {MAX_WORKERS_CAP}.",
+            category=ZarrUserWarning,
+            stacklevel=2,
+        )
+        return MAX_WORKERS_CAP
+    return parsed
+
+
+# -- the pool ---------------------------------------------------------------------
+
+
+def _mark_worker() -> None:
+    _local.in_worker = True
+
+
+def get_pool(threads: int) -> ThreadPoolExecutor:
+    """The shared pool, grown to at least ``threads`` threads (>= 1)."""
+    global _pool, _pool_size, _pool_pid
+    if threads < 1:
+        raise ValueError(f"threads must be >= 1, got {threads}")
+    if _pool_pid != os.getpid():
+        _reset_after_fork()
+    pool = _pool
+    if pool is None or _pool_size < threads:
+        with _pool_lock:
+            if _pool is None or _pool_size < threads:
+                _pool = ThreadPoolExecutor(
+                    max_workers=threads,
+                    thread_name_prefix="zarr_fused",
+                    initializer=_mark_worker,
+                )
+                _pool_size = threads
+            pool = _pool
+    return pool
+
+
+def pool_size() -> int:
+    """Threads in the current pool (0 when none was created in this process)."""
+    return _pool_size if _pool_pid == os.getpid() else 0
+
+
+def _reset_after_fork() -> None:
+    global _pool, _pool_size, _pool_lock, _pool_pid
+    _pool = None
+    _pool_size = 0
+    _pool_lock = threading.Lock()
+    _pool_pid = os.getpid()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_after_fork)
+
+
+def in_worker_thread() -> bool:
+    """Whether the calling thread is one of zarr_fused's pool threads."""
+    return getattr(_local, "in_worker", False)
+
+
+def run_parallel[T, R](
+    fn: Callable[[T], R], items: Sequence[T], max_workers: int
+) -> list[R]:
+    """``[fn(x) for x in items]``, spread over up to ``max_workers`` threads.
+
+    The calling thread works too, so ``max_workers`` threads run in all.
+    Workers pull items from a shared counter (uneven chunk costs balance
+    out). When an item fails, the others stop taking new items; every
+    worker is waited for before the failure of the lowest-index item is
+    raised, so nothing keeps running after this returns.
+    """
+    n = len(items)
+    if max_workers <= 1 or n <= 1 or in_worker_thread():
+        return [fn(item) for item in items]
+
+    results: list[Any] = [None] * n
+    errors: dict[int, BaseException] = {}
+    counter = itertools.count()
+    stop = threading.Event()
+
+    def work() -> None:
+        while not stop.is_set():
+            i = next(counter)
+            if i >= n:
+                return
+            try:
+                results[i] = fn(items[i])
+            except BaseException as exc:
+                errors[i] = exc
+                stop.set()
+                return
+
+    helpers = min(max_workers, n) - 1
+    pool = get_pool(helpers)
+    futures = [pool.submit(work) for _ in range(helpers)]
+    # The caller works as well; while it does, loops it starts run inline,
+    # like those started in pool threads.
+    was_worker = in_worker_thread()
+    _local.in_worker = True
+    try:
+        work()
+    finally:
+        _local.in_worker = was_worker
+        stop.set()
+        # Helpers still queued behind other callers' work are not needed any
+        # more: every item has been taken (or the batch failed).
+        for fut in futures:
+            fut.cancel()
+        wait(futures)
+    for fut in futures:
+        if fut.cancelled():
+            continue
+        broken = fut.exception()
+        if broken is not None:  # work() itself failed, not fn
+            raise broken
+    if errors:
+        first = min(errors)
+        exc = errors[first]
+        if len(errors) > 1:
+            exc.add_note(f"({len(errors) - 1} other item(s) of this batch failed too)")
+        raise exc
+    return results

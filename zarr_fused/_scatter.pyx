@@ -1,0 +1,438 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+"""Moving decoded chunk data into the output array, with the GIL released.
+
+Two kernels cover the scatter stage of the read path: ``copy_strided`` copies
+an n-d strided block into another n-d strided block of the same shape (with
+an optional per-element byte swap, so a big-endian payload lands in a
+little-endian output in one pass), and ``fill_strided`` writes one element
+pattern (the fill value) into every element of an n-d strided block.
+
+The ``def`` wrappers validate everything (array types, shapes, item sizes,
+byte orders, writeability, overlap) before the kernels run; the kernels
+themselves trust their arguments and never touch the Python API.
+"""
+
+from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t
+from libc.string cimport memcpy, memset
+
+cimport numpy as cnp
+import numpy as np
+
+cnp.import_array()
+
+cdef extern from *:
+    """
+    #if defined(__GNUC__) || defined(__clang__)
+    #define ZF_BSWAP16(x) __builtin_bswap16(x)
+    #define ZF_BSWAP32(x) __builtin_bswap32(x)
+    #define ZF_BSWAP64(x) __builtin_bswap64(x)
+    #else
+    static inline uint16_t ZF_BSWAP16(uint16_t x) { return (uint16_t)((x >> 8) | (x << 8)); }
+    static inline uint32_t ZF_BSWAP32(uint32_t x) {
+        return ((x >> 24) & 0xffu) | ((x >> 8) & 0xff00u) | ((x << 8) & 0xff0000u) | (x << 24);
+    }
+    static inline uint64_t ZF_BSWAP64(uint64_t x) {
+        return ((uint64_t)ZF_BSWAP32((uint32_t)x) << 32) | ZF_BSWAP32((uint32_t)(x >> 32));
+    }
+    #endif
+    """
+    uint16_t ZF_BSWAP16(uint16_t x) noexcept nogil
+    uint32_t ZF_BSWAP32(uint32_t x) noexcept nogil
+    uint64_t ZF_BSWAP64(uint64_t x) noexcept nogil
+
+
+cdef int _coalesce(
+    const Py_ssize_t* shape,
+    const Py_ssize_t* s1,
+    const Py_ssize_t* s2,
+    int ndim,
+    Py_ssize_t* oshape,
+    Py_ssize_t* os1,
+    Py_ssize_t* os2,
+) noexcept nogil:
+    """Drop unit dimensions and merge dimensions that are contiguous in both
+    arrays. Returns the new ndim, or -1 when the block is empty."""
+    cdef int i
+    cdef int n = 0
+    for i in range(ndim):
+        if shape[i] == 0:
+            return -1
+    for i in range(ndim):
+        if shape[i] == 1:
+            continue
+        if n > 0 and os1[n - 1] == shape[i] * s1[i] and os2[n - 1] == shape[i] * s2[i]:
+            oshape[n - 1] *= shape[i]
+            os1[n - 1] = s1[i]
+            os2[n - 1] = s2[i]
+        else:
+            oshape[n] = shape[i]
+            os1[n] = s1[i]
+            os2[n] = s2[i]
+            n += 1
+    return n
+
+
+cdef inline void _swap_element(
+    const char* s, char* d, Py_ssize_t itemsize, Py_ssize_t unit
+) noexcept nogil:
+    cdef uint16_t v16
+    cdef uint32_t v32
+    cdef uint64_t v64
+    cdef Py_ssize_t off, b
+    off = 0
+    while off < itemsize:
+        if unit == 2:
+            memcpy(&v16, s + off, 2)
+            v16 = ZF_BSWAP16(v16)
+            memcpy(d + off, &v16, 2)
+        elif unit == 4:
+            memcpy(&v32, s + off, 4)
+            v32 = ZF_BSWAP32(v32)
+            memcpy(d + off, &v32, 4)
+        elif unit == 8:
+            memcpy(&v64, s + off, 8)
+            v64 = ZF_BSWAP64(v64)
+            memcpy(d + off, &v64, 8)
+        else:
+            for b in range(unit):
+                d[off + b] = s[off + unit - 1 - b]
+        off += unit
+
+
+cdef void _copy_row(
+    const char* sp,
+    Py_ssize_t ss,
+    char* dp,
+    Py_ssize_t ds,
+    Py_ssize_t n,
+    Py_ssize_t itemsize,
+    Py_ssize_t swap_unit,
+) noexcept nogil:
+    cdef Py_ssize_t i
+    cdef uint16_t v16
+    cdef uint32_t v32
+    cdef uint64_t v64
+    if swap_unit == 0:
+        if ss == itemsize and ds == itemsize:
+            memcpy(dp, sp, <size_t>(n * itemsize))
+        elif itemsize == 1:
+            for i in range(n):
+                dp[i * ds] = sp[i * ss]
+        elif itemsize == 2:
+            for i in range(n):
+                memcpy(&v16, sp + i * ss, 2)
+                memcpy(dp + i * ds, &v16, 2)
+        elif itemsize == 4:
+            for i in range(n):
+                memcpy(&v32, sp + i * ss, 4)
+                memcpy(dp + i * ds, &v32, 4)
+        elif itemsize == 8:
+            for i in range(n):
+                memcpy(&v64, sp + i * ss, 8)
+                memcpy(dp + i * ds, &v64, 8)
+        else:
+            for i in range(n):
+                memcpy(dp + i * ds, sp + i * ss, <size_t>itemsize)
+    elif swap_unit == itemsize and itemsize == 2:
+        for i in range(n):
+            memcpy(&v16, sp + i * ss, 2)
+            v16 = ZF_BSWAP16(v16)
+            memcpy(dp + i * ds, &v16, 2)
+    elif swap_unit == itemsize and itemsize == 4:
+        for i in range(n):
+            memcpy(&v32, sp + i * ss, 4)
+            v32 = ZF_BSWAP32(v32)
+            memcpy(dp + i * ds, &v32, 4)
+    elif swap_unit == itemsize and itemsize == 8:
+        for i in range(n):
+            memcpy(&v64, sp + i * ss, 8)
+            v64 = ZF_BSWAP64(v64)
+            memcpy(dp + i * ds, &v64, 8)
+    else:
+        for i in range(n):
+            _swap_element(sp + i * ss, dp + i * ds, itemsize, swap_unit)
+
+
+cdef int copy_strided(
+    const char* src,
+    const Py_ssize_t* src_strides,
+    char* dst,
+    const Py_ssize_t* dst_strides,
+    const Py_ssize_t* shape,
+    int ndim,
+    Py_ssize_t itemsize,
+    Py_ssize_t swap_unit,
+) noexcept nogil:
+    """Copy an n-d strided block; ``swap_unit`` > 0 reverses the bytes of each
+    ``swap_unit``-sized group of every element. Returns 0, or -1 on bad ndim."""
+    cdef Py_ssize_t shp[ZF_MAX_DIMS]
+    cdef Py_ssize_t ss[ZF_MAX_DIMS]
+    cdef Py_ssize_t ds[ZF_MAX_DIMS]
+    cdef Py_ssize_t idx[ZF_MAX_DIMS]
+    cdef int n, d, inner
+    cdef const char* sp = src
+    cdef char* dp = dst
+    if ndim < 0 or ndim > ZF_MAX_DIMS:
+        return -1
+    n = _coalesce(shape, src_strides, dst_strides, ndim, shp, ss, ds)
+    if n < 0:
+        return 0
+    if n == 0:
+        _copy_row(sp, itemsize, dp, itemsize, 1, itemsize, swap_unit)
+        return 0
+    inner = n - 1
+    for d in range(inner):
+        idx[d] = 0
+    while True:
+        _copy_row(sp, ss[inner], dp, ds[inner], shp[inner], itemsize, swap_unit)
+        d = inner - 1
+        while d >= 0:
+            idx[d] += 1
+            sp += ss[d]
+            dp += ds[d]
+            if idx[d] < shp[d]:
+                break
+            sp -= ss[d] * shp[d]
+            dp -= ds[d] * shp[d]
+            idx[d] = 0
+            d -= 1
+        if d < 0:
+            break
+    return 0
+
+
+cdef void _fill_row(
+    char* dp, Py_ssize_t ds, Py_ssize_t n, const char* pattern, Py_ssize_t itemsize, bint zero
+) noexcept nogil:
+    cdef Py_ssize_t i, done, step
+    if ds == itemsize:
+        if zero:
+            memset(dp, 0, <size_t>(n * itemsize))
+        elif itemsize == 1:
+            memset(dp, pattern[0], <size_t>n)
+        else:
+            # write one element, then double the filled prefix until done
+            memcpy(dp, pattern, <size_t>itemsize)
+            done = 1
+            while done < n:
+                step = done if done <= n - done else n - done
+                memcpy(dp + done * itemsize, dp, <size_t>(step * itemsize))
+                done += step
+    else:
+        for i in range(n):
+            memcpy(dp + i * ds, pattern, <size_t>itemsize)
+
+
+cdef int fill_strided(
+    char* dst,
+    const Py_ssize_t* dst_strides,
+    const Py_ssize_t* shape,
+    int ndim,
+    const char* pattern,
+    Py_ssize_t itemsize,
+) noexcept nogil:
+    """Write ``pattern`` (one element) into every element of an n-d block."""
+    cdef Py_ssize_t shp[ZF_MAX_DIMS]
+    cdef Py_ssize_t ds[ZF_MAX_DIMS]
+    cdef Py_ssize_t ds2[ZF_MAX_DIMS]
+    cdef Py_ssize_t idx[ZF_MAX_DIMS]
+    cdef int n, d, inner
+    cdef Py_ssize_t b
+    cdef bint zero = True
+    cdef char* dp = dst
+    if ndim < 0 or ndim > ZF_MAX_DIMS:
+        return -1
+    for b in range(itemsize):
+        if pattern[b] != 0:
+            zero = False
+            break
+    n = _coalesce(shape, dst_strides, dst_strides, ndim, shp, ds, ds2)
+    if n < 0:
+        return 0
+    if n == 0:
+        memcpy(dp, pattern, <size_t>itemsize)
+        return 0
+    inner = n - 1
+    for d in range(inner):
+        idx[d] = 0
+    while True:
+        _fill_row(dp, ds[inner], shp[inner], pattern, itemsize, zero)
+        d = inner - 1
+        while d >= 0:
+            idx[d] += 1
+            dp += ds[d]
+            if idx[d] < shp[d]:
+                break
+            dp -= ds[d] * shp[d]
+            idx[d] = 0
+            d -= 1
+        if d < 0:
+            break
+    return 0
+
+
+# -- Python-facing wrappers ---------------------------------------------------
+
+cdef object _basic_view(cnp.ndarray out, object selection):
+    """``out[selection]`` as an ndarray view; basic selections only.
+
+    A trailing Ellipsis makes numpy return a 0-d view (not a scalar copy)
+    when every axis is indexed by an integer.
+    """
+    if selection is None:
+        return out
+    if not isinstance(selection, tuple):
+        selection = (selection,)
+    for s in selection:
+        # a Python bool is an int, but numpy takes it as a mask (a copy)
+        if isinstance(s, bool) or not (
+            isinstance(s, (slice, int, np.integer)) or s is Ellipsis
+        ):
+            raise TypeError(
+                f"scatter/fill take basic selections (slices and integers), got {type(s).__name__}"
+            )
+    if Ellipsis not in selection:
+        selection = selection + (Ellipsis,)
+    return out[selection]
+
+
+cdef Py_ssize_t _swap_unit(cnp.dtype dtype):
+    # The byte groups that ``dtype.newbyteorder()`` reverses: each component
+    # of a complex, each UCS4 code unit of a unicode string; none for byte
+    # strings and unstructured void, whose opposite byte order is themselves.
+    if dtype.itemsize <= 1 or dtype.kind == "S" or (
+        dtype.kind == "V" and not cnp.PyDataType_HASFIELDS(dtype)
+    ):
+        return 0
+    if dtype.kind == "c":
+        return dtype.itemsize // 2
+    if dtype.kind == "U":
+        return 4
+    return dtype.itemsize
+
+
+def scatter(src, out=None, selection=None, *, bint swap=False):
+    """Copy ``src`` into ``out[selection]`` with the GIL released.
+
+    Parameters
+    ----------
+    src : numpy.ndarray
+        The block to copy, any strides.
+    out : numpy.ndarray, optional
+        Destination array. When omitted, a new C-ordered array is allocated
+        (``selection`` must then be omitted too).
+    selection : tuple of slice or int, optional
+        Basic selection of ``out`` receiving ``src``; its shape must equal
+        ``src.shape``.
+    swap : bool
+        Reverse the byte order of every element while copying (per component
+        for complex types). ``out`` must then have ``src``'s dtype in the
+        opposite byte order.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``out``.
+    """
+    cdef cnp.ndarray s, o, d
+    cdef const char* sp
+    cdef char* dp
+    cdef Py_ssize_t* sstr
+    cdef Py_ssize_t* dstr
+    cdef Py_ssize_t* shp
+    cdef int ndim, rc
+    cdef Py_ssize_t itemsize, unit
+    if not isinstance(src, np.ndarray):
+        raise TypeError(f"src must be a numpy.ndarray, got {type(src).__name__}")
+    s = <cnp.ndarray>src
+    if s.dtype.hasobject:
+        raise TypeError("scatter cannot copy object arrays")
+    want = s.dtype.newbyteorder() if swap else s.dtype
+    if out is None:
+        if selection is not None:
+            raise ValueError("selection needs an out array")
+        out = np.empty(src.shape, dtype=want)
+    if not isinstance(out, np.ndarray):
+        raise TypeError(f"out must be a numpy.ndarray, got {type(out).__name__}")
+    o = <cnp.ndarray>out
+    if not o.flags.writeable:
+        raise ValueError("out is read-only")
+    dview = _basic_view(o, selection)
+    if dview.shape != src.shape:
+        raise ValueError(
+            f"destination shape {dview.shape} does not match source shape {src.shape}"
+        )
+    if dview.dtype != want:
+        raise TypeError(f"destination dtype {dview.dtype} does not match {want} (swap={swap})")
+    if np.may_share_memory(src, dview):
+        raise ValueError("src and out overlap")
+    d = <cnp.ndarray>dview
+    ndim = s.ndim
+    itemsize = s.dtype.itemsize
+    if swap and cnp.PyDataType_HASFIELDS(s.dtype):
+        raise TypeError("scatter cannot swap the byte order of structured elements")
+    unit = _swap_unit(s.dtype) if swap else 0
+    sp = <const char*>cnp.PyArray_DATA(s)
+    dp = <char*>cnp.PyArray_DATA(d)
+    sstr = <Py_ssize_t*>cnp.PyArray_STRIDES(s)
+    dstr = <Py_ssize_t*>cnp.PyArray_STRIDES(d)
+    shp = <Py_ssize_t*>cnp.PyArray_DIMS(s)
+    with nogil:
+        rc = copy_strided(sp, sstr, dp, dstr, shp, ndim, itemsize, unit)
+    if rc < 0:
+        raise ValueError(f"arrays with {ndim} dimensions are not supported")
+    return out
+
+
+def fill(out, value, selection=None):
+    """Write ``value`` into every element of ``out[selection]``, GIL released.
+
+    Parameters
+    ----------
+    out : numpy.ndarray
+        Destination array (writeable, not of object dtype).
+    value : scalar
+        Converted to ``out.dtype`` with numpy's casting rules.
+    selection : tuple of slice or int, optional
+        Basic selection of ``out`` to fill; everything when omitted.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``out``.
+    """
+    cdef cnp.ndarray o, d
+    cdef bytes pattern
+    cdef const char* pp
+    cdef char* dp
+    cdef Py_ssize_t* dstr
+    cdef Py_ssize_t* shp
+    cdef int ndim, rc
+    cdef Py_ssize_t itemsize
+    if not isinstance(out, np.ndarray):
+        raise TypeError(f"out must be a numpy.ndarray, got {type(out).__name__}")
+    o = <cnp.ndarray>out
+    if o.dtype.hasobject:
+        raise TypeError("fill cannot write object arrays")
+    if not o.flags.writeable:
+        raise ValueError("out is read-only")
+    d = <cnp.ndarray>_basic_view(o, selection)
+    # Same casting as ``out[selection] = value``.
+    element = np.empty((), dtype=d.dtype)
+    element[()] = value
+    pattern = element.tobytes()
+    itemsize = d.dtype.itemsize
+    if len(pattern) != itemsize:
+        raise ValueError("fill value does not convert to a single element")
+    if itemsize == 0:
+        return out
+    pp = pattern
+    dp = <char*>cnp.PyArray_DATA(d)
+    dstr = <Py_ssize_t*>cnp.PyArray_STRIDES(d)
+    shp = <Py_ssize_t*>cnp.PyArray_DIMS(d)
+    ndim = d.ndim
+    with nogil:
+        rc = fill_strided(dp, dstr, shp, ndim, pp, itemsize)
+    if rc < 0:
+        raise ValueError(f"arrays with {ndim} dimensions are not supported")
+    return out

@@ -1,0 +1,61 @@
+"""Configuration keys read by zarr_fused.
+
+zarr_fused is configured through zarr's own configuration object
+(``zarr.config``), so every key can also be set by environment variable
+(``ZARR_`` + the key in upper case with ``__`` for dots):
+
+``codec_pipeline.path``
+    ``"zarr_fused.FusedCodecPipeline"`` selects zarr_fused
+    (``ZARR_CODEC_PIPELINE__PATH``).
+``codec_pipeline.max_workers``
+    Threads used to decode and encode the chunks of one read or write.
+    ``None`` (default): the CPUs this process may run on (its affinity mask,
+    capped by a cgroup CPU quota). ``1``: everything runs in the calling
+    thread, no pool. An invalid value (not an integer, or < 1) warns with
+    `zarr.errors.ZarrUserWarning` and uses the default; values above
+    `MAX_WORKERS_CAP` warn and are clamped.
+``codec_pipeline.strict``
+    ``False`` (default): where a native path does not apply (a codec chain
+    zarr_fused has no kernel for, missing compiled extensions), fall back to
+    zarr's own code and log the reason at debug level on the ``zarr_fused``
+    logger. ``True``: raise `zarr_fused.errors.UnsupportedError` instead. A
+    value that is not a boolean warns and counts as ``False``.
+``codec_pipeline.batch_size``
+    Accepted for compatibility with zarr's pipelines; zarr_fused processes
+    each read or write as one batch.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+from warnings import warn
+
+from zarr.core.config import config as zarr_config
+from zarr.errors import ZarrUserWarning
+
+__all__ = ["MAX_WORKERS_CAP", "MAX_WORKERS_KEY", "STRICT_KEY", "strict_mode"]
+
+MAX_WORKERS_KEY: Final = "codec_pipeline.max_workers"
+STRICT_KEY: Final = "codec_pipeline.strict"
+MAX_WORKERS_CAP: Final = 256
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+def strict_mode() -> bool:
+    """Whether ``codec_pipeline.strict`` is set (see the module docstring)."""
+    value = zarr_config.get(STRICT_KEY, default=False)
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
+        return value.strip().lower() in _TRUE
+    warn(
+        f"Ignoring invalid `{STRICT_KEY}` config value {value!r}; expected a boolean. "
+        "Strict mode stays off.",
+        category=ZarrUserWarning,
+        stacklevel=3,
+    )
+    return False

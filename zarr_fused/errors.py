@@ -1,0 +1,43 @@
+"""Exceptions and warnings raised by zarr_fused.
+
+Every exception zarr_fused raises on purpose derives from `ZarrFusedError`.
+Errors about stored data also derive from `ValueError`, so callers that catch
+the errors zarr itself raises for bad data keep working.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CorruptChunkError",
+    "NativeExtensionError",
+    "UnsupportedError",
+    "ZarrFusedError",
+    "ZarrFusedWarning",
+]
+
+
+class ZarrFusedError(Exception):
+    """Base class of every exception raised by zarr_fused."""
+
+
+class UnsupportedError(ZarrFusedError):
+    """A native path does not apply and strict mode forbids the fallback.
+
+    Raised only with ``codec_pipeline.strict`` set; otherwise zarr_fused falls
+    back to zarr's own code for that chunk chain and logs the reason at debug
+    level on the ``zarr_fused`` logger.
+    """
+
+
+class NativeExtensionError(ZarrFusedError, ImportError):
+    """The compiled extensions of zarr_fused could not be imported."""
+
+
+class CorruptChunkError(ZarrFusedError, ValueError):
+    """Stored bytes of a chunk or shard are invalid (wrong size, bad checksum,
+    corrupt frame). The message names the store key."""
+
+
+class ZarrFusedWarning(UserWarning):
+    """Something about this installation degrades zarr_fused (for example, the
+    compiled extensions are missing and the pure-Python path is in use)."""
