@@ -11,12 +11,16 @@ named extensions, for a fast edit loop.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+import tempfile
+from pathlib import Path
 
 import numpy as np
 from Cython.Build import cythonize
 from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
 
 # name, sources, extra .pxd dependencies, C libraries to link
 EXTENSIONS: list[dict] = [
@@ -26,9 +30,85 @@ EXTENSIONS: list[dict] = [
         "depends": ["zarr_fused/_scatter.pxd"],
         "libraries": [],
     },
+    {
+        "name": "zarr_fused._localio",
+        "sources": ["zarr_fused/_localio.pyx"],
+        "depends": ["zarr_fused/_localio.pxd"],
+        "libraries": [],
+    },
+    {
+        "name": "zarr_fused._codecs",
+        "sources": ["zarr_fused/_codecs.pyx"],
+        "depends": [
+            "zarr_fused/_codecs.pxd",
+            "zarr_fused/_scatter.pxd",
+            "zarr_fused/_localio.pxd",
+            "zarr_fused/_zstd.pxd",
+            "zarr_fused/_zlib.pxd",
+            "zarr_fused/_blosc.pxd",
+            "zarr_fused/_crc32c.h",
+        ],
+        "libraries": ["zstd", "z", "blosc"],
+    },
 ]
 
 NUMPY_MACROS = [("NPY_NO_DEPRECATED_API", "NPY_2_0_API_VERSION")]
+
+# C libraries linked from the system: library -> (header, a function, packages)
+SYSTEM_LIBRARIES = {
+    "zstd": ("zstd.h", "ZSTD_versionNumber", "libzstd-dev (Debian/Ubuntu), zstd (conda)"),
+    "z": ("zlib.h", "zlibVersion", "zlib1g-dev (Debian/Ubuntu), zlib (conda)"),
+    "blosc": ("blosc.h", "blosc_get_version_string", "libblosc-dev (Debian/Ubuntu), c-blosc (conda)"),
+}
+
+
+@contextlib.contextmanager
+def _quiet_stderr():
+    saved = os.dup(2)
+    with open(os.devnull, "w") as devnull:
+        os.dup2(devnull.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
+def _missing_libraries(libraries: set[str]) -> list[str]:
+    """The needed system libraries that do not compile and link here."""
+    from setuptools._distutils.ccompiler import new_compiler
+    from setuptools._distutils.sysconfig import customize_compiler
+
+    compiler = new_compiler()
+    customize_compiler(compiler)
+    missing = []
+    for lib in sorted(libraries & set(SYSTEM_LIBRARIES)):
+        header, function, packages = SYSTEM_LIBRARIES[lib]
+        with tempfile.TemporaryDirectory() as tmp:
+            source = Path(tmp) / "check.c"
+            source.write_text(f"#include <{header}>\nint main(void) {{ (void){function}(); return 0; }}\n")
+            try:
+                with _quiet_stderr():
+                    objects = compiler.compile([str(source)], output_dir=tmp)
+                    compiler.link_executable(objects, "check", output_dir=tmp, libraries=[lib])
+            except Exception:
+                missing.append(f"lib{lib} ({header}): install {packages}")
+    return missing
+
+
+class checked_build_ext(build_ext):
+    """Fails up front, saying what to install, when a C library is missing."""
+
+    def run(self) -> None:
+        needed = {lib for ext in self.extensions for lib in ext.libraries}
+        missing = _missing_libraries(needed)
+        if missing:
+            sys.exit(
+                "zarr_fused cannot be built: these C libraries (with their headers) are "
+                "missing:\n  " + "\n  ".join(missing)
+                + "\nOn Debian/Ubuntu: apt-get install libzstd-dev zlib1g-dev libblosc-dev"
+            )
+        super().run()
 
 
 def _selected(specs: list[dict]) -> list[dict]:
@@ -61,6 +141,7 @@ def _extensions() -> list[Extension]:
 
 
 setup(
+    cmdclass={"build_ext": checked_build_ext},
     ext_modules=cythonize(
         _extensions(),
         nthreads=os.cpu_count() or 1,

@@ -73,10 +73,16 @@ PY=$(find_python) || {
 }
 
 # -- native build dependencies ------------------------------------------------
-# A C compiler and the interpreter's own headers (Python.h). Later kernels add
-# their libraries here (header -> Debian package).
+# A C compiler, the interpreter's own headers (Python.h) and the C libraries
+# the codec kernels link (header -> Debian package).
 missing=()
 command -v cc >/dev/null 2>&1 || command -v gcc >/dev/null 2>&1 || missing+=(gcc libc6-dev)
+for pair in zstd.h:libzstd-dev zlib.h:zlib1g-dev blosc.h:libblosc-dev; do
+  header=${pair%%:*}
+  if ! printf '#include <%s>\n' "$header" | ${CC:-cc} -E -x c - >/dev/null 2>&1; then
+    missing+=("${pair##*:}")
+  fi
+done
 if ! "$PY" -c 'import os, sysconfig, sys; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))'; then
   ver=$("$PY" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
   missing+=("python${ver}-dev")

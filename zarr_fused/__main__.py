@@ -20,6 +20,8 @@ def _info() -> int:
     for name, ok in info["extensions"].items():  # type: ignore[union-attr]
         print(f"extension {name}: {'ok' if ok else 'MISSING'}")
     print(f"native codecs: {', '.join(info['codecs']) or 'none'}")  # type: ignore[arg-type]
+    for name, version in info["libraries"].items():  # type: ignore[union-attr]
+        print(f"  {name}: {version if not isinstance(version, list) else ', '.join(version)}")
     print(f"available CPUs: {cpus} ({why})")
     print(f"threads per batch (codec_pipeline.max_workers): {resolve_max_workers()}")
     return 0

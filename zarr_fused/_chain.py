@@ -12,24 +12,31 @@ kind they hold:
 ``encode(array, spec)``
     bytes to store, or None when a codec elides the chunk.
 
-`build_chain` picks the chain for an evolved codec list and records, for a
-non-native chain, why it is not native.
+`build_chain` recognises the chains the native kernels cover,
+``[transpose...] -> bytes -> [zstd | gzip | blosc] with crc32c before or
+after the compressor``, for fixed-size data types on CPU buffers, and
+records for any other chain why it stays on zarr's code.
 """
 
 from __future__ import annotations
 
+import threading
 from dataclasses import replace
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
+from zarr.codecs.blosc import BloscCodec
 from zarr.codecs.bytes import BytesCodec
+from zarr.codecs.crc32c_ import Crc32cCodec
+from zarr.codecs.gzip import GzipCodec
+from zarr.codecs.transpose import TransposeCodec
+from zarr.codecs.zstd import ZstdCodec
 from zarr.core.buffer import cpu
 from zarr.core.dtype.common import HasEndianness
 from zarr.core.dtype.npy.structured import Struct
 
-from zarr_fused._native import scatter_kernels
-from zarr_fused._output import SWAPPABLE_KINDS, scatter_array, scatter_chunk
-from zarr_fused.errors import CorruptChunkError
+from zarr_fused._native import codec_kernels, scatter_kernels
+from zarr_fused._output import scatter_array, scatter_chunk
 
 if TYPE_CHECKING:
     from zarr.abc.codec import Codec
@@ -38,15 +45,20 @@ if TYPE_CHECKING:
     from zarr.core.chunk_utils import ChunkTransform
     from zarr.core.indexing import SelectorTuple
 
-__all__ = ["Chain", "NativeBytesChain", "TransformChain", "build_chain"]
+__all__ = ["Chain", "NativeChain", "TransformChain", "build_chain", "native_chain_params"]
+
+# dtype kinds the native chain stores: fixed-size, no Python objects
+NATIVE_KINDS = frozenset("biufcmMSUV")
 
 
 class Chain(Protocol):
+    """``key`` (a byte getter/setter) only names the chunk in errors."""
+
     native: bool
     #: why this chain is not native ("" for a native chain)
     reason: str
 
-    def decode(self, raw: Buffer, spec: ArraySpec) -> NDBuffer: ...
+    def decode(self, raw: Buffer, spec: ArraySpec, key: Any = None) -> NDBuffer: ...
 
     def decode_into(
         self,
@@ -56,9 +68,10 @@ class Chain(Protocol):
         out: NDBuffer,
         out_selection: SelectorTuple,
         drop_axes: tuple[int, ...],
+        key: Any = None,
     ) -> None: ...
 
-    def encode(self, array: NDBuffer, spec: ArraySpec) -> Buffer | None: ...
+    def encode(self, array: NDBuffer, spec: ArraySpec, key: Any = None) -> Buffer | None: ...
 
 
 class TransformChain:
@@ -70,7 +83,7 @@ class TransformChain:
         self.transform = transform
         self.reason = reason
 
-    def decode(self, raw: Buffer, spec: ArraySpec) -> NDBuffer:
+    def decode(self, raw: Buffer, spec: ArraySpec, key: Any = None) -> NDBuffer:
         return self.transform.decode_chunk(raw, spec)
 
     def decode_into(
@@ -81,60 +94,72 @@ class TransformChain:
         out: NDBuffer,
         out_selection: SelectorTuple,
         drop_axes: tuple[int, ...],
+        key: Any = None,
     ) -> None:
         chunk = self.transform.decode_chunk(raw, spec)
         scatter_chunk(out, out_selection, chunk[chunk_selection], drop_axes)
 
-    def encode(self, array: NDBuffer, spec: ArraySpec) -> Buffer | None:
+    def encode(self, array: NDBuffer, spec: ArraySpec, key: Any = None) -> Buffer | None:
         return self.transform.encode_chunk(array, spec)
 
 
-class NativeBytesChain:
-    """The chain ``[bytes]``: fixed-size numeric chunks stored uncompressed.
+def _describe(key: Any) -> str:
+    if key is None:
+        return "chunk"
+    from zarr_fused._read import describe_key
 
-    Decoding is a view of the stored bytes, or one pass of the copy kernel
-    that also swaps the byte order when the stored and declared orders
-    differ; `decode_into` skips the intermediate array entirely and copies
-    from the stored bytes into the output.
-    """
+    return f"chunk {describe_key(key)}"
+
+
+class NativeChain:
+    """A codec chain run by `zarr_fused._codecs.ChainKernel`."""
 
     native = True
     reason = ""
 
-    def __init__(self, spec: ArraySpec, codec: BytesCodec, fallback: TransformChain) -> None:
+    def __init__(self, spec: ArraySpec, params: dict[str, Any], fallback: TransformChain) -> None:
         self.zdtype = spec.dtype
-        self.dtype = spec.dtype.to_native_dtype()
-        if isinstance(spec.dtype, HasEndianness):
-            self.stored = replace(spec.dtype, endianness=codec.endian).to_native_dtype()  # type: ignore[call-arg]
-        else:
-            self.stored = self.dtype
-        self.swap = self.stored != self.dtype
+        self.dtype: np.dtype[Any] = params.pop("dtype")
+        self.stored: np.dtype[Any] = params.pop("stored")
+        self.order: tuple[int, ...] | None = params.pop("order")
+        self.kernel = codec_kernels.ChainKernel(**params)  # type: ignore[union-attr]
         self.fallback = fallback
+        self._layouts: dict[tuple[int, ...], Any] = {}
+        self._lock = threading.Lock()
 
-    def _handles(self, spec: ArraySpec) -> bool:
+    def handles(self, spec: ArraySpec) -> bool:
+        """Whether this chunk spec is the one the kernel was built for."""
         return (spec.dtype is self.zdtype or spec.dtype == self.zdtype) and issubclass(
             spec.prototype.nd_buffer, cpu.NDBuffer
         )
 
-    def _stored_view(self, raw: Buffer, spec: ArraySpec) -> np.ndarray:
-        data = raw.as_numpy_array()
-        expected = self.stored.itemsize
-        for s in spec.shape:
-            expected *= s
-        if data.nbytes != expected:
-            raise CorruptChunkError(
-                f"the chunk holds {data.nbytes} bytes, but {spec.shape} elements of "
-                f"{self.stored} need {expected}"
-            )
-        return data.view(self.stored).reshape(spec.shape)
+    def layout(self, shape: tuple[int, ...]) -> Any:
+        """The element layout of a chunk of ``shape`` (cached per shape)."""
+        layout = self._layouts.get(shape)
+        if layout is None:
+            layout = codec_kernels.ChunkLayout(shape, self.dtype.itemsize, self.order)  # type: ignore[union-attr]
+            with self._lock:
+                self._layouts[shape] = layout
+        return layout
 
-    def decode(self, raw: Buffer, spec: ArraySpec) -> NDBuffer:
-        if not self._handles(spec):
+    def decode_batch(self, capacity: int, ndim: int) -> Any:
+        return codec_kernels.DecodeBatch(self.kernel, capacity, ndim, _describe)  # type: ignore[union-attr]
+
+    def encode_batch(self, capacity: int, ndim: int) -> Any:
+        return codec_kernels.EncodeBatch(self.kernel, capacity, ndim, _describe)  # type: ignore[union-attr]
+
+    def decode_array(self, raw: Buffer, spec: ArraySpec, key: Any = None) -> np.ndarray:
+        """The whole chunk as a new NumPy array of the array's data type."""
+        array = np.empty(spec.shape, dtype=self.dtype)
+        batch = self.decode_batch(1, array.ndim)
+        batch.add(raw.as_numpy_array(), self.layout(spec.shape), (), array, (), (), key)
+        batch.run()
+        return array
+
+    def decode(self, raw: Buffer, spec: ArraySpec, key: Any = None) -> NDBuffer:
+        if not self.handles(spec):
             return self.fallback.decode(raw, spec)
-        array = self._stored_view(raw, spec)
-        if self.swap:
-            array = scatter_kernels.scatter(array, swap=True)  # type: ignore[union-attr]
-        return spec.prototype.nd_buffer.from_ndarray_like(array)
+        return spec.prototype.nd_buffer.from_ndarray_like(self.decode_array(raw, spec, key))
 
     def decode_into(
         self,
@@ -144,49 +169,112 @@ class NativeBytesChain:
         out: NDBuffer,
         out_selection: SelectorTuple,
         drop_axes: tuple[int, ...],
+        key: Any = None,
     ) -> None:
-        if not self._handles(spec):
+        if not self.handles(spec):
             self.fallback.decode_into(raw, spec, chunk_selection, out, out_selection, drop_axes)
             return
-        selected = self._stored_view(raw, spec)[chunk_selection]
-        scatter_array(out, out_selection, np.asarray(selected), drop_axes)
+        dst = out.as_ndarray_like()
+        if type(dst) is np.ndarray and dst.dtype == self.dtype:
+            batch = self.decode_batch(1, max(dst.ndim, len(spec.shape)))
+            if batch.add(
+                raw.as_numpy_array(), self.layout(spec.shape), chunk_selection, dst,
+                out_selection, drop_axes, key,
+            ):
+                batch.run()
+                return
+        # advanced selections: decode natively, select and assign with NumPy
+        chunk = self.decode_array(raw, spec, key)
+        scatter_array(out, out_selection, np.asarray(chunk[chunk_selection]), drop_axes)
 
-    def encode(self, array: NDBuffer, spec: ArraySpec) -> Buffer | None:
+    def encode_swap(self, array: np.ndarray) -> bool | None:
+        """Whether encoding ``array`` swaps bytes; None when the kernel
+        cannot take its data type."""
+        if array.dtype == self.stored:
+            return False
+        if array.dtype == self.dtype:
+            return self.kernel.swap_unit != 0
+        return None
+
+    def encode(self, array: NDBuffer, spec: ArraySpec, key: Any = None) -> Buffer | None:
         data = array.as_ndarray_like()
-        if not self._handles(spec) or type(data) is not np.ndarray:
+        if not self.handles(spec) or type(data) is not np.ndarray or data.shape != spec.shape:
             return self.fallback.encode(array, spec)
-        if data.dtype == self.stored:
-            flat = data if data.flags.c_contiguous else scatter_kernels.scatter(data)  # type: ignore[union-attr]
-        elif data.dtype == self.dtype:
-            flat = scatter_kernels.scatter(data, swap=True)  # type: ignore[union-attr]
+        swap = self.encode_swap(data)
+        if swap is None:
+            return self.fallback.encode(array, spec)
+        batch = self.encode_batch(1, data.ndim)
+        batch.add(data, self.layout(spec.shape), swap, key)
+        (encoded,) = batch.run()
+        return spec.prototype.buffer.from_array_like(encoded)
+
+
+def native_chain_params(codecs: tuple[Codec, ...], spec: ArraySpec) -> tuple[str, dict[str, Any]]:
+    """``("", kernel parameters)`` when the native kernels cover ``codecs``
+    for ``spec``, else ``(why not, {})``."""
+    if scatter_kernels is None or codec_kernels is None:
+        return "the compiled extensions are missing", {}
+    names = " -> ".join(type(c).__name__ for c in codecs)
+    order: tuple[int, ...] | None = None
+    index = 0
+    while index < len(codecs) and type(codecs[index]) is TransposeCodec:
+        step = codecs[index].order  # type: ignore[attr-defined]
+        order = step if order is None else tuple(order[i] for i in step)
+        index += 1
+    if index >= len(codecs) or type(codecs[index]) is not BytesCodec:
+        return f"no native kernel for the codec chain {names}", {}
+    bytes_codec: BytesCodec = codecs[index]  # type: ignore[assignment]
+    params: dict[str, Any] = {"compressor": None, "outer_crcs": 0, "inner_crcs": 0}
+    for codec in codecs[index + 1 :]:
+        kind = type(codec)
+        if kind is Crc32cCodec:
+            params["outer_crcs" if params["compressor"] else "inner_crcs"] += 1
+        elif params["compressor"] is not None:
+            return f"no native kernel for the codec chain {names}", {}
+        elif kind is ZstdCodec:
+            params.update(compressor="zstd", level=codec.level, checksum=codec.checksum)  # type: ignore[attr-defined]
+        elif kind is GzipCodec:
+            params.update(compressor="gzip", level=codec.level)  # type: ignore[attr-defined]
+        elif kind is BloscCodec:
+            cname = codec.cname  # type: ignore[attr-defined]
+            if cname not in codec_kernels.library_versions()["blosc_compressors"]:
+                return f"the system c-blosc has no {cname} compressor", {}
+            params.update(
+                compressor="blosc", cname=cname, clevel=codec.clevel,  # type: ignore[attr-defined]
+                shuffle=codec.shuffle, typesize=codec.typesize,  # type: ignore[attr-defined]
+                blocksize=codec.blocksize,  # type: ignore[attr-defined]
+            )
         else:
-            return self.fallback.encode(array, spec)
-        return spec.prototype.buffer.from_array_like(flat.reshape(-1).view(np.uint8))
-
-
-def _native_bytes_reason(codecs: tuple[Codec, ...], spec: ArraySpec) -> str:
-    """'' when `NativeBytesChain` applies to ``codecs``, else why not."""
-    if scatter_kernels is None:
-        return "the compiled extensions are missing"
-    if len(codecs) != 1 or type(codecs[0]) is not BytesCodec:
-        names = " -> ".join(type(c).__name__ for c in codecs)
-        return f"no native kernel for the codec chain {names}"
+            return f"no native kernel for the codec chain {names}", {}
+    if params["compressor"] is None:
+        # a crc32c without a compressor protects the stored bytes directly
+        params["outer_crcs"], params["inner_crcs"] = params["inner_crcs"], 0
     if isinstance(spec.dtype, Struct):
-        return "structured data types are decoded by zarr"
-    native = spec.dtype.to_native_dtype()
-    if native.kind not in SWAPPABLE_KINDS:
-        return f"data type {spec.dtype} is decoded by zarr"
+        return "structured data types are decoded by zarr", {}
+    dtype = spec.dtype.to_native_dtype()
+    if dtype.kind not in NATIVE_KINDS or dtype.hasobject or dtype.fields is not None:
+        return f"data type {spec.dtype} is decoded by zarr", {}
     if not issubclass(spec.prototype.nd_buffer, cpu.NDBuffer):
-        return "non-CPU buffers are decoded by zarr"
-    return ""
+        return "non-CPU buffers are decoded by zarr", {}
+    if isinstance(spec.dtype, HasEndianness):
+        stored = replace(spec.dtype, endianness=bytes_codec.endian).to_native_dtype()  # type: ignore[call-arg]
+    else:
+        stored = dtype
+    swap_unit = 0
+    if stored != dtype and dtype.itemsize > 1:
+        swap_unit = {"c": dtype.itemsize // 2, "U": 4}.get(dtype.kind, dtype.itemsize)
+    params.update(dtype=dtype, stored=stored, order=order, itemsize=dtype.itemsize,
+                  swap_unit=swap_unit)
+    return "", params
 
 
 def build_chain(
     codecs: tuple[Codec, ...], spec: ArraySpec, transform: ChunkTransform
 ) -> Chain:
-    """The chain for an evolved codec list: native if a kernel covers it."""
-    reason = _native_bytes_reason(codecs, spec)
+    """The chain for an evolved codec list: native if the kernels cover it."""
+    reason, params = native_chain_params(codecs, spec)
     fallback = TransformChain(transform, reason or "native chain declined this chunk")
     if reason:
         return fallback
-    return NativeBytesChain(spec, codecs[0], fallback)  # type: ignore[arg-type]
+    return NativeChain(spec, params, fallback)
+

@@ -23,9 +23,8 @@ from zarr.core.config import config as zarr_config
 
 from zarr_fused._output import fill_missing, scatter_chunk
 from zarr_fused._pool import get_pool, resolve_max_workers
-from zarr_fused._read import MISSING, PRESENT, corrupt
+from zarr_fused._read import MISSING, PRESENT
 from zarr_fused._write import merge_and_encode
-from zarr_fused.errors import CorruptChunkError
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -124,10 +123,7 @@ async def read_async(
 
     def decode_sync(item: ReadItem, raw: Buffer, chain: Chain) -> None:
         getter, spec, chunk_selection, out_selection, _ = item
-        try:
-            chain.decode_into(raw, spec, chunk_selection, out, out_selection, drop_axes)
-        except CorruptChunkError as exc:
-            raise corrupt(getter, exc) from None
+        chain.decode_into(raw, spec, chunk_selection, out, out_selection, drop_axes, getter)
 
     async def read_one(item: ReadItem) -> GetResult:
         getter, spec, chunk_selection, out_selection, _ = item

@@ -19,7 +19,7 @@ from zarr_fused.errors import NativeExtensionError, ZarrFusedWarning
 
 logger = logging.getLogger("zarr_fused")
 
-_EXTENSIONS = ("_scatter",)
+_EXTENSIONS = ("_scatter", "_localio", "_codecs")
 
 _modules: dict[str, ModuleType] = {}
 _errors: dict[str, ImportError] = {}
@@ -30,6 +30,7 @@ for _name in _EXTENSIONS:
         _errors[_name] = _exc
 
 scatter_kernels: ModuleType | None = _modules.get("_scatter")
+codec_kernels: ModuleType | None = _modules.get("_codecs")
 
 _warned = False
 _warn_lock = threading.Lock()
@@ -77,12 +78,16 @@ def native_info() -> dict[str, object]:
     dict
         ``extensions``: each compiled module and whether it imported;
         ``codecs``: the zarr codecs run by native kernels (an empty list
-        when the extensions are missing).
+        when the extensions are missing); ``libraries``: versions of the
+        linked C libraries and the crc32c implementation this CPU uses.
     """
     codecs: list[str] = []
-    if scatter_kernels is not None:
-        codecs.append("bytes")
+    libraries: dict[str, object] = {}
+    if scatter_kernels is not None and codec_kernels is not None:
+        codecs = ["bytes", "transpose", "crc32c", "zstd", "gzip", "blosc"]
+        libraries = codec_kernels.library_versions()
     return {
         "extensions": {f"zarr_fused.{n}": n in _modules for n in _EXTENSIONS},
         "codecs": codecs,
+        "libraries": libraries,
     }

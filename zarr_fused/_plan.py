@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING
 from zarr.abc.codec import _codec_supports_sync
 from zarr.core.codec_pipeline import AsyncChunkTransform
 
-from zarr_fused._chain import build_chain
-from zarr_fused._read import ChunkReader, PartialDecodeReader
-from zarr_fused._write import ChunkWriter, PartialEncodeWriter
+from zarr_fused._chain import NativeChain, build_chain
+from zarr_fused._read import ChunkReader, NativeChunkReader, PartialDecodeReader
+from zarr_fused._write import ChunkWriter, NativeChunkWriter, PartialEncodeWriter
 from zarr_fused.errors import UnsupportedError
 
 if TYPE_CHECKING:
@@ -45,8 +45,8 @@ class PipelinePlan:
     #: the async path lets the array->bytes codec read partially (sharding)
     partial_decode: bool
     #: the synchronous path (None when ``chain`` is None)
-    reader: ChunkReader | PartialDecodeReader | None
-    writer: ChunkWriter | PartialEncodeWriter | None
+    reader: ChunkReader | NativeChunkReader | PartialDecodeReader | None
+    writer: ChunkWriter | NativeChunkWriter | PartialEncodeWriter | None
     #: why some of the work runs on zarr's own code ("" when none does)
     fallback: str
 
@@ -91,19 +91,23 @@ def build_plan(
 
     chain = build_chain(codecs, spec, sync_transform)
     fallback = chain.reason
-    reader: ChunkReader | PartialDecodeReader
-    writer: ChunkWriter | PartialEncodeWriter
+    reader: ChunkReader | NativeChunkReader | PartialDecodeReader
+    writer: ChunkWriter | NativeChunkWriter | PartialEncodeWriter
     # Same dispatch as zarr's FusedCodecPipeline: a codec that implements
     # the partial mixins but only their async methods takes the whole-chunk
     # path.
     if partial_decode and hasattr(array_bytes_codec, "_decode_partial_sync"):
         reader = PartialDecodeReader(array_bytes_codec)
         fallback = f"{type(array_bytes_codec).__name__} reads its chunks with zarr's code"
+    elif isinstance(chain, NativeChain):
+        reader = NativeChunkReader(chain)
     else:
         reader = ChunkReader(chain)
     if partial_encode and hasattr(array_bytes_codec, "_encode_partial_sync"):
         writer = PartialEncodeWriter(array_bytes_codec)
         fallback = fallback or f"{type(array_bytes_codec).__name__} writes with zarr's code"
+    elif isinstance(chain, NativeChain):
+        writer = NativeChunkWriter(chain)
     else:
         writer = ChunkWriter(chain)
     return PipelinePlan(

@@ -309,3 +309,16 @@ def run_parallel[T, R](
             exc.add_note(f"({len(errors) - 1} other item(s) of this batch failed too)")
         raise exc
     return results
+
+
+def partition(n: int, max_workers: int, *, max_group: int = 64) -> list[range]:
+    """Split ``range(n)`` into consecutive groups for the pool.
+
+    About four groups per worker, so uneven chunk costs still balance, and
+    at most ``max_group`` items per group, so fetching a group's payloads
+    overlaps other groups' decoding.
+    """
+    if n <= 0:
+        return []
+    size = max(1, min(max_group, -(-n // (4 * max(1, max_workers)))))
+    return [range(start, min(n, start + size)) for start in range(0, n, size)]

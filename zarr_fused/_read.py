@@ -6,21 +6,29 @@ pool; each item runs its whole life (fetch, decode, scatter) in one worker,
 so the IO of one chunk overlaps the decoding of another. Chunks have
 disjoint output selections, so workers write into ``out`` without locks.
 
-`ChunkReader` fetches each chunk whole and decodes it through the plan's
-chain. `PartialDecodeReader` lets the array->bytes codec (sharding) fetch
-only the byte ranges a selection needs, through its own synchronous partial
-decode.
+`NativeChunkReader` serves chunks whose codec chain runs natively: each
+worker fetches a group of chunks, then decodes the whole group straight
+into ``out`` in one ``nogil`` call. `ChunkReader` fetches each chunk whole
+and decodes it through the plan's chain (zarr's code for chains without a
+kernel). `PartialDecodeReader` lets the array->bytes codec (sharding) fetch
+only the byte ranges a selection needs, through its own synchronous
+partial decode.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import os
+
+import numpy as np
 from zarr.abc.codec import GetResult
+from zarr.core.chunk_utils import fill_value_or_default
+from zarr.storage import LocalStore
+from zarr.storage._common import StorePath
 
 from zarr_fused._output import fill_missing, scatter_chunk
-from zarr_fused._pool import run_parallel
-from zarr_fused.errors import CorruptChunkError
+from zarr_fused._pool import partition, run_parallel
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -30,11 +38,20 @@ if TYPE_CHECKING:
     from zarr.core.buffer import NDBuffer
     from zarr.core.indexing import SelectorTuple
 
-    from zarr_fused._chain import Chain
+    from zarr_fused._chain import Chain, NativeChain
 
     ReadItem = tuple[Any, ArraySpec, SelectorTuple, SelectorTuple, bool]
 
-__all__ = ["MISSING", "PRESENT", "ChunkReader", "PartialDecodeReader", "describe_key"]
+__all__ = [
+    "MISSING",
+    "PRESENT",
+    "ChunkReader",
+    "NativeChunkReader",
+    "PartialDecodeReader",
+    "describe_key",
+    "fill_pattern",
+    "local_files",
+]
 
 PRESENT = GetResult(status="present")
 MISSING = GetResult(status="missing")
@@ -50,13 +67,6 @@ def describe_key(getter: Any) -> str:
     if coords is not None:
         return f"inner chunk {coords}"
     return repr(getter)
-
-
-def corrupt(getter: Any, exc: CorruptChunkError) -> CorruptChunkError:
-    """``exc`` restated with the key it concerns."""
-    err = CorruptChunkError(f"chunk {describe_key(getter)}: {exc}")
-    err.__cause__ = exc
-    return err
 
 
 class ChunkReader:
@@ -80,13 +90,107 @@ class ChunkReader:
             if raw is None:
                 fill_missing(out, out_selection, spec)
                 return MISSING
-            try:
-                chain.decode_into(raw, spec, chunk_selection, out, out_selection, drop_axes)
-            except CorruptChunkError as exc:
-                raise corrupt(getter, exc) from None
+            chain.decode_into(raw, spec, chunk_selection, out, out_selection, drop_axes, getter)
             return PRESENT
 
         return tuple(run_parallel(read_one, batch, max_workers))
+
+
+def local_files(batch: Sequence[tuple[Any, ...]], *, write: bool = False) -> bytes | None:
+    """The path prefix of the batch's keys when they all live in one
+    `zarr.storage.LocalStore` (exactly that class, so subclasses keep their
+    own IO); zarr_fused then does the file IO itself, inside its nogil
+    calls. None otherwise.
+
+    Performs the checks LocalStore's own sync methods start with.
+    """
+    first = batch[0][0]
+    if type(first) is not StorePath or type(first.store) is not LocalStore:
+        return None
+    store = first.store
+    for item in batch:
+        getter = item[0]
+        if type(getter) is not StorePath or getter.store is not store:
+            return None
+    store._ensure_open_sync()
+    if write:
+        store._check_writable()
+    return os.fsencode(store.root) + b"/"
+
+
+def fill_pattern(spec: ArraySpec, dtype: np.dtype[Any]) -> bytes:
+    """The fill value of ``spec`` as one element of ``dtype`` (NumPy casting,
+    exactly as ``out[...] = fill_value`` would store it)."""
+    element = np.empty((), dtype=dtype)
+    element[()] = fill_value_or_default(spec)
+    return element.tobytes()
+
+
+class NativeChunkReader:
+    """Whole-chunk reads through a native chain, one nogil call per group."""
+
+    def __init__(self, chain: NativeChain) -> None:
+        self.chain = chain
+        self.generic = ChunkReader(chain)
+
+    def read(
+        self,
+        batch: Sequence[ReadItem],
+        out: NDBuffer,
+        drop_axes: tuple[int, ...],
+        max_workers: int,
+    ) -> tuple[GetResult, ...]:
+        chain = self.chain
+        dst = out.as_ndarray_like()
+        if type(dst) is not np.ndarray or dst.dtype != chain.dtype or not chain.handles(batch[0][1]):
+            return self.generic.read(batch, out, drop_axes, max_workers)
+        pattern = fill_pattern(batch[0][1], dst.dtype)
+        statuses: list[GetResult] = [MISSING] * len(batch)
+        ndim = max(dst.ndim, len(batch[0][1].shape))
+        prefix = local_files(batch)
+
+        def read_group(indices: range) -> None:
+            group = chain.decode_batch(len(indices), ndim)
+            group.set_fill(pattern)
+            queued_items: list[int] = []
+            general = []
+            for i in indices:
+                getter, spec, chunk_selection, out_selection, _ = batch[i]
+                layout = chain.layout(spec.shape)
+                if prefix is not None:
+                    path = prefix + os.fsencode(getter.path)
+                    if group.add_file(path, layout, chunk_selection, dst, out_selection,
+                                      drop_axes, getter):
+                        statuses[i] = PRESENT
+                        queued_items.append(i)
+                    else:
+                        general.append((i, getter.get_sync(prototype=spec.prototype)))
+                    continue
+                raw = getter.get_sync(prototype=spec.prototype)
+                if raw is None:
+                    queued = group.add_missing(dst, out_selection, getter)
+                else:
+                    queued = group.add(raw.as_numpy_array(), layout, chunk_selection, dst,
+                                       out_selection, drop_axes, getter)
+                if queued:
+                    statuses[i] = PRESENT if raw is not None else MISSING
+                    queued_items.append(i)
+                else:
+                    general.append((i, raw))
+            for position in group.run():
+                statuses[queued_items[position]] = MISSING
+            for i, raw in general:
+                getter, spec, chunk_selection, out_selection, _ = batch[i]
+                if raw is None:
+                    fill_missing(out, out_selection, spec)
+                else:
+                    statuses[i] = PRESENT
+                    chain.decode_into(
+                        raw, spec, chunk_selection, out, out_selection, drop_axes, getter
+                    )
+
+        run_parallel(read_group, partition(len(batch), max_workers), max_workers)
+        return tuple(statuses)
 
 
 class PartialDecodeReader:

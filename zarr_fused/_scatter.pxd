@@ -24,3 +24,12 @@ cdef int fill_strided(
     const char* pattern,
     Py_ssize_t itemsize,
 ) noexcept nogil
+
+cdef bint equal_strided(
+    const char* src,
+    const Py_ssize_t* src_strides,
+    const Py_ssize_t* shape,
+    int ndim,
+    const char* pattern,
+    Py_ssize_t itemsize,
+) noexcept nogil

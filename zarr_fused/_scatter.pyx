@@ -1,11 +1,14 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
 """Moving decoded chunk data into the output array, with the GIL released.
 
-Two kernels cover the scatter stage of the read path: ``copy_strided`` copies
+Three kernels work on n-d strided blocks. Two cover the scatter stage of
+the read path: ``copy_strided`` copies
 an n-d strided block into another n-d strided block of the same shape (with
 an optional per-element byte swap, so a big-endian payload lands in a
 little-endian output in one pass), and ``fill_strided`` writes one element
-pattern (the fill value) into every element of an n-d strided block.
+pattern (the fill value) into every element of an n-d strided block. The
+write path asks ``equal_strided`` whether every element of a chunk equals
+the fill value (such chunks are not stored).
 
 The ``def`` wrappers validate everything (array types, shapes, item sizes,
 byte orders, writeability, overlap) before the kernels run; the kernels
@@ -13,7 +16,7 @@ themselves trust their arguments and never touch the Python API.
 """
 
 from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t
-from libc.string cimport memcpy, memset
+from libc.string cimport memcmp, memcpy, memset
 
 cimport numpy as cnp
 import numpy as np
@@ -271,6 +274,74 @@ cdef int fill_strided(
     return 0
 
 
+cdef bint _row_equal(const char* sp, Py_ssize_t ss, Py_ssize_t n, const char* pattern,
+                     Py_ssize_t itemsize, uint64_t word) noexcept nogil:
+    cdef Py_ssize_t i, nwords, total
+    cdef uint64_t v
+    if ss == itemsize and 8 % itemsize == 0:
+        total = n * itemsize
+        nwords = total // 8
+        for i in range(nwords):
+            memcpy(&v, sp + 8 * i, 8)
+            if v != word:
+                return False
+        for i in range(nwords * 8, total):
+            if sp[i] != pattern[i % itemsize]:
+                return False
+        return True
+    for i in range(n):
+        if memcmp(sp + i * ss, pattern, <size_t>itemsize) != 0:
+            return False
+    return True
+
+
+cdef bint equal_strided(
+    const char* src,
+    const Py_ssize_t* src_strides,
+    const Py_ssize_t* shape,
+    int ndim,
+    const char* pattern,
+    Py_ssize_t itemsize,
+) noexcept nogil:
+    """Whether every element of an n-d block has the bytes of ``pattern``."""
+    cdef Py_ssize_t shp[ZF_MAX_DIMS]
+    cdef Py_ssize_t ss[ZF_MAX_DIMS]
+    cdef Py_ssize_t ss2[ZF_MAX_DIMS]
+    cdef Py_ssize_t idx[ZF_MAX_DIMS]
+    cdef int n, d, inner
+    cdef Py_ssize_t b
+    cdef uint64_t word = 0
+    cdef const char* sp = src
+    if ndim < 0 or ndim > ZF_MAX_DIMS:
+        return False
+    if 8 % itemsize == 0:
+        for b in range(8):
+            (<char*>&word)[b] = pattern[b % itemsize]
+    n = _coalesce(shape, src_strides, src_strides, ndim, shp, ss, ss2)
+    if n < 0:
+        return True
+    if n == 0:
+        return memcmp(sp, pattern, <size_t>itemsize) == 0
+    inner = n - 1
+    for d in range(inner):
+        idx[d] = 0
+    while True:
+        if not _row_equal(sp, ss[inner], shp[inner], pattern, itemsize, word):
+            return False
+        d = inner - 1
+        while d >= 0:
+            idx[d] += 1
+            sp += ss[d]
+            if idx[d] < shp[d]:
+                break
+            sp -= ss[d] * shp[d]
+            idx[d] = 0
+            d -= 1
+        if d < 0:
+            break
+    return True
+
+
 # -- Python-facing wrappers ---------------------------------------------------
 
 cdef object _basic_view(cnp.ndarray out, object selection):
@@ -436,3 +507,42 @@ def fill(out, value, selection=None):
     if rc < 0:
         raise ValueError(f"arrays with {ndim} dimensions are not supported")
     return out
+
+
+def all_equal(src, value):
+    """Whether every element of ``src`` has the bytes ``value`` takes in
+    ``src.dtype`` (NumPy casting), scanning with the GIL released.
+
+    A bitwise test: for floating-point data it differs from ``==`` on NaN
+    (every NaN payload compares unequal but one) and on signed zero.
+    """
+    cdef cnp.ndarray s
+    cdef bytes pattern
+    cdef const char* pp
+    cdef const char* sp
+    cdef Py_ssize_t* sstr
+    cdef Py_ssize_t* shp
+    cdef int ndim
+    cdef Py_ssize_t itemsize
+    cdef bint result
+    if not isinstance(src, np.ndarray):
+        raise TypeError(f"src must be a numpy.ndarray, got {type(src).__name__}")
+    s = <cnp.ndarray>src
+    if src.dtype.hasobject:
+        raise TypeError("all_equal cannot compare object arrays")
+    element = np.empty((), dtype=src.dtype)
+    element[()] = value
+    pattern = element.tobytes()
+    itemsize = len(pattern)
+    if itemsize == 0:
+        return True
+    pp = pattern
+    sp = <const char*>cnp.PyArray_DATA(s)
+    sstr = <Py_ssize_t*>cnp.PyArray_STRIDES(s)
+    shp = <Py_ssize_t*>cnp.PyArray_DIMS(s)
+    ndim = s.ndim
+    if ndim > ZF_MAX_DIMS:
+        raise ValueError(f"arrays with {ndim} dimensions are not supported")
+    with nogil:
+        result = equal_strided(sp, sstr, shp, ndim, pp, itemsize)
+    return result

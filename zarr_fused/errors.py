@@ -8,7 +8,10 @@ the errors zarr itself raises for bad data keep working.
 from __future__ import annotations
 
 __all__ = [
+    "ChecksumError",
+    "ChunkSizeError",
     "CorruptChunkError",
+    "DecompressionError",
     "NativeExtensionError",
     "UnsupportedError",
     "ZarrFusedError",
@@ -36,6 +39,20 @@ class NativeExtensionError(ZarrFusedError, ImportError):
 class CorruptChunkError(ZarrFusedError, ValueError):
     """Stored bytes of a chunk or shard are invalid (wrong size, bad checksum,
     corrupt frame). The message names the store key."""
+
+
+class ChecksumError(CorruptChunkError):
+    """A stored crc32c checksum does not match the bytes it protects."""
+
+
+class ChunkSizeError(CorruptChunkError):
+    """A chunk decodes to more or fewer bytes than its shape and data type need
+    (including a compressed frame that claims a different size)."""
+
+
+class DecompressionError(CorruptChunkError, RuntimeError):
+    """A compressed frame is corrupt or truncated. Also a `RuntimeError`, which
+    is what numcodecs raises for the same condition."""
 
 
 class ZarrFusedWarning(UserWarning):

@@ -30,6 +30,12 @@ EXPECTED: dict[str, dict[str, str]] = {
         "test_load_partial_shard_uses_config_defaults": _ASYNC_GET_RANGES,
     },
     "alias": {
+        "tests/test_fused_pipeline.py::test_sync_api_compute_off_event_loop": (
+            "spies on zarr's ChunkTransform.decode_chunk/encode_chunk and requires them to be "
+            "called; zarr_fused runs the zstd chain of this test in its native kernels and "
+            "never calls ChunkTransform (tests/test_plan.py::"
+            "test_native_compute_runs_off_the_event_loop checks the same property natively)"
+        ),
         "tests/test_fused_pipeline.py::test_read_write_with_thread_pool": (
             "spies on zarr's private zarr.core.codec_pipeline._get_pool; zarr_fused runs "
             "batches on its own pool (zarr_fused._pool), sized from the CPUs the process "

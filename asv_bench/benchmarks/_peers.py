@@ -1,0 +1,212 @@
+"""What the benchmarks compare: pipelines, peers and sample arrays.
+
+Shared by the asv benchmark modules and by ``side_by_side.py``. Every timed
+read is checked against the data written (once per setup, untimed), so no
+benchmark ever times a wrong answer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import zarr
+from zarr.storage import LocalStore, MemoryStore
+
+PIPELINES = {
+    "zarr-batched": "zarr.core.codec_pipeline.BatchedCodecPipeline",
+    "zarr-fused": "zarr.core.codec_pipeline.FusedCodecPipeline",
+    "zarr_fused": "zarr_fused.FusedCodecPipeline",
+    "zarrs": "zarrs.ZarrsCodecPipeline",
+}
+PEERS = [*PIPELINES, "tensorstore"]
+
+
+def available(peer: str) -> bool:
+    """Whether ``peer`` can run here (zarrs and tensorstore are optional)."""
+    try:
+        if peer == "zarrs":
+            import zarrs  # noqa: F401
+        elif peer == "tensorstore":
+            import tensorstore  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def data_dir() -> Path:
+    root = Path(os.environ.get("ZARR_FUSED_BENCH_DIR", Path(tempfile.gettempdir()) / "zarr_fused_bench"))
+    root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A sample array: shape, dtype and zarr codec settings."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    chunks: tuple[int, ...]
+    shards: tuple[int, ...] | None = None
+    compressors: Callable[[], Any] = field(default=lambda: None)
+
+    def create(self, store: Any) -> zarr.Array:
+        return zarr.create_array(
+            store, shape=self.shape, dtype=self.dtype, chunks=self.chunks, shards=self.shards,
+            compressors=self.compressors(), fill_value=0, overwrite=True,
+        )
+
+    def sample(self) -> np.ndarray:
+        """Smooth data with noise: compresses like measurements, not like zeros."""
+        rng = np.random.default_rng(1234)
+        grids = np.meshgrid(*(np.linspace(0, 8, s) for s in self.shape), indexing="ij", sparse=True)
+        field_ = sum(np.sin(g * (i + 1)) for i, g in enumerate(grids))
+        dtype = np.dtype(self.dtype)
+        if dtype.kind == "f":
+            return (field_ + rng.normal(0, 0.05, self.shape)).astype(dtype)
+        info = np.iinfo(dtype)
+        scaled = (field_ - field_.min()) / (np.ptp(field_) or 1) * min(info.max, 4000)
+        return (scaled + rng.integers(0, 16, self.shape)).astype(dtype)
+
+
+def _zstd1() -> Any:
+    return zarr.codecs.ZstdCodec(level=1)
+
+
+def _blosc_lz4() -> Any:
+    return zarr.codecs.BloscCodec(cname="lz4", clevel=5, shuffle="shuffle")
+
+
+LAYOUTS = {
+    # issue 3: unsharded float32, 64x64 chunks
+    "f32-2048sq-blosc-lz4": Layout("f32-2048sq-blosc-lz4", (2048, 2048), "float32", (64, 64),
+                                   compressors=_blosc_lz4),
+    "f32-2048sq-zstd": Layout("f32-2048sq-zstd", (2048, 2048), "float32", (64, 64),
+                              compressors=_zstd1),
+    "f32-2048sq-raw": Layout("f32-2048sq-raw", (2048, 2048), "float32", (64, 64)),
+    # issue 4/5: sharded uint16 cube, shards 128^3, inner chunks 32^3
+    "u16-512cube-sharded-zstd": Layout("u16-512cube-sharded-zstd", (512, 512, 512), "uint16",
+                                       (32, 32, 32), (128, 128, 128), _zstd1),
+    "u16-512cube-sharded-raw": Layout("u16-512cube-sharded-raw", (512, 512, 512), "uint16",
+                                      (32, 32, 32), (128, 128, 128)),
+}
+
+
+@contextlib.contextmanager
+def pipeline(peer: str) -> Iterator[None]:
+    if peer in PIPELINES:
+        with zarr.config.set({"codec_pipeline.path": PIPELINES[peer]}):
+            yield
+    else:
+        yield
+
+
+def store_for(kind: str, path: Path) -> Any:
+    return LocalStore(path) if kind == "local" else MemoryStore()
+
+
+def write_reference(layout: Layout, path: Path) -> np.ndarray:
+    """Write ``layout``'s sample to ``path`` with zarr's default pipeline
+    (once: reused when present and complete)."""
+    data = layout.sample()
+    marker = path / ".complete"
+    if not marker.exists():
+        shutil.rmtree(path, ignore_errors=True)
+        with pipeline("zarr-batched"):
+            arr = layout.create(LocalStore(path))
+            arr[...] = data
+        marker.touch()
+    return data
+
+
+class Reader:
+    """Reads a whole array through one peer, set up once."""
+
+    def __init__(self, peer: str, path: Path, store_kind: str = "local") -> None:
+        self.peer = peer
+        if peer == "tensorstore":
+            import tensorstore as ts
+
+            spec: dict[str, Any] = {"driver": "zarr3", "kvstore": {"driver": "file", "path": str(path)}}
+            if store_kind == "memory":
+                # load the files into tensorstore's memory kvstore
+                src = ts.open(spec).result()
+                mem = ts.open({"driver": "zarr3", "kvstore": {"driver": "memory"}},
+                              create=True, schema=src.schema,
+                              codec=src.codec).result()
+                mem.write(src.read().result()).result()
+                self.handle = mem
+            else:
+                self.handle = ts.open(spec).result()
+        else:
+            with pipeline(peer):
+                if store_kind == "memory":
+                    mem = MemoryStore()
+                    src = LocalStore(path)
+                    zarr.core.sync.sync(_copy_store(src, mem))
+                    self.handle = zarr.open_array(mem, mode="r")
+                else:
+                    self.handle = zarr.open_array(LocalStore(path), mode="r")
+
+    def read(self, selection: Any = Ellipsis) -> np.ndarray:
+        if self.peer == "tensorstore":
+            return self.handle[selection].read().result()
+        with pipeline(self.peer):
+            return self.handle[selection]
+
+
+async def _copy_store(src: Any, dst: Any) -> None:
+    from zarr.core.buffer import default_buffer_prototype
+
+    async for key in src.list():
+        await dst.set(key, await src.get(key, prototype=default_buffer_prototype()))
+
+
+class Writer:
+    """Writes a whole array through one peer into a fresh empty array."""
+
+    def __init__(self, peer: str, layout: Layout, path: Path, store_kind: str = "local") -> None:
+        self.peer, self.layout, self.path, self.store_kind = peer, layout, path, store_kind
+
+    def prepare(self) -> None:
+        """Create the empty target (untimed)."""
+        shutil.rmtree(self.path, ignore_errors=True)
+        with pipeline("zarr-batched"):
+            store = store_for(self.store_kind, self.path)
+            arr = self.layout.create(store)
+        self.store = store
+        if self.peer == "tensorstore":
+            import tensorstore as ts
+
+            if self.store_kind == "memory":
+                self.handle = ts.open(
+                    {"driver": "zarr3", "kvstore": {"driver": "memory"},
+                     "metadata": arr.metadata.to_dict()}, create=True).result()
+            else:
+                self.handle = ts.open({"driver": "zarr3", "kvstore": {"driver": "file", "path": str(self.path)}}).result()
+        else:
+            with pipeline(self.peer):
+                self.handle = zarr.open_array(store, mode="r+")
+
+    def write(self, data: np.ndarray) -> None:
+        if self.peer == "tensorstore":
+            self.handle.write(data).result()
+        else:
+            with pipeline(self.peer):
+                self.handle[...] = data
+
+    def read_back(self) -> np.ndarray:
+        """What was written, read by zarr's default pipeline (tensorstore's
+        memory store is only readable through tensorstore)."""
+        if self.peer == "tensorstore" and self.store_kind == "memory":
+            return self.handle.read().result()
+        with pipeline("zarr-batched"):
+            return zarr.open_array(self.store, mode="r")[...]

@@ -1,0 +1,243 @@
+#!/usr/bin/env python
+"""Side-by-side timings of zarr_fused and its peers, in one process.
+
+Every peer runs the same operation on the same data in the same run, in
+interleaved rounds (the order rotates each round), so a noisy machine slows
+all of them alike; results are reported as ratios. Each result is checked
+against the data before anything is timed.
+
+    python asv_bench/side_by_side.py --scenario array-unsharded --pin both
+    python asv_bench/side_by_side.py --scenario codecs --pin both
+
+``--pin on`` restricts the process to CPU 0 first (like ``taskset -c 0``;
+zarr_fused then sizes its pool to 1); ``--pin both`` runs unpinned, then
+pinned, in two child processes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+HERE = Path(__file__).resolve().parent
+
+
+def _timed(fn: Callable[[], Any]) -> tuple[float, float]:
+    c0, t0 = time.process_time(), time.perf_counter()
+    fn()
+    return time.perf_counter() - t0, time.process_time() - c0
+
+
+def rounds(cases: dict[str, tuple[Callable[[], Any], Callable[[], Any] | None]], repeat: int) -> dict[str, dict[str, float]]:
+    """Run every case ``repeat`` times, interleaved; ``prepare`` runs untimed
+    before each timed call. Returns median/min wall and median CPU seconds."""
+    wall: dict[str, list[float]] = {k: [] for k in cases}
+    cpu: dict[str, list[float]] = {k: [] for k in cases}
+    names = list(cases)
+    for r in range(repeat):
+        order = names[r % len(names):] + names[: r % len(names)]
+        for name in order:
+            fn, prepare = cases[name]
+            if prepare is not None:
+                prepare()
+            w, c = _timed(fn)
+            wall[name].append(w)
+            cpu[name].append(c)
+    return {
+        k: {"median": statistics.median(wall[k]), "min": min(wall[k]), "cpu": statistics.median(cpu[k])}
+        for k in cases
+    }
+
+
+def table(title: str, results: dict[str, dict[str, float]], ours: str = "zarr_fused",
+          unit: tuple[str, float] | None = None) -> list[str]:
+    lines = [f"## {title}"]
+    head = f"{'peer':<16}{'median s':>10}{'min s':>10}{'cpu s':>9}"
+    if unit:
+        head += f"{unit[0]:>10}"
+    head += f"{ours + ' speedup':>20}"
+    lines.append(head)
+    base = results[ours]["median"]
+    for name, r in results.items():
+        row = f"{name:<16}{r['median']:>10.4f}{r['min']:>10.4f}{r['cpu']:>9.3f}"
+        if unit:
+            row += f"{unit[1] / r['median'] / 1e9:>10.2f}"
+        row += f"{r['median'] / base:>19.2f}x"
+        lines.append(row)
+    return lines
+
+
+# -- scenarios ------------------------------------------------------------------------------
+
+
+def scenario_arrays(layout_names: list[str], repeat: int, store_kind: str = "local") -> list[str]:
+    import numpy as np
+
+    sys.path.insert(0, str(HERE))
+    from benchmarks._peers import LAYOUTS, PEERS, Reader, Writer, available, data_dir, write_reference
+
+    out: list[str] = []
+    peers = [p for p in PEERS if available(p)]
+    for name in layout_names:
+        layout = LAYOUTS[name]
+        path = data_dir() / name
+        data = write_reference(layout, path)
+        nbytes = data.nbytes
+        readers = {p: Reader(p, path, store_kind) for p in peers}
+        for p, reader in readers.items():
+            got = reader.read()
+            if not np.array_equal(got, data):
+                raise SystemExit(f"{p} read wrong data from {name}")
+        results = rounds({p: (r.read, None) for p, r in readers.items()}, repeat)
+        out += table(f"read all: {name} ({store_kind}, {nbytes / 2**20:.0f} MiB)", results,
+                     unit=("GB/s", nbytes))
+        writers = {p: Writer(p, layout, data_dir() / f"{name}-write-{p}", store_kind) for p in peers}
+        for p, writer in writers.items():
+            writer.prepare()
+            writer.write(data)
+            if not np.array_equal(writer.read_back(), data):
+                raise SystemExit(f"{p} wrote wrong data to {name}")
+        results = rounds(
+            {p: ((lambda w=w: w.write(data)), w.prepare) for p, w in writers.items()}, repeat
+        )
+        out += table(f"write all: {name} ({store_kind}, {nbytes / 2**20:.0f} MiB)", results,
+                     unit=("GB/s", nbytes))
+    return out
+
+
+def scenario_codecs(repeat: int) -> list[str]:
+    """Native batch kernels against numcodecs on the same payloads."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    import numcodecs
+    import numcodecs.blosc
+    import numpy as np
+
+    from zarr_fused import _codecs as kc
+
+    numcodecs.blosc.use_threads = False  # as zarr sets it
+
+    rng = np.random.default_rng(0)
+    n_chunks, chunk_bytes = 256, 64 * 1024
+    items = chunk_bytes // 4
+    x = np.linspace(0, 50, n_chunks * items)
+    data = (np.sin(x) * 1000 + rng.normal(0, 1, x.size)).astype("<f4")
+    raw = [data[i * items:(i + 1) * items].tobytes() for i in range(n_chunks)]
+    out: list[str] = []
+    configs = {
+        "zstd-1": (numcodecs.Zstd(level=1), dict(compressor="zstd", level=1)),
+        "blosc-lz4-shuffle": (numcodecs.Blosc("lz4", 5, 1, typesize=4),
+                              dict(compressor="blosc", cname="lz4", clevel=5, shuffle="shuffle", typesize=4)),
+        "gzip-1": (numcodecs.GZip(1), dict(compressor="gzip", level=1)),
+    }
+    for label, (nc, params) in configs.items():
+        kernel = kc.ChainKernel(itemsize=4, **params)
+        payloads = [nc.encode(r) for r in raw]
+        assert all(bytes(kernel.decode(p, chunk_bytes)) == r for p, r in zip(payloads, raw))
+        dest = np.empty(n_chunks * items, dtype="<f4")
+        layout = kc.ChunkLayout((items,), 4, None)
+
+        def native_decode(lo: int, hi: int) -> None:
+            batch = kc.DecodeBatch(kernel, hi - lo, 1)
+            for i in range(lo, hi):
+                batch.add(payloads[i], layout, (), dest, (slice(i * items, (i + 1) * items),), (), i)
+            batch.run()
+
+        def native_encode(lo: int, hi: int) -> None:
+            batch = kc.EncodeBatch(kernel, hi - lo, 1)
+            for i in range(lo, hi):
+                batch.add(data[i * items:(i + 1) * items], layout, False, i)
+            batch.run()
+
+        def numcodecs_decode(lo: int, hi: int) -> None:
+            for i in range(lo, hi):
+                nc.decode(payloads[i], out=dest[i * items:(i + 1) * items])
+
+        def numcodecs_encode(lo: int, hi: int) -> None:
+            for i in range(lo, hi):
+                nc.encode(raw[i])
+
+        pool = ThreadPoolExecutor(2)
+
+        def on(threads: int, fn: Callable[[int, int], None]) -> Callable[[], None]:
+            if threads == 1:
+                return lambda: fn(0, n_chunks)
+            half = n_chunks // 2
+            return lambda: list(pool.map(lambda lh: fn(*lh), [(0, half), (half, n_chunks)]))
+
+        for op, (ours, theirs) in {"decode": (native_decode, numcodecs_decode),
+                                   "encode": (native_encode, numcodecs_encode)}.items():
+            cases = {}
+            for threads in (1, 2):
+                cases[f"numcodecs/{threads}t"] = (on(threads, theirs), None)
+                cases[f"native/{threads}t"] = (on(threads, ours), None)
+            results = rounds(cases, repeat)
+            out += table(f"{op} {n_chunks} x 64 KiB float32, {label}", results, ours="native/1t",
+                         unit=("GB/s", n_chunks * chunk_bytes))
+        if threading.active_count() > 1:
+            pool.shutdown()
+    # crc32c alone
+    blob = rng.bytes(4 * 2**20)
+    import google_crc32c
+
+    results = rounds({
+        "google_crc32c": (lambda: google_crc32c.value(blob), None),
+        "native": (lambda: kc.crc32c(blob), None),
+        "native-portable": (lambda: kc.crc32c(blob, portable=True), None),
+    }, repeat)
+    out += table(f"crc32c of 4 MiB ({kc.crc32c_implementation()})", results, ours="native",
+                 unit=("GB/s", len(blob)))
+    return out
+
+
+SCENARIOS = {
+    "array-unsharded": lambda repeat, store: scenario_arrays(
+        ["f32-2048sq-blosc-lz4", "f32-2048sq-zstd"], repeat, store),
+    "array-sharded": lambda repeat, store: scenario_arrays(
+        ["u16-512cube-sharded-zstd", "u16-512cube-sharded-raw"], repeat, store),
+    "codecs": lambda repeat, store: scenario_codecs(repeat),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--scenario", choices=list(SCENARIOS), default="array-unsharded")
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--store", choices=["local", "memory"], default="local")
+    parser.add_argument("--pin", choices=["off", "on", "both"], default="off")
+    parser.add_argument("--json", help="also write the report lines to this file")
+    args = parser.parse_args(argv)
+    if args.pin == "both":
+        lines: list[str] = []
+        for pin in ("off", "on"):
+            cmd = [sys.executable, __file__, "--scenario", args.scenario, "--repeat",
+                   str(args.repeat), "--store", args.store, "--pin", pin]
+            res = subprocess.run(cmd, capture_output=True, text=True)
+            if res.returncode:
+                sys.stderr.write(res.stderr)
+                return res.returncode
+            lines += res.stdout.splitlines()
+        print("\n".join(lines))
+        return 0
+    if args.pin == "on":
+        os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
+    cpus = sorted(os.sched_getaffinity(0))
+    header = [f"# scenario {args.scenario}, store {args.store}, CPUs {cpus} "
+              f"({'pinned' if args.pin == 'on' else 'unpinned'}), {args.repeat} rounds"]
+    lines = header + SCENARIOS[args.scenario](args.repeat, args.store)
+    print("\n".join(lines), flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1493 @@
+"""The codec-chain kernels (`zarr_fused._codecs`) against independent oracles.
+
+The oracles are google_crc32c for the checksums, numcodecs (the codecs zarr
+itself runs) for every compressor setting, both ways, and zarr's own
+`ChunkTransform` for whole chunks: transposes, byte orders and crc32c
+placements built exactly as `zarr_fused._chain.native_chain_params` builds
+them for the pipeline. Uncompressed chunks must be byte-identical to zarr's.
+
+Hostile input (truncation, bit flips, garbage, frames for another size,
+concatenated frames, decompression bombs, lying headers, bad checksums) must
+end in a `CorruptChunkError` subclass of the right kind, never a crash, an
+allocation of the size a frame claims, or a result of the wrong size.
+
+Destinations start out filled with a sentinel byte (0xA5), so an element
+written by mistake cannot look untouched.
+"""
+
+from __future__ import annotations
+
+import gc
+import glob
+import gzip
+import itertools
+import math
+import os
+import platform
+import resource
+import struct
+import subprocess
+import sys
+import threading
+import tracemalloc
+from collections.abc import Callable
+from functools import cache
+from typing import Any
+
+import google_crc32c
+import numcodecs
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec, GzipCodec, TransposeCodec, ZstdCodec
+from zarr.core.array_spec import ArrayConfig, ArraySpec
+from zarr.core.buffer import default_buffer_prototype
+from zarr.core.buffer.cpu import NDBuffer
+from zarr.core.chunk_utils import ChunkTransform, evolve_codecs
+from zarr.core.dtype import get_data_type_from_native_dtype
+
+from zarr_fused import _codecs as native
+from zarr_fused._chain import native_chain_params
+from zarr_fused.errors import (
+    ChecksumError,
+    ChunkSizeError,
+    CorruptChunkError,
+    DecompressionError,
+    ZarrFusedError,
+)
+
+SENTINEL = 0xA5
+SEED = 20240611
+CORRUPT = (ChecksumError, ChunkSizeError, DecompressionError)
+
+
+def _rng(*salt: int) -> np.random.Generator:
+    return np.random.default_rng([SEED, *salt])
+
+
+def _le32(value: int) -> bytes:
+    return struct.pack("<I", value)
+
+
+def _google(data: bytes) -> int:
+    return google_crc32c.value(bytes(data))
+
+
+# -- crc32c ------------------------------------------------------------------------
+
+PORTABLE = [pytest.param(False, id="default"), pytest.param(True, id="portable")]
+CRC_SIZES = [*range(71), 255, 4096, 65_537, 2**20 + 3]
+
+
+@pytest.mark.parametrize("portable", PORTABLE)
+def test_crc32c_known_vector(portable: bool) -> None:
+    assert native.crc32c(b"123456789", portable=portable) == 0xE3069283
+
+
+@pytest.mark.parametrize("portable", PORTABLE)
+@pytest.mark.parametrize("size", [pytest.param(n, id=f"n{n}") for n in CRC_SIZES])
+def test_crc32c_matches_google(size: int, portable: bool) -> None:
+    # the data starts at a varying misalignment inside a bigger buffer
+    offset = size % 8
+    buf = _rng(size).bytes(size + 8)
+    view = memoryview(buf)[offset : offset + size]
+    assert native.crc32c(view, portable=portable) == _google(view)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        pytest.param(lambda raw: raw, id="bytes"),
+        pytest.param(bytearray, id="bytearray"),
+        pytest.param(memoryview, id="memoryview"),
+        pytest.param(lambda raw: memoryview(raw)[3:-5], id="memoryview-slice"),
+        pytest.param(lambda raw: np.frombuffer(raw, np.uint8), id="ndarray-u1"),
+        pytest.param(lambda raw: np.frombuffer(raw, ">f8").reshape(8, 16), id="ndarray-f8-2d"),
+        pytest.param(lambda raw: np.frombuffer(raw, "<c16")[:1].reshape(()), id="ndarray-0d"),
+        pytest.param(lambda raw: np.frombuffer(raw, np.uint8) > 127, id="ndarray-bool"),
+        pytest.param(lambda raw: np.frombuffer(raw, np.uint8)[:0], id="ndarray-empty"),
+    ],
+)
+def test_crc32c_accepts_contiguous_buffers(make: Callable[[bytes], Any]) -> None:
+    data = make(_rng(1).bytes(1024))
+    expected = _google(np.asarray(memoryview(data)).tobytes())
+    assert native.crc32c(data) == expected
+    assert native.crc32c(data, portable=True) == expected
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        pytest.param(lambda raw: np.frombuffer(raw, np.uint8)[::2], id="ndarray-strided"),
+        pytest.param(
+            lambda raw: np.frombuffer(raw, "<i4").reshape(16, 16).T, id="ndarray-fortran"
+        ),
+        pytest.param(lambda raw: memoryview(raw)[::3], id="memoryview-strided"),
+    ],
+)
+def test_crc32c_rejects_non_contiguous_buffers(make: Callable[[bytes], Any]) -> None:
+    # the behaviour as found (the docstring says "bytes-like"): a strided
+    # buffer raises TypeError, from memoryview.cast; it is never copied
+    with pytest.raises(TypeError, match="C-contiguous"):
+        native.crc32c(make(_rng(2).bytes(1024)))
+
+
+def test_decode_rejects_non_contiguous_payload() -> None:
+    # where ChainKernel.decode raises ValueError for the same kind of input
+    payload = np.frombuffer(b"ab" * 8, np.uint8)[::2]
+    with pytest.raises(ValueError, match="C-contiguous"):
+        native.ChainKernel().decode(payload, 8)
+
+
+def test_crc32c_rejects_str() -> None:
+    with pytest.raises(TypeError):
+        native.crc32c("123456789")
+
+
+def test_crc32c_implementation() -> None:
+    name = native.crc32c_implementation()
+    assert name in {"sse4.2", "armv8-crc", "portable"}
+    assert native.library_versions()["crc32c"] == name
+    if sys.platform != "linux":
+        return
+    # a CPU that reports the instructions gets them, and only such a CPU
+    with open("/proc/cpuinfo") as f:
+        words = set(f.read().split())
+    machine = platform.machine()
+    if machine == "x86_64":
+        assert name == ("sse4.2" if "sse4_2" in words else "portable")
+    elif machine == "aarch64":
+        assert name == ("armv8-crc" if "crc32" in words else "portable")
+
+
+# -- round trips and numcodecs compatibility ------------------------------------------
+
+DATA_BYTES = 20_000  # a multiple of every blosc typesize, over 4 blosc blocks of 4096
+
+
+def make_data(kind: str) -> bytes:
+    rng = _rng(len(kind))
+    if kind == "zeros":
+        return bytes(DATA_BYTES)
+    if kind == "random":
+        return rng.bytes(DATA_BYTES)
+    if kind == "smooth":
+        return np.cumsum(rng.integers(-3, 4, DATA_BYTES // 8)).astype("<i8").tobytes()
+    if kind == "empty":
+        return b""
+    raise AssertionError(kind)
+
+
+DATA_KINDS = [pytest.param(k, id=k) for k in ("zeros", "random", "smooth", "empty")]
+
+
+def _zstd(level: int, checksum: bool) -> Any:
+    return pytest.param(
+        {"compressor": "zstd", "level": level, "checksum": checksum},
+        id=f"zstd-l{level}" + ("-checksum" if checksum else ""),
+    )
+
+
+def _blosc_settings() -> list[Any]:
+    """Every cname x shuffle pair once. The typesize rotates with the pair
+    index mod 4 and the shuffle with it mod 3, so each typesize meets each
+    shuffle; each cname gets all three clevels; blocksize alternates."""
+    params = []
+    cnames = ("lz4", "lz4hc", "zstd", "zlib", "blosclz")
+    shuffles = ("noshuffle", "shuffle", "bitshuffle")
+    for i, (cname, shuffle) in enumerate(itertools.product(cnames, shuffles)):
+        typesize = (1, 2, 4, 8)[i % 4]
+        clevel = (0, 5, 9)[(i + i // 3) % 3]
+        blocksize = (0, 4096)[i % 2]
+        params.append(
+            pytest.param(
+                {"compressor": "blosc", "cname": cname, "clevel": clevel, "shuffle": shuffle,
+                 "typesize": typesize, "blocksize": blocksize},
+                id=f"blosc-{cname}-{shuffle}-t{typesize}-c{clevel}-b{blocksize}",
+            )
+        )
+    return params
+
+
+COMPRESSOR_SETTINGS = [
+    *(_zstd(level, checksum) for level in (-5, 0, 1, 3, 19) for checksum in (False, True)),
+    *(pytest.param({"compressor": "gzip", "level": lv}, id=f"gzip-l{lv}") for lv in (0, 1, 6, 9)),
+    *_blosc_settings(),
+]
+CRC_PLACEMENTS = {"nocrc": (0, 0), "crc-outer": (1, 0), "crc-inner": (0, 1), "crc-both": (1, 1)}
+
+CHAINS = [
+    pytest.param(p.values[0], outer, inner, id=f"{p.id}-{name}")
+    for p in COMPRESSOR_SETTINGS
+    for name, (outer, inner) in CRC_PLACEMENTS.items()
+] + [
+    pytest.param({"compressor": None}, 0, 0, id="none-nocrc"),
+    pytest.param({"compressor": None}, 1, 0, id="none-crc-outer"),
+    pytest.param({"compressor": None}, 2, 0, id="none-crc-twice"),
+]
+
+_SHUFFLE_INTS = {"noshuffle": 0, "shuffle": 1, "bitshuffle": 2}
+
+
+def numcodecs_codec(conf: dict[str, Any]) -> Any:
+    kind = conf["compressor"]
+    if kind == "zstd":
+        return numcodecs.Zstd(level=conf["level"], checksum=conf["checksum"])
+    if kind == "gzip":
+        return numcodecs.GZip(level=conf["level"])
+    if kind == "blosc":
+        return numcodecs.Blosc(
+            cname=conf["cname"], clevel=conf["clevel"], shuffle=_SHUFFLE_INTS[conf["shuffle"]],
+            blocksize=conf["blocksize"], typesize=conf["typesize"],
+        )
+    raise AssertionError(kind)
+
+
+def numcodecs_encode(conf: dict[str, Any], outer: int, inner: int, data: bytes) -> bytes:
+    """The chain in numcodecs, crc32c appended by hand (google_crc32c)."""
+    for _ in range(inner):
+        data += _le32(_google(data))
+    if conf["compressor"] is not None:
+        data = bytes(numcodecs_codec(conf).encode(data))
+    for _ in range(outer):
+        data += _le32(_google(data))
+    return data
+
+
+def numcodecs_decode(conf: dict[str, Any], outer: int, inner: int, payload: bytes) -> bytes:
+    """Undo `numcodecs_encode`, verifying every checksum on the way."""
+    for _ in range(outer):
+        payload, stored = payload[:-4], payload[-4:]
+        assert stored == _le32(_google(payload))
+    if conf["compressor"] is not None:
+        payload = bytes(numcodecs_codec(conf).decode(payload))
+    for _ in range(inner):
+        payload, stored = payload[:-4], payload[-4:]
+        assert stored == _le32(_google(payload))
+    return payload
+
+
+def make_kernel(conf: dict[str, Any], outer: int = 0, inner: int = 0) -> Any:
+    return native.ChainKernel(**conf, outer_crcs=outer, inner_crcs=inner)
+
+
+@pytest.mark.parametrize("kind", DATA_KINDS)
+@pytest.mark.parametrize(("conf", "outer", "inner"), CHAINS)
+def test_round_trip(conf: dict[str, Any], outer: int, inner: int, kind: str) -> None:
+    data = make_data(kind)
+    kernel = make_kernel(conf, outer, inner)
+    payload = kernel.encode(data)
+    assert payload.dtype == np.uint8 and payload.ndim == 1
+    if conf["compressor"] is None:
+        # nothing to choose: the stored bytes are the data and its checksums
+        assert payload.tobytes() == numcodecs_encode(conf, outer, inner, data)
+    decoded = kernel.decode(payload, len(data))
+    assert decoded.dtype == np.uint8 and decoded.shape == (len(data),)
+    assert decoded.tobytes() == data
+
+
+@pytest.mark.parametrize("kind", DATA_KINDS)
+@pytest.mark.parametrize(("conf", "outer", "inner"), CHAINS)
+def test_numcodecs_decodes_ours(
+    conf: dict[str, Any], outer: int, inner: int, kind: str, request: pytest.FixtureRequest
+) -> None:
+    data = make_data(kind)
+    ours = make_kernel(conf, outer, inner).encode(data).tobytes()
+    theirs = numcodecs_encode(conf, outer, inner, data)
+    try:
+        numcodecs_decode(conf, outer, inner, theirs)
+    except RuntimeError:
+        # numcodecs cannot decode even its own frame (0.17: empty zstd and
+        # blosc frames): the most ours can be is the same bytes
+        assert ours == theirs
+        return
+    assert numcodecs_decode(conf, outer, inner, ours) == data
+    # recorded (a user property of the test, in --junitxml reports), not
+    # asserted: identity with numcodecs is no property of zarr_fused. It
+    # holds except for zstd at level 19 and blosc's zstd on compressible
+    # data (numcodecs bundles another libzstd) and for every gzip stream
+    # (numcodecs writes the current time into the gzip header).
+    request.node.user_properties.append(("identical_to_numcodecs", ours == theirs))
+
+
+@pytest.mark.parametrize("kind", DATA_KINDS)
+@pytest.mark.parametrize(("conf", "outer", "inner"), CHAINS)
+def test_we_decode_numcodecs(conf: dict[str, Any], outer: int, inner: int, kind: str) -> None:
+    data = make_data(kind)
+    theirs = numcodecs_encode(conf, outer, inner, data)
+    assert make_kernel(conf, outer, inner).decode(theirs, len(data)).tobytes() == data
+
+
+# -- decode(out=...) -------------------------------------------------------------------
+
+OUT_CHAINS = [
+    pytest.param({"compressor": None}, 0, 0, id="none"),
+    pytest.param({"compressor": None}, 1, 0, id="none-crc32c"),
+    pytest.param({"compressor": "zstd", "level": 1, "checksum": False}, 0, 0, id="zstd"),
+    pytest.param({"compressor": "zstd", "level": 1, "checksum": True}, 0, 1, id="crc32c-zstd"),
+    pytest.param({"compressor": "gzip", "level": 1}, 1, 0, id="gzip-crc32c"),
+    pytest.param(
+        {"compressor": "blosc", "cname": "lz4", "clevel": 5, "shuffle": "shuffle",
+         "typesize": 8, "blocksize": 0},
+        0, 0, id="blosc",
+    ),
+]
+OUT_DATA = np.cumsum(_rng(3).integers(-3, 4, 512)).astype("<i8").tobytes()  # 4096 bytes
+
+
+def _encoded(conf: dict[str, Any], outer: int, inner: int) -> tuple[Any, Any]:
+    kernel = make_kernel(conf, outer, inner)
+    return kernel, kernel.encode(OUT_DATA)
+
+
+@pytest.mark.parametrize(("conf", "outer", "inner"), OUT_CHAINS)
+def test_decode_out_none(conf: dict[str, Any], outer: int, inner: int) -> None:
+    kernel, payload = _encoded(conf, outer, inner)
+    first = kernel.decode(payload, len(OUT_DATA))
+    second = kernel.decode(payload, len(OUT_DATA))
+    assert first.tobytes() == OUT_DATA
+    assert first.flags.writeable and first.flags.c_contiguous
+    assert not np.shares_memory(first, second)
+    assert not np.shares_memory(first, payload)
+
+
+@pytest.mark.parametrize(
+    "make_out",
+    [
+        pytest.param(lambda n: np.full(n, SENTINEL, np.uint8), id="u1"),
+        pytest.param(
+            lambda n: np.full(n, SENTINEL, np.uint8).view("<f8").reshape(-1, 8), id="f8-2d"
+        ),
+    ],
+)
+@pytest.mark.parametrize(("conf", "outer", "inner"), OUT_CHAINS)
+def test_decode_out_exact(
+    conf: dict[str, Any], outer: int, inner: int, make_out: Callable[[int], np.ndarray]
+) -> None:
+    kernel, payload = _encoded(conf, outer, inner)
+    out = make_out(len(OUT_DATA))
+    result = kernel.decode(payload, len(OUT_DATA), out=out)
+    assert result.dtype == np.uint8 and result.shape == (len(OUT_DATA),)
+    assert result.ctypes.data == out.ctypes.data  # a view of out
+    assert out.tobytes() == OUT_DATA
+
+
+@pytest.mark.parametrize(("conf", "outer", "inner"), OUT_CHAINS)
+def test_decode_out_larger(conf: dict[str, Any], outer: int, inner: int) -> None:
+    kernel, payload = _encoded(conf, outer, inner)
+    out = np.full(len(OUT_DATA) + 37, SENTINEL, np.uint8)
+    result = kernel.decode(payload, len(OUT_DATA), out=out)
+    assert result.shape == (len(OUT_DATA),)
+    assert result.ctypes.data == out.ctypes.data
+    assert out[: len(OUT_DATA)].tobytes() == OUT_DATA
+    assert (out[len(OUT_DATA) :] == SENTINEL).all()
+
+
+@pytest.mark.parametrize(("conf", "outer", "inner"), OUT_CHAINS)
+def test_decode_out_too_small(conf: dict[str, Any], outer: int, inner: int) -> None:
+    kernel, payload = _encoded(conf, outer, inner)
+    out = np.full(len(OUT_DATA) - 1, SENTINEL, np.uint8)
+    with pytest.raises(ValueError, match=f"{len(OUT_DATA)} needed"):
+        kernel.decode(payload, len(OUT_DATA), out=out)
+    assert (out == SENTINEL).all()
+
+
+def _read_only(n: int) -> np.ndarray:
+    out = np.full(n, SENTINEL, np.uint8)
+    out.flags.writeable = False
+    return out
+
+
+@pytest.mark.parametrize(
+    "make_out",
+    [
+        pytest.param(_read_only, id="read-only-ndarray"),
+        pytest.param(lambda n: bytes(n), id="bytes"),
+        pytest.param(lambda n: np.full(2 * n, SENTINEL, np.uint8)[::2], id="strided"),
+        pytest.param(lambda n: np.full(n, SENTINEL, np.uint8).reshape(64, -1).T, id="fortran"),
+    ],
+)
+@pytest.mark.parametrize(("conf", "outer", "inner"), OUT_CHAINS)
+def test_decode_out_rejected(
+    conf: dict[str, Any], outer: int, inner: int, make_out: Callable[[int], Any]
+) -> None:
+    kernel, payload = _encoded(conf, outer, inner)
+    out = make_out(len(OUT_DATA))
+    with pytest.raises(ValueError, match="writeable C-contiguous"):
+        kernel.decode(payload, len(OUT_DATA), out=out)
+    if isinstance(out, np.ndarray):
+        assert (out == SENTINEL).all()
+
+
+@pytest.mark.parametrize(
+    "make_out",
+    [
+        pytest.param(bytearray, id="bytearray"),
+        pytest.param(lambda n: memoryview(bytearray(n)), id="memoryview"),
+    ],
+)
+@pytest.mark.parametrize(("conf", "outer", "inner"), OUT_CHAINS)
+def test_decode_out_buffer(
+    conf: dict[str, Any], outer: int, inner: int, make_out: Callable[[int], Any]
+) -> None:
+    kernel, payload = _encoded(conf, outer, inner)
+    out = make_out(len(OUT_DATA) + 3)
+    result = kernel.decode(payload, len(OUT_DATA), out=out)
+    assert np.shares_memory(result, np.frombuffer(out, np.uint8))
+    assert bytes(out) == OUT_DATA + bytes(3)
+
+
+# -- corrupt and hostile input ---------------------------------------------------------
+
+# (kernel settings, whether the format verifies the content it decodes)
+HOSTILE = [
+    pytest.param({"compressor": None}, False, id="none"),
+    pytest.param({"compressor": None, "outer_crcs": 1}, True, id="none-crc32c"),
+    pytest.param({"compressor": "zstd", "level": 3}, False, id="zstd"),
+    pytest.param({"compressor": "zstd", "level": 3, "checksum": True}, True, id="zstd-checksum"),
+    pytest.param({"compressor": "zstd", "level": 3, "inner_crcs": 1}, True, id="crc32c-zstd"),
+    pytest.param({"compressor": "zstd", "level": 3, "outer_crcs": 1}, True, id="zstd-crc32c"),
+    pytest.param({"compressor": "gzip", "level": 6}, True, id="gzip"),
+    pytest.param({"compressor": "gzip", "level": 6, "outer_crcs": 1}, True, id="gzip-crc32c"),
+    pytest.param(
+        {"compressor": "blosc", "cname": "lz4", "shuffle": "shuffle", "typesize": 4},
+        False, id="blosc-lz4",
+    ),
+    pytest.param(
+        {"compressor": "blosc", "cname": "zstd", "shuffle": "bitshuffle", "typesize": 8,
+         "clevel": 9},
+        False, id="blosc-zstd",
+    ),
+    pytest.param(
+        {"compressor": "blosc", "cname": "blosclz", "shuffle": "noshuffle", "inner_crcs": 1},
+        True, id="crc32c-blosc",
+    ),
+]
+HOSTILE_DATA = _rng(4).integers(0, 40, 1024).astype("<i4").tobytes()  # 4096 bytes
+
+
+@cache
+def _hostile_payload(conf_items: tuple[tuple[str, Any], ...]) -> bytes:
+    return native.ChainKernel(**dict(conf_items)).encode(HOSTILE_DATA).tobytes()
+
+
+def hostile(conf: dict[str, Any]) -> tuple[Any, bytes]:
+    return native.ChainKernel(**conf), _hostile_payload(tuple(sorted(conf.items())))
+
+
+def malformed_error(conf: dict[str, Any]) -> type[CorruptChunkError]:
+    """What a payload that is not a frame at all must raise."""
+    if conf.get("outer_crcs"):
+        return ChecksumError
+    if conf["compressor"] is None:
+        return ChunkSizeError
+    return DecompressionError
+
+
+def test_error_hierarchy() -> None:
+    for cls in CORRUPT:
+        assert issubclass(cls, CorruptChunkError)
+        assert issubclass(cls, ValueError)
+        assert issubclass(cls, ZarrFusedError)
+    assert issubclass(DecompressionError, RuntimeError)
+    assert not issubclass(ChecksumError, RuntimeError)
+    assert not issubclass(ChunkSizeError, RuntimeError)
+
+
+CUTS = [
+    pytest.param(lambda n: 1, id="keep1"),
+    pytest.param(lambda n: 4, id="keep4"),
+    pytest.param(lambda n: 15, id="keep15"),
+    pytest.param(lambda n: n // 2, id="half"),
+    pytest.param(lambda n: n - 8, id="drop8"),
+    pytest.param(lambda n: n - 4, id="drop4"),
+    pytest.param(lambda n: n - 1, id="drop1"),
+]
+
+
+@pytest.mark.parametrize("cut", CUTS)
+@pytest.mark.parametrize(("conf", "verified"), HOSTILE)
+def test_truncated_payload(conf: dict[str, Any], verified: bool, cut: Callable[[int], int]) -> None:
+    kernel, payload = hostile(conf)
+    with pytest.raises(malformed_error(conf)):
+        kernel.decode(payload[: cut(len(payload))], len(HOSTILE_DATA))
+
+
+FLIPS = [
+    pytest.param(lambda n: 0, id="byte0"),
+    pytest.param(lambda n: 1, id="byte1"),
+    pytest.param(lambda n: 3, id="byte3"),
+    pytest.param(lambda n: 4, id="byte4"),
+    pytest.param(lambda n: 5, id="byte5"),
+    pytest.param(lambda n: 8, id="byte8"),
+    pytest.param(lambda n: 12, id="byte12"),
+    pytest.param(lambda n: 16, id="byte16"),
+    pytest.param(lambda n: n // 4, id="quarter"),
+    pytest.param(lambda n: n // 2, id="middle"),
+    pytest.param(lambda n: n - 9, id="last-9"),
+    pytest.param(lambda n: n - 5, id="last-5"),
+    pytest.param(lambda n: n - 4, id="last-4"),
+    pytest.param(lambda n: n - 1, id="last"),
+]
+
+
+@pytest.mark.parametrize("where", FLIPS)
+@pytest.mark.parametrize(("conf", "verified"), HOSTILE)
+def test_bit_flip(conf: dict[str, Any], verified: bool, where: Callable[[int], int]) -> None:
+    kernel, payload = hostile(conf)
+    pos = where(len(payload))
+    bad = bytearray(payload)
+    bad[pos] ^= 1 << (pos * 5 + 3) % 8
+    if conf.get("outer_crcs"):
+        # a crc32c catches every single-bit error
+        with pytest.raises(ChecksumError):
+            kernel.decode(bad, len(HOSTILE_DATA))
+        return
+    try:
+        result = kernel.decode(bad, len(HOSTILE_DATA))
+    except CORRUPT:
+        return
+    assert result.shape == (len(HOSTILE_DATA),)
+    if verified:
+        # only a bit the format does not depend on may pass (gzip's mtime, ...)
+        assert result.tobytes() == HOSTILE_DATA
+
+
+@pytest.mark.parametrize(
+    "nbytes", [pytest.param(0, id="nbytes0"), pytest.param(4096, id="nbytes4096")]
+)
+@pytest.mark.parametrize(("conf", "verified"), HOSTILE)
+def test_empty_payload(conf: dict[str, Any], verified: bool, nbytes: int) -> None:
+    kernel = native.ChainKernel(**conf)
+    if conf == {"compressor": None} and nbytes == 0:
+        assert kernel.decode(b"", 0).shape == (0,)  # the one valid empty payload
+        return
+    with pytest.raises(malformed_error(conf)):
+        kernel.decode(b"", nbytes)
+
+
+@pytest.mark.parametrize("size", [pytest.param(n, id=f"n{n}") for n in (1, 3, 17, 1000, 5000)])
+@pytest.mark.parametrize(("conf", "verified"), HOSTILE)
+def test_random_garbage(conf: dict[str, Any], verified: bool, size: int) -> None:
+    kernel = native.ChainKernel(**conf)
+    with pytest.raises(malformed_error(conf)):
+        kernel.decode(_rng(5, size).bytes(size), len(HOSTILE_DATA))
+
+
+WRONG_SIZES = [
+    pytest.param(lambda n: 0, id="zero"),
+    pytest.param(lambda n: 1, id="one"),
+    pytest.param(lambda n: n // 2, id="half"),
+    pytest.param(lambda n: n - 1, id="minus1"),
+    pytest.param(lambda n: n + 1, id="plus1"),
+    pytest.param(lambda n: 2 * n, id="double"),
+]
+
+
+@pytest.mark.parametrize("wrong", WRONG_SIZES)
+@pytest.mark.parametrize(("conf", "verified"), HOSTILE)
+def test_payload_for_another_size(
+    conf: dict[str, Any], verified: bool, wrong: Callable[[int], int]
+) -> None:
+    kernel, payload = hostile(conf)
+    nbytes = wrong(len(HOSTILE_DATA))
+    out = np.full(nbytes + 16, SENTINEL, np.uint8)
+    with pytest.raises(ChunkSizeError, match="the chunk needs"):
+        kernel.decode(payload, nbytes, out=out)
+    # whatever was written stayed inside the nbytes given
+    assert (out[nbytes:] == SENTINEL).all()
+
+
+def test_nbytes_negative() -> None:
+    with pytest.raises(ValueError, match="nbytes"):
+        native.ChainKernel(compressor="zstd").decode(b"", -1)
+
+
+# concatenated frames
+
+_ZSTD = {"compressor": "zstd", "level": 3}
+_GZIP = {"compressor": "gzip", "level": 6}
+PART_A = _rng(6).integers(0, 9, 3000).astype(np.uint8).tobytes()
+PART_B = bytes(range(256)) * 5
+
+
+def _zstd_frames() -> bytes:
+    # one frame of ours, one of numcodecs
+    return native.ChainKernel(**_ZSTD).encode(PART_A).tobytes() + numcodecs.Zstd(1).encode(PART_B)
+
+
+def _gzip_members(padding: bytes = b"", tail: bytes = b"") -> bytes:
+    a = native.ChainKernel(**_GZIP).encode(PART_A).tobytes()
+    return a + padding + gzip.compress(PART_B, mtime=0) + tail
+
+
+@pytest.mark.parametrize(
+    ("conf", "make"),
+    [
+        pytest.param(_ZSTD, _zstd_frames, id="zstd-two-frames"),
+        pytest.param(_GZIP, _gzip_members, id="gzip-two-members"),
+        pytest.param(_GZIP, lambda: _gzip_members(tail=bytes(9)), id="gzip-zero-padding"),
+        pytest.param(_GZIP, lambda: _gzip_members(padding=bytes(3)), id="gzip-padding-between"),
+    ],
+)
+def test_concatenated_frames(conf: dict[str, Any], make: Callable[[], bytes]) -> None:
+    payload = make()
+    if conf is _GZIP:
+        assert gzip.decompress(payload) == PART_A + PART_B  # Python agrees
+    result = native.ChainKernel(**conf).decode(payload, len(PART_A) + len(PART_B))
+    assert result.tobytes() == PART_A + PART_B
+
+
+@pytest.mark.parametrize(
+    "nbytes",
+    [
+        pytest.param(len(PART_A), id="first-only"),
+        pytest.param(len(PART_A) + len(PART_B) - 1, id="minus1"),
+        pytest.param(len(PART_A) + len(PART_B) + 1, id="plus1"),
+    ],
+)
+@pytest.mark.parametrize(
+    ("conf", "make"),
+    [
+        pytest.param(_ZSTD, _zstd_frames, id="zstd-two-frames"),
+        pytest.param(_GZIP, _gzip_members, id="gzip-two-members"),
+    ],
+)
+def test_concatenated_frames_of_another_size(
+    conf: dict[str, Any], make: Callable[[], bytes], nbytes: int
+) -> None:
+    with pytest.raises(ChunkSizeError):
+        native.ChainKernel(**conf).decode(make(), nbytes)
+
+
+def test_gzip_trailing_garbage() -> None:
+    payload = _gzip_members(tail=b"\x00\x00junk")
+    with pytest.raises(gzip.BadGzipFile):
+        gzip.decompress(payload)
+    with pytest.raises(DecompressionError):
+        native.ChainKernel(**_GZIP).decode(payload, len(PART_A) + len(PART_B))
+
+
+# decompression bombs
+
+ZSTD_MAGIC = _le32(0xFD2FB528)
+
+
+def zstd_claiming(size: int) -> bytes:
+    """A zstd frame whose header claims ``size`` bytes (one raw block of 10)."""
+    # frame header descriptor 0xE0: 8-byte content size, single segment
+    block = (1 | 0 << 1 | 10 << 3).to_bytes(3, "little") + b"0123456789"
+    return ZSTD_MAGIC + b"\xe0" + struct.pack("<Q", size) + block
+
+
+def zstd_unsized_rle(total: int, byte: int = 7) -> bytes:
+    """A zstd frame with no content size in its header: RLE blocks (4 bytes
+    each, 128 KiB of output) adding up to ``total`` bytes (RFC 8878)."""
+    # descriptor 0x00: no content size, no single segment, so a window
+    # descriptor follows: exponent 7 = a 128 KiB window
+    out = [ZSTD_MAGIC, b"\x00\x38"]
+    remaining = total
+    while True:
+        n = min(remaining, 1 << 17)
+        remaining -= n
+        last = remaining == 0
+        out.append((int(last) | 1 << 1 | n << 3).to_bytes(3, "little") + bytes([byte]))
+        if last:
+            return b"".join(out)
+
+
+@cache
+def gzip_bomb() -> bytes:
+    return gzip.compress(bytes(2**25), compresslevel=9, mtime=0)  # 32 MiB of zeros
+
+
+def _maxrss() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _decode_frugally(kernel: Any, payload: bytes, nbytes: int) -> BaseException:
+    """Decode, expecting an error; check nothing big was allocated on the way
+    (NumPy reports to tracemalloc; the kernels' scratch to `scratch_bytes`)."""
+    rss = _maxrss()
+    scratch = native.workspace().scratch_bytes
+    tracemalloc.start()
+    try:
+        with pytest.raises(CorruptChunkError) as excinfo:
+            kernel.decode(payload, nbytes)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 2**20 + nbytes
+    assert native.workspace().scratch_bytes <= max(scratch, nbytes + 4 * kernel.inner_crcs)
+    assert _maxrss() - rss < 2**26
+    return excinfo.value
+
+
+INNER = [pytest.param(0, id="direct"), pytest.param(1, id="crc32c-inner")]
+
+
+@pytest.mark.parametrize("inner", INNER)
+@pytest.mark.parametrize(
+    "claim",
+    [
+        pytest.param(2**40, id="1TiB"),
+        pytest.param(2**64 - 3, id="largest"),
+        pytest.param(4097, id="plus1"),
+    ],
+)
+def test_zstd_header_claiming_more(claim: int, inner: int) -> None:
+    kernel = native.ChainKernel(compressor="zstd", inner_crcs=inner)
+    error = _decode_frugally(kernel, zstd_claiming(claim), 4096 - 4 * inner)
+    assert type(error) is ChunkSizeError
+    if claim < 2**63:
+        assert str(claim) in str(error)
+
+
+def test_crafted_unsized_zstd_frame_is_valid() -> None:
+    payload = zstd_unsized_rle(300_000)
+    # numcodecs (streaming decompression) agrees with the construction
+    assert numcodecs.Zstd().decode(payload) == bytes([7]) * 300_000
+    result = native.ChainKernel(compressor="zstd").decode(payload, 300_000)
+    assert result.tobytes() == bytes([7]) * 300_000
+
+
+@pytest.mark.parametrize(
+    ("total", "room"),
+    [
+        pytest.param(2**30, 4096, id="1GiB-into-4096"),
+        pytest.param(300_000, 299_999, id="one-short"),
+    ],
+)
+@pytest.mark.parametrize("inner", INNER)
+def test_zstd_unsized_frame_inflating_beyond_nbytes(inner: int, total: int, room: int) -> None:
+    # ``room``: the decompressor's room, nbytes plus the inner checksum
+    payload = zstd_unsized_rle(total)  # 1 GiB takes 32 KiB
+    kernel = native.ChainKernel(compressor="zstd", inner_crcs=inner)
+    error = _decode_frugally(kernel, payload, room - 4 * inner)
+    assert type(error) is ChunkSizeError
+
+
+def test_zstd_unsized_frame_inflating_short() -> None:
+    with pytest.raises(ChunkSizeError, match="decodes to 1000 bytes"):
+        native.ChainKernel(compressor="zstd").decode(zstd_unsized_rle(1000), 1001)
+
+
+@pytest.mark.parametrize("inner", INNER)
+def test_gzip_inflating_beyond_nbytes(inner: int) -> None:
+    kernel = native.ChainKernel(compressor="gzip", inner_crcs=inner)
+    error = _decode_frugally(kernel, gzip_bomb(), 4096)
+    assert type(error) is ChunkSizeError
+
+
+def _blosc_with_claim(claim: int) -> bytes:
+    kernel = native.ChainKernel(compressor="blosc", cname="lz4", shuffle="shuffle", typesize=4)
+    frame = bytearray(kernel.encode(HOSTILE_DATA).tobytes())
+    frame[4:8] = _le32(claim)  # the header's uncompressed size
+    return bytes(frame)
+
+
+@pytest.mark.parametrize(
+    "claim",
+    [
+        pytest.param(8192, id="double"),
+        pytest.param(100, id="less"),
+        pytest.param(0, id="zero"),
+        pytest.param(2**31 - 100, id="huge"),
+        pytest.param(2**32 - 1, id="over-blosc-limit"),
+    ],
+)
+def test_blosc_header_lying_about_nbytes(claim: int) -> None:
+    kernel = native.ChainKernel(compressor="blosc", cname="lz4", shuffle="shuffle", typesize=4)
+    error = _decode_frugally(kernel, _blosc_with_claim(claim), len(HOSTILE_DATA))
+    if claim > 2**31 - 1:
+        # over c-blosc's own limit: its header check fails first
+        assert type(error) is DecompressionError
+    else:
+        assert type(error) is ChunkSizeError
+        assert f"holds {claim} bytes, the chunk needs {len(HOSTILE_DATA)}" in str(error)
+
+
+@pytest.mark.parametrize("claim", [pytest.param(8192, id="double"), pytest.param(4100, id="plus4")])
+def test_blosc_header_lying_to_match_nbytes(claim: int) -> None:
+    # the header claims the size the caller expects, the blocks hold less
+    kernel = native.ChainKernel(compressor="blosc", cname="lz4", shuffle="shuffle", typesize=4)
+    with pytest.raises(CORRUPT):
+        kernel.decode(_blosc_with_claim(claim), claim)
+
+
+@pytest.mark.parametrize(
+    ("conf", "verified"), [p for p in HOSTILE if p.values[0].get("outer_crcs")]
+)
+def test_crc32c_mismatch_names_both_values(conf: dict[str, Any], verified: bool) -> None:
+    kernel, payload = hostile(conf)
+    bad = payload[:-4] + _le32(0xDEADBEEF)
+    with pytest.raises(ChecksumError) as excinfo:
+        kernel.decode(bad, len(HOSTILE_DATA))
+    message = str(excinfo.value)
+    assert "0xdeadbeef" in message
+    assert f"{_google(payload[:-4]):#010x}" in message
+
+
+@pytest.mark.parametrize("size", [pytest.param(n, id=f"n{n}") for n in range(4)])
+def test_crc32c_payload_too_short(size: int) -> None:
+    kernel = native.ChainKernel(compressor=None, outer_crcs=1)
+    with pytest.raises(ChecksumError, match=f"{size} bytes cannot hold a crc32c"):
+        kernel.decode(b"\x01" * size, 0)
+
+
+@pytest.mark.parametrize("size", [pytest.param(n, id=f"n{n}") for n in range(4)])
+def test_crc32c_inner_payload_too_short(size: int) -> None:
+    kernel = native.ChainKernel(compressor="zstd", inner_crcs=1)
+    frame = numcodecs.Zstd().encode(b"\x01" * size)
+    with pytest.raises(ChecksumError, match=f"{size} bytes cannot hold a crc32c"):
+        kernel.decode(frame, 0)
+
+
+# -- fuzzing -----------------------------------------------------------------------
+
+FUZZ_CHAINS = [
+    pytest.param({"compressor": None}, id="none"),
+    pytest.param({"compressor": None, "outer_crcs": 1}, id="none-crc32c"),
+    pytest.param({"compressor": "zstd", "level": 1}, id="zstd"),
+    pytest.param({"compressor": "zstd", "level": 1, "inner_crcs": 1}, id="crc32c-zstd"),
+    pytest.param({"compressor": "gzip", "level": 1}, id="gzip"),
+    pytest.param({"compressor": "gzip", "level": 1, "inner_crcs": 1}, id="crc32c-gzip"),
+    pytest.param(
+        {"compressor": "blosc", "cname": "lz4", "typesize": 4, "shuffle": "shuffle"}, id="blosc"
+    ),
+    pytest.param(
+        {"compressor": "blosc", "cname": "zlib", "typesize": 2, "shuffle": "bitshuffle",
+         "inner_crcs": 1},
+        id="crc32c-blosc",
+    ),
+]
+FUZZ = settings(
+    max_examples=300, deadline=None, derandomize=True, database=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+
+
+def _decode_or_corrupt(kernel: Any, payload: bytes, nbytes: int) -> None:
+    try:
+        result = kernel.decode(payload, nbytes)
+    except CorruptChunkError:
+        return
+    assert result.shape == (nbytes,)
+
+
+@pytest.mark.parametrize("conf", FUZZ_CHAINS)
+@FUZZ
+@given(payload=st.binary(max_size=2000), nbytes=st.integers(0, 4096))
+def test_fuzz_random_bytes(conf: dict[str, Any], payload: bytes, nbytes: int) -> None:
+    _decode_or_corrupt(native.ChainKernel(**conf), payload, nbytes)
+
+
+FUZZ_PLAIN = (HOSTILE_DATA[:1000], HOSTILE_DATA, bytes(3000))
+
+
+@cache
+def _fuzz_frame(conf_items: tuple[tuple[str, Any], ...], plain: bytes) -> bytes:
+    return native.ChainKernel(**dict(conf_items)).encode(plain).tobytes()
+
+
+@pytest.mark.parametrize("conf", FUZZ_CHAINS)
+@settings(FUZZ, max_examples=200)
+@given(data=st.data())
+def test_fuzz_mutated_frames(conf: dict[str, Any], data: st.DataObject) -> None:
+    """Valid frames with a few bytes replaced, maybe cut or extended: these
+    get past the magic numbers and headers that random bytes never match."""
+    kernel = native.ChainKernel(**conf)
+    plain = data.draw(st.sampled_from(FUZZ_PLAIN), "plain")
+    payload = bytearray(_fuzz_frame(tuple(sorted(conf.items())), plain))
+    for _ in range(data.draw(st.integers(0, 6), "edits")):
+        pos = data.draw(st.integers(0, len(payload) - 1), "pos")
+        payload[pos] = data.draw(st.integers(0, 255), "byte")
+    payload = payload[: data.draw(st.integers(0, len(payload)), "cut")]
+    payload += data.draw(st.binary(max_size=40), "tail")
+    nbytes = data.draw(st.sampled_from([len(plain), len(plain) - 1, len(plain) + 1, 0]), "nbytes")
+    _decode_or_corrupt(kernel, bytes(payload), nbytes)
+
+
+# -- whole chunks: DecodeBatch / EncodeBatch against zarr ---------------------------
+
+_DTYPES = ("uint8", "<i2", ">i4", "<f8", ">c16", "bool", "<M8[ns]")
+
+
+def _dtype_id(dtype: np.dtype) -> str:
+    order = {"<": "-le", ">": "-be"}.get(dtype.str[0], "")
+    return dtype.str[1:].replace("[", "").replace("]", "") + order
+
+
+def _opposite(dtype: np.dtype) -> str:
+    return "big" if dtype.str[0] == "<" else "little"
+
+
+def _same(dtype: np.dtype) -> str | None:
+    return {"<": "little", ">": "big"}.get(dtype.str[0])
+
+
+# (dtype, BytesCodec endian, what EncodeBatch is given): "memory" = the
+# array's dtype (swapped on the way when the stored order differs), "stored"
+# = already in the stored byte order (no swap)
+TYPE_CASES = []
+for _spec_str in _DTYPES:
+    _dt = np.dtype(_spec_str)
+    if _dt.itemsize == 1:
+        TYPE_CASES.append(pytest.param(_dt, None, "memory", id=_dtype_id(_dt)))
+        continue
+    TYPE_CASES += [
+        pytest.param(_dt, _same(_dt), "memory", id=f"{_dtype_id(_dt)}-stored-same"),
+        pytest.param(_dt, _opposite(_dt), "memory", id=f"{_dtype_id(_dt)}-swap"),
+        pytest.param(_dt, _opposite(_dt), "stored", id=f"{_dtype_id(_dt)}-preswapped"),
+    ]
+
+MEMORY_TYPE_CASES = [p for p in TYPE_CASES if p.values[2] == "memory"]
+
+ORDERS = [
+    pytest.param((), id="no-transpose"),
+    pytest.param(((2, 1, 0),), id="reversed"),
+    pytest.param(((2, 0, 1),), id="perm201"),
+    pytest.param(((1, 2, 0), (1, 0, 2)), id="two-transposes"),
+]
+ENCODE_CHAINS = {
+    "bytes": [],
+    "bytes-crc32c": [Crc32cCodec()],
+    "zstd-crc32c": [ZstdCodec(level=1), Crc32cCodec()],
+    "crc32c-zstd-crc32c": [Crc32cCodec(), ZstdCodec(level=3, checksum=True), Crc32cCodec()],
+    "gzip": [GzipCodec(level=5)],
+    "blosc": [BloscCodec(cname="lz4")],
+}
+CHUNK_SHAPE = (4, 5, 6)
+
+
+def random_values(dtype: np.dtype, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
+    """Random bits (NaN payloads, NaT and all); booleans are 0 or 1."""
+    count = math.prod(shape)
+    if dtype.kind == "b":
+        return rng.integers(0, 2, size=count).astype(bool).reshape(shape)
+    return np.frombuffer(rng.bytes(count * dtype.itemsize), dtype=dtype).copy().reshape(shape)
+
+
+def chunk_spec(shape: tuple[int, ...], dtype: np.dtype) -> ArraySpec:
+    zdtype = get_data_type_from_native_dtype(dtype)
+    return ArraySpec(
+        shape=shape,
+        dtype=zdtype,
+        fill_value=zdtype.default_scalar(),
+        config=ArrayConfig(order="C", write_empty_chunks=True),
+        prototype=default_buffer_prototype(),
+    )
+
+
+class Chain:
+    """One codec chain for one chunk spec, as zarr and as the native kernel."""
+
+    def __init__(
+        self, shape: tuple[int, ...], dtype: np.dtype, endian: str | None,
+        orders: tuple[tuple[int, ...], ...], tail: list[Any],
+    ) -> None:
+        self.spec = chunk_spec(shape, dtype)
+        codecs = [*(TransposeCodec(order=o) for o in orders), BytesCodec(endian=endian), *tail]
+        self.codecs = evolve_codecs(codecs, self.spec)
+        reason, params = native_chain_params(self.codecs, self.spec)
+        assert reason == ""
+        self.dtype = params.pop("dtype")
+        self.stored = params.pop("stored")
+        order = params.pop("order")
+        if orders:
+            # composing the transposes is native_chain_params' job: check it
+            probe = np.empty(shape)
+            for o in orders:
+                probe = probe.transpose(o)
+            assert probe.shape == tuple(shape[i] for i in order)
+        self.kernel = native.ChainKernel(**params)
+        self.layout = native.ChunkLayout(shape, self.dtype.itemsize, order)
+        self.transform = ChunkTransform(codecs=self.codecs)
+        assert self.dtype == dtype
+
+    def zarr_encode(self, chunk: np.ndarray) -> bytes:
+        encoded = self.transform.encode_chunk(NDBuffer.from_numpy_array(chunk), self.spec)
+        assert encoded is not None
+        return encoded.to_bytes()
+
+    def zarr_decode(self, payload: bytes) -> np.ndarray:
+        buf = default_buffer_prototype().buffer.from_bytes(payload)
+        return self.transform.decode_chunk(buf, self.spec).as_numpy_array()
+
+
+def _encode_ours(chain: Chain, chunk: np.ndarray, given: str) -> bytes:
+    if given == "stored":
+        chunk = chunk.byteswap().view(chain.stored)
+        swap = False
+    else:
+        swap = chain.kernel.swap_unit != 0
+    batch = native.EncodeBatch(chain.kernel, 1, chunk.ndim)
+    assert batch.add(chunk, chain.layout, swap, "key") == 0
+    (encoded,) = batch.run()
+    assert encoded.dtype == np.uint8
+    return encoded.tobytes()
+
+
+@pytest.mark.parametrize("chain_id", list(ENCODE_CHAINS))
+@pytest.mark.parametrize("orders", ORDERS)
+@pytest.mark.parametrize(("dtype", "endian", "given"), TYPE_CASES)
+def test_encode_batch_matches_zarr(
+    dtype: np.dtype, endian: str | None, given: str, orders: Any, chain_id: str
+) -> None:
+    chain = Chain(CHUNK_SHAPE, dtype, endian, orders, ENCODE_CHAINS[chain_id])
+    chunk = random_values(dtype, CHUNK_SHAPE, _rng(7))
+    ours = _encode_ours(chain, chunk, given)
+    theirs = chain.zarr_encode(chunk)
+    if chain.kernel.compressor == 0:
+        assert ours == theirs
+    else:
+        assert chain.zarr_decode(ours).tobytes() == chunk.tobytes()
+        assert chain.zarr_decode(theirs).tobytes() == chunk.tobytes()
+
+
+SOURCE_LAYOUTS = [
+    pytest.param(np.asfortranarray, id="fortran"),
+    pytest.param(lambda a: np.pad(a, 1)[1:-1, 1:-1, 1:-1], id="strided"),
+    pytest.param(lambda a: a[::-1, :, ::-1].copy()[::-1, :, ::-1], id="reversed"),
+]
+
+
+@pytest.mark.parametrize("source", SOURCE_LAYOUTS)
+@pytest.mark.parametrize("chain_id", ["bytes", "zstd-crc32c"])
+@pytest.mark.parametrize("orders", [ORDERS[0], ORDERS[2]])
+@pytest.mark.parametrize(("dtype", "endian", "given"), TYPE_CASES)
+def test_encode_batch_strided_source(
+    dtype: np.dtype, endian: str | None, given: str, orders: Any, chain_id: str,
+    source: Callable[[np.ndarray], np.ndarray],
+) -> None:
+    """A chunk that is not C-contiguous in memory encodes to the same bytes
+    as its C-contiguous copy."""
+    chain = Chain(CHUNK_SHAPE, dtype, endian, orders, ENCODE_CHAINS[chain_id])
+    chunk = random_values(dtype, CHUNK_SHAPE, _rng(7))
+    laid_out = source(chunk)
+    assert not laid_out.flags.c_contiguous
+    assert _encode_ours(chain, laid_out, given) == _encode_ours(chain, chunk, given)
+
+
+SELECTIONS = {
+    # chunk selection, out shape, out selection, drop axes
+    "full-into-slab": (
+        (slice(None),) * 3, (9, 5, 6), (slice(2, 6), slice(None), slice(None)), ()
+    ),
+    "steps": (
+        (slice(None, None, 2), slice(1, 5, 3), slice(5, None, -2)),
+        (6, 4, 7), (slice(1, 5, 2), slice(0, 2), slice(3, 6)), (),
+    ),
+    "ints": ((1, slice(None), -3), (4, 8), (2, slice(1, 6)), ()),
+    "negative-steps-into-reversed": (
+        (slice(3, 0, -1), slice(None), slice(4, 5)),
+        (5, 7), (slice(4, 1, -1), slice(6, 1, -1)), (2,),
+    ),
+    "drop-axes": (
+        (slice(1, 2), slice(None), slice(2, 4)), (6, 6), (slice(0, 5), slice(3, 5)), (0,)
+    ),
+    "single-element": ((3, 4, 5), (2, 2), (1, 0), ()),
+}
+DECODE_CHAINS = ["bytes", "zstd-crc32c", "crc32c-zstd-crc32c"]
+
+
+def _sentinel_array(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    raw = np.full(math.prod(shape) * dtype.itemsize, SENTINEL, np.uint8)
+    return raw.view(dtype).reshape(shape)
+
+
+@pytest.mark.parametrize("selection", list(SELECTIONS))
+@pytest.mark.parametrize("chain_id", DECODE_CHAINS)
+@pytest.mark.parametrize("orders", ORDERS[:3])
+@pytest.mark.parametrize(("dtype", "endian", "given"), MEMORY_TYPE_CASES)
+def test_decode_batch_matches_numpy(
+    dtype: np.dtype, endian: str | None, given: str, orders: Any, chain_id: str, selection: str
+) -> None:
+    chain = Chain(CHUNK_SHAPE, dtype, endian, orders, ENCODE_CHAINS[chain_id])
+    chunk = random_values(dtype, CHUNK_SHAPE, _rng(8))
+    payload = np.frombuffer(chain.zarr_encode(chunk), np.uint8)
+    chunk_sel, out_shape, out_sel, drop = SELECTIONS[selection]
+    out = _sentinel_array(out_shape, dtype)
+    expected = out.copy()
+    value = chunk[chunk_sel]
+    expected[out_sel] = np.squeeze(value, axis=drop) if drop else value
+    batch = native.DecodeBatch(chain.kernel, 1, 3)
+    assert batch.add(payload, chain.layout, chunk_sel, out, out_sel, drop, "key") is True
+    assert len(batch) == 1
+    batch.run()
+    assert out.tobytes() == expected.tobytes()
+
+
+@pytest.mark.parametrize(
+    "target", [pytest.param("0d", id="into-0d"), pytest.param("1d", id="into-element")]
+)
+@pytest.mark.parametrize("chain_id", DECODE_CHAINS)
+@pytest.mark.parametrize(("dtype", "endian", "given"), MEMORY_TYPE_CASES)
+def test_decode_batch_0d_chunk(
+    dtype: np.dtype, endian: str | None, given: str, chain_id: str, target: str
+) -> None:
+    chain = Chain((), dtype, endian, (), ENCODE_CHAINS[chain_id])
+    chunk = random_values(dtype, (), _rng(9))
+    payload = chain.zarr_encode(chunk)
+    if chain.kernel.compressor == 0:
+        assert _encode_ours(chain, chunk, "memory") == payload
+    out = _sentinel_array((3,) if target == "1d" else (), dtype)
+    out_sel = (1,) if target == "1d" else ()
+    expected = out.copy()
+    expected[out_sel] = chunk
+    batch = native.DecodeBatch(chain.kernel, 1, 1)
+    assert batch.add(payload, chain.layout, (), out, out_sel, (), "key") is True
+    batch.run()
+    assert out.tobytes() == expected.tobytes()
+
+
+@pytest.mark.parametrize("selection", list(SELECTIONS))
+@pytest.mark.parametrize(("dtype", "endian", "given"), MEMORY_TYPE_CASES)
+def test_add_missing_fills_the_selection(
+    dtype: np.dtype, endian: str | None, given: str, selection: str
+) -> None:
+    chain = Chain(CHUNK_SHAPE, dtype, endian, (), [ZstdCodec()])
+    _, out_shape, out_sel, _ = SELECTIONS[selection]
+    fill = random_values(dtype, (), _rng(10))
+    out = _sentinel_array(out_shape, dtype)
+    expected = out.copy()
+    expected[out_sel] = fill
+    batch = native.DecodeBatch(chain.kernel, 1, 3)
+    batch.set_fill(fill.tobytes())
+    assert batch.add_missing(out, out_sel, "key") is True
+    batch.run()
+    assert out.tobytes() == expected.tobytes()
+
+
+def test_set_fill_needs_one_element() -> None:
+    batch = native.DecodeBatch(native.ChainKernel(itemsize=4), 1, 1)
+    with pytest.raises(ValueError, match="one element"):
+        batch.set_fill(b"\x00" * 3)
+    with pytest.raises(ValueError, match="set_fill"):
+        batch.add_missing(np.zeros(3, "<i4"), (), "key")
+
+
+_IDX = np.array([0, 2])
+ADVANCED = {
+    "chunk-int-array": ((_IDX, slice(None), slice(None)), (slice(0, 2), slice(None), slice(None))),
+    "chunk-bool-mask": ((np.array([True, False, True, False]),), (slice(0, 2),)),
+    "chunk-newaxis": ((None, slice(None)), (slice(None),)),
+    "chunk-ellipsis-in-tuple": ((Ellipsis, 0), (slice(None), slice(None), 0)),
+    "out-int-array": ((slice(0, 2),), (_IDX,)),
+    "out-list": ((slice(0, 2),), ([0, 2],)),
+    "out-bool-index": ((0,), (True,)),
+    "out-out-of-range": ((0,), (9,)),
+    "shape-mismatch": ((slice(0, 3),), (slice(0, 2),)),
+}
+
+
+@pytest.mark.parametrize("case", list(ADVANCED))
+def test_add_declines_advanced_selections(case: str) -> None:
+    chain = Chain(CHUNK_SHAPE, np.dtype("<f8"), "little", (), [])
+    chunk = random_values(chain.dtype, CHUNK_SHAPE, _rng(11))
+    payload = np.frombuffer(chain.zarr_encode(chunk), np.uint8)
+    out = _sentinel_array((4, 5, 6), chain.dtype)
+    chunk_sel, out_sel = ADVANCED[case]
+    batch = native.DecodeBatch(chain.kernel, 1, 3)
+    assert batch.add(payload, chain.layout, chunk_sel, out, out_sel, (), "key") is False
+    assert len(batch) == 0
+    batch.run()
+    assert (out.view(np.uint8) == SENTINEL).all()
+
+
+def test_add_declines_another_itemsize() -> None:
+    chain = Chain(CHUNK_SHAPE, np.dtype("<f8"), "little", (), [])
+    payload = np.frombuffer(chain.zarr_encode(np.zeros(CHUNK_SHAPE)), np.uint8)
+    batch = native.DecodeBatch(chain.kernel, 1, 3)
+    assert batch.add(payload, chain.layout, (), np.zeros(CHUNK_SHAPE, "<f4"), (), (), "k") is False
+    batch.set_fill(b"\x00" * 8)
+    assert batch.add_missing(np.zeros(CHUNK_SHAPE, "<f4"), (), "k") is False
+    assert len(batch) == 0
+
+
+@pytest.mark.parametrize(
+    ("corrupt", "error"),
+    [
+        pytest.param(lambda p: p[:-4] + _le32(_google(p[:-4]) ^ 1), ChecksumError, id="crc32c"),
+        pytest.param(lambda p: p[:-4] + _le32(_google(p[:10])), ChecksumError, id="crc32c-other"),
+        pytest.param(lambda p: zstd_claiming(2**40) + _le32(_google(zstd_claiming(2**40))),
+                     ChunkSizeError, id="bomb"),
+        pytest.param(lambda p: p[:20] + _le32(_google(p[:20])), DecompressionError, id="truncated"),
+    ],
+)
+def test_decode_batch_error_names_the_key(corrupt: Callable[[bytes], bytes], error: type) -> None:
+    chain = Chain(CHUNK_SHAPE, np.dtype("<i2"), "little", (), [ZstdCodec(), Crc32cCodec()])
+    chunks = [random_values(chain.dtype, CHUNK_SHAPE, _rng(12, i)) for i in range(3)]
+    payloads = [chain.zarr_encode(c) for c in chunks]
+    payloads[1] = corrupt(payloads[1])
+    out = _sentinel_array((3, *CHUNK_SHAPE), chain.dtype)
+    described = []
+
+    def describe(key: Any) -> str:
+        described.append(key)
+        return f"chunk {key}"
+
+    batch = native.DecodeBatch(chain.kernel, 3, 3, describe)
+    for i, payload in enumerate(payloads):
+        assert batch.add(payload, chain.layout, (), out, (i,), (), ("c", i, 0))
+    with pytest.raises(error, match=r"^chunk \('c', 1, 0\): ") as excinfo:
+        batch.run()
+    assert isinstance(excinfo.value, CorruptChunkError)
+    assert described == [("c", 1, 0)]
+    # the task before the failing one was applied
+    assert out[0].tobytes() == chunks[0].tobytes()
+
+
+_DECLINED_TARGETS = """
+import numpy as np
+from zarr_fused import _codecs as native
+
+kernel = native.ChainKernel(itemsize=1)
+layout = native.ChunkLayout((1,), 1)
+out = np.zeros((1,) * 8, np.uint8)
+for _ in range(2000):
+    batch = native.DecodeBatch(kernel, 1, 1)
+    batch.set_fill(b"\\x01")
+    assert batch.add(b"a", layout, (), out, (), (), "k") is False
+    assert batch.add_missing(out, (), "k") is False
+    del batch
+print("ok")
+"""
+
+
+def test_declined_targets_write_nothing_past_the_batch() -> None:
+    """A target with more dimensions than the batch's ``max_ndim`` is
+    declined without writing its strides past the task's room (the last
+    task's room ends the batch's C buffer). Run in a child process, with
+    glibc's malloc checking where it exists, so a heap overflow aborts."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ZARR_", "LD_PRELOAD"))}
+    debug = sorted(glob.glob("/usr/lib/*/libc_malloc_debug.so.0"))
+    if debug:
+        env.update(LD_PRELOAD=debug[0], GLIBC_TUNABLES="glibc.malloc.check=3")
+    child = subprocess.run(
+        [sys.executable, "-c", _DECLINED_TARGETS], capture_output=True, text=True, env=env,
+        timeout=120,
+    )
+    assert (child.returncode, child.stdout.strip()) == (0, "ok"), child.stderr[-2000:]
+
+
+def test_decode_batch_capacity() -> None:
+    kernel = native.ChainKernel(itemsize=1)
+    layout = native.ChunkLayout((4,), 1)
+    out = np.zeros(4, np.uint8)
+    batch = native.DecodeBatch(kernel, 2, 1)
+    batch.set_fill(b"\x07")
+    assert batch.add(b"abcd", layout, (), out, (), (), "a")
+    assert batch.add_missing(out, (slice(0, 2),), "b")
+    with pytest.raises(IndexError):
+        batch.add(b"abcd", layout, (), out, (), (), "c")
+    with pytest.raises(IndexError):
+        batch.add_missing(out, (), "d")
+    assert len(batch) == 2
+    batch.run()
+    assert out.tobytes() == b"\x07\x07cd"
+
+
+def test_decode_batch_capacity_zero() -> None:
+    batch = native.DecodeBatch(native.ChainKernel(), 0, 1)
+    with pytest.raises(IndexError):
+        batch.add(b"a", native.ChunkLayout((1,), 1), (), np.zeros(1, np.uint8), (), (), "a")
+    batch.run()
+
+
+def test_encode_batch_capacity() -> None:
+    kernel = native.ChainKernel(compressor="zstd", itemsize=2)
+    layout = native.ChunkLayout((3, 2), 2)
+    batch = native.EncodeBatch(kernel, 1, 2)
+    chunk = np.arange(6, dtype="<u2").reshape(3, 2)
+    assert batch.add(chunk, layout, False, "a") == 0
+    with pytest.raises(IndexError):
+        batch.add(chunk, layout, False, "b")
+    (payload,) = batch.run()
+    assert kernel.decode(payload, 12).tobytes() == chunk.tobytes()
+
+
+@pytest.mark.parametrize(
+    ("chunk", "itemsize", "error"),
+    [
+        pytest.param(np.zeros((3, 3), "<u2"), 2, ValueError, id="shape"),
+        pytest.param(np.zeros(6, "<u2"), 2, ValueError, id="ndim"),
+        pytest.param(np.zeros((3, 2), "<u4"), 2, TypeError, id="itemsize"),
+        pytest.param(np.zeros((3, 2), "O"), np.dtype("O").itemsize, TypeError, id="object"),
+    ],
+)
+def test_encode_batch_rejects_mismatched_chunks(
+    chunk: np.ndarray, itemsize: int, error: type
+) -> None:
+    kernel = native.ChainKernel(compressor="zstd", itemsize=itemsize)
+    batch = native.EncodeBatch(kernel, 1, 2)
+    with pytest.raises(error):
+        batch.add(chunk, native.ChunkLayout((3, 2), itemsize), False, "a")
+    assert len(batch) == 0
+
+
+# -- threads -------------------------------------------------------------------------
+
+THREAD_CHAINS = [
+    {"compressor": "zstd", "level": 1, "itemsize": 8},
+    {"compressor": "zstd", "level": 5, "checksum": True, "inner_crcs": 1, "itemsize": 4,
+     "swap_unit": 4},
+    {"compressor": "gzip", "level": 1, "outer_crcs": 1, "itemsize": 2},
+    {"compressor": "gzip", "level": 9, "inner_crcs": 1, "itemsize": 8, "swap_unit": 8},
+    {"compressor": "blosc", "cname": "lz4", "shuffle": "shuffle", "typesize": 8, "itemsize": 8},
+    {"compressor": "blosc", "cname": "zstd", "shuffle": "bitshuffle", "typesize": 4,
+     "inner_crcs": 1, "outer_crcs": 1, "itemsize": 4},
+    {"compressor": None, "outer_crcs": 1, "itemsize": 8, "swap_unit": 8},
+    {"compressor": None, "itemsize": 16, "swap_unit": 8},
+]
+_THREAD_DTYPES = {8: "<i8", 4: "<f4", 2: "<u2", 16: "<c16"}
+_ROUNDS = 15
+
+
+class _ThreadCase:
+    """One chain's work, with its answers computed up front in one thread."""
+
+    def __init__(self, index: int, conf: dict[str, Any]) -> None:
+        self.kernel = native.ChainKernel(**conf)
+        dtype = np.dtype(_THREAD_DTYPES[conf["itemsize"]])
+        self.stored = dtype.newbyteorder(">") if conf.get("swap_unit") else dtype
+        self.layout = native.ChunkLayout((32, 64), dtype.itemsize, (1, 0))
+        rng = _rng(13, index)
+        self.chunk = np.cumsum(rng.integers(-2, 3, (32, 64)), axis=1).astype(dtype)
+        self.payload = self.encode()
+        self.out = self.decode()
+        self.expected = np.ascontiguousarray(self.chunk[1::3, ::-2])
+
+    def encode(self) -> bytes:
+        batch = native.EncodeBatch(self.kernel, 1, 2)
+        batch.add(self.chunk, self.layout, self.kernel.swap_unit != 0, "k")
+        (payload,) = batch.run()
+        return payload.tobytes()
+
+    def decode(self) -> np.ndarray:
+        out = np.zeros((11, 32), self.chunk.dtype)
+        batch = native.DecodeBatch(self.kernel, 1, 2)
+        assert batch.add(self.payload, self.layout, (slice(1, None, 3), slice(None, None, -2)),
+                         out, (), (), "k")
+        batch.run()
+        return out
+
+
+def test_threads_use_own_workspaces() -> None:
+    """8 threads run their own chain on even rounds and the other threads'
+    chains in turn on odd ones (so every kernel is shared, and each
+    workspace switches between compressors and gzip levels); all must get
+    the answers computed single-threaded up front."""
+    cases = [_ThreadCase(i, conf) for i, conf in enumerate(THREAD_CHAINS)]
+    for case in cases:
+        np.testing.assert_array_equal(case.out, case.expected)
+        plain = case.chunk.T.astype(case.stored).tobytes()  # stored order and byte order
+        assert case.kernel.decode(case.payload, len(plain)).tobytes() == plain
+    barrier = threading.Barrier(len(cases))
+    workspaces: list[Any] = []  # kept alive, so no two can share an id
+    failures: list[str] = []
+
+    def work(i: int) -> None:
+        try:
+            barrier.wait()
+            workspaces.append(native.workspace())
+            for round_ in range(_ROUNDS):
+                case = cases[(i + round_) % len(cases)] if round_ % 2 else cases[i]
+                if case.encode() != case.payload:
+                    failures.append(f"thread {i} round {round_}: encode differs")
+                if case.decode().tobytes() != case.out.tobytes():
+                    failures.append(f"thread {i} round {round_}: decode differs")
+        except BaseException as exc:  # reported below, with the thread
+            failures.append(f"thread {i}: {exc!r}")
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(cases))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert failures == []
+    assert len({id(w) for w in workspaces}) == len(cases)
+
+
+# -- the GIL -------------------------------------------------------------------------
+# The probe of tests/test_scatter.py: the calling thread reads a spinning
+# thread's counter right before and right after a call, with forced GIL
+# switches pushed out of reach. The spinner can advance in between only if
+# the call gives the GIL up by itself (a ``with nogil`` block).
+
+_NO_FORCED_SWITCH = 30.0
+_BURST = 100_000
+_LARGE = 64 * 2**20
+
+
+class _Spinner:
+    def __init__(self) -> None:
+        self.count = 0
+        self.stop = False
+        self.ready = threading.Event()
+        self.go = threading.Event()
+
+    def run(self) -> None:
+        self.ready.set()
+        self.go.wait()
+        while self.count < _BURST and not self.stop:
+            self.count += 1
+
+
+def _spins_during(call: Callable[[], object], attempts: int) -> int:
+    """How far the spinner got between the two reads around ``call()``."""
+    spinner = _Spinner()
+    thread = threading.Thread(target=spinner.run, name="gil-spinner", daemon=True)
+    interval = sys.getswitchinterval()
+    gc.collect()
+    gc.disable()
+    sys.setswitchinterval(_NO_FORCED_SWITCH)
+    spins = 0
+    try:
+        thread.start()
+        spinner.ready.wait()
+        spinner.go.set()
+        for _ in range(attempts):
+            before = spinner.count
+            call()
+            spins = spinner.count - before
+            if spins:
+                break
+    finally:
+        spinner.stop = True
+        thread.join()
+        sys.setswitchinterval(interval)
+        gc.enable()
+    return spins
+
+
+@pytest.fixture(scope="module")
+def large_zstd() -> tuple[Any, np.ndarray, bytes]:
+    """A 64 MiB int64 chunk, its kernel and its zstd payload."""
+    kernel = native.ChainKernel(compressor="zstd", level=1, itemsize=8)
+    chunk = np.cumsum(_rng(14).integers(-1000, 1000, _LARGE // 8))
+    return kernel, chunk, kernel.encode(chunk).tobytes()
+
+
+def test_decode_batch_run_releases_the_gil(large_zstd: tuple[Any, np.ndarray, bytes]) -> None:
+    kernel, chunk, payload = large_zstd
+    out = np.zeros_like(chunk)
+    batch = native.DecodeBatch(kernel, 1, 1)
+    assert batch.add(payload, native.ChunkLayout(chunk.shape, 8), (), out, (), (), "large")
+    assert _spins_during(batch.run, attempts=5) > 1000
+    np.testing.assert_array_equal(out, chunk)
+
+
+def test_encode_batch_run_releases_the_gil(large_zstd: tuple[Any, np.ndarray, bytes]) -> None:
+    kernel, chunk, payload = large_zstd
+    batch = native.EncodeBatch(kernel, 1, 1)
+    batch.add(chunk, native.ChunkLayout(chunk.shape, 8), False, "large")
+    assert _spins_during(batch.run, attempts=5) > 1000
+    assert batch.run()[0].tobytes() == payload
+
+
+def test_gil_probe_sees_a_held_gil(large_zstd: tuple[Any, np.ndarray, bytes]) -> None:
+    # copying a large payload into a bytearray holds the GIL
+    _, _, payload = large_zstd
+    assert _spins_during(lambda: bytes(bytearray(payload)), attempts=2) == 0

@@ -1,0 +1,148 @@
+"""zarr_fused's own file IO for LocalStore keeps LocalStore's semantics."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+from zarr.errors import ChunkNotFoundError
+from zarr.storage import LocalStore
+
+from zarr_fused import _localio
+
+from conftest import BATCHED, FUSED, assert_same_values, with_pipeline
+
+def test_read_whole_matches_file(tmp_path: Path) -> None:
+    data = np.random.default_rng(0).bytes(100_001)
+    (tmp_path / "f").write_bytes(data)
+    assert _localio.read_whole(tmp_path / "f") == data
+    (tmp_path / "empty").write_bytes(b"")
+    assert _localio.read_whole(tmp_path / "empty") == b""
+
+
+@pytest.mark.parametrize("kind", ["absent", "directory", "through-a-file"])
+def test_read_whole_missing_like_localstore(tmp_path: Path, kind: str) -> None:
+    (tmp_path / "dir").mkdir()
+    (tmp_path / "file").write_bytes(b"x")
+    path = {"absent": tmp_path / "nope", "directory": tmp_path / "dir",
+            "through-a-file": tmp_path / "file" / "below"}[kind]
+    assert _localio.read_whole(path) is None
+    assert LocalStore(tmp_path).get_sync(str(path.relative_to(tmp_path))) is None
+
+
+def test_write_whole_replaces_atomically(tmp_path: Path) -> None:
+    target = tmp_path / "chunk"
+    _localio.write_whole(target, b"old")
+    _localio.write_whole(target, b"new contents")
+    assert target.read_bytes() == b"new contents"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["chunk"]  # no temporaries left
+
+
+def test_write_whole_error_leaves_old_file(tmp_path: Path) -> None:
+    target = tmp_path / "chunk"
+    target.write_bytes(b"old")
+    with pytest.raises(OSError):
+        _localio.write_whole(tmp_path / "missing-dir" / "chunk", b"new")
+    # the rename target is a directory: the write fails, nothing else changes
+    (tmp_path / "adir").mkdir()
+    (tmp_path / "adir" / "inner").write_bytes(b"keep")
+    with pytest.raises(OSError):
+        _localio.write_whole(tmp_path / "adir", b"new")
+    assert target.read_bytes() == b"old"
+    assert (tmp_path / "adir" / "inner").read_bytes() == b"keep"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["adir", "chunk"]
+
+
+@pytest.mark.parametrize("compressors", [None, zarr.codecs.ZstdCodec(level=1)], ids=["raw", "zstd"])
+def test_missing_chunk_files_report_missing(tmp_path: Path, compressors: object) -> None:
+    store = LocalStore(tmp_path / "a")
+    with with_pipeline(FUSED):
+        arr = zarr.create_array(store, shape=(8, 8), chunks=(4, 4), dtype="<i4", fill_value=-1,
+                                compressors=compressors, config={"read_missing_chunks": False})
+        arr[:4, :4] = 1
+        assert_same_values(arr[:4, :4], np.ones((4, 4), "<i4"))
+        with pytest.raises(ChunkNotFoundError):
+            arr[...]
+        # a directory where a chunk file should be reads as missing, like LocalStore
+        (tmp_path / "a" / "c" / "1" / "1").mkdir(parents=True)
+        with pytest.raises(ChunkNotFoundError):
+            arr[4:, 4:]
+    with with_pipeline(FUSED):
+        relaxed = zarr.open_array(store, mode="r")
+        expected = np.full((8, 8), -1, "<i4")
+        expected[:4, :4] = 1
+        assert_same_values(relaxed[...], expected)
+
+
+def test_unreadable_chunk_raises_oserror_naming_key(tmp_path: Path) -> None:
+    """An IO error other than a missing file propagates, as from LocalStore
+    (here a symlink loop, which even root cannot read)."""
+    store = LocalStore(tmp_path / "a")
+    with with_pipeline(FUSED):
+        arr = zarr.create_array(store, shape=(8,), chunks=(4,), dtype="<i4", compressors=None)
+        arr[:] = 1
+        chunk = tmp_path / "a" / "c" / "1"
+        chunk.unlink()
+        chunk.symlink_to(chunk)
+        with pytest.raises(OSError, match="c/1") as info:
+            arr[:]
+        assert info.value.errno is not None
+    with with_pipeline(BATCHED), pytest.raises(OSError):
+        zarr.open_array(store, mode="r")[:]
+
+
+def test_failed_write_keeps_previous_chunk(tmp_path: Path) -> None:
+    """A chunk whose rename target became a directory cannot be replaced:
+    the write raises, naming the key, the old chunks stay readable, and no
+    temporary file is left behind."""
+    store = LocalStore(tmp_path / "a")
+    data = np.arange(16, dtype="<i4")
+    with with_pipeline(FUSED):
+        arr = zarr.create_array(store, shape=(16,), chunks=(4,), dtype="<i4", compressors=None)
+        arr[...] = data
+        blocker = tmp_path / "a" / "c" / "2"
+        blocker.unlink()
+        blocker.mkdir()
+        (blocker / "x").write_bytes(b"")
+        with pytest.raises(OSError, match="c/2"):
+            arr[...] = data + 100
+        got = arr[...]
+    # chunks written before or after the failure hold either old or new data,
+    # whole; the blocked chunk reads as missing (a directory)
+    for i in (0, 1, 3):
+        assert np.array_equal(got[4 * i:4 * i + 4], data[4 * i:4 * i + 4]) or np.array_equal(
+            got[4 * i:4 * i + 4], data[4 * i:4 * i + 4] + 100)
+    leftovers = [p for p in (tmp_path / "a").rglob("*.partial")]
+    assert leftovers == []
+
+
+def test_localstore_subclass_keeps_its_own_io(tmp_path: Path) -> None:
+    calls = []
+
+    class CountingStore(LocalStore):
+        def get_sync(self, key, **kwargs):  # type: ignore[no-untyped-def]
+            calls.append(key)
+            return super().get_sync(key, **kwargs)
+
+    store = CountingStore(tmp_path / "a")
+    with with_pipeline(FUSED):
+        arr = zarr.create_array(store, shape=(8,), chunks=(4,), dtype="<i4", compressors=None)
+        arr[:] = 3
+        assert_same_values(arr[:], np.full(8, 3, "<i4"))
+    assert "c/0" in calls and "c/1" in calls
+
+
+def test_written_files_read_by_zarr(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path / "a")
+    data = np.random.default_rng(2).random((30, 30)).astype(">f4")
+    with with_pipeline(FUSED):
+        arr = zarr.create_array(store, shape=data.shape, chunks=(7, 8), dtype=data.dtype,
+                                compressors=zarr.codecs.BloscCodec(cname="zstd"))
+        arr[...] = data
+        arr[3:20, 5:9] = 0.5
+    data[3:20, 5:9] = 0.5
+    with with_pipeline(BATCHED):
+        assert_same_values(zarr.open_array(store, mode="r")[...], data, byte_order=False)
+    assert [p for p in (tmp_path / "a").rglob("*.partial")] == []

@@ -1,0 +1,101 @@
+# cython: language_level=3
+# Shared declarations of the codec-chain kernels (the sharded read engine
+# drives the same tasks over the inner chunks of a shard).
+
+from libc.stdint cimport uint8_t
+
+from zarr_fused cimport _zlib as zl
+from zarr_fused cimport _zstd as zs
+
+cdef enum CompressorKind:
+    COMP_NONE = 0
+    COMP_ZSTD = 1
+    COMP_GZIP = 2
+    COMP_BLOSC = 3
+
+cdef enum StatusCode:
+    ZF_OK = 0
+    ZF_ERR_CRC_SHORT = 1
+    ZF_ERR_CRC = 2
+    ZF_ERR_SIZE = 3
+    ZF_ERR_ZSTD = 4
+    ZF_ERR_CLAIM = 5
+    ZF_ERR_GZIP = 6
+    ZF_ERR_BLOSC = 7
+    ZF_ERR_NOMEM = 8
+    ZF_ERR_TOO_LARGE = 9
+    ZF_ERR_ENCODE = 10
+    ZF_ERR_IO = 11
+
+cdef struct Status:
+    int code
+    Py_ssize_t a
+    Py_ssize_t b
+    const char* msg
+
+cdef struct DecodeTask:
+    const char* path
+    const uint8_t* src
+    Py_ssize_t src_len
+    Py_ssize_t nbytes
+    char* dst
+    Py_ssize_t src_offset
+    Py_ssize_t* shape
+    Py_ssize_t* src_strides
+    Py_ssize_t* dst_strides
+    int ndim
+    bint direct
+    bint missing
+    bint was_missing
+    Status status
+
+cdef struct EncodeTask:
+    const char* path
+    const char* src
+    Py_ssize_t* shape
+    Py_ssize_t* src_strides
+    int ndim
+    Py_ssize_t nbytes
+    Py_ssize_t swap_unit
+    bint contiguous
+    bint check_fill
+    bint was_fill
+    uint8_t* dst
+    Py_ssize_t dst_cap
+    Py_ssize_t out_len
+    Status status
+
+cdef class Workspace:
+    cdef zs.ZSTD_DCtx* dctx
+    cdef zs.ZSTD_CCtx* cctx
+    cdef zl.z_stream inflater
+    cdef bint inflater_ready
+    cdef zl.z_stream deflater
+    cdef int deflater_level
+    cdef bint deflater_ready
+    cdef uint8_t* scratch
+    cdef size_t scratch_cap
+    cdef unsigned char* io_buf
+    cdef size_t io_cap
+    cdef uint8_t* reserve(self, size_t n) noexcept nogil
+
+cdef class ChainKernel:
+    cdef readonly int compressor
+    cdef readonly int level
+    cdef readonly bint checksum
+    cdef readonly str cname
+    cdef char cname_c[32]
+    cdef readonly int clevel
+    cdef readonly int shuffle
+    cdef readonly int typesize
+    cdef readonly Py_ssize_t blocksize
+    cdef readonly int outer_crcs
+    cdef readonly int inner_crcs
+    cdef readonly Py_ssize_t itemsize
+    cdef readonly Py_ssize_t swap_unit
+    cdef int decode_payload(self, Workspace ws, const uint8_t* src, Py_ssize_t n,
+                            Py_ssize_t nbytes, uint8_t* direct_dst,
+                            const uint8_t** out, Status* st) noexcept nogil
+    cdef void run_decode(self, Workspace ws, DecodeTask* task, const char* fill) noexcept nogil
+    cdef void run_encode(self, Workspace ws, EncodeTask* task, const char* fill) noexcept nogil
+    cdef Py_ssize_t encode_bound(self, Py_ssize_t nbytes) noexcept nogil
