@@ -58,8 +58,21 @@ def test_chain_kind(fused: None, kwargs: dict[str, Any], native: bool) -> None:
         assert plan.fallback  # a reason is recorded
 
 
+NATIVE_CHAINS = {
+    "bytes": {"compressors": None},
+    "bytes-big": {"compressors": None, "serializer": BytesCodec(endian="big")},
+    "zstd": {"compressors": ZstdCodec(level=1)},
+    "gzip": {"compressors": GzipCodec(level=1)},
+    "blosc": {"compressors": BloscCodec(cname="lz4", shuffle="shuffle")},
+    "crc32c": {"compressors": [ZstdCodec(), Crc32cCodec()]},
+    "transpose": {"compressors": ZstdCodec(), "filters": [TransposeCodec(order=(1, 0))]},
+}
+
+
+@pytest.mark.parametrize("kind", ["memory", "local", "nosync"])
+@pytest.mark.parametrize("chain", [pytest.param(v, id=k) for k, v in NATIVE_CHAINS.items()])
 def test_native_chain_never_calls_chunk_transform(
-    fused: None, monkeypatch: pytest.MonkeyPatch
+    fused: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, chain: dict[str, Any], kind: str
 ) -> None:
     calls = []
     for name in ("decode_chunk", "encode_chunk"):
@@ -70,13 +83,14 @@ def test_native_chain_never_calls_chunk_transform(
             return _real(self, *args)
 
         monkeypatch.setattr(ChunkTransform, name, spy)
-    arr = _array({}, compressors=None, fill_value=0.0)
+    arr = _array(make_store(kind, tmp_path), fill_value=0.0, **chain)
     data = np.random.default_rng(0).random((10, 6))
     arr[...] = data
     arr[2:7, 1:5] = 0.5  # partial chunks: existing bytes are decoded and merged
     data[2:7, 1:5] = 0.5
     assert_same_values(arr[...], data)
     assert_same_values(arr[3:9:2, 5], data[3:9:2, 5])
+    assert_same_values(arr.oindex[[1, 8], [0, 5]], data[np.ix_([1, 8], [0, 5])])
     assert calls == []
 
     # the spy is live: a non-native chain goes through it
