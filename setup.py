@@ -50,6 +50,16 @@ EXTENSIONS: list[dict] = [
         ],
         "libraries": ["zstd", "z", "blosc"],
     },
+    {
+        "name": "zarr_fused._shard",
+        "sources": ["zarr_fused/_shard.pyx"],
+        "depends": [
+            "zarr_fused/_codecs.pxd",
+            "zarr_fused/_scatter.pxd",
+            "zarr_fused/_crc32c.h",
+        ],
+        "libraries": [],
+    },
 ]
 
 NUMPY_MACROS = [("NPY_NO_DEPRECATED_API", "NPY_2_0_API_VERSION")]

@@ -77,6 +77,43 @@ def table(title: str, results: dict[str, dict[str, float]], ours: str = "zarr_fu
 # -- scenarios ------------------------------------------------------------------------------
 
 
+def scenario_patterns(layout_names: list[str], repeat: int, store_kind: str = "local") -> list[str]:
+    """Small reads: every inner chunk one call at a time, and a thin slab."""
+    import numpy as np
+
+    sys.path.insert(0, str(HERE))
+    from benchmarks._peers import LAYOUTS, PEERS, Reader, available, data_dir, write_reference
+
+    out: list[str] = []
+    peers = [p for p in PEERS if available(p) and p != "zarr-batched"]
+    for name in layout_names:
+        layout = LAYOUTS[name]
+        path = data_dir() / name
+        data = write_reference(layout, path)
+        readers = {p: Reader(p, path, store_kind) for p in peers}
+        inner = layout.chunks
+        blocks = [tuple(slice(i * c, (i + 1) * c) for i, c in zip(idx, inner))
+                  for idx in np.ndindex(*(s // c for s, c in zip(layout.shape, inner)))]
+        for p, reader in readers.items():
+            for sel in (blocks[0], blocks[-1], (slice(100, 101),)):
+                if not np.array_equal(reader.read(sel), data[sel]):
+                    raise SystemExit(f"{p} read wrong data from {name}")
+
+        def every_block(reader: Any) -> None:
+            for sel in blocks:
+                reader.read(sel)
+
+        results = rounds({p: ((lambda r=r: every_block(r)), None) for p, r in readers.items()},
+                         max(1, repeat // 2))
+        out += table(f"{len(blocks)} reads of one inner chunk each: {name} ({store_kind})", results)
+        out.append("per call (us): " + ", ".join(
+            f"{p} {r['median'] / len(blocks) * 1e6:.0f}" for p, r in results.items()))
+        results = rounds({p: ((lambda r=r: r.read((slice(100, 101),))), None)
+                          for p, r in readers.items()}, repeat)
+        out += table(f"thin slab a[100:101]: {name} ({store_kind})", results)
+    return out
+
+
 def scenario_arrays(layout_names: list[str], repeat: int, store_kind: str = "local") -> list[str]:
     import numpy as np
 
@@ -198,12 +235,61 @@ def scenario_codecs(repeat: int) -> list[str]:
     return out
 
 
+def scenario_ceiling(repeat: int) -> list[str]:
+    """zarr_fused's whole read of the sharded zstd array against decoding the
+    same inner-chunk payloads with libzstd alone (the same library it
+    links), one thread: how close the read path gets to the codec."""
+    import numpy as np
+    import zarr
+
+    sys.path.insert(0, str(HERE))
+    from benchmarks._peers import LAYOUTS, Reader, data_dir, write_reference
+    from zarr_fused import _codecs as kc
+    from zarr_fused import _shard
+
+    name = "u16-512cube-sharded-zstd"
+    layout = LAYOUTS[name]
+    path = data_dir() / name
+    data = write_reference(layout, path)
+    grid = tuple(s // c for s, c in zip(layout.shards, layout.chunks))
+    n = int(np.prod(grid))
+    payloads = []
+    for key in sorted(p for p in (path / "c").rglob("*") if p.is_file()):
+        shard = key.read_bytes()
+        entries = _shard.parse_index(shard[-(16 * n + 4):], n, checksum=True, big_endian=False)
+        payloads += [shard[int(o):int(o + s)] for o, s in entries]
+    nbytes = int(np.prod(layout.chunks)) * 2
+    kernel = kc.ChainKernel(compressor="zstd", itemsize=2)
+    scratch = np.empty(nbytes, np.uint8)
+
+    def libzstd_only() -> None:
+        for p in payloads:
+            kernel.decode(p, nbytes, out=scratch)
+
+    reader = Reader("zarr_fused", path)
+    if not np.array_equal(reader.read(), data):
+        raise SystemExit("zarr_fused read wrong data")
+    with zarr.config.set({"codec_pipeline.max_workers": 1}):
+        results = rounds({"libzstd-only": (libzstd_only, None),
+                          "zarr_fused": (reader.read, None)}, repeat)
+    lines = table(f"single thread: read all of {name} vs decoding its {len(payloads)} payloads",
+                  results, unit=("GB/s", data.nbytes))
+    lines.append(f"zarr_fused reaches {results['libzstd-only']['median'] / results['zarr_fused']['median']:.0%}"
+                 " of libzstd's single-thread decode throughput")
+    return lines
+
+
 SCENARIOS = {
     "array-unsharded": lambda repeat, store: scenario_arrays(
         ["f32-2048sq-blosc-lz4", "f32-2048sq-zstd"], repeat, store),
     "array-sharded": lambda repeat, store: scenario_arrays(
         ["u16-512cube-sharded-zstd", "u16-512cube-sharded-raw"], repeat, store),
+    "array-sharded-crc": lambda repeat, store: scenario_arrays(
+        ["u16-512cube-sharded-zstd-crc"], repeat, store),
+    "sharded-patterns": lambda repeat, store: scenario_patterns(
+        ["u16-512cube-sharded-zstd"], repeat, store),
     "codecs": lambda repeat, store: scenario_codecs(repeat),
+    "zstd-ceiling": lambda repeat, store: scenario_ceiling(repeat),
 }
 
 

@@ -139,7 +139,8 @@ def test_native_compute_runs_off_the_event_loop(
 def test_native_info_reports_codecs() -> None:
     info = zarr_fused.native_info()
     assert info["extensions"] == {
-        "zarr_fused._scatter": True, "zarr_fused._localio": True, "zarr_fused._codecs": True
+        "zarr_fused._scatter": True, "zarr_fused._localio": True, "zarr_fused._codecs": True,
+        "zarr_fused._shard": True,
     }
     assert set(info["codecs"]) == {"bytes", "transpose", "crc32c", "zstd", "gzip", "blosc"}
     assert {"zstd", "zlib", "blosc", "crc32c"} <= set(info["libraries"])

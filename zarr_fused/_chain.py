@@ -145,6 +145,10 @@ class NativeChain:
     def decode_batch(self, capacity: int, ndim: int) -> Any:
         return codec_kernels.DecodeBatch(self.kernel, capacity, ndim, _describe)  # type: ignore[union-attr]
 
+    def kernel_batch(self, capacity: int, ndim: int, describe: Any) -> Any:
+        """A `DecodeBatch` whose errors name chunks with ``describe``."""
+        return codec_kernels.DecodeBatch(self.kernel, capacity, ndim, describe)  # type: ignore[union-attr]
+
     def encode_batch(self, capacity: int, ndim: int) -> Any:
         return codec_kernels.EncodeBatch(self.kernel, capacity, ndim, _describe)  # type: ignore[union-attr]
 

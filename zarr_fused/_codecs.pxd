@@ -4,8 +4,11 @@
 
 from libc.stdint cimport uint8_t
 
+cimport numpy as cnp
+
 from zarr_fused cimport _zlib as zl
 from zarr_fused cimport _zstd as zs
+from zarr_fused._scatter cimport ZF_MAX_DIMS
 
 cdef enum CompressorKind:
     COMP_NONE = 0
@@ -99,3 +102,37 @@ cdef class ChainKernel:
     cdef void run_decode(self, Workspace ws, DecodeTask* task, const char* fill) noexcept nogil
     cdef void run_encode(self, Workspace ws, EncodeTask* task, const char* fill) noexcept nogil
     cdef Py_ssize_t encode_bound(self, Py_ssize_t nbytes) noexcept nogil
+
+
+cdef class ChunkLayout:
+    cdef readonly int ndim
+    cdef readonly Py_ssize_t nbytes
+    cdef readonly bint transposed
+    cdef Py_ssize_t shape[ZF_MAX_DIMS]
+    cdef Py_ssize_t strides[ZF_MAX_DIMS]
+    cdef Py_ssize_t stored_shape[ZF_MAX_DIMS]
+    cdef Py_ssize_t perm[ZF_MAX_DIMS]
+
+cdef class DecodeBatch:
+    cdef ChainKernel kernel
+    cdef DecodeTask* tasks
+    cdef Py_ssize_t* dims
+    cdef Py_ssize_t n
+    cdef Py_ssize_t cap
+    cdef int max_ndim
+    cdef list refs
+    cdef list keys
+    cdef bytes fill
+    cdef object describe
+    cdef DecodeTask* _next(self) except NULL
+    cdef bint is_direct(self, DecodeTask* t, ChunkLayout layout) noexcept
+    cdef int _target(self, DecodeTask* t, cnp.ndarray out, object out_selection,
+                     Py_ssize_t* shape) except -2
+    cdef object _add(self, payload, bytes path, ChunkLayout layout, chunk_selection,
+                     cnp.ndarray out, out_selection, tuple drop_axes, key)
+
+cdef int select_basic(int ndim, const Py_ssize_t* shape, const Py_ssize_t* strides,
+                      object selection, Py_ssize_t* offset, Py_ssize_t* out_shape,
+                      Py_ssize_t* out_strides) except -2
+
+cdef object status_error(Status* st, object where)

@@ -397,8 +397,9 @@ cdef Py_ssize_t _contiguous_run(int ndim, const Py_ssize_t* shape, const Py_ssiz
     return count
 
 
-cdef int _select(int ndim, const Py_ssize_t* shape, const Py_ssize_t* strides, object selection,
-                 Py_ssize_t* offset, Py_ssize_t* out_shape, Py_ssize_t* out_strides) except -2:
+cdef int select_basic(int ndim, const Py_ssize_t* shape, const Py_ssize_t* strides,
+                      object selection, Py_ssize_t* offset, Py_ssize_t* out_shape,
+                      Py_ssize_t* out_strides) except -2:
     """Apply a basic selection (slices and integers) to a strided block.
 
     Returns the resulting ndim and adds the byte offset of the first
@@ -450,14 +451,6 @@ cdef class ChunkLayout:
     ``order`` (the transpose codec); ``strides`` are the chunk's logical
     strides into them.
     """
-
-    cdef readonly int ndim
-    cdef readonly Py_ssize_t nbytes
-    cdef readonly bint transposed
-    cdef Py_ssize_t shape[ZF_MAX_DIMS]
-    cdef Py_ssize_t strides[ZF_MAX_DIMS]
-    cdef Py_ssize_t stored_shape[ZF_MAX_DIMS]
-    cdef Py_ssize_t perm[ZF_MAX_DIMS]
 
     def __init__(self, tuple shape, Py_ssize_t itemsize, order=None):
         cdef Py_ssize_t stored_strides[ZF_MAX_DIMS]
@@ -826,19 +819,9 @@ cdef class DecodeBatch:
     ``out``); ``add_missing`` a chunk to fill. Both return False when the
     selection is not a basic one (the caller decodes that chunk another way).
     ``run`` executes the tasks in order and stops at the first one that
-    fails, raising for it (the tasks before it have been applied).
+    fails, raising for it (the tasks before it have been applied). Several
+    threads may run disjoint ranges of one batch at once.
     """
-
-    cdef ChainKernel kernel
-    cdef DecodeTask* tasks
-    cdef Py_ssize_t* dims
-    cdef Py_ssize_t n
-    cdef Py_ssize_t cap
-    cdef int max_ndim
-    cdef list refs
-    cdef list keys
-    cdef bytes fill
-    cdef object describe
 
     def __cinit__(self, ChainKernel kernel, Py_ssize_t capacity, int max_ndim, describe=repr):
         if capacity < 0 or max_ndim < 0 or max_ndim > ZF_MAX_DIMS:
@@ -895,7 +878,7 @@ cdef class DecodeBatch:
         cdef int nd, i
         if out.ndim > ZF_MAX_DIMS or not out.flags.writeable:
             return -1
-        nd = _select(out.ndim, <Py_ssize_t*>cnp.PyArray_DIMS(out),
+        nd = select_basic(out.ndim, <Py_ssize_t*>cnp.PyArray_DIMS(out),
                      <Py_ssize_t*>cnp.PyArray_STRIDES(out), out_selection, &offset,
                      shape, strides)
         if nd < 0 or nd > self.max_ndim:
@@ -904,6 +887,19 @@ cdef class DecodeBatch:
             t.dst_strides[i] = strides[i]
         t.dst = <char*>cnp.PyArray_DATA(out) + offset
         return nd
+
+    cdef bint is_direct(self, DecodeTask* t, ChunkLayout layout) noexcept:
+        """Whole chunk, stored order, no swap, contiguous destination: the
+        decompressor can write into the output itself."""
+        return (
+            not layout.transposed
+            and self.kernel.swap_unit == 0
+            and t.src_offset == 0
+            and _contiguous_run(t.ndim, t.shape, t.src_strides, self.kernel.itemsize)
+            * self.kernel.itemsize == layout.nbytes
+            and _contiguous_run(t.ndim, t.shape, t.dst_strides, self.kernel.itemsize)
+            * self.kernel.itemsize == layout.nbytes
+        )
 
     def add(self, payload, ChunkLayout layout, chunk_selection, cnp.ndarray out, out_selection,
             tuple drop_axes, key):
@@ -934,7 +930,7 @@ cdef class DecodeBatch:
         nd_dst = self._target(t, out, out_selection, dst_shape)
         if nd_dst < 0:
             return False
-        nd_src = _select(layout.ndim, layout.shape, layout.strides, chunk_selection, &offset,
+        nd_src = select_basic(layout.ndim, layout.shape, layout.strides, chunk_selection, &offset,
                          src_shape, src_strides)
         if nd_src < 0:
             return False
@@ -967,17 +963,7 @@ cdef class DecodeBatch:
         t.nbytes = layout.nbytes
         t.src_offset = offset
         t.ndim = nd_dst
-        # whole chunk, stored order, no swap, contiguous destination:
-        # the decompressor writes into the output itself
-        t.direct = (
-            not layout.transposed
-            and self.kernel.swap_unit == 0
-            and offset == 0
-            and _contiguous_run(nd_dst, t.shape, t.src_strides, self.kernel.itemsize)
-            * self.kernel.itemsize == layout.nbytes
-            and _contiguous_run(nd_dst, t.shape, t.dst_strides, self.kernel.itemsize)
-            * self.kernel.itemsize == layout.nbytes
-        )
+        t.direct = self.is_direct(t, layout)
         self.keys.append(key)
         self.n += 1
         return True
@@ -1002,29 +988,33 @@ cdef class DecodeBatch:
         self.n += 1
         return True
 
-    def run(self):
-        """Decode every queued chunk with the GIL released; raise for the
-        first one that failed.
+    def run(self, Py_ssize_t start=0, Py_ssize_t stop=-1):
+        """Decode the queued chunks ``start:stop`` (all by default) with the
+        GIL released; raise for the first one that failed.
 
         Returns
         -------
         list of int
-            Positions (in order of adding) of the chunks whose file was
-            missing (`add_file`); their regions hold the fill value.
+            Positions (in order of adding) of the chunks in the range whose
+            file was missing (`add_file`); their regions hold the fill value.
         """
         cdef Workspace ws = workspace()
         cdef const char* fill = <const char*>self.fill if self.fill is not None else NULL
         cdef Py_ssize_t i
         cdef Py_ssize_t failed = -1
+        if stop < 0 or stop > self.n:
+            stop = self.n
+        if start < 0:
+            start = 0
         with nogil:
-            for i in range(self.n):
+            for i in range(start, stop):
                 self.kernel.run_decode(ws, &self.tasks[i], fill)
                 if self.tasks[i].status.code != ZF_OK:
                     failed = i
                     break
         if failed >= 0:
             raise status_error(&self.tasks[failed].status, self.describe(self.keys[failed]))
-        return [i for i in range(self.n) if self.tasks[i].was_missing]
+        return [i for i in range(start, stop) if self.tasks[i].was_missing]
 
 
 cdef class EncodeBatch:

@@ -19,7 +19,7 @@ from zarr_fused.errors import NativeExtensionError, ZarrFusedWarning
 
 logger = logging.getLogger("zarr_fused")
 
-_EXTENSIONS = ("_scatter", "_localio", "_codecs")
+_EXTENSIONS = ("_scatter", "_localio", "_codecs", "_shard")
 
 _modules: dict[str, ModuleType] = {}
 _errors: dict[str, ImportError] = {}
@@ -31,6 +31,7 @@ for _name in _EXTENSIONS:
 
 scatter_kernels: ModuleType | None = _modules.get("_scatter")
 codec_kernels: ModuleType | None = _modules.get("_codecs")
+shard_kernels: ModuleType | None = _modules.get("_shard")
 
 _warned = False
 _warn_lock = threading.Lock()

@@ -20,6 +20,7 @@ from zarr.core.codec_pipeline import AsyncChunkTransform
 
 from zarr_fused._chain import NativeChain, build_chain
 from zarr_fused._read import ChunkReader, NativeChunkReader, PartialDecodeReader
+from zarr_fused._read_sharded import ShardReader, shard_reader_reason
 from zarr_fused._write import ChunkWriter, NativeChunkWriter, PartialEncodeWriter
 from zarr_fused.errors import UnsupportedError
 
@@ -45,22 +46,31 @@ class PipelinePlan:
     #: the async path lets the array->bytes codec read partially (sharding)
     partial_decode: bool
     #: the synchronous path (None when ``chain`` is None)
-    reader: ChunkReader | NativeChunkReader | PartialDecodeReader | None
+    reader: ChunkReader | NativeChunkReader | PartialDecodeReader | ShardReader | None
     writer: ChunkWriter | NativeChunkWriter | PartialEncodeWriter | None
-    #: why some of the work runs on zarr's own code ("" when none does)
-    fallback: str
+    #: why some of the reading runs on zarr's own code ("" when none does)
+    read_fallback: str
+    #: why some of the writing runs on zarr's own code ("" when none does)
+    write_fallback: str
+
+    @property
+    def fallback(self) -> str:
+        """Every reason some work runs on zarr's code ("" when none does)."""
+        return "; ".join(dict.fromkeys(r for r in (self.read_fallback, self.write_fallback) if r))
 
     def check(self, what: str, strict: bool) -> None:
-        """Raise in strict mode when this plan falls back; log it otherwise."""
-        if not self.fallback:
+        """Raise in strict mode when ``what`` ("read", "write", "decode",
+        "encode") falls back; log it otherwise."""
+        reason = self.read_fallback if what in ("read", "decode") else self.write_fallback
+        if not reason:
             return
         if strict:
             raise UnsupportedError(
-                f"zarr_fused cannot {what} natively: {self.fallback}. "
+                f"zarr_fused cannot {what} natively: {reason}. "
                 "Unset `codec_pipeline.strict` to let zarr's own code handle it."
             )
         if logger.isEnabledFor(logging.DEBUG):
-            logger.debug("%s falls back to zarr's code: %s", what, self.fallback)
+            logger.debug("%s falls back to zarr's code: %s", what, reason)
 
 
 def build_plan(
@@ -86,30 +96,33 @@ def build_plan(
             names = ", ".join(type(c).__name__ for c in codecs if not _codec_supports_sync(c))
             why = f"codecs without synchronous implementations ({names})"
         return PipelinePlan(
-            array_bytes_codec, None, async_transform, partial_decode, None, None, why
+            array_bytes_codec, None, async_transform, partial_decode, None, None, why, why
         )
 
     chain = build_chain(codecs, spec, sync_transform)
-    fallback = chain.reason
-    reader: ChunkReader | NativeChunkReader | PartialDecodeReader
+    read_fallback = write_fallback = chain.reason
+    reader: ChunkReader | NativeChunkReader | PartialDecodeReader | ShardReader
     writer: ChunkWriter | NativeChunkWriter | PartialEncodeWriter
     # Same dispatch as zarr's FusedCodecPipeline: a codec that implements
     # the partial mixins but only their async methods takes the whole-chunk
     # path.
     if partial_decode and hasattr(array_bytes_codec, "_decode_partial_sync"):
         reader = PartialDecodeReader(array_bytes_codec)
-        fallback = f"{type(array_bytes_codec).__name__} reads its chunks with zarr's code"
+        read_fallback, inner = shard_reader_reason(array_bytes_codec, spec)
+        if inner is not None:
+            reader = ShardReader(array_bytes_codec, inner, reader)  # type: ignore[arg-type]
     elif isinstance(chain, NativeChain):
         reader = NativeChunkReader(chain)
     else:
         reader = ChunkReader(chain)
     if partial_encode and hasattr(array_bytes_codec, "_encode_partial_sync"):
         writer = PartialEncodeWriter(array_bytes_codec)
-        fallback = fallback or f"{type(array_bytes_codec).__name__} writes with zarr's code"
+        write_fallback = f"{type(array_bytes_codec).__name__} writes with zarr's code"
     elif isinstance(chain, NativeChain):
         writer = NativeChunkWriter(chain)
     else:
         writer = ChunkWriter(chain)
     return PipelinePlan(
-        array_bytes_codec, chain, async_transform, partial_decode, reader, writer, fallback
+        array_bytes_codec, chain, async_transform, partial_decode, reader, writer,
+        read_fallback, write_fallback,
     )

@@ -11,6 +11,7 @@ __all__ = [
     "ChecksumError",
     "ChunkSizeError",
     "CorruptChunkError",
+    "CorruptShardError",
     "DecompressionError",
     "NativeExtensionError",
     "UnsupportedError",
@@ -53,6 +54,11 @@ class ChunkSizeError(CorruptChunkError):
 class DecompressionError(CorruptChunkError, RuntimeError):
     """A compressed frame is corrupt or truncated. Also a `RuntimeError`, which
     is what numcodecs raises for the same condition."""
+
+
+class CorruptShardError(CorruptChunkError):
+    """A shard's index is invalid: truncated, failing its crc32c, or pointing
+    outside the shard, into its own index, or at overlapping byte ranges."""
 
 
 class ZarrFusedWarning(UserWarning):

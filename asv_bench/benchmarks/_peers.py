@@ -85,6 +85,10 @@ def _blosc_lz4() -> Any:
     return zarr.codecs.BloscCodec(cname="lz4", clevel=5, shuffle="shuffle")
 
 
+def _zstd1_crc() -> Any:
+    return [zarr.codecs.ZstdCodec(level=1), zarr.codecs.Crc32cCodec()]
+
+
 LAYOUTS = {
     # issue 3: unsharded float32, 64x64 chunks
     "f32-2048sq-blosc-lz4": Layout("f32-2048sq-blosc-lz4", (2048, 2048), "float32", (64, 64),
@@ -97,6 +101,8 @@ LAYOUTS = {
                                        (32, 32, 32), (128, 128, 128), _zstd1),
     "u16-512cube-sharded-raw": Layout("u16-512cube-sharded-raw", (512, 512, 512), "uint16",
                                       (32, 32, 32), (128, 128, 128)),
+    "u16-512cube-sharded-zstd-crc": Layout("u16-512cube-sharded-zstd-crc", (512, 512, 512),
+                                           "uint16", (32, 32, 32), (128, 128, 128), _zstd1_crc),
 }
 
 

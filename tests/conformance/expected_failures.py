@@ -14,6 +14,13 @@ _ASYNC_GET_RANGES = (
     "(zarr's own FusedCodecPipeline fails this test identically under the env var)"
 )
 
+_PRIVATE_SHARD_INDEX = (
+    "monkeypatches zarr's private _ShardIndex.get_chunk_slice to make every inner chunk look "
+    "absent; zarr_fused reads shard indexes with its own native parser "
+    "(zarr_fused._shard.parse_index), which that patch cannot reach (the test still passes on "
+    "the async path, e.g. its ZipStore case, where zarr's sharding codec reads the shard)"
+)
+
 EXPECTED: dict[str, dict[str, str]] = {
     "suite": {},
     "env": {
@@ -28,6 +35,13 @@ EXPECTED: dict[str, dict[str, str]] = {
         "test_load_partial_shard_per_array_config_overrides_global": _ASYNC_GET_RANGES,
         "tests/test_codecs/test_sharding_unit.py::"
         "test_load_partial_shard_uses_config_defaults": _ASYNC_GET_RANGES,
+        **{
+            "tests/test_codecs/test_sharding.py::"
+            f"test_sharding_partial_shard_read__index_chunk_slice_fails[{store}-{location}]":
+            _PRIVATE_SHARD_INDEX
+            for store in ("local", "memory")
+            for location in ("start", "end")
+        },
     },
     "alias": {
         "tests/test_fused_pipeline.py::test_sync_api_compute_off_event_loop": (

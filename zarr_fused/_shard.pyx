@@ -1,0 +1,433 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+"""Sharded reads in native code: the shard index, and the decode tasks of a
+selection's inner chunks.
+
+`parse_index` decodes a shard index (``bytes`` with an optional trailing
+``crc32c``, as ``index_codecs``) and checks every entry before anything
+reads through it: an entry is either missing (both fields 2**64-1) or a
+byte range inside the shard that overlaps neither the index nor another
+chunk. `ShardPlan` maps a basic selection of a shard (slices with positive
+steps, integers) to the inner chunks it touches, each with the part of the
+chunk it selects and where that part goes in the output; `add_shard` turns
+a plan into decode tasks of a `DecodeBatch`, so the inner chunks of a shard
+are decoded straight into the output, in nogil calls, without a Python
+object per inner chunk.
+"""
+
+from cpython.slice cimport PySlice_GetIndicesEx
+from libc.stdint cimport uint8_t, uint32_t, uint64_t
+from libc.stdlib cimport free, malloc, qsort
+from libc.string cimport memset
+
+cimport numpy as cnp
+import numpy as np
+
+from zarr_fused._codecs cimport ChunkLayout, DecodeBatch, DecodeTask, select_basic
+from zarr_fused._scatter cimport ZF_MAX_DIMS
+
+from zarr_fused.errors import CorruptShardError
+
+cnp.import_array()
+
+cdef extern from "_crc32c.h" nogil:
+    void zf_crc32c_init()
+    uint32_t zf_crc32c(const uint8_t* p, size_t n)
+
+zf_crc32c_init()
+
+cdef uint64_t MISSING = 0xFFFFFFFFFFFFFFFF
+
+cdef struct Span:
+    uint64_t start
+    uint64_t end
+    Py_ssize_t chunk
+
+
+cdef int _by_start(const void* a, const void* b) noexcept nogil:
+    cdef const Span* x = <const Span*>a
+    cdef const Span* y = <const Span*>b
+    if x.start < y.start:
+        return -1
+    if x.start > y.start:
+        return 1
+    return 0
+
+
+cdef enum IndexProblem:
+    INDEX_OK = 0
+    INDEX_HALF_MISSING = 1
+    INDEX_OVERFLOW = 2
+    INDEX_PAST_END = 3
+    INDEX_INTO_INDEX = 4
+    INDEX_OVERLAP = 5
+    INDEX_NOMEM = 6
+
+
+cdef int _validate(const uint64_t* entries, Py_ssize_t n, Py_ssize_t shard_len,
+                   Py_ssize_t index_start, Py_ssize_t index_len,
+                   Py_ssize_t* bad, Py_ssize_t* other) noexcept nogil:
+    cdef Py_ssize_t i, m = 0
+    cdef uint64_t off, size, end
+    cdef Span* spans = <Span*>malloc(sizeof(Span) * (n if n else 1))
+    if spans == NULL:
+        return INDEX_NOMEM
+    try:
+        for i in range(n):
+            off = entries[2 * i]
+            size = entries[2 * i + 1]
+            if off == MISSING and size == MISSING:
+                continue
+            bad[0] = i
+            if off == MISSING or size == MISSING:
+                return INDEX_HALF_MISSING
+            end = off + size
+            if end < off:
+                return INDEX_OVERFLOW
+            if shard_len >= 0:
+                if end > <uint64_t>shard_len:
+                    return INDEX_PAST_END
+                if size and off < <uint64_t>(index_start + index_len) and end > <uint64_t>index_start:
+                    return INDEX_INTO_INDEX
+            if size:
+                spans[m].start = off
+                spans[m].end = end
+                spans[m].chunk = i
+                m += 1
+        qsort(spans, <size_t>m, sizeof(Span), _by_start)
+        for i in range(1, m):
+            if spans[i].start < spans[i - 1].end:
+                bad[0] = spans[i].chunk
+                other[0] = spans[i - 1].chunk
+                return INDEX_OVERLAP
+        return INDEX_OK
+    finally:
+        free(spans)
+
+
+def parse_index(index, Py_ssize_t n_chunks, *, bint checksum, bint big_endian,
+                Py_ssize_t shard_len=-1, Py_ssize_t index_start=0, grid=None,
+                where="shard"):
+    """Decode and check a shard index.
+
+    Parameters
+    ----------
+    index : bytes-like
+        The encoded index: ``16 * n_chunks`` bytes of (offset, nbytes)
+        pairs, then a crc32c of them when ``checksum``.
+    n_chunks : int
+        Inner chunks per shard.
+    checksum, big_endian : bool
+        The index codecs: a trailing crc32c; the byte order of the pairs.
+    shard_len, index_start : int
+        The shard's length and where its index sits, when the whole shard
+        is at hand (-1: unknown; ranges are then checked when fetched).
+    grid : tuple of int, optional
+        Inner chunks per shard along each axis, to name bad chunks.
+    where : str
+        Names the shard in errors.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``(n_chunks, 2)`` native uint64 (offset, nbytes); missing chunks
+        hold 2**64-1 in both.
+    """
+    cdef const uint8_t[::1] raw = memoryview(index).cast("B")
+    cdef Py_ssize_t expected = 16 * n_chunks + (4 if checksum else 0)
+    cdef Py_ssize_t got = raw.shape[0]
+    cdef uint32_t stored, computed
+    cdef cnp.ndarray entries
+    cdef Py_ssize_t bad = -1, other = -1
+    cdef int problem
+    if got != expected:
+        raise CorruptShardError(
+            f"{where}: the shard index holds {got} bytes, {expected} expected "
+            "(a truncated or corrupt shard)")
+    if checksum:
+        with nogil:
+            computed = zf_crc32c(&raw[0], <size_t>(expected - 4))
+        stored = (<uint32_t>raw[expected - 4] | (<uint32_t>raw[expected - 3] << 8)
+                  | (<uint32_t>raw[expected - 2] << 16) | (<uint32_t>raw[expected - 1] << 24))
+        if stored != computed:
+            raise CorruptShardError(
+                f"{where}: crc32c mismatch in the shard index "
+                f"(stored {stored:#010x}, computed {computed:#010x})")
+    entries = np.frombuffer(raw, dtype=">u8" if big_endian else "<u8", count=2 * n_chunks)
+    entries = np.ascontiguousarray(entries.astype(np.uint64).reshape(n_chunks, 2))
+    cdef const uint64_t* ep = <const uint64_t*>cnp.PyArray_DATA(entries)
+    with nogil:
+        problem = _validate(ep, n_chunks, shard_len, index_start, expected, &bad, &other)
+    if problem == INDEX_OK:
+        return entries
+    if problem == INDEX_NOMEM:
+        raise MemoryError()
+
+    def name(i):
+        coords = np.unravel_index(i, grid) if grid is not None else (i,)
+        return "inner chunk (" + ", ".join(str(int(c)) for c in coords) + ")"
+
+    off, size = (int(v) for v in entries[bad])
+    reason = {
+        INDEX_HALF_MISSING: f"has a half-missing entry ({off:#x}, {size:#x})",
+        INDEX_OVERFLOW: f"has a range that overflows ({off:#x}, {size:#x})",
+        INDEX_PAST_END: f"ends at byte {off + size}, past the shard's {shard_len} bytes",
+        INDEX_INTO_INDEX: f"lies in the shard index (bytes {off}..{off + size})",
+        INDEX_OVERLAP: f"overlaps {name(other) if other >= 0 else 'another chunk'} "
+                       f"(bytes {off}..{off + size})",
+    }[problem]
+    raise CorruptShardError(f"{where}: {name(bad)} {reason}")
+
+
+cdef class ShardPlan:
+    """The inner chunks a basic selection of one shard touches.
+
+    Per axis, the touched inner chunks with the first selected element in
+    each, how many elements it selects and where they land in the output;
+    the touched set is the product of the axes.
+    """
+
+    cdef readonly int ndim
+    cdef readonly int kept
+    cdef readonly Py_ssize_t n_touched
+    cdef readonly Py_ssize_t n_total
+    cdef Py_ssize_t grid[ZF_MAX_DIMS]
+    cdef Py_ssize_t inner[ZF_MAX_DIMS]
+    cdef Py_ssize_t step[ZF_MAX_DIMS]
+    cdef bint dropped[ZF_MAX_DIMS]
+    cdef Py_ssize_t out_shape[ZF_MAX_DIMS]
+    cdef Py_ssize_t offs[ZF_MAX_DIMS + 1]
+    cdef Py_ssize_t* chunk
+    cdef Py_ssize_t* first
+    cdef Py_ssize_t* count
+    cdef Py_ssize_t* out_start
+
+    def __cinit__(self):
+        self.chunk = NULL
+        self.first = NULL
+        self.count = NULL
+        self.out_start = NULL
+
+    def __dealloc__(self):
+        free(self.chunk)
+        free(self.first)
+        free(self.count)
+        free(self.out_start)
+
+    @property
+    def all_touched(self):
+        return self.n_touched == self.n_total
+
+    @property
+    def out_shape(self):
+        return tuple(self.out_shape[i] for i in range(self.kept))
+
+    def touched(self):
+        """Linear (C-order) indices of the touched inner chunks, ascending."""
+        cdef Py_ssize_t idx[ZF_MAX_DIMS]
+        cdef Py_ssize_t strides[ZF_MAX_DIMS]
+        cdef Py_ssize_t d, k, lin
+        cdef cnp.ndarray result = np.empty(self.n_touched, dtype=np.intp)
+        cdef Py_ssize_t* rp = <Py_ssize_t*>cnp.PyArray_DATA(result)
+        if self.n_touched == 0:
+            return result
+        strides[self.ndim - 1] = 1
+        for d in range(self.ndim - 2, -1, -1):
+            strides[d] = strides[d + 1] * self.grid[d + 1]
+        for d in range(self.ndim):
+            idx[d] = 0
+        for k in range(self.n_touched):
+            lin = 0
+            for d in range(self.ndim):
+                lin += self.chunk[self.offs[d] + idx[d]] * strides[d]
+            rp[k] = lin
+            d = self.ndim - 1
+            while d >= 0:
+                idx[d] += 1
+                if idx[d] < self.offs[d + 1] - self.offs[d]:
+                    break
+                idx[d] = 0
+                d -= 1
+        return result
+
+
+def plan_selection(tuple shard_shape, tuple inner_shape, selection):
+    """A `ShardPlan` for a basic selection of a shard, or None when the
+    selection is not basic (arrays, masks, negative steps)."""
+    cdef ShardPlan plan = ShardPlan()
+    cdef int ndim = len(shard_shape)
+    cdef int d, k = 0
+    cdef Py_ssize_t start, stop, step, length, idx, size, cs, c, lo, hi, i0, last, total = 0
+    cdef Py_ssize_t pos = 0
+    if ndim == 0 or ndim > ZF_MAX_DIMS or len(inner_shape) != ndim:
+        return None
+    if selection is Ellipsis:
+        sel = ()
+    elif isinstance(selection, tuple):
+        sel = selection
+    else:
+        sel = (selection,)
+    if len(sel) > ndim:
+        return None
+    for s in sel:
+        if type(s) is slice:
+            continue
+        if not isinstance(s, (int, np.integer)) or isinstance(s, (bool, np.bool_)):
+            return None
+    plan.ndim = ndim
+    plan.n_total = 1
+    for d in range(ndim):
+        plan.inner[d] = inner_shape[d]
+        if plan.inner[d] <= 0 or shard_shape[d] % plan.inner[d]:
+            return None
+        plan.grid[d] = shard_shape[d] // plan.inner[d]
+        plan.n_total *= plan.grid[d]
+        total += plan.grid[d]
+    plan.chunk = <Py_ssize_t*>malloc(sizeof(Py_ssize_t) * (total if total else 1))
+    plan.first = <Py_ssize_t*>malloc(sizeof(Py_ssize_t) * (total if total else 1))
+    plan.count = <Py_ssize_t*>malloc(sizeof(Py_ssize_t) * (total if total else 1))
+    plan.out_start = <Py_ssize_t*>malloc(sizeof(Py_ssize_t) * (total if total else 1))
+    if plan.chunk == NULL or plan.first == NULL or plan.count == NULL or plan.out_start == NULL:
+        raise MemoryError()
+    plan.n_touched = 1
+    for d in range(ndim):
+        size = shard_shape[d]
+        cs = plan.inner[d]
+        plan.offs[d] = pos
+        s = sel[d] if d < len(sel) else slice(None)
+        if type(s) is slice:
+            PySlice_GetIndicesEx(s, size, &start, &stop, &step, &length)
+            if step <= 0:
+                return None
+            plan.dropped[d] = False
+            plan.step[d] = step
+            plan.out_shape[k] = length
+            k += 1
+            if length > 0:
+                last = start + (length - 1) * step
+                for c in range(start // cs, last // cs + 1):
+                    lo = c * cs
+                    hi = lo + cs
+                    i0 = start if start >= lo else start + ((lo - start + step - 1) // step) * step
+                    if i0 >= hi or i0 > last:
+                        continue
+                    plan.chunk[pos] = c
+                    plan.first[pos] = i0 - lo
+                    plan.count[pos] = ((hi - 1 if hi - 1 < last else last) - i0) // step + 1
+                    plan.out_start[pos] = (i0 - start) // step
+                    pos += 1
+        else:
+            idx = s
+            if idx < 0:
+                idx += size
+            if idx < 0 or idx >= size:
+                return None
+            plan.dropped[d] = True
+            plan.step[d] = 1
+            plan.chunk[pos] = idx // cs
+            plan.first[pos] = idx - (idx // cs) * cs
+            plan.count[pos] = 1
+            plan.out_start[pos] = 0
+            pos += 1
+        plan.n_touched *= pos - plan.offs[d]
+    plan.offs[ndim] = pos
+    plan.kept = k
+    return plan
+
+
+def add_shard(DecodeBatch batch, payload, cnp.ndarray entries, ShardPlan plan,
+              ChunkLayout layout, cnp.ndarray out, out_selection, key):
+    """Queue the touched inner chunks of one shard for decoding into
+    ``out[out_selection]``.
+
+    ``entries`` are the shard's checked (offset, nbytes) pairs, relative to
+    ``payload`` (the shard, or the fetched part of it); ``key`` names the
+    shard in errors. Returns False, queueing nothing, when ``out_selection``
+    is not a basic selection of the plan's output shape.
+    """
+    cdef Py_ssize_t region_shape[ZF_MAX_DIMS]
+    cdef Py_ssize_t region_strides[ZF_MAX_DIMS]
+    cdef Py_ssize_t grid_strides[ZF_MAX_DIMS]
+    cdef Py_ssize_t idx[ZF_MAX_DIMS]
+    cdef Py_ssize_t base = 0
+    cdef Py_ssize_t d, k, j, lin, n, payload_len = 0
+    cdef uint64_t off, size
+    cdef int nd
+    cdef DecodeTask* t
+    cdef const uint8_t* data = NULL
+    cdef const uint8_t[::1] view
+    cdef const uint64_t* ep
+    cdef char* out_data
+    if layout.ndim != plan.ndim or out.ndim > ZF_MAX_DIMS or not out.flags.writeable:
+        return False
+    if out.dtype.itemsize != batch.kernel.itemsize:
+        return False
+    nd = select_basic(out.ndim, <Py_ssize_t*>cnp.PyArray_DIMS(out),
+                      <Py_ssize_t*>cnp.PyArray_STRIDES(out), out_selection, &base,
+                      region_shape, region_strides)
+    if nd != plan.kept or nd > batch.max_ndim:
+        return False
+    for d in range(nd):
+        if region_shape[d] != plan.out_shape[d]:
+            return False
+    if plan.n_touched == 0:
+        return True
+    if batch.n + plan.n_touched > batch.cap:
+        raise IndexError("decode batch is full")
+    if entries.dtype != np.uint64 or entries.ndim != 2 or entries.shape[0] != plan.n_total \
+            or entries.shape[1] != 2 or not entries.flags.c_contiguous:
+        raise ValueError("entries must be the shard's (n, 2) uint64 index")
+    if payload is not None:
+        view = memoryview(payload).cast("B")
+        payload_len = view.shape[0]
+        data = &view[0] if payload_len else NULL
+        batch.refs.append(view)
+    batch.refs.append(entries)
+    ep = <const uint64_t*>cnp.PyArray_DATA(entries)
+    out_data = <char*>cnp.PyArray_DATA(out) + base
+    grid_strides[plan.ndim - 1] = 1
+    for d in range(plan.ndim - 2, -1, -1):
+        grid_strides[d] = grid_strides[d + 1] * plan.grid[d + 1]
+    for d in range(plan.ndim):
+        idx[d] = 0
+    for n in range(plan.n_touched):
+        t = batch._next()
+        lin = 0
+        k = 0
+        t.dst = out_data
+        t.src_offset = 0
+        for d in range(plan.ndim):
+            j = plan.offs[d] + idx[d]
+            lin += plan.chunk[j] * grid_strides[d]
+            t.src_offset += plan.first[j] * layout.strides[d]
+            if not plan.dropped[d]:
+                t.shape[k] = plan.count[j]
+                t.src_strides[k] = plan.step[d] * layout.strides[d]
+                t.dst_strides[k] = region_strides[k]
+                t.dst += plan.out_start[j] * region_strides[k]
+                k += 1
+        t.ndim = k
+        t.nbytes = layout.nbytes
+        off = ep[2 * lin]
+        size = ep[2 * lin + 1]
+        if off == MISSING and size == MISSING:
+            if batch.fill is None:
+                raise ValueError("set_fill() first")
+            t.missing = True
+        else:
+            if off > <uint64_t>payload_len or size > <uint64_t>payload_len - off:
+                raise CorruptShardError(
+                    f"{key!r}: inner chunk {lin} (bytes {off}..{off + size}) lies outside "
+                    f"the {payload_len} bytes read")
+            t.src = data + off
+            t.src_len = <Py_ssize_t>size
+        t.direct = batch.is_direct(t, layout)
+        batch.keys.append((key, lin))
+        batch.n += 1
+        d = plan.ndim - 1
+        while d >= 0:
+            idx[d] += 1
+            if idx[d] < plan.offs[d + 1] - plan.offs[d]:
+                break
+            idx[d] = 0
+            d -= 1
+    return True
