@@ -260,11 +260,14 @@ def scenario_ceiling(repeat: int) -> list[str]:
         payloads += [shard[int(o):int(o + s)] for o, s in entries]
     nbytes = int(np.prod(layout.chunks)) * 2
     kernel = kc.ChainKernel(compressor="zstd", itemsize=2)
-    scratch = np.empty(nbytes, np.uint8)
+    # libzstd decoding every payload into its own place in one big output
+    # (written before, so its pages are mapped), as a decoder that keeps
+    # what it decodes must: the decoded bytes go to memory, not to cache.
+    target = np.zeros(len(payloads) * nbytes, np.uint8)
 
     def libzstd_only() -> None:
-        for p in payloads:
-            kernel.decode(p, nbytes, out=scratch)
+        for i, p in enumerate(payloads):
+            kernel.decode(p, nbytes, out=target[i * nbytes:(i + 1) * nbytes])
 
     reader = Reader("zarr_fused", path)
     if not np.array_equal(reader.read(), data):

@@ -16,12 +16,17 @@ Parent directories are created by the caller (once per batch), not here.
 
 from libc.errno cimport EINTR, EISDIR, ENOENT, ENOTDIR, errno
 from libc.stdio cimport snprintf
-from libc.stdlib cimport free, realloc
+from libc.stdlib cimport free, malloc, realloc
 from posix.fcntl cimport O_CLOEXEC, O_CREAT, O_EXCL, O_RDONLY, O_WRONLY, open
 from posix.stat cimport S_ISDIR, fstat, struct_stat
 from posix.unistd cimport close, getpid, read, unlink, write
 
+cimport numpy as cnp
 import os
+
+import numpy as np
+
+cnp.import_array()
 
 cdef extern from "stdio.h" nogil:
     int rename(const char* old, const char* new)
@@ -181,3 +186,230 @@ def write_whole(path, data):
         rc = write_file_atomic(cp, dp, n, &err)
     if rc != FILE_OK:
         raise OSError(err, os.strerror(err), path)
+
+
+# -- ranges of one file, for shards -------------------------------------------------
+
+cdef extern from "sys/uio.h" nogil:
+    struct iovec:
+        void* iov_base
+        size_t iov_len
+    Py_ssize_t preadv(int fd, const iovec* iov, int iovcnt, long offset)
+
+cdef extern from "unistd.h" nogil:
+    Py_ssize_t pread(int fd, void* buf, size_t count, long offset)
+
+cdef enum:
+    GROUP_MAX = 512
+
+
+cdef int _pread_full(int fd, unsigned char* dst, Py_ssize_t n, Py_ssize_t offset,
+                     int* err) noexcept nogil:
+    """Read exactly n bytes at offset: 0, 1 when the file ends first, -1 on error."""
+    cdef Py_ssize_t done = 0, got
+    while done < n:
+        got = pread(fd, dst + done, <size_t>(n - done), offset + done)
+        if got < 0:
+            if errno == EINTR:
+                continue
+            err[0] = errno
+            return -1
+        if got == 0:
+            return 1
+        done += got
+    return 0
+
+
+cdef int _read_ranges(int fd, Py_ssize_t n, const Py_ssize_t* starts, const Py_ssize_t* lengths,
+                      unsigned char* out, const Py_ssize_t* offsets, Py_ssize_t max_gap,
+                      Py_ssize_t max_coalesced, unsigned char* gap, int* err,
+                      Py_ssize_t* bad) noexcept nogil:
+    """Read sorted, non-overlapping ranges; neighbours no further apart than
+    max_gap (and spanning at most max_coalesced) share one preadv."""
+    cdef iovec iov[2 * GROUP_MAX]
+    cdef Py_ssize_t i = 0, j, k, end, span, got
+    cdef int cnt, rc
+    while i < n:
+        end = starts[i] + lengths[i]
+        j = i + 1
+        while (j < n and j - i < GROUP_MAX and starts[j] >= end
+               and starts[j] - end <= max_gap
+               and starts[j] + lengths[j] - starts[i] <= max_coalesced):
+            end = starts[j] + lengths[j]
+            j += 1
+        if j == i + 1:
+            rc = _pread_full(fd, out + offsets[i], lengths[i], starts[i], err)
+            if rc != 0:
+                bad[0] = i
+                return rc
+            i = j
+            continue
+        cnt = 0
+        span = 0
+        for k in range(i, j):
+            if k > i and starts[k] > starts[k - 1] + lengths[k - 1]:
+                iov[cnt].iov_base = gap
+                iov[cnt].iov_len = <size_t>(starts[k] - starts[k - 1] - lengths[k - 1])
+                span += <Py_ssize_t>iov[cnt].iov_len
+                cnt += 1
+            iov[cnt].iov_base = out + offsets[k]
+            iov[cnt].iov_len = <size_t>lengths[k]
+            span += lengths[k]
+            cnt += 1
+        while True:
+            got = preadv(fd, iov, cnt, starts[i])
+            if got >= 0 or errno != EINTR:
+                break
+        if got < 0:
+            err[0] = errno
+            bad[0] = i
+            return -1
+        if got < span:
+            # short: finish range by range, which finds where the file ends
+            for k in range(i, j):
+                rc = _pread_full(fd, out + offsets[k], lengths[k], starts[k], err)
+                if rc != 0:
+                    bad[0] = k
+                    return rc
+        i = j
+    return 0
+
+
+def read_ranges(path, cnp.ndarray starts, cnp.ndarray lengths, cnp.ndarray out,
+                cnp.ndarray offsets, Py_ssize_t max_gap=1 << 20, Py_ssize_t max_coalesced=16 << 20):
+    """Read byte ranges of one file into ``out``, with the GIL released.
+
+    ``starts``/``lengths``/``offsets`` are intp arrays, sorted by start,
+    ranges not overlapping; range i lands at ``out[offsets[i]:]``. A start
+    of -1 means the last ``lengths[i]`` bytes of the file (a suffix; then
+    it must be the only range). Neighbouring ranges share one read when
+    they are at most ``max_gap`` bytes apart and together span at most
+    ``max_coalesced`` (zarr's ``sharding_coalesce_*`` settings).
+
+    Returns
+    -------
+    int
+        -1 when the file is missing (as LocalStore sees it), else the index
+        of the first range that runs past the end of the file, or ``len``
+        of the ranges when all were read. Other failures raise ``OSError``.
+    """
+    cdef bytes p = os.fsencode(path)
+    cdef const char* cp = p
+    cdef Py_ssize_t n = starts.shape[0]
+    cdef Py_ssize_t i, biggest_gap = 0, bad = -1
+    cdef int fd, rc = 0, err = 0
+    cdef struct_stat st
+    cdef unsigned char* gap = NULL
+    cdef Py_ssize_t* sp
+    cdef Py_ssize_t* lp
+    cdef Py_ssize_t* op
+    if (starts.dtype != np.intp or lengths.dtype != np.intp or offsets.dtype != np.intp
+            or lengths.shape[0] != n or offsets.shape[0] != n or out.dtype != np.uint8
+            or not (starts.flags.c_contiguous and lengths.flags.c_contiguous
+                    and offsets.flags.c_contiguous and out.flags.c_contiguous)
+            or not out.flags.writeable):
+        raise TypeError("read_ranges needs intp ranges and a writeable contiguous uint8 out")
+    sp = <Py_ssize_t*>cnp.PyArray_DATA(starts)
+    lp = <Py_ssize_t*>cnp.PyArray_DATA(lengths)
+    op = <Py_ssize_t*>cnp.PyArray_DATA(offsets)
+    for i in range(n):
+        if lp[i] < 0 or op[i] < 0 or op[i] + lp[i] > out.shape[0] or (sp[i] < 0 and (sp[i] != -1 or n != 1)):
+            raise ValueError("ranges do not fit the output")
+        if i and sp[i] >= 0 and sp[i] < sp[i - 1] + lp[i - 1]:
+            raise ValueError("ranges must be sorted and must not overlap")
+        if i and sp[i] - sp[i - 1] - lp[i - 1] > biggest_gap:
+            biggest_gap = sp[i] - sp[i - 1] - lp[i - 1]
+    if biggest_gap > max_gap:
+        biggest_gap = max_gap
+    with nogil:
+        while True:
+            fd = open(cp, O_RDONLY | O_CLOEXEC)
+            if fd >= 0 or errno != EINTR:
+                break
+        if fd < 0:
+            err = errno
+            rc = 1 if (err == ENOENT or err == ENOTDIR or err == EISDIR) else -1
+        else:
+            if fstat(fd, &st) != 0:
+                err = errno
+                rc = -1
+            elif S_ISDIR(st.st_mode):
+                rc = 1
+            elif n == 1 and sp[0] == -1:
+                if lp[0] > st.st_size:
+                    bad = 0
+                    rc = 2
+                else:
+                    rc = _pread_full(fd, <unsigned char*>cnp.PyArray_DATA(out) + op[0], lp[0],
+                                     st.st_size - lp[0], &err)
+                    if rc == 1:
+                        bad = 0
+                        rc = 2
+            else:
+                gap = <unsigned char*>malloc(<size_t>(biggest_gap if biggest_gap else 1))
+                if gap == NULL:
+                    err = 12
+                    rc = -1
+                else:
+                    rc = _read_ranges(fd, n, sp, lp, <unsigned char*>cnp.PyArray_DATA(out), op,
+                                      max_gap, max_coalesced, gap, &err, &bad)
+                    if rc == 1:
+                        rc = 2
+                    free(gap)
+            close(fd)
+    if rc == 1:
+        return -1
+    if rc == -1:
+        raise OSError(err, os.strerror(err), path)
+    if rc == 2:
+        return bad
+    return n
+
+
+def read_into(path, cnp.ndarray out):
+    """Read the whole file into ``out`` (writeable contiguous uint8).
+
+    Returns
+    -------
+    int
+        The file's length; -1 when it is missing (as LocalStore sees it);
+        ``-2 - length`` when ``out`` is too small for it.
+    """
+    cdef bytes p = os.fsencode(path)
+    cdef const char* cp = p
+    cdef int fd, err = 0, rc = 0
+    cdef struct_stat st
+    cdef Py_ssize_t size = 0
+    if out.dtype != np.uint8 or not out.flags.c_contiguous or not out.flags.writeable:
+        raise TypeError("read_into needs a writeable contiguous uint8 array")
+    with nogil:
+        while True:
+            fd = open(cp, O_RDONLY | O_CLOEXEC)
+            if fd >= 0 or errno != EINTR:
+                break
+        if fd < 0:
+            err = errno
+            rc = 1 if (err == ENOENT or err == ENOTDIR or err == EISDIR) else -1
+        else:
+            if fstat(fd, &st) != 0:
+                err = errno
+                rc = -1
+            elif S_ISDIR(st.st_mode):
+                rc = 1
+            else:
+                size = st.st_size
+                if size > out.shape[0]:
+                    rc = 3
+                else:
+                    rc = _pread_full(fd, <unsigned char*>cnp.PyArray_DATA(out), size, 0, &err)
+                    if rc == 1:  # shrank while reading: a writer not replacing atomically
+                        err = 5  # EIO
+                        rc = -1
+            close(fd)
+    if rc == 1:
+        return -1
+    if rc == -1:
+        raise OSError(err, os.strerror(err), path)
+    if rc == 3:
+        return -2 - size
+    return size

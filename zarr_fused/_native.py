@@ -32,6 +32,7 @@ for _name in _EXTENSIONS:
 scatter_kernels: ModuleType | None = _modules.get("_scatter")
 codec_kernels: ModuleType | None = _modules.get("_codecs")
 shard_kernels: ModuleType | None = _modules.get("_shard")
+io_kernels: ModuleType | None = _modules.get("_localio")
 
 _warned = False
 _warn_lock = threading.Lock()

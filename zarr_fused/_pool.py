@@ -21,6 +21,7 @@ import math
 import operator
 import os
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -135,6 +136,25 @@ def cgroup_cpu_quota(root: str | os.PathLike[str] = "/") -> float | None:
     return min(quotas) if quotas else None
 
 
+# The cgroup files take ~1 ms to read, and every batch asks: keep the quota
+# for a few seconds (per process: a forked child reads them anew).
+_QUOTA_TTL = 5.0
+_quota_cache: tuple[int, float, float | None] | None = None  # (pid, when, quota)
+
+
+def _cached_quota(root: str | os.PathLike[str]) -> float | None:
+    global _quota_cache
+    if str(root) != "/":
+        return cgroup_cpu_quota(root)
+    now = time.monotonic()
+    cache = _quota_cache
+    if cache is not None and cache[0] == os.getpid() and now - cache[1] < _QUOTA_TTL:
+        return cache[2]
+    quota = cgroup_cpu_quota(root)
+    _quota_cache = (os.getpid(), now, quota)
+    return quota
+
+
 def available_cpus(root: str | os.PathLike[str] = "/") -> tuple[int, str]:
     """How many CPUs this process may actually run on, and why.
 
@@ -142,7 +162,9 @@ def available_cpus(root: str | os.PathLike[str] = "/") -> tuple[int, str]:
     worker pinning) bounds it first, then a cgroup CPU quota (containers,
     Slurm/Kubernetes CPU limits), rounded up. ``os.cpu_count()`` is only the
     last resort: it counts the machine's CPUs, which oversubscribes a job
-    that was given a few of them.
+    that was given a few of them. The affinity mask is read on every call
+    (Dask and batch systems change it at run time); the cgroup quota is
+    re-read after a few seconds.
     """
     if hasattr(os, "sched_getaffinity"):
         count = len(os.sched_getaffinity(0))
@@ -150,7 +172,7 @@ def available_cpus(root: str | os.PathLike[str] = "/") -> tuple[int, str]:
     else:
         count = os.cpu_count() or 1
         why = f"{count} CPUs reported by os.cpu_count()"
-    quota = cgroup_cpu_quota(root)
+    quota = _cached_quota(root)
     if quota is not None and math.ceil(quota) < count:
         count = max(1, math.ceil(quota))
         why += f", capped at {count} by a cgroup CPU quota of {quota:g} CPUs"

@@ -23,6 +23,9 @@ scatter that.
 
 from __future__ import annotations
 
+import math
+import os
+import threading
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -35,10 +38,10 @@ from zarr.core.chunk_utils import evolve_codecs
 from zarr.core.indexing import get_indexer
 
 from zarr_fused._chain import NativeChain, native_chain_params
-from zarr_fused._native import shard_kernels
+from zarr_fused._native import io_kernels, shard_kernels
 from zarr_fused._output import fill_missing, scatter_array
 from zarr_fused._pool import partition, run_parallel
-from zarr_fused._read import MISSING, PRESENT, describe_key, fill_pattern
+from zarr_fused._read import MISSING, PRESENT, describe_key, fill_pattern, local_files
 from zarr_fused.errors import CorruptShardError
 
 if TYPE_CHECKING:
@@ -87,16 +90,56 @@ def shard_reader_reason(codec: Any, spec: ArraySpec) -> tuple[str, NativeChain |
     return "", NativeChain(inner_spec, params, fallback)
 
 
+class _Buffers:
+    """Shard-sized byte buffers, reused across reads.
+
+    A fresh multi-megabyte allocation faults in every page on first touch,
+    which costs as much as reading the shard; a few buffers kept between
+    reads avoid that. At most ``keep`` are held while idle.
+    """
+
+    def __init__(self, keep: int = 4) -> None:
+        self.keep = keep
+        self._free: list[np.ndarray] = []
+        self._lock = threading.Lock()
+
+    def take(self, size: int) -> np.ndarray:
+        with self._lock:
+            best = -1
+            for i, b in enumerate(self._free):
+                if b.nbytes >= size and (best < 0 or b.nbytes < self._free[best].nbytes):
+                    best = i
+            if best >= 0:
+                return self._free.pop(best)
+        return np.empty(max(size, 1 << 16), dtype=np.uint8)
+
+    def give(self, buf: np.ndarray | None) -> None:
+        if buf is None:
+            return
+        with self._lock:
+            self._free.append(buf)
+            if len(self._free) > self.keep:
+                smallest = min(range(len(self._free)), key=lambda i: self._free[i].nbytes)
+                self._free.pop(smallest)
+
+
+_buffers = _Buffers()
+
+if hasattr(os, "register_at_fork"):  # the lock may be held by a thread the child lacks
+    os.register_at_fork(after_in_child=lambda: setattr(_buffers, "_lock", threading.Lock()))
+
+
 class _Shard:
     """What one shard contributes to a batch, once fetched."""
 
-    __slots__ = ("entries", "index", "missing", "payload", "plan")
+    __slots__ = ("buffer", "entries", "index", "missing", "payload", "plan")
 
     def __init__(self, index: int, plan: Any) -> None:
         self.index = index
         self.plan = plan
         self.payload: Any = None
         self.entries: Any = None
+        self.buffer: np.ndarray | None = None
         self.missing = False
 
     def release(self) -> None:
@@ -104,6 +147,8 @@ class _Shard:
         in flight)."""
         self.payload = None
         self.entries = None
+        _buffers.give(self.buffer)
+        self.buffer = None
 
 
 class ShardReader:
@@ -115,6 +160,15 @@ class ShardReader:
         self.fallback = fallback
         self.inner_shape = tuple(codec.chunk_shape)
         self.checksum, self.big_endian = _index_format(codec)  # type: ignore[misc]
+        self._fill_cache: tuple[Any, bytes] | None = None
+
+    def _fill(self, spec: ArraySpec, dtype: np.dtype[Any]) -> bytes:
+        key = (spec.fill_value, dtype)
+        cached = self._fill_cache
+        if cached is None or cached[0] != key:
+            cached = (key, fill_pattern(spec, dtype))
+            self._fill_cache = cached
+        return cached[1]
 
     # -- fetching ----------------------------------------------------------------------
 
@@ -125,7 +179,7 @@ class ShardReader:
                shard_len: int = -1, index_start: int = 0) -> np.ndarray:
         return shard_kernels.parse_index(  # type: ignore[union-attr]
             raw, n, checksum=self.checksum, big_endian=self.big_endian, shard_len=shard_len,
-            index_start=index_start, grid=grid, where=describe_key(key),
+            index_start=index_start, grid=grid, where=lambda: describe_key(key),
         )
 
     def _fetch(self, getter: Any, spec: ArraySpec, touched: np.ndarray | None,
@@ -134,9 +188,13 @@ class ShardReader:
 
         ``touched`` None means every inner chunk (one get for the shard).
         """
-        n = int(np.prod(grid))
+        n = math.prod(grid)
         size = self._index_size(n)
         at_start = self.codec.index_location == "start"
+        prefix = local_files([(getter,)]) if io_kernels is not None else None
+        if prefix is not None:
+            self._fetch_local(prefix + os.fsencode(getter.path), getter, spec, touched, grid, shard)
+            return
         if touched is None:
             raw = getter.get_sync(prototype=spec.prototype)
             if raw is None:
@@ -185,6 +243,72 @@ class ShardReader:
         shard.entries[present, 0] = offsets
         shard.payload = payload
 
+    def _fetch_local(self, path: bytes, getter: Any, spec: ArraySpec, touched: np.ndarray | None,
+                     grid: tuple[int, ...], shard: _Shard) -> None:
+        """`_fetch` for zarr's LocalStore: the same reads, done natively
+        into reused buffers (preadv for coalesced ranges)."""
+        n = math.prod(grid)
+        size = self._index_size(n)
+        at_start = self.codec.index_location == "start"
+        if touched is None:
+            buf = _buffers.take(4 * size)
+            length = io_kernels.read_into(path, buf)  # type: ignore[union-attr]
+            while length < -1:  # the buffer is too small
+                _buffers.give(buf)
+                buf = _buffers.take(-2 - length)
+                length = io_kernels.read_into(path, buf)  # type: ignore[union-attr]
+            shard.buffer = buf
+            if length == -1:
+                shard.missing = True
+                return
+            if length < size:
+                raise CorruptShardError(
+                    f"{describe_key(getter)}: the stored shard holds {length} bytes, too short "
+                    f"for its {size}-byte index")
+            data = buf[:length]
+            index = data[:size] if at_start else data[length - size:]
+            shard.entries = self._parse(index, n, grid, getter, length, 0 if at_start else length - size)
+            shard.payload = data
+            return
+        index = np.empty(size, dtype=np.uint8)
+        read = io_kernels.read_ranges(  # type: ignore[union-attr]
+            path, np.array([0 if at_start else -1], np.intp), np.array([size], np.intp), index,
+            np.zeros(1, np.intp))
+        if read == -1:
+            shard.missing = True
+            return
+        if read == 0:
+            raise CorruptShardError(
+                f"{describe_key(getter)}: the stored shard is too short for its {size}-byte index")
+        entries = self._parse(index, n, grid, getter)
+        present = touched[entries[touched, 0] != _MISSING]
+        shard.entries = entries.copy()
+        if present.size == 0:
+            shard.payload = np.empty(0, dtype=np.uint8)
+            return
+        order = np.argsort(entries[present, 0], kind="stable")
+        present = present[order]
+        starts = entries[present, 0].astype(np.intp)
+        lengths = entries[present, 1].astype(np.intp)
+        offsets = np.zeros(len(present), dtype=np.intp)
+        np.cumsum(lengths[:-1], out=offsets[1:])
+        total = int(offsets[-1] + lengths[-1])
+        buf = _buffers.take(total)
+        shard.buffer = buf
+        read = io_kernels.read_ranges(  # type: ignore[union-attr]
+            path, starts, lengths, buf, offsets,
+            spec.config.sharding_coalesce_max_gap_bytes, spec.config.sharding_coalesce_max_bytes)
+        if read == -1:  # the shard vanished after its index was read
+            shard.missing = True
+            return
+        if read < len(present):
+            raise CorruptShardError(
+                f"{describe_key(getter)}: inner chunk {int(present[read])} should hold "
+                f"{int(lengths[read])} "
+                f"bytes from byte {int(starts[read])}, past the end of the shard (truncated shard)")
+        shard.entries[present, 0] = offsets.astype(np.uint64)
+        shard.payload = buf[:total]
+
     def _get_ranges(self, getter: Any, spec: ArraySpec, ranges: list[RangeByteRequest]) -> list[Any] | None:
         store = getattr(getter, "store", None)
         if isinstance(store, Store) and _store_supports_sync_io(store):
@@ -227,7 +351,7 @@ class ShardReader:
         inner_spec = self.codec._get_chunk_spec(spec0)
         if type(dst) is not np.ndarray or dst.dtype != chain.dtype or not chain.handles(inner_spec):
             return self.fallback.read(batch, out, drop_axes, max_workers)
-        pattern = fill_pattern(spec0, dst.dtype)
+        pattern = self._fill(spec0, dst.dtype)
         statuses: list[Any] = [PRESENT] * len(batch)
         plan_selection = shard_kernels.plan_selection  # type: ignore[union-attr]
         shards = []
@@ -320,6 +444,7 @@ class ShardReader:
         self._fetch(getter, spec, None if len(linear) == int(np.prod(grid)) else linear, grid, inner)
         shard.missing = inner.missing
         shard.entries = (inner.entries, inner.payload)
+        shard.buffer, inner.buffer = inner.buffer, None
 
     def _decode_general(self, item: ReadItem, shard: _Shard, out: NDBuffer,
                         drop_axes: tuple[int, ...], pattern: bytes) -> None:

@@ -123,8 +123,8 @@ def parse_index(index, Py_ssize_t n_chunks, *, bint checksum, bint big_endian,
         is at hand (-1: unknown; ranges are then checked when fetched).
     grid : tuple of int, optional
         Inner chunks per shard along each axis, to name bad chunks.
-    where : str
-        Names the shard in errors.
+    where : str or callable
+        Names the shard in errors (a callable is called only then).
 
     Returns
     -------
@@ -140,6 +140,7 @@ def parse_index(index, Py_ssize_t n_chunks, *, bint checksum, bint big_endian,
     cdef Py_ssize_t bad = -1, other = -1
     cdef int problem
     if got != expected:
+        where = where() if callable(where) else where
         raise CorruptShardError(
             f"{where}: the shard index holds {got} bytes, {expected} expected "
             "(a truncated or corrupt shard)")
@@ -149,6 +150,7 @@ def parse_index(index, Py_ssize_t n_chunks, *, bint checksum, bint big_endian,
         stored = (<uint32_t>raw[expected - 4] | (<uint32_t>raw[expected - 3] << 8)
                   | (<uint32_t>raw[expected - 2] << 16) | (<uint32_t>raw[expected - 1] << 24))
         if stored != computed:
+            where = where() if callable(where) else where
             raise CorruptShardError(
                 f"{where}: crc32c mismatch in the shard index "
                 f"(stored {stored:#010x}, computed {computed:#010x})")
@@ -161,6 +163,7 @@ def parse_index(index, Py_ssize_t n_chunks, *, bint checksum, bint big_endian,
         return entries
     if problem == INDEX_NOMEM:
         raise MemoryError()
+    where = where() if callable(where) else where
 
     def name(i):
         coords = np.unravel_index(i, grid) if grid is not None else (i,)
