@@ -37,7 +37,9 @@ class ReadUnsharded:
             raise AssertionError(f"{peer} read wrong data")
 
     def teardown(self, *args: Any) -> None:
-        self._config.__exit__(None, None, None)
+        config = getattr(self, "_config", None)
+        if config is not None:
+            config.__exit__(None, None, None)
 
     def time_read_all(self, *args: Any) -> None:
         self.reader.read()
@@ -67,3 +69,57 @@ class WriteUnsharded:
 
     def time_write_all(self, *args: Any) -> None:
         self.writer.write(self.data)
+
+
+SHARDED = ["u16-512cube-sharded-zstd", "u16-512cube-sharded-raw", "u16-512cube-sharded-zstd-crc"]
+
+
+class ReadSharded:
+    """Whole-array reads of the 512^3 uint16 cube (shards 128^3, inner 32^3)."""
+
+    params = (SHARDED, PEERS, ["local", "memory"], [1, 2])
+    param_names = ["layout", "peer", "store", "threads"]
+    timeout = 600
+    number = 1
+    repeat = (2, 5, 120.0)
+
+    def setup(self, layout: str, peer: str, store: str, threads: int) -> None:
+        ReadUnsharded.setup(self, layout, peer, store, threads)  # type: ignore[arg-type]
+
+    def teardown(self, *args: Any) -> None:
+        config = getattr(self, "_config", None)
+        if config is not None:
+            config.__exit__(None, None, None)
+
+    def time_read_all(self, *args: Any) -> None:
+        self.reader.read()
+
+    def peakmem_read_all(self, *args: Any) -> None:
+        self.reader.read()
+
+
+class ReadShardedPatterns:
+    """Small reads of the sharded zstd cube: one inner chunk, a thin slab."""
+
+    params = (PEERS, [1, 2])
+    param_names = ["peer", "threads"]
+    timeout = 300
+
+    def setup(self, peer: str, threads: int) -> None:
+        if peer == "zarr-batched":
+            raise NotImplementedError("too slow to be useful here")
+        ReadUnsharded.setup(self, "u16-512cube-sharded-zstd", peer, "local", threads)  # type: ignore[arg-type]
+        sel = (slice(32, 64), slice(0, 32), slice(64, 96))
+        if not np.array_equal(self.reader.read(sel), self.data[sel]):
+            raise AssertionError(f"{peer} read wrong data")
+
+    def teardown(self, *args: Any) -> None:
+        config = getattr(self, "_config", None)
+        if config is not None:
+            config.__exit__(None, None, None)
+
+    def time_one_inner_chunk(self, *args: Any) -> None:
+        self.reader.read((slice(32, 64), slice(0, 32), slice(64, 96)))
+
+    def time_thin_slab(self, *args: Any) -> None:
+        self.reader.read((slice(100, 101),))
