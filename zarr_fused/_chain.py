@@ -149,8 +149,8 @@ class NativeChain:
         """A `DecodeBatch` whose errors name chunks with ``describe``."""
         return codec_kernels.DecodeBatch(self.kernel, capacity, ndim, describe)  # type: ignore[union-attr]
 
-    def encode_batch(self, capacity: int, ndim: int) -> Any:
-        return codec_kernels.EncodeBatch(self.kernel, capacity, ndim, _describe)  # type: ignore[union-attr]
+    def encode_batch(self, capacity: int, ndim: int, describe: Any = _describe) -> Any:
+        return codec_kernels.EncodeBatch(self.kernel, capacity, ndim, describe)  # type: ignore[union-attr]
 
     def decode_array(self, raw: Buffer, spec: ArraySpec, key: Any = None) -> np.ndarray:
         """The whole chunk as a new NumPy array of the array's data type."""

@@ -131,6 +131,22 @@ cdef class DecodeBatch:
     cdef object _add(self, payload, bytes path, ChunkLayout layout, chunk_selection,
                      cnp.ndarray out, out_selection, tuple drop_axes, key)
 
+cdef class EncodeBatch:
+    cdef ChainKernel kernel
+    cdef EncodeTask* tasks
+    cdef Py_ssize_t* dims
+    cdef Py_ssize_t n
+    cdef Py_ssize_t cap
+    cdef int max_ndim
+    cdef list refs
+    cdef list outputs
+    cdef list keys
+    cdef object describe
+    cdef bytes fill
+
+cdef Py_ssize_t contiguous_run(int ndim, const Py_ssize_t* shape, const Py_ssize_t* strides,
+                               Py_ssize_t itemsize) noexcept nogil
+
 cdef int select_basic(int ndim, const Py_ssize_t* shape, const Py_ssize_t* strides,
                       object selection, Py_ssize_t* offset, Py_ssize_t* out_shape,
                       Py_ssize_t* out_strides) except -2

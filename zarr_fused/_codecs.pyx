@@ -379,7 +379,7 @@ cdef inline void _c_strides(int ndim, const Py_ssize_t* shape, Py_ssize_t itemsi
         s *= shape[i]
 
 
-cdef Py_ssize_t _contiguous_run(int ndim, const Py_ssize_t* shape, const Py_ssize_t* strides,
+cdef Py_ssize_t contiguous_run(int ndim, const Py_ssize_t* shape, const Py_ssize_t* strides,
                                 Py_ssize_t itemsize) noexcept nogil:
     """Number of elements when the block is one forward C-order run, else -1."""
     cdef int i
@@ -895,9 +895,9 @@ cdef class DecodeBatch:
             not layout.transposed
             and self.kernel.swap_unit == 0
             and t.src_offset == 0
-            and _contiguous_run(t.ndim, t.shape, t.src_strides, self.kernel.itemsize)
+            and contiguous_run(t.ndim, t.shape, t.src_strides, self.kernel.itemsize)
             * self.kernel.itemsize == layout.nbytes
-            and _contiguous_run(t.ndim, t.shape, t.dst_strides, self.kernel.itemsize)
+            and contiguous_run(t.ndim, t.shape, t.dst_strides, self.kernel.itemsize)
             * self.kernel.itemsize == layout.nbytes
         )
 
@@ -1025,18 +1025,6 @@ cdef class EncodeBatch:
     neither encoded nor written (`run` reports it as False).
     """
 
-    cdef ChainKernel kernel
-    cdef EncodeTask* tasks
-    cdef Py_ssize_t* dims
-    cdef Py_ssize_t n
-    cdef Py_ssize_t cap
-    cdef int max_ndim
-    cdef list refs
-    cdef list outputs
-    cdef list keys
-    cdef object describe
-    cdef bytes fill
-
     def __cinit__(self, ChainKernel kernel, Py_ssize_t capacity, int max_ndim, describe=repr):
         if capacity < 0 or max_ndim < 0 or max_ndim > ZF_MAX_DIMS:
             raise ValueError("invalid batch size")
@@ -1100,7 +1088,7 @@ cdef class EncodeBatch:
         t.nbytes = layout.nbytes
         t.swap_unit = self.kernel.swap_unit if swap else 0
         t.contiguous = (
-            _contiguous_run(t.ndim, t.shape, t.src_strides, self.kernel.itemsize)
+            contiguous_run(t.ndim, t.shape, t.src_strides, self.kernel.itemsize)
             * self.kernel.itemsize == layout.nbytes
         )
         out = np.empty(self.kernel.encode_bound(layout.nbytes), dtype=np.uint8)
@@ -1116,28 +1104,30 @@ cdef class EncodeBatch:
         self.n += 1
         return self.n - 1
 
-    def run(self):
-        """Encode every queued chunk with the GIL released.
-
-        Returns
-        -------
-        list of numpy.ndarray, None or False
-            The encoded payloads (uint8), in the order they were added;
-            None for those written to their file; False for chunks skipped
-            because they hold only the fill value.
-        """
+    def run_range(self, Py_ssize_t start=0, Py_ssize_t stop=-1):
+        """Encode the queued chunks ``start:stop`` with the GIL released
+        (several threads may run disjoint ranges at once); raise for the
+        first that failed."""
         cdef Workspace ws = workspace()
         cdef Py_ssize_t i
         cdef Py_ssize_t failed = -1
         cdef const char* fill = <const char*>self.fill if self.fill is not None else NULL
+        if stop < 0 or stop > self.n:
+            stop = self.n
+        if start < 0:
+            start = 0
         with nogil:
-            for i in range(self.n):
+            for i in range(start, stop):
                 self.kernel.run_encode(ws, &self.tasks[i], fill)
                 if self.tasks[i].status.code != ZF_OK:
                     failed = i
                     break
         if failed >= 0:
             raise status_error(&self.tasks[failed].status, self.describe(self.keys[failed]))
+
+    def results(self):
+        """The outcome of every task, once all have run (see `run`)."""
+        cdef Py_ssize_t i
         result = []
         for i in range(self.n):
             if self.tasks[i].was_fill:
@@ -1151,3 +1141,16 @@ cdef class EncodeBatch:
             # keep a view when little is wasted, else copy to the exact size
             result.append(out[:length] if 4 * length >= 3 * out.shape[0] else out[:length].copy())
         return result
+
+    def run(self):
+        """Encode every queued chunk with the GIL released.
+
+        Returns
+        -------
+        list of numpy.ndarray, None or False
+            The encoded payloads (uint8), in the order they were added;
+            None for those written to their file; False for chunks skipped
+            because they hold only the fill value.
+        """
+        self.run_range()
+        return self.results()

@@ -21,6 +21,7 @@ from zarr.core.codec_pipeline import AsyncChunkTransform
 from zarr_fused._chain import NativeChain, build_chain
 from zarr_fused._read import ChunkReader, NativeChunkReader, PartialDecodeReader
 from zarr_fused._read_sharded import ShardReader, shard_reader_reason
+from zarr_fused._write_sharded import ShardWriter
 from zarr_fused._write import ChunkWriter, NativeChunkWriter, PartialEncodeWriter
 from zarr_fused.errors import UnsupportedError
 
@@ -47,7 +48,7 @@ class PipelinePlan:
     partial_decode: bool
     #: the synchronous path (None when ``chain`` is None)
     reader: ChunkReader | NativeChunkReader | PartialDecodeReader | ShardReader | None
-    writer: ChunkWriter | NativeChunkWriter | PartialEncodeWriter | None
+    writer: ChunkWriter | NativeChunkWriter | PartialEncodeWriter | ShardWriter | None
     #: why some of the reading runs on zarr's own code ("" when none does)
     read_fallback: str
     #: why some of the writing runs on zarr's own code ("" when none does)
@@ -102,7 +103,7 @@ def build_plan(
     chain = build_chain(codecs, spec, sync_transform)
     read_fallback = write_fallback = chain.reason
     reader: ChunkReader | NativeChunkReader | PartialDecodeReader | ShardReader
-    writer: ChunkWriter | NativeChunkWriter | PartialEncodeWriter
+    writer: ChunkWriter | NativeChunkWriter | PartialEncodeWriter | ShardWriter
     # Same dispatch as zarr's FusedCodecPipeline: a codec that implements
     # the partial mixins but only their async methods takes the whole-chunk
     # path.
@@ -117,7 +118,9 @@ def build_plan(
         reader = ChunkReader(chain)
     if partial_encode and hasattr(array_bytes_codec, "_encode_partial_sync"):
         writer = PartialEncodeWriter(array_bytes_codec)
-        write_fallback = f"{type(array_bytes_codec).__name__} writes with zarr's code"
+        write_fallback, inner = shard_reader_reason(array_bytes_codec, spec)
+        if inner is not None:
+            writer = ShardWriter(array_bytes_codec, inner, writer)  # type: ignore[arg-type]
     elif isinstance(chain, NativeChain):
         writer = NativeChunkWriter(chain)
     else:

@@ -1,6 +1,6 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
-"""Sharded reads in native code: the shard index, and the decode tasks of a
-selection's inner chunks.
+"""Shards in native code: the shard index, the decode and encode tasks of a
+selection's inner chunks, and shard assembly.
 
 `parse_index` decodes a shard index (``bytes`` with an optional trailing
 ``crc32c``, as ``index_codecs``) and checks every entry before anything
@@ -11,7 +11,10 @@ steps, integers) to the inner chunks it touches, each with the part of the
 chunk it selects and where that part goes in the output; `add_shard` turns
 a plan into decode tasks of a `DecodeBatch`, so the inner chunks of a shard
 are decoded straight into the output, in nogil calls, without a Python
-object per inner chunk.
+object per inner chunk. On the write side `add_shard_encode` queues the
+encodes of the inner chunks a write covers whole, straight from the value
+being written, and `assemble_shard` lays a shard out: payloads in the write
+order, then (or before) the index with its crc32c.
 """
 
 from cpython.slice cimport PySlice_GetIndicesEx
@@ -22,7 +25,17 @@ from libc.string cimport memset
 cimport numpy as cnp
 import numpy as np
 
-from zarr_fused._codecs cimport ChunkLayout, DecodeBatch, DecodeTask, select_basic
+from libc.string cimport memcpy
+
+from zarr_fused._codecs cimport (
+    ChunkLayout,
+    DecodeBatch,
+    DecodeTask,
+    EncodeBatch,
+    EncodeTask,
+    contiguous_run,
+    select_basic,
+)
 from zarr_fused._scatter cimport ZF_MAX_DIMS
 
 from zarr_fused.errors import CorruptShardError
@@ -223,6 +236,50 @@ cdef class ShardPlan:
     @property
     def out_shape(self):
         return tuple(self.out_shape[i] for i in range(self.kept))
+
+    def items(self):
+        """Per touched inner chunk, in `touched` order: (linear index, the
+        selection within the chunk, the selection within the plan's output
+        block, whether the chunk is covered whole)."""
+        cdef Py_ssize_t idx[ZF_MAX_DIMS]
+        cdef Py_ssize_t strides[ZF_MAX_DIMS]
+        cdef Py_ssize_t d, k, j, lin
+        cdef bint whole
+        result = []
+        if self.n_touched == 0:
+            return result
+        strides[self.ndim - 1] = 1
+        for d in range(self.ndim - 2, -1, -1):
+            strides[d] = strides[d + 1] * self.grid[d + 1]
+        for d in range(self.ndim):
+            idx[d] = 0
+        for k in range(self.n_touched):
+            lin = 0
+            inner = []
+            block = []
+            whole = True
+            for d in range(self.ndim):
+                j = self.offs[d] + idx[d]
+                lin += self.chunk[j] * strides[d]
+                if self.dropped[d]:
+                    inner.append(self.first[j])
+                    whole = whole and self.inner[d] == 1
+                else:
+                    inner.append(slice(self.first[j],
+                                       self.first[j] + (self.count[j] - 1) * self.step[d] + 1,
+                                       self.step[d]))
+                    block.append(slice(self.out_start[j], self.out_start[j] + self.count[j]))
+                    whole = whole and self.first[j] == 0 and self.count[j] == self.inner[d] and (
+                        self.step[d] == 1 or self.count[j] == 1)
+            result.append((lin, tuple(inner), tuple(block), whole))
+            d = self.ndim - 1
+            while d >= 0:
+                idx[d] += 1
+                if idx[d] < self.offs[d + 1] - self.offs[d]:
+                    break
+                idx[d] = 0
+                d -= 1
+        return result
 
     def touched(self):
         """Linear (C-order) indices of the touched inner chunks, ascending."""
@@ -434,3 +491,178 @@ def add_shard(DecodeBatch batch, payload, cnp.ndarray entries, ShardPlan plan,
             idx[d] = 0
             d -= 1
     return True
+
+
+
+def add_shard_encode(EncodeBatch batch, cnp.ndarray value, value_selection, ShardPlan plan,
+                     ChunkLayout layout, key, bint swap, bint skip_fill):
+    """Queue the encodes of the touched inner chunks that the write covers
+    whole, reading them straight from ``value[value_selection]`` (the
+    plan's output block).
+
+    Returns
+    -------
+    numpy.ndarray
+        The linear indices of the queued chunks, in queue order; None when
+        ``value_selection`` is not a basic selection of the plan's shape.
+    """
+    cdef Py_ssize_t region_shape[ZF_MAX_DIMS]
+    cdef Py_ssize_t region_strides[ZF_MAX_DIMS]
+    cdef Py_ssize_t logical[ZF_MAX_DIMS]
+    cdef Py_ssize_t grid_strides[ZF_MAX_DIMS]
+    cdef Py_ssize_t idx[ZF_MAX_DIMS]
+    cdef Py_ssize_t base = 0
+    cdef Py_ssize_t d, k, j, lin, n, i
+    cdef int nd
+    cdef bint whole
+    cdef EncodeTask* t
+    cdef char* src
+    cdef Py_ssize_t itemsize = batch.kernel.itemsize
+    if layout.ndim != plan.ndim or value.ndim > ZF_MAX_DIMS or value.dtype.itemsize != itemsize:
+        return None
+    if value.dtype.hasobject:
+        return None
+    nd = select_basic(value.ndim, <Py_ssize_t*>cnp.PyArray_DIMS(value),
+                      <Py_ssize_t*>cnp.PyArray_STRIDES(value), value_selection, &base,
+                      region_shape, region_strides)
+    if nd != plan.kept:
+        return None
+    for d in range(nd):
+        if region_shape[d] != plan.out_shape[d]:
+            return None
+    if skip_fill and batch.fill is None:
+        raise ValueError("set_fill() first")
+    queued = []
+    if plan.n_touched == 0:
+        return np.array(queued, dtype=np.intp)
+    grid_strides[plan.ndim - 1] = 1
+    for d in range(plan.ndim - 2, -1, -1):
+        grid_strides[d] = grid_strides[d + 1] * plan.grid[d + 1]
+    for d in range(plan.ndim):
+        idx[d] = 0
+    for n in range(plan.n_touched):
+        lin = 0
+        k = 0
+        whole = True
+        src = <char*>cnp.PyArray_DATA(value) + base
+        for d in range(plan.ndim):
+            j = plan.offs[d] + idx[d]
+            lin += plan.chunk[j] * grid_strides[d]
+            if plan.dropped[d]:
+                whole = whole and plan.inner[d] == 1
+                logical[d] = 0
+            else:
+                whole = whole and plan.first[j] == 0 and plan.count[j] == plan.inner[d] and (
+                    plan.step[d] == 1 or plan.count[j] == 1)
+                logical[d] = region_strides[k]
+                src += plan.out_start[j] * region_strides[k]
+                k += 1
+        if whole:
+            if batch.n >= batch.cap:
+                raise IndexError("encode batch is full")
+            t = &batch.tasks[batch.n]
+            memset(t, 0, sizeof(EncodeTask))
+            t.shape = batch.dims + 2 * batch.n * batch.max_ndim
+            t.src_strides = t.shape + batch.max_ndim
+            for i in range(layout.ndim):
+                t.shape[i] = layout.stored_shape[i]
+                t.src_strides[i] = logical[layout.perm[i]]
+            t.ndim = layout.ndim
+            t.src = src
+            t.nbytes = layout.nbytes
+            t.swap_unit = batch.kernel.swap_unit if swap else 0
+            t.contiguous = contiguous_run(t.ndim, t.shape, t.src_strides, itemsize) * itemsize \
+                == layout.nbytes
+            t.check_fill = skip_fill
+            out = np.empty(batch.kernel.encode_bound(layout.nbytes), dtype=np.uint8)
+            t.dst = <uint8_t*>cnp.PyArray_DATA(out)
+            t.dst_cap = out.shape[0]
+            batch.outputs.append(out)
+            batch.keys.append((key, lin))
+            batch.n += 1
+            queued.append(lin)
+        d = plan.ndim - 1
+        while d >= 0:
+            idx[d] += 1
+            if idx[d] < plan.offs[d + 1] - plan.offs[d]:
+                break
+            idx[d] = 0
+            d -= 1
+    batch.refs.append(value)
+    return np.array(queued, dtype=np.intp)
+
+
+def assemble_shard(cnp.ndarray order, list payloads, *, bint at_start, bint checksum,
+                   bint big_endian):
+    """Lay out a shard: the present payloads in ``order``, and the index.
+
+    Parameters
+    ----------
+    order : numpy.ndarray
+        Linear indices of every inner chunk, in the order they are stored
+        (the codec's ``subchunk_write_order``).
+    payloads : list
+        Per linear index, the chunk's bytes (a uint8 array) or None when the
+        chunk is missing (empty payloads count as missing, as in zarr).
+    at_start, checksum, big_endian : bool
+        Index location and codecs (``bytes`` with that byte order, then an
+        optional ``crc32c``).
+
+    Returns
+    -------
+    numpy.ndarray or None
+        The shard's bytes; None when no chunk is present (delete the shard).
+    """
+    cdef Py_ssize_t n = len(payloads)
+    cdef Py_ssize_t index_size = 16 * n + (4 if checksum else 0)
+    cdef Py_ssize_t pos, total, i, lin, size
+    cdef cnp.ndarray entries
+    cdef uint64_t* ep
+    cdef cnp.ndarray out
+    cdef uint8_t* op
+    cdef const uint8_t[::1] view
+    cdef uint32_t crc
+    cdef Py_ssize_t start
+    cdef Py_ssize_t* ordp
+    if order.dtype != np.intp or order.ndim != 1 or order.shape[0] != n:
+        raise ValueError("order must list every inner chunk once")
+    ordp = <Py_ssize_t*>cnp.PyArray_DATA(order)
+    entries = np.full((n, 2), MISSING, dtype=np.uint64)
+    ep = <uint64_t*>cnp.PyArray_DATA(entries)
+    pos = index_size if at_start else 0
+    present = 0
+    for i in range(n):
+        lin = ordp[i]
+        if lin < 0 or lin >= n:
+            raise ValueError("order must list every inner chunk once")
+        p = payloads[lin]
+        if p is None:
+            continue
+        size = len(p)
+        if size == 0:
+            continue
+        ep[2 * lin] = <uint64_t>pos
+        ep[2 * lin + 1] = <uint64_t>size
+        pos += size
+        present += 1
+    if present == 0:
+        return None
+    total = pos + (0 if at_start else index_size)
+    out = np.empty(total, dtype=np.uint8)
+    op = <uint8_t*>cnp.PyArray_DATA(out)
+    for i in range(n):
+        lin = ordp[i]
+        if ep[2 * lin] == MISSING:
+            continue
+        view = memoryview(payloads[lin]).cast("B")
+        with nogil:
+            memcpy(op + ep[2 * lin], &view[0], <size_t>ep[2 * lin + 1])
+    index = entries.astype(">u8" if big_endian else "<u8", copy=False).tobytes()
+    start = 0 if at_start else pos
+    out[start:start + 16 * n] = np.frombuffer(index, dtype=np.uint8)
+    if checksum:
+        with nogil:
+            crc = zf_crc32c(op + start, <size_t>(16 * n))
+        out[start + 16 * n:start + 16 * n + 4] = np.frombuffer(
+            int(crc).to_bytes(4, "little"), dtype=np.uint8)
+    return out

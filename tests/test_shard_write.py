@@ -1,0 +1,232 @@
+"""The native sharded write path: zarr's stored bytes, failures, concurrency."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import tracemalloc
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import zarr
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from zarr.codecs import BytesCodec, Crc32cCodec, ShardingCodec, TransposeCodec, ZstdCodec
+from zarr.storage import LocalStore, MemoryStore, WrapperStore
+from zarr.testing.strategies import basic_indices
+
+from zarr_fused._write_sharded import ShardWriter
+from zarr_fused.errors import CorruptChunkError, ZarrFusedError
+
+from conftest import BATCHED, FUSED, assert_same_values, chunk_items, make_store, with_pipeline
+
+
+def _create(store: Any, *, shape=(20, 17), shards=(8, 6), inner=(4, 3), dtype="<i4",
+            location="end", order="morton", codecs=None, fill_value=0, **kwargs: Any) -> zarr.Array:
+    return zarr.create_array(
+        store, shape=shape, chunks=shards, dtype=dtype, compressors=None, fill_value=fill_value,
+        serializer=ShardingCodec(chunk_shape=inner, codecs=codecs or [BytesCodec()],
+                                 index_location=location, subchunk_write_order=order),
+        **kwargs,
+    )
+
+
+def test_sharded_arrays_use_the_native_writer(fused: None) -> None:
+    plan = _create({})._async_array.codec_pipeline.plan
+    assert isinstance(plan.writer, ShardWriter)
+    assert plan.write_fallback == ""
+
+
+INNER_CODECS = {
+    "bytes": [BytesCodec()],
+    "bytes-big": [BytesCodec(endian="big")],
+    "crc32c": [BytesCodec(), Crc32cCodec()],
+    "transpose": [TransposeCodec(order=(1, 0)), BytesCodec()],
+    "zstd": [BytesCodec(), ZstdCodec(level=1)],
+}
+
+
+@st.composite
+def write_cases(draw: st.DrawFn) -> dict[str, Any]:
+    inner = (draw(st.integers(1, 4)), draw(st.integers(1, 4)))
+    shards = (inner[0] * draw(st.integers(1, 3)), inner[1] * draw(st.integers(1, 3)))
+    shape = (draw(st.integers(1, 2 * shards[0] + 1)), draw(st.integers(1, 2 * shards[1] + 1)))
+    return {
+        "inner": inner, "shards": shards, "shape": shape,
+        "codecs": draw(st.sampled_from(list(INNER_CODECS))),
+        "location": draw(st.sampled_from(["start", "end"])),
+        "order": draw(st.sampled_from(["morton", "lexicographic", "colexicographic", "unordered"])),
+        "wec": draw(st.booleans()),
+        "writes": draw(st.lists(st.tuples(basic_indices(shape=shape), st.integers(0, 3)),
+                                min_size=1, max_size=4)),
+        "max_workers": draw(st.sampled_from([1, 2, 3])),
+    }
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(case=write_cases())
+def test_property_partial_writes_match_zarr_bytes(case: dict[str, Any]) -> None:
+    stores = {}
+    rng = np.random.default_rng(sum(case["shape"]))
+    for path in (FUSED, BATCHED):
+        store = MemoryStore()
+        with with_pipeline(path), zarr.config.set({"codec_pipeline.max_workers": case["max_workers"]}):
+            arr = _create(store, shape=case["shape"], shards=case["shards"], inner=case["inner"],
+                          location=case["location"], order=case["order"],
+                          codecs=INNER_CODECS[case["codecs"]],
+                          config={"write_empty_chunks": case["wec"]})
+            for n, (selection, kind) in enumerate(case["writes"]):
+                shape = np.asarray(arr[selection]).shape
+                if kind == 0:  # the fill value: chunks and shards empty out
+                    arr[selection] = 0
+                elif kind == 1:  # a scalar
+                    arr[selection] = 7 + n
+                else:
+                    arr[selection] = np.random.default_rng(n).integers(-50, 50, shape).astype("<i4")
+        stores[path] = store
+    del rng
+    ours, theirs = chunk_items(stores[FUSED]), chunk_items(stores[BATCHED])
+    assert sorted(ours) == sorted(theirs)
+    if case["codecs"] != "zstd":
+        assert ours == theirs
+    with with_pipeline(BATCHED):
+        expected = zarr.open_array(stores[BATCHED], mode="r")[...]
+        assert_same_values(zarr.open_array(stores[FUSED], mode="r")[...], expected)
+
+
+@pytest.mark.parametrize("kind", ["memory", "local", "nosync"])
+def test_empty_shard_is_deleted(tmp_path: Path, kind: str) -> None:
+    store = make_store(kind, tmp_path)
+    with with_pipeline(FUSED):
+        arr = _create(store)
+        arr[0:8, 0:6] = 5
+        assert "c/0/0" in chunk_items(store)
+        arr[0:8, 0:6] = 0
+        assert "c/0/0" not in chunk_items(store)
+
+
+# -- failures ------------------------------------------------------------------------------
+
+
+class FailingStore(WrapperStore[Any]):
+    """Fails the k-th shard write (sync and async alike)."""
+
+    def __init__(self, store: Any, fail_at: int) -> None:
+        super().__init__(store)
+        self.fail_at = fail_at
+        self.sets = 0
+        self._lock = threading.Lock()
+
+    def _count(self, key: str) -> None:
+        if key.endswith("zarr.json"):
+            return
+        with self._lock:
+            self.sets += 1
+            if self.sets == self.fail_at:
+                raise OSError(f"simulated failure writing {key}")
+
+    def set_sync(self, key: str, value: Any) -> None:
+        self._count(key)
+        self._store.set_sync(key, value)
+
+    async def set(self, key: str, value: Any) -> None:
+        self._count(key)
+        await self._store.set(key, value)
+
+
+@pytest.mark.parametrize("max_workers", [1, 2])
+@pytest.mark.parametrize("fail_at", [1, 3, 6])
+def test_failed_shard_write_leaves_old_shards_readable(max_workers: int, fail_at: int) -> None:
+    inner = MemoryStore()
+    old = np.arange(24 * 18, dtype="<i4").reshape(24, 18)
+    with with_pipeline(FUSED), zarr.config.set({"codec_pipeline.max_workers": max_workers}):
+        arr = _create(inner, shape=(24, 18), codecs=[BytesCodec(), ZstdCodec(level=1)])
+        arr[...] = old
+        failing = FailingStore(inner, fail_at)
+        broken = zarr.open_array(failing, mode="r+")
+        with pytest.raises(OSError, match="simulated failure writing c/"):
+            broken[...] = old + 1000
+        # every shard holds either all old or all new values: none half-written
+        got = zarr.open_array(inner, mode="r")[...]
+    for i in range(3):
+        for j in range(3):
+            block = got[i * 8:(i + 1) * 8, j * 6:(j + 1) * 6]
+            want = old[i * 8:(i + 1) * 8, j * 6:(j + 1) * 6]
+            assert np.array_equal(block, want) or np.array_equal(block, want + 1000)
+
+
+def test_codec_error_names_the_shard_and_keeps_it(tmp_path: Path) -> None:
+    """A partial write over a corrupt stored shard fails naming it, and
+    leaves it (and the others) as they were."""
+    store = LocalStore(tmp_path / "a")
+    with with_pipeline(FUSED):
+        arr = _create(store, codecs=[BytesCodec(), Crc32cCodec()])
+        arr[...] = 1
+        shard = tmp_path / "a" / "c" / "0" / "0"
+        raw = bytearray(shard.read_bytes())
+        raw[3] ^= 0xFF  # a payload byte of an inner chunk
+        shard.write_bytes(bytes(raw))
+        with pytest.raises(CorruptChunkError, match=r"shard 'c/0/0'"):
+            arr[1:3, 1:2] = 9  # partial: the stored inner chunk must be decoded
+        assert shard.read_bytes() == bytes(raw)
+        assert_same_values(arr[8:, :], np.ones((12, 17), "<i4"))
+
+
+# -- concurrency ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["memory", "local"])
+def test_threads_writing_disjoint_shards(tmp_path: Path, kind: str) -> None:
+    store = make_store(kind, tmp_path)
+    expected = np.zeros((32, 36), dtype="<i4")
+    with with_pipeline(FUSED), zarr.config.set({"codec_pipeline.max_workers": 2}):
+        arr = _create(store, shape=(32, 36), codecs=[BytesCodec(), ZstdCodec(level=1)])
+
+        def write(block: tuple[int, int]) -> None:
+            i, j = block
+            value = np.full((8, 6), i * 10 + j, "<i4")
+            value[::3, ::2] = -(i * 10 + j)
+            arr[i * 8:(i + 1) * 8, j * 6:(j + 1) * 6] = value
+            expected[i * 8:(i + 1) * 8, j * 6:(j + 1) * 6] = value
+
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(write, [(i, j) for i in range(4) for j in range(6)]))
+        assert_same_values(arr[...], expected)
+
+
+# -- scalars ----------------------------------------------------------------------------------
+
+
+def test_scalar_write_does_not_materialise_per_chunk(tmp_path: Path) -> None:
+    """``a[...] = 5`` over many shards allocates about one chunk's worth per
+    distinct outcome plus a shard in flight per worker, not a full-size
+    temporary per inner chunk."""
+    store = LocalStore(tmp_path / "a")
+    with with_pipeline(FUSED), zarr.config.set({"codec_pipeline.max_workers": 2}):
+        arr = _create(store, shape=(512, 512), shards=(128, 128), inner=(16, 16),
+                      codecs=[BytesCodec(), ZstdCodec(level=1)])
+        arr[...] = 3
+        tracemalloc.start()
+        try:
+            arr[...] = 5
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        assert_same_values(arr[...], np.full((512, 512), 5, "<i4"))
+    shard_bytes = 128 * 128 * 4
+    assert peak < 4 * shard_bytes, f"scalar write peaked at {peak / shard_bytes:.1f} shards"
+
+
+def test_async_stores_still_match_zarr(tmp_path: Path) -> None:
+    results = {}
+    for path in (FUSED, BATCHED):
+        store = make_store("nosync", tmp_path)
+        with with_pipeline(path):
+            arr = _create(store, codecs=[BytesCodec(), Crc32cCodec()])
+            arr[...] = np.arange(340, dtype="<i4").reshape(20, 17)
+            arr[3:9, 4:12] = -1
+        results[path] = chunk_items(store)
+    assert results[FUSED] == results[BATCHED]
