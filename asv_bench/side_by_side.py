@@ -247,7 +247,7 @@ def scenario_ceiling(repeat: int) -> list[str]:
     from zarr_fused import _codecs as kc
     from zarr_fused import _shard
 
-    name = "u16-512cube-sharded-zstd"
+    name = "sharded-zstd"
     layout = LAYOUTS[name]
     path = data_dir() / name
     data = write_reference(layout, path)
@@ -284,13 +284,13 @@ def scenario_ceiling(repeat: int) -> list[str]:
 
 SCENARIOS = {
     "array-unsharded": lambda repeat, store: scenario_arrays(
-        ["f32-2048sq-blosc-lz4", "f32-2048sq-zstd"], repeat, store),
+        ["unsharded-blosc", "unsharded-zstd"], repeat, store),
     "array-sharded": lambda repeat, store: scenario_arrays(
-        ["u16-512cube-sharded-zstd", "u16-512cube-sharded-raw"], repeat, store),
+        ["sharded-zstd", "sharded-raw"], repeat, store),
     "array-sharded-crc": lambda repeat, store: scenario_arrays(
-        ["u16-512cube-sharded-zstd-crc"], repeat, store),
+        ["sharded-zstd-crc"], repeat, store),
     "sharded-patterns": lambda repeat, store: scenario_patterns(
-        ["u16-512cube-sharded-zstd"], repeat, store),
+        ["sharded-zstd"], repeat, store),
     "codecs": lambda repeat, store: scenario_codecs(repeat),
     "zstd-ceiling": lambda repeat, store: scenario_ceiling(repeat),
 }

@@ -20,13 +20,24 @@ import numpy as np
 import zarr
 from zarr.storage import LocalStore, MemoryStore
 
+# ZARR_FUSED_BENCH_QUICK=1 trims every parameter grid to a few points (the
+# quick run in CI checks that the benchmarks work, in seconds)
+QUICK = os.environ.get("ZARR_FUSED_BENCH_QUICK") == "1"
+
+
+def choose(full: list[Any], quick: list[Any]) -> list[Any]:
+    return quick if QUICK else full
+
+
 PIPELINES = {
     "zarr-batched": "zarr.core.codec_pipeline.BatchedCodecPipeline",
     "zarr-fused": "zarr.core.codec_pipeline.FusedCodecPipeline",
     "zarr_fused": "zarr_fused.FusedCodecPipeline",
     "zarrs": "zarrs.ZarrsCodecPipeline",
 }
-PEERS = [*PIPELINES, "tensorstore"]
+PEERS = choose([*PIPELINES, "tensorstore"], ["zarr_fused", "zarr-fused"])
+STORES = choose(["local", "memory"], ["local"])
+THREADS = choose([1, 2], [2])
 
 
 def available(peer: str) -> bool:
@@ -42,7 +53,10 @@ def available(peer: str) -> bool:
 
 
 def data_dir() -> Path:
+    """The cache folder for benchmark data: ``ZARR_FUSED_BENCH_DIR``, default
+    ``<tmp>/zarr_fused_bench``, one subfolder per scale."""
     root = Path(os.environ.get("ZARR_FUSED_BENCH_DIR", Path(tempfile.gettempdir()) / "zarr_fused_bench"))
+    root = root / scale()
     root.mkdir(parents=True, exist_ok=True)
     return root
 
@@ -57,6 +71,11 @@ class Layout:
     chunks: tuple[int, ...]
     shards: tuple[int, ...] | None = None
     compressors: Callable[[], Any] = field(default=lambda: None)
+
+    @property
+    def inner(self) -> tuple[int, ...]:
+        """The chunks a reader decodes one by one (inner chunks when sharded)."""
+        return self.chunks
 
     def create(self, store: Any) -> zarr.Array:
         return zarr.create_array(
@@ -89,21 +108,30 @@ def _zstd1_crc() -> Any:
     return [zarr.codecs.ZstdCodec(level=1), zarr.codecs.Crc32cCodec()]
 
 
-LAYOUTS = {
-    # issue 3: unsharded float32, 64x64 chunks
-    "f32-2048sq-blosc-lz4": Layout("f32-2048sq-blosc-lz4", (2048, 2048), "float32", (64, 64),
-                                   compressors=_blosc_lz4),
-    "f32-2048sq-zstd": Layout("f32-2048sq-zstd", (2048, 2048), "float32", (64, 64),
-                              compressors=_zstd1),
-    "f32-2048sq-raw": Layout("f32-2048sq-raw", (2048, 2048), "float32", (64, 64)),
-    # issue 4/5: sharded uint16 cube, shards 128^3, inner chunks 32^3
-    "u16-512cube-sharded-zstd": Layout("u16-512cube-sharded-zstd", (512, 512, 512), "uint16",
-                                       (32, 32, 32), (128, 128, 128), _zstd1),
-    "u16-512cube-sharded-raw": Layout("u16-512cube-sharded-raw", (512, 512, 512), "uint16",
-                                      (32, 32, 32), (128, 128, 128)),
-    "u16-512cube-sharded-zstd-crc": Layout("u16-512cube-sharded-zstd-crc", (512, 512, 512),
-                                           "uint16", (32, 32, 32), (128, 128, 128), _zstd1_crc),
-}
+def scale() -> str:
+    """``full`` (the sizes the issues name) or ``small`` (for quick runs):
+    ``ZARR_FUSED_BENCH_SCALE``."""
+    value = os.environ.get("ZARR_FUSED_BENCH_SCALE", "full")
+    return value if value in ("full", "small") else "full"
+
+
+def _layouts(size: str) -> dict[str, Layout]:
+    cube, shard, inner = ((512, 128, 32) if size == "full" else (64, 32, 8))
+    side, chunk = ((2048, 64) if size == "full" else (256, 32))
+    sharded = {"shape": (cube,) * 3, "dtype": "uint16", "chunks": (inner,) * 3,
+               "shards": (shard,) * 3}
+    flat = {"shape": (side, side), "dtype": "float32", "chunks": (chunk, chunk)}
+    return {
+        "sharded-zstd": Layout("sharded-zstd", compressors=_zstd1, **sharded),
+        "sharded-raw": Layout("sharded-raw", **sharded),
+        "sharded-zstd-crc": Layout("sharded-zstd-crc", compressors=_zstd1_crc, **sharded),
+        "unsharded-blosc": Layout("unsharded-blosc", compressors=_blosc_lz4, **flat),
+        "unsharded-zstd": Layout("unsharded-zstd", compressors=_zstd1, **flat),
+        "unsharded-raw": Layout("unsharded-raw", **flat),
+    }
+
+
+LAYOUTS = _layouts(scale())
 
 
 @contextlib.contextmanager
