@@ -230,3 +230,23 @@ def test_async_stores_still_match_zarr(tmp_path: Path) -> None:
             arr[3:9, 4:12] = -1
         results[path] = chunk_items(store)
     assert results[FUSED] == results[BATCHED]
+
+
+@pytest.mark.parametrize("value_shape", [(63,), (2, 64), (64, 1), (1, 64)],
+                         ids=["short", "extra-row", "column", "row"])
+def test_mismatched_value_behaves_like_zarr(value_shape: tuple[int, ...]) -> None:
+    """A value that does not fit the selection raises what zarr raises, or,
+    where zarr broadcasts it, stores what zarr stores."""
+    outcomes = {}
+    for path in (FUSED, BATCHED):
+        store = MemoryStore()
+        with with_pipeline(path):
+            arr = zarr.create_array(store, shape=(64, 64), chunks=(8, 8), shards=(32, 32),
+                                    dtype="<i4")
+            try:
+                arr[3:4] = np.arange(int(np.prod(value_shape)), dtype="<i4").reshape(value_shape)
+            except Exception as exc:
+                outcomes[path] = type(exc)
+            else:
+                outcomes[path] = chunk_items(store)
+    assert outcomes[FUSED] == outcomes[BATCHED]

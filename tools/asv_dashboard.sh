@@ -22,7 +22,7 @@ mkdir -p .asv
 git rev-list --max-count="$N" main > .asv/commits.txt
 "$VENV/bin/asv" machine --yes --config asv_bench/asv.conf.json >/dev/null
 "$VENV/bin/asv" run -E "virtualenv:$VERSION" --skip-existing-successful --show-stderr \
-  --config asv_bench/asv.conf.json "HASHFILE:.asv/commits.txt"
+  --config asv_bench/asv.conf.json "HASHFILE:$PWD/.asv/commits.txt"
 "$VENV/bin/asv" publish --config asv_bench/asv.conf.json
 echo "dashboard: $PWD/.asv/html/index.html (serve it: $VENV/bin/asv preview --config asv_bench/asv.conf.json)"
 if [ "${2:-}" = "--preview" ]; then

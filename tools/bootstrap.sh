@@ -8,12 +8,12 @@
 # when pyproject.toml or setup.py change, and the build is incremental.
 #
 # Environment: PYTHON (interpreter to use), VENV (default .venv),
-# EXTRAS (default "test"), ZARR_FUSED_SKIP_APT=1 (never call apt-get).
+# EXTRAS (default "test,bench,docs"), ZARR_FUSED_SKIP_APT=1 (never call apt-get).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 VENV=${VENV:-.venv}
-EXTRAS=${EXTRAS:-test}
+EXTRAS=${EXTRAS:-test,bench,docs}
 
 say() { printf 'bootstrap: %s\n' "$*" >&2; }
 

@@ -3,8 +3,8 @@
 Creates sample arrays on local disk, writes and reads them through every
 available pipeline (zarr's BatchedCodecPipeline and FusedCodecPipeline,
 zarr_fused, and zarrs-python when installed), checks that every pipeline
-reads back exactly the data written and that deterministic codecs store
-byte-identical chunks, and prints the timings side by side as ratios to
+reads back exactly the data written and that zarr's pipelines and zarr_fused
+store byte-identical chunks, and prints the timings side by side as ratios to
 zarr's default pipeline.
 """
 
@@ -30,6 +30,12 @@ PIPELINES = {
     "zarrs": "zarrs.ZarrsCodecPipeline",
 }
 
+# Byte-identical chunks are zarr_fused's promise with respect to zarr's own
+# pipelines. zarrs is an independent implementation that may lay a shard out
+# differently (it orders the inner chunks another way), which the spec
+# allows: for it the values are checked and a byte difference is only shown.
+BYTE_IDENTICAL = ("zarr batched", "zarr fused", "zarr_fused")
+
 
 @dataclass(frozen=True)
 class Layout:
@@ -39,7 +45,7 @@ class Layout:
 
 def _layouts(edge: int) -> list[Layout]:
     inner = max(1, edge // 8)
-    shard = max(inner, edge // 2)
+    shard = inner * max(1, edge // 2 // inner)  # shards must hold whole inner chunks
     return [
         Layout(
             "sharded zstd",
@@ -132,9 +138,12 @@ def run_demo(edge: int = 256, repeat: int = 3, workdir: str | None = None) -> in
             print(f"{'pipeline':<14}{'write s':>9}{'speedup':>9}{'read s':>9}{'speedup':>9}  check")
             for label, t_write, t_read, same in rows:
                 identical = digests[label] == digests["zarr batched"]
-                ok &= identical
+                required = label in BYTE_IDENTICAL
+                ok &= identical or not required
                 check = ("values ok" if same else "VALUES DIFFER") + (
-                    ", bytes identical" if identical else ", STORED BYTES DIFFER"
+                    ", bytes identical" if identical
+                    else ", STORED BYTES DIFFER" if required
+                    else ", stored bytes differ (allowed)"
                 )
                 print(
                     f"{label:<14}{t_write:>9.3f}{ref_write / t_write:>8.2f}x"

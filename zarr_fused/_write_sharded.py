@@ -169,7 +169,7 @@ class ShardWriter:
                     inner_spec.prototype.nd_buffer.from_ndarray_like(merged), inner_spec)
                 scalar_outcome = scalar_outcome.as_numpy_array() if scalar_outcome is not None else None
 
-        def prepare(job: tuple[WriteItem, Any]) -> dict[str, Any]:
+        def prepare(job: tuple[WriteItem, Any]) -> dict[str, Any] | None:
             (setter, spec, chunk_selection, out_selection, _), plan = job
             grid = tuple(s // c for s, c in zip(spec.shape, self.inner_shape))
             items = plan.items()
@@ -192,7 +192,11 @@ class ShardWriter:
                 done = shard_kernels.add_shard_encode(  # type: ignore[union-attr]
                     encoding, data, out_selection, plan, layout, setter, swap, native_empty)
                 if done is None:
-                    raise AssertionError("a basic selection that the value does not match")
+                    # the value does not fit the selection: zarr's path raises
+                    # the error zarr users expect
+                    _buffers.give(buffer)
+                    self.fallback.write([job[0]], value, drop_axes, 1)
+                    return None
                 queued.extend(int(lin) for lin in done)
             else:  # zarr's empty rule needs Python (NaN or complex fill values)
                 block = data[(*out_selection, Ellipsis)] if out_selection != () else data
@@ -255,6 +259,8 @@ class ShardWriter:
 
         def one_shard(job: tuple[WriteItem, Any]) -> None:
             state = prepare(job)
+            if state is None:
+                return
             state["encoding"].run_range()
             finish(state)
 
@@ -263,6 +269,8 @@ class ShardWriter:
         else:
             for job in native:
                 state = prepare(job)
+                if state is None:
+                    continue
                 encoding = state["encoding"]
                 n = len(encoding)
                 parts = partition(n, max_workers, max_group=max(1, -(-n // (2 * max_workers))))
