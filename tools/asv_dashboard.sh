@@ -24,6 +24,8 @@ git rev-list --max-count="$N" main > .asv/commits.txt
 "$VENV/bin/asv" run -E "virtualenv:$VERSION" --skip-existing-successful --show-stderr \
   --config asv_bench/asv.conf.json "HASHFILE:$PWD/.asv/commits.txt"
 "$VENV/bin/asv" publish --config asv_bench/asv.conf.json
+# asv's pages load their scripts from CDNs: serve them from the dashboard
+"$VENV/bin/python" tools/asv_offline.py .asv/html
 echo "dashboard: $PWD/.asv/html/index.html (serve it: $VENV/bin/asv preview --config asv_bench/asv.conf.json)"
 if [ "${2:-}" = "--preview" ]; then
   exec "$VENV/bin/asv" preview --config asv_bench/asv.conf.json
