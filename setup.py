@@ -55,6 +55,7 @@ EXTENSIONS: list[dict] = [
         "sources": ["zarr_fused/_shard.pyx"],
         "depends": [
             "zarr_fused/_codecs.pxd",
+            "zarr_fused/_localio.pxd",
             "zarr_fused/_scatter.pxd",
             "zarr_fused/_crc32c.h",
         ],

@@ -13,3 +13,12 @@ cdef int read_file(const char* path, unsigned char** buf, size_t* cap,
 
 cdef int write_file_atomic(const char* path, const unsigned char* data, Py_ssize_t n,
                            int* err) noexcept nogil
+
+cdef int pread_full(int fd, unsigned char* dst, Py_ssize_t n, Py_ssize_t offset,
+                    int* err) noexcept nogil
+
+cdef int read_ranges_fd(int fd, Py_ssize_t n, const Py_ssize_t* starts,
+                        const Py_ssize_t* lengths, unsigned char* out,
+                        const Py_ssize_t* offsets, Py_ssize_t max_gap,
+                        Py_ssize_t max_coalesced, unsigned char* gap, int* err,
+                        Py_ssize_t* bad) noexcept nogil

@@ -203,8 +203,8 @@ cdef enum:
     GROUP_MAX = 512
 
 
-cdef int _pread_full(int fd, unsigned char* dst, Py_ssize_t n, Py_ssize_t offset,
-                     int* err) noexcept nogil:
+cdef int pread_full(int fd, unsigned char* dst, Py_ssize_t n, Py_ssize_t offset,
+                    int* err) noexcept nogil:
     """Read exactly n bytes at offset: 0, 1 when the file ends first, -1 on error."""
     cdef Py_ssize_t done = 0, got
     while done < n:
@@ -220,10 +220,11 @@ cdef int _pread_full(int fd, unsigned char* dst, Py_ssize_t n, Py_ssize_t offset
     return 0
 
 
-cdef int _read_ranges(int fd, Py_ssize_t n, const Py_ssize_t* starts, const Py_ssize_t* lengths,
-                      unsigned char* out, const Py_ssize_t* offsets, Py_ssize_t max_gap,
-                      Py_ssize_t max_coalesced, unsigned char* gap, int* err,
-                      Py_ssize_t* bad) noexcept nogil:
+cdef int read_ranges_fd(int fd, Py_ssize_t n, const Py_ssize_t* starts,
+                        const Py_ssize_t* lengths, unsigned char* out,
+                        const Py_ssize_t* offsets, Py_ssize_t max_gap,
+                        Py_ssize_t max_coalesced, unsigned char* gap, int* err,
+                        Py_ssize_t* bad) noexcept nogil:
     """Read sorted, non-overlapping ranges; neighbours no further apart than
     max_gap (and spanning at most max_coalesced) share one preadv."""
     cdef iovec iov[2 * GROUP_MAX]
@@ -238,7 +239,7 @@ cdef int _read_ranges(int fd, Py_ssize_t n, const Py_ssize_t* starts, const Py_s
             end = starts[j] + lengths[j]
             j += 1
         if j == i + 1:
-            rc = _pread_full(fd, out + offsets[i], lengths[i], starts[i], err)
+            rc = pread_full(fd, out + offsets[i], lengths[i], starts[i], err)
             if rc != 0:
                 bad[0] = i
                 return rc
@@ -267,7 +268,7 @@ cdef int _read_ranges(int fd, Py_ssize_t n, const Py_ssize_t* starts, const Py_s
         if got < span:
             # short: finish range by range, which finds where the file ends
             for k in range(i, j):
-                rc = _pread_full(fd, out + offsets[k], lengths[k], starts[k], err)
+                rc = pread_full(fd, out + offsets[k], lengths[k], starts[k], err)
                 if rc != 0:
                     bad[0] = k
                     return rc
@@ -340,7 +341,7 @@ def read_ranges(path, cnp.ndarray starts, cnp.ndarray lengths, cnp.ndarray out,
                     bad = 0
                     rc = 2
                 else:
-                    rc = _pread_full(fd, <unsigned char*>cnp.PyArray_DATA(out) + op[0], lp[0],
+                    rc = pread_full(fd, <unsigned char*>cnp.PyArray_DATA(out) + op[0], lp[0],
                                      st.st_size - lp[0], &err)
                     if rc == 1:
                         bad = 0
@@ -351,7 +352,7 @@ def read_ranges(path, cnp.ndarray starts, cnp.ndarray lengths, cnp.ndarray out,
                     err = 12
                     rc = -1
                 else:
-                    rc = _read_ranges(fd, n, sp, lp, <unsigned char*>cnp.PyArray_DATA(out), op,
+                    rc = read_ranges_fd(fd, n, sp, lp, <unsigned char*>cnp.PyArray_DATA(out), op,
                                       max_gap, max_coalesced, gap, &err, &bad)
                     if rc == 1:
                         rc = 2
@@ -401,7 +402,7 @@ def read_into(path, cnp.ndarray out):
                 if size > out.shape[0]:
                     rc = 3
                 else:
-                    rc = _pread_full(fd, <unsigned char*>cnp.PyArray_DATA(out), size, 0, &err)
+                    rc = pread_full(fd, <unsigned char*>cnp.PyArray_DATA(out), size, 0, &err)
                     if rc == 1:  # shrank while reading: a writer not replacing atomically
                         err = 5  # EIO
                         rc = -1

@@ -270,44 +270,17 @@ class ShardReader:
             shard.entries = self._parse(index, n, grid, getter, length, 0 if at_start else length - size)
             shard.payload = data
             return
-        index = np.empty(size, dtype=np.uint8)
-        read = io_kernels.read_ranges(  # type: ignore[union-attr]
-            path, np.array([0 if at_start else -1], np.intp), np.array([size], np.intp), index,
-            np.zeros(1, np.intp))
-        if read == -1:
+        fetched = shard_kernels.fetch_partial_local(  # type: ignore[union-attr]
+            path, n, np.ascontiguousarray(touched, dtype=np.intp), _buffers.take,
+            checksum=self.checksum, big_endian=self.big_endian, at_start=at_start,
+            max_gap=spec.config.sharding_coalesce_max_gap_bytes,
+            max_coalesced=spec.config.sharding_coalesce_max_bytes,
+            grid=grid, where=lambda: describe_key(getter),
+        )
+        if fetched is None:
             shard.missing = True
             return
-        if read == 0:
-            raise CorruptShardError(
-                f"{describe_key(getter)}: the stored shard is too short for its {size}-byte index")
-        entries = self._parse(index, n, grid, getter)
-        present = touched[entries[touched, 0] != _MISSING]
-        shard.entries = entries.copy()
-        if present.size == 0:
-            shard.payload = np.empty(0, dtype=np.uint8)
-            return
-        order = np.argsort(entries[present, 0], kind="stable")
-        present = present[order]
-        starts = entries[present, 0].astype(np.intp)
-        lengths = entries[present, 1].astype(np.intp)
-        offsets = np.zeros(len(present), dtype=np.intp)
-        np.cumsum(lengths[:-1], out=offsets[1:])
-        total = int(offsets[-1] + lengths[-1])
-        buf = _buffers.take(total)
-        shard.buffer = buf
-        read = io_kernels.read_ranges(  # type: ignore[union-attr]
-            path, starts, lengths, buf, offsets,
-            spec.config.sharding_coalesce_max_gap_bytes, spec.config.sharding_coalesce_max_bytes)
-        if read == -1:  # the shard vanished after its index was read
-            shard.missing = True
-            return
-        if read < len(present):
-            raise CorruptShardError(
-                f"{describe_key(getter)}: inner chunk {int(present[read])} should hold "
-                f"{int(lengths[read])} "
-                f"bytes from byte {int(starts[read])}, past the end of the shard (truncated shard)")
-        shard.entries[present, 0] = offsets.astype(np.uint64)
-        shard.payload = buf[:total]
+        shard.entries, shard.payload, shard.buffer = fetched
 
     def _get_ranges(self, getter: Any, spec: ArraySpec, ranges: list[RangeByteRequest]) -> list[Any] | None:
         store = getattr(getter, "store", None)

@@ -23,6 +23,8 @@ from libc.stdlib cimport free, malloc, qsort
 from libc.string cimport memset
 
 cimport numpy as cnp
+import os
+
 import numpy as np
 
 from libc.string cimport memcpy
@@ -36,7 +38,12 @@ from zarr_fused._codecs cimport (
     contiguous_run,
     select_basic,
 )
+from zarr_fused._localio cimport pread_full, read_ranges_fd
 from zarr_fused._scatter cimport ZF_MAX_DIMS
+from libc.errno cimport EINTR, EISDIR, ENOENT, ENOTDIR, errno
+from posix.fcntl cimport O_CLOEXEC, O_RDONLY, open
+from posix.stat cimport S_ISDIR, fstat, struct_stat
+from posix.unistd cimport close
 
 from zarr_fused.errors import CorruptShardError
 
@@ -666,3 +673,143 @@ def assemble_shard(cnp.ndarray order, list payloads, *, bint at_start, bint chec
         out[start + 16 * n:start + 16 * n + 4] = np.frombuffer(
             int(crc).to_bytes(4, "little"), dtype=np.uint8)
     return out
+
+
+
+cdef struct Wanted:
+    Py_ssize_t start
+    Py_ssize_t length
+    Py_ssize_t chunk
+
+
+cdef int _by_wanted_start(const void* a, const void* b) noexcept nogil:
+    cdef const Wanted* x = <const Wanted*>a
+    cdef const Wanted* y = <const Wanted*>b
+    return -1 if x.start < y.start else (1 if x.start > y.start else 0)
+
+
+def fetch_partial_local(bytes path, Py_ssize_t n_chunks, cnp.ndarray touched, take, *,
+                        bint checksum, bint big_endian, bint at_start,
+                        Py_ssize_t max_gap=1 << 20, Py_ssize_t max_coalesced=16 << 20,
+                        grid=None, where="shard"):
+    """A partial read of a shard in a local file: its index, then the touched
+    chunks (coalesced like `zarr_fused._localio.read_ranges`), from one open
+    file, with the index checked against the file's size.
+
+    ``take(nbytes)`` returns a writeable uint8 buffer of at least ``nbytes``.
+
+    Returns
+    -------
+    tuple or None
+        ``(entries, payload, buffer)``: the index with the touched present
+        chunks' offsets pointing into ``payload`` (the first bytes of
+        ``buffer``); None when the shard is missing.
+    """
+    cdef const char* cp = path
+    cdef int fd = -1
+    cdef int err = 0, rc = 0
+    cdef struct_stat st
+    cdef Py_ssize_t size = 0, isize = 16 * n_chunks + (4 if checksum else 0)
+    cdef Py_ssize_t index_at, m = 0, i, k, total = 0, biggest_gap = 0, bad = -1
+    cdef cnp.ndarray raw = np.empty(isize, dtype=np.uint8)
+    cdef cnp.ndarray entries
+    cdef uint64_t* ep
+    cdef Wanted* wanted = NULL
+    cdef Py_ssize_t* starts = NULL
+    cdef Py_ssize_t* lengths = NULL
+    cdef Py_ssize_t* offsets = NULL
+    cdef unsigned char* gap = NULL
+    cdef Py_ssize_t* tp
+    cdef cnp.ndarray buf
+    cdef unsigned char* bp
+    if touched.dtype != np.intp or not touched.flags.c_contiguous:
+        raise TypeError("touched must be a contiguous intp array")
+    with nogil:
+        while True:
+            fd = open(cp, O_RDONLY | O_CLOEXEC)
+            if fd >= 0 or errno != EINTR:
+                break
+        if fd < 0:
+            err = errno
+            rc = 1 if (err == ENOENT or err == ENOTDIR or err == EISDIR) else -1
+        elif fstat(fd, &st) != 0:
+            err = errno
+            rc = -1
+        elif S_ISDIR(st.st_mode):
+            rc = 1
+        else:
+            size = st.st_size
+            if size < isize:
+                rc = 2
+            else:
+                index_at = 0 if at_start else size - isize
+                rc = pread_full(fd, <unsigned char*>cnp.PyArray_DATA(raw), isize, index_at, &err)
+                if rc == 1:
+                    rc = 2
+        if rc != 0 and fd >= 0:
+            close(fd)
+    if rc == 1:
+        return None
+    if rc == -1:
+        raise OSError(err, os.strerror(err), os.fsdecode(path))
+    if rc == 2:
+        w = where() if callable(where) else where
+        raise CorruptShardError(
+            f"{w}: the stored shard is shorter than its {isize}-byte index (truncated shard)")
+    try:
+        entries = parse_index(raw, n_chunks, checksum=checksum, big_endian=big_endian,
+                              shard_len=size, index_start=0 if at_start else size - isize,
+                              grid=grid, where=where)
+        ep = <uint64_t*>cnp.PyArray_DATA(entries)
+        tp = <Py_ssize_t*>cnp.PyArray_DATA(touched)
+        k = touched.shape[0]
+        wanted = <Wanted*>malloc(sizeof(Wanted) * (k if k else 1))
+        starts = <Py_ssize_t*>malloc(sizeof(Py_ssize_t) * (k if k else 1))
+        lengths = <Py_ssize_t*>malloc(sizeof(Py_ssize_t) * (k if k else 1))
+        offsets = <Py_ssize_t*>malloc(sizeof(Py_ssize_t) * (k if k else 1))
+        if wanted == NULL or starts == NULL or lengths == NULL or offsets == NULL:
+            raise MemoryError()
+        for i in range(k):
+            if tp[i] < 0 or tp[i] >= n_chunks:
+                raise IndexError("touched chunk out of range")
+            if ep[2 * tp[i]] == MISSING or ep[2 * tp[i] + 1] == 0:
+                continue
+            wanted[m].start = <Py_ssize_t>ep[2 * tp[i]]
+            wanted[m].length = <Py_ssize_t>ep[2 * tp[i] + 1]
+            wanted[m].chunk = tp[i]
+            m += 1
+        qsort(wanted, <size_t>m, sizeof(Wanted), _by_wanted_start)
+        for i in range(m):
+            starts[i] = wanted[i].start
+            lengths[i] = wanted[i].length
+            offsets[i] = total
+            total += wanted[i].length
+            if i and wanted[i].start - wanted[i - 1].start - wanted[i - 1].length > biggest_gap:
+                biggest_gap = wanted[i].start - wanted[i - 1].start - wanted[i - 1].length
+        if biggest_gap > max_gap:
+            biggest_gap = max_gap
+        buf = take(total)
+        if buf.dtype != np.uint8 or not buf.flags.c_contiguous or buf.shape[0] < total:
+            raise ValueError("take() returned an unusable buffer")
+        bp = <unsigned char*>cnp.PyArray_DATA(buf)
+        gap = <unsigned char*>malloc(<size_t>(biggest_gap if biggest_gap else 1))
+        if gap == NULL:
+            raise MemoryError()
+        with nogil:
+            rc = read_ranges_fd(fd, m, starts, lengths, bp, offsets, max_gap, max_coalesced, gap,
+                                &err, &bad)
+        if rc == -1:
+            raise OSError(err, os.strerror(err), os.fsdecode(path))
+        if rc == 1:  # cannot happen for ranges checked against the size, unless it shrank
+            w = where() if callable(where) else where
+            raise CorruptShardError(f"{w}: the shard changed size while it was read")
+        for i in range(m):
+            ep[2 * wanted[i].chunk] = <uint64_t>offsets[i]
+        return entries, buf[:total], buf
+    finally:
+        close(fd)
+        free(wanted)
+        free(starts)
+        free(lengths)
+        free(offsets)
+        free(gap)
