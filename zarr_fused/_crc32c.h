@@ -184,7 +184,7 @@ static uint32_t zf_crc32c_with(int force, const uint8_t *p, size_t n) {
 
 static inline uint32_t zf_crc32c(const uint8_t *p, size_t n) { return zf_crc32c_with(-1, p, n); }
 
-static const char *zf_crc32c_name(void) {
+static inline const char *zf_crc32c_name(void) {
     return zf_crc32c_kind == 1 ? "sse4.2" : zf_crc32c_kind == 2 ? "armv8-crc" : "portable";
 }
 

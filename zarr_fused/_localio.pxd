@@ -8,6 +8,8 @@ cdef enum FileStatus:
     FILE_MISSING = 1
     FILE_ERROR = -1
 
+cdef int open_regular(const char* path, int* fd, Py_ssize_t* size, int* err) noexcept nogil
+
 cdef int read_file(const char* path, unsigned char** buf, size_t* cap,
                    Py_ssize_t* length, int* err) noexcept nogil
 

@@ -34,8 +34,8 @@ cdef extern from "stdio.h" nogil:
 cdef extern from *:
     """
     #include <stdint.h>
-    static uint64_t zf_tmp_counter = 0;
-    static uint64_t zf_next_tmp_id(void) {
+    static unsigned long long zf_tmp_counter = 0;
+    static unsigned long long zf_next_tmp_id(void) {
     #if defined(__GNUC__) || defined(__clang__)
         return __atomic_add_fetch(&zf_tmp_counter, 1, __ATOMIC_RELAXED);
     #else
@@ -53,31 +53,43 @@ cdef enum:
     TMP_SUFFIX_MAX = 64
 
 
+cdef int open_regular(const char* path, int* fd, Py_ssize_t* size, int* err) noexcept nogil:
+    """Open a file for reading as LocalStore sees files: FILE_OK (``*fd``
+    open, ``*size`` its length), FILE_MISSING (absent, a directory, or a
+    path running through a file), FILE_ERROR (errno in ``*err``)."""
+    cdef struct_stat st
+    while True:
+        fd[0] = open(path, O_RDONLY | O_CLOEXEC)
+        if fd[0] >= 0 or errno != EINTR:
+            break
+    if fd[0] < 0:
+        err[0] = errno
+        if err[0] == ENOENT or err[0] == ENOTDIR or err[0] == EISDIR:
+            return FILE_MISSING
+        return FILE_ERROR
+    if fstat(fd[0], &st) != 0:
+        err[0] = errno
+        close(fd[0])
+        fd[0] = -1
+        return FILE_ERROR
+    if S_ISDIR(st.st_mode):
+        close(fd[0])
+        fd[0] = -1
+        return FILE_MISSING
+    size[0] = st.st_size
+    return FILE_OK
+
+
 cdef int read_file(const char* path, unsigned char** buf, size_t* cap,
                    Py_ssize_t* length, int* err) noexcept nogil:
     """Read the whole file at ``path`` into ``*buf`` (grown as needed)."""
-    cdef int fd
-    cdef struct_stat st
-    cdef Py_ssize_t size, done
+    cdef int fd, rc
+    cdef Py_ssize_t size = 0, done
     cdef Py_ssize_t got
     cdef unsigned char* grown
-    while True:
-        fd = open(path, O_RDONLY | O_CLOEXEC)
-        if fd >= 0 or errno != EINTR:
-            break
-    if fd < 0:
-        if errno == ENOENT or errno == ENOTDIR or errno == EISDIR:
-            return FILE_MISSING
-        err[0] = errno
-        return FILE_ERROR
-    if fstat(fd, &st) != 0:
-        err[0] = errno
-        close(fd)
-        return FILE_ERROR
-    if S_ISDIR(st.st_mode):
-        close(fd)
-        return FILE_MISSING
-    size = st.st_size
+    rc = open_regular(path, &fd, &size, err)
+    if rc != FILE_OK:
+        return rc
     # one byte more than the size, so growth while reading is noticed
     if <size_t>(size + 1) > cap[0]:
         grown = <unsigned char*>realloc(buf[0], <size_t>(size + 1))
@@ -297,9 +309,8 @@ def read_ranges(path, cnp.ndarray starts, cnp.ndarray lengths, cnp.ndarray out,
     cdef bytes p = os.fsencode(path)
     cdef const char* cp = p
     cdef Py_ssize_t n = starts.shape[0]
-    cdef Py_ssize_t i, biggest_gap = 0, bad = -1
+    cdef Py_ssize_t i, biggest_gap = 0, bad = -1, size = 0
     cdef int fd, rc = 0, err = 0
-    cdef struct_stat st
     cdef unsigned char* gap = NULL
     cdef Py_ssize_t* sp
     cdef Py_ssize_t* lp
@@ -323,26 +334,15 @@ def read_ranges(path, cnp.ndarray starts, cnp.ndarray lengths, cnp.ndarray out,
     if biggest_gap > max_gap:
         biggest_gap = max_gap
     with nogil:
-        while True:
-            fd = open(cp, O_RDONLY | O_CLOEXEC)
-            if fd >= 0 or errno != EINTR:
-                break
-        if fd < 0:
-            err = errno
-            rc = 1 if (err == ENOENT or err == ENOTDIR or err == EISDIR) else -1
-        else:
-            if fstat(fd, &st) != 0:
-                err = errno
-                rc = -1
-            elif S_ISDIR(st.st_mode):
-                rc = 1
-            elif n == 1 and sp[0] == -1:
-                if lp[0] > st.st_size:
+        rc = open_regular(cp, &fd, &size, &err)
+        if rc == FILE_OK:
+            if n == 1 and sp[0] == -1:
+                if lp[0] > size:
                     bad = 0
                     rc = 2
                 else:
                     rc = pread_full(fd, <unsigned char*>cnp.PyArray_DATA(out) + op[0], lp[0],
-                                     st.st_size - lp[0], &err)
+                                    size - lp[0], &err)
                     if rc == 1:
                         bad = 0
                         rc = 2
@@ -353,7 +353,7 @@ def read_ranges(path, cnp.ndarray starts, cnp.ndarray lengths, cnp.ndarray out,
                     rc = -1
                 else:
                     rc = read_ranges_fd(fd, n, sp, lp, <unsigned char*>cnp.PyArray_DATA(out), op,
-                                      max_gap, max_coalesced, gap, &err, &bad)
+                                        max_gap, max_coalesced, gap, &err, &bad)
                     if rc == 1:
                         rc = 2
                     free(gap)
@@ -379,33 +379,19 @@ def read_into(path, cnp.ndarray out):
     cdef bytes p = os.fsencode(path)
     cdef const char* cp = p
     cdef int fd, err = 0, rc = 0
-    cdef struct_stat st
     cdef Py_ssize_t size = 0
     if out.dtype != np.uint8 or not out.flags.c_contiguous or not out.flags.writeable:
         raise TypeError("read_into needs a writeable contiguous uint8 array")
     with nogil:
-        while True:
-            fd = open(cp, O_RDONLY | O_CLOEXEC)
-            if fd >= 0 or errno != EINTR:
-                break
-        if fd < 0:
-            err = errno
-            rc = 1 if (err == ENOENT or err == ENOTDIR or err == EISDIR) else -1
-        else:
-            if fstat(fd, &st) != 0:
-                err = errno
-                rc = -1
-            elif S_ISDIR(st.st_mode):
-                rc = 1
+        rc = open_regular(cp, &fd, &size, &err)
+        if rc == FILE_OK:
+            if size > out.shape[0]:
+                rc = 3
             else:
-                size = st.st_size
-                if size > out.shape[0]:
-                    rc = 3
-                else:
-                    rc = pread_full(fd, <unsigned char*>cnp.PyArray_DATA(out), size, 0, &err)
-                    if rc == 1:  # shrank while reading: a writer not replacing atomically
-                        err = 5  # EIO
-                        rc = -1
+                rc = pread_full(fd, <unsigned char*>cnp.PyArray_DATA(out), size, 0, &err)
+                if rc == 1:  # shrank while reading: a writer not replacing atomically
+                    err = 5  # EIO
+                    rc = -1
             close(fd)
     if rc == 1:
         return -1

@@ -38,11 +38,8 @@ from zarr_fused._codecs cimport (
     contiguous_run,
     select_basic,
 )
-from zarr_fused._localio cimport pread_full, read_ranges_fd
+from zarr_fused._localio cimport FILE_OK, open_regular, pread_full, read_ranges_fd
 from zarr_fused._scatter cimport ZF_MAX_DIMS
-from libc.errno cimport EINTR, EISDIR, ENOENT, ENOTDIR, errno
-from posix.fcntl cimport O_CLOEXEC, O_RDONLY, open
-from posix.stat cimport S_ISDIR, fstat, struct_stat
 from posix.unistd cimport close
 
 from zarr_fused.errors import CorruptShardError
@@ -708,7 +705,6 @@ def fetch_partial_local(bytes path, Py_ssize_t n_chunks, cnp.ndarray touched, ta
     cdef const char* cp = path
     cdef int fd = -1
     cdef int err = 0, rc = 0
-    cdef struct_stat st
     cdef Py_ssize_t size = 0, isize = 16 * n_chunks + (4 if checksum else 0)
     cdef Py_ssize_t index_at, m = 0, i, k, total = 0, biggest_gap = 0, bad = -1
     cdef cnp.ndarray raw = np.empty(isize, dtype=np.uint8)
@@ -725,20 +721,8 @@ def fetch_partial_local(bytes path, Py_ssize_t n_chunks, cnp.ndarray touched, ta
     if touched.dtype != np.intp or not touched.flags.c_contiguous:
         raise TypeError("touched must be a contiguous intp array")
     with nogil:
-        while True:
-            fd = open(cp, O_RDONLY | O_CLOEXEC)
-            if fd >= 0 or errno != EINTR:
-                break
-        if fd < 0:
-            err = errno
-            rc = 1 if (err == ENOENT or err == ENOTDIR or err == EISDIR) else -1
-        elif fstat(fd, &st) != 0:
-            err = errno
-            rc = -1
-        elif S_ISDIR(st.st_mode):
-            rc = 1
-        else:
-            size = st.st_size
+        rc = open_regular(cp, &fd, &size, &err)
+        if rc == FILE_OK:
             if size < isize:
                 rc = 2
             else:
@@ -746,8 +730,8 @@ def fetch_partial_local(bytes path, Py_ssize_t n_chunks, cnp.ndarray touched, ta
                 rc = pread_full(fd, <unsigned char*>cnp.PyArray_DATA(raw), isize, index_at, &err)
                 if rc == 1:
                     rc = 2
-        if rc != 0 and fd >= 0:
-            close(fd)
+            if rc != 0:
+                close(fd)
     if rc == 1:
         return None
     if rc == -1:
