@@ -44,6 +44,57 @@ cdef extern from *:
     uint64_t ZF_BSWAP64(uint64_t x) noexcept nogil
 
 
+cdef extern from *:
+    """
+    #if defined(__GNUC__) || defined(__clang__)
+    #define ZF_PREFETCH_W(p) __builtin_prefetch((p), 1, 3)
+    #define ZF_PREFETCH_R(p) __builtin_prefetch((p), 0, 3)
+    #else
+    #define ZF_PREFETCH_W(p) ((void)(p))
+    #define ZF_PREFETCH_R(p) ((void)(p))
+    #endif
+    """
+    void ZF_PREFETCH_W(const void* p) noexcept nogil
+    void ZF_PREFETCH_R(const void* p) noexcept nogil
+
+
+# Short rows far apart (a 32-element row of a chunk inside a large output
+# array) defeat the hardware prefetchers: every row's first store waits for
+# its cache lines to be read from memory, one row at a time. The kernels
+# below ask for the lines of the row ``_PREFETCH_ROWS`` ahead while copying
+# the current one, so those reads overlap (2-3x faster scatters into large
+# arrays on this project's benchmark machine). Rows longer than
+# ``_PREFETCH_MAX_SPAN`` bytes are left to the hardware prefetchers.
+cdef enum:
+    _PREFETCH_ROWS = 4
+    _PREFETCH_MAX_SPAN = 1024
+
+
+cdef inline Py_ssize_t _row_span(Py_ssize_t n, Py_ssize_t stride, Py_ssize_t itemsize) noexcept nogil:
+    """Bytes covered by a row of ``n`` elements ``stride`` apart; 0 when the
+    row is not worth prefetching (too long, or running backwards)."""
+    cdef Py_ssize_t span
+    if stride <= 0:
+        return 0
+    span = (n - 1) * stride + itemsize
+    return span if span <= _PREFETCH_MAX_SPAN else 0
+
+
+cdef inline void _prefetch_span(const char* p, Py_ssize_t span, bint write) noexcept nogil:
+    cdef Py_ssize_t off = 0
+    while off < span:
+        if write:
+            ZF_PREFETCH_W(p + off)
+        else:
+            ZF_PREFETCH_R(p + off)
+        off += 64
+    # the last byte's line, when ``p`` is not line-aligned
+    if write:
+        ZF_PREFETCH_W(p + span - 1)
+    else:
+        ZF_PREFETCH_R(p + span - 1)
+
+
 cdef int _coalesce(
     const Py_ssize_t* shape,
     const Py_ssize_t* s1,
@@ -186,7 +237,22 @@ cdef int copy_strided(
     inner = n - 1
     for d in range(inner):
         idx[d] = 0
+    # prefetch along the dimension just outside the rows, when rows are short
+    # and that dimension steps far (beyond the row itself)
+    cdef Py_ssize_t dspan = 0, sspan = 0
+    if inner >= 1:
+        dspan = _row_span(shp[inner], ds[inner], itemsize)
+        sspan = _row_span(shp[inner], ss[inner], itemsize)
+        if ds[inner - 1] <= dspan:
+            dspan = 0
+        if ss[inner - 1] <= sspan:
+            sspan = 0
     while True:
+        if (dspan or sspan) and idx[inner - 1] + _PREFETCH_ROWS < shp[inner - 1]:
+            if dspan:
+                _prefetch_span(dp + _PREFETCH_ROWS * ds[inner - 1], dspan, True)
+            if sspan:
+                _prefetch_span(sp + _PREFETCH_ROWS * ss[inner - 1], sspan, False)
         _copy_row(sp, ss[inner], dp, ds[inner], shp[inner], itemsize, swap_unit)
         d = inner - 1
         while d >= 0:
@@ -258,7 +324,14 @@ cdef int fill_strided(
     inner = n - 1
     for d in range(inner):
         idx[d] = 0
+    cdef Py_ssize_t dspan = 0
+    if inner >= 1:
+        dspan = _row_span(shp[inner], ds[inner], itemsize)
+        if ds[inner - 1] <= dspan:
+            dspan = 0
     while True:
+        if dspan and idx[inner - 1] + _PREFETCH_ROWS < shp[inner - 1]:
+            _prefetch_span(dp + _PREFETCH_ROWS * ds[inner - 1], dspan, True)
         _fill_row(dp, ds[inner], shp[inner], pattern, itemsize, zero)
         d = inner - 1
         while d >= 0:
