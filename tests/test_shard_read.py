@@ -212,6 +212,31 @@ def test_coalescing_follows_zarr_settings(gap: int, reads: int) -> None:
     assert counting.reads == reads
 
 
+@pytest.mark.parametrize("gap", [1 << 20, 4096], ids=["default-gap", "small-gap"])
+def test_local_reads_never_read_wide_gaps(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                          gap: int) -> None:
+    """On LocalStore the native reader coalesces with zarr's settings, but a
+    gap wider than LOCAL_MAX_GAP is skipped with a second pread rather than
+    read and thrown away."""
+    from zarr_fused import _read_sharded
+
+    seen: list[int] = []
+    real = _read_sharded.shard_kernels.fetch_partial_local
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        seen.append(kwargs["max_gap"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(_read_sharded.shard_kernels, "fetch_partial_local", spy)
+    data = np.arange(4096, dtype="<i4")
+    with with_pipeline(FUSED), zarr.config.set({"array.sharding_coalesce_max_gap_bytes": gap}):
+        arr = _sharded(LocalStore(tmp_path / "a"), shape=(4096,), shards=(4096,), inner=(16,))
+        arr[...] = data
+        picks = [0, 1, 2000, 4095]
+        assert_same_values(arr[picks], data[picks])
+    assert seen == [min(gap, _read_sharded.LOCAL_MAX_GAP)]
+
+
 def test_missing_shards_and_inner_chunks(fused: None) -> None:
     store = MemoryStore()
     arr = _sharded(store, config={"read_missing_chunks": False})

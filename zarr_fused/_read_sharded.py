@@ -56,6 +56,15 @@ __all__ = ["ShardReader", "shard_reader_reason"]
 
 _MISSING = np.uint64(2**64 - 1)
 
+#: Within a local file, a coalesced read never spans a gap wider than this.
+#: zarr's ``sharding_coalesce_max_gap_bytes`` (1 MiB by default) is tuned for
+#: object stores, where a request costs milliseconds; a pread from the page
+#: cache costs about as much as copying 10-20 KiB, so reading a wider gap
+#: only to throw it away is slower than a second pread. (A thin slab of a
+#: shard written in zarr's default Morton order read twice the bytes it
+#: needed at 1 MiB.)
+LOCAL_MAX_GAP = 16 << 10
+
 
 def _index_format(codec: ShardingCodec) -> tuple[bool, bool] | None:
     """(crc32c, big-endian) of the index codecs, None when not native."""
@@ -273,7 +282,7 @@ class ShardReader:
         fetched = shard_kernels.fetch_partial_local(  # type: ignore[union-attr]
             path, n, np.ascontiguousarray(touched, dtype=np.intp), _buffers.take,
             checksum=self.checksum, big_endian=self.big_endian, at_start=at_start,
-            max_gap=spec.config.sharding_coalesce_max_gap_bytes,
+            max_gap=min(spec.config.sharding_coalesce_max_gap_bytes, LOCAL_MAX_GAP),
             max_coalesced=spec.config.sharding_coalesce_max_bytes,
             grid=grid, where=lambda: describe_key(getter),
         )
