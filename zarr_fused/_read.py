@@ -17,9 +17,9 @@ partial decode.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
+import functools
 import os
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from zarr.abc.codec import GetResult
@@ -115,7 +115,13 @@ def local_files(batch: Sequence[tuple[Any, ...]], *, write: bool = False) -> byt
     store._ensure_open_sync()
     if write:
         store._check_writable()
-    return os.fsencode(store.root) + b"/"
+    return _root_prefix(store.root)
+
+
+@functools.lru_cache(maxsize=64)
+def _root_prefix(root: Any) -> bytes:
+    """``root`` (a LocalStore's path) as a bytes prefix for its keys."""
+    return os.fsencode(root) + b"/"
 
 
 def fill_pattern(spec: ArraySpec, dtype: np.dtype[Any]) -> bytes:

@@ -23,6 +23,7 @@ scatter that.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import threading
@@ -330,8 +331,9 @@ class ShardReader:
         chain = self.chain
         dst = out.as_ndarray_like()
         spec0 = batch[0][1]
-        inner_spec = self.codec._get_chunk_spec(spec0)
-        if type(dst) is not np.ndarray or dst.dtype != chain.dtype or not chain.handles(inner_spec):
+        # inner chunks share the shard spec's dtype and prototype, all that
+        # `handles` looks at
+        if type(dst) is not np.ndarray or dst.dtype != chain.dtype or not chain.handles(spec0):
             return self.fallback.read(batch, out, drop_axes, max_workers)
         pattern = self._fill(spec0, dst.dtype)
         statuses: list[Any] = [PRESENT] * len(batch)
@@ -481,6 +483,7 @@ class _RawBuffer:
         return self.data
 
 
+@functools.lru_cache(maxsize=64)
 def _inner_describer(grid: tuple[int, ...]) -> Any:
     """Names ``(shard getter, linear inner chunk index)`` keys in errors."""
 
