@@ -25,7 +25,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 DATA = HERE / "_data"
-RUN_FILES = ["bench_unsharded2.txt", "bench_sharded2.txt", "bench_patterns2.txt"]
+RUN_FILES = ["bench_unsharded.txt", "bench_sharded.txt", "bench_patterns.txt"]
 OUTPUT = HERE / "_static" / "performance.png"
 MACHINE = (
     "2026-11-30, 2 vCPUs Intel Xeon, 24 GiB, Debian 12, Python 3.13.0, zarr 3.4.2, "
