@@ -181,6 +181,9 @@ def scenario_codecs(repeat: int) -> list[str]:
         assert all(bytes(kernel.decode(p, chunk_bytes)) == r for p, r in zip(payloads, raw))
         dest = np.empty(n_chunks * items, dtype="<f4")
         layout = kc.ChunkLayout((items,), 4, None)
+        # encoded chunks go to a reused buffer, as the sharded writer does
+        bound = kernel.max_encoded_size(chunk_bytes)
+        arena = np.empty(n_chunks * bound, dtype=np.uint8)
 
         def native_decode(lo: int, hi: int) -> None:
             batch = kc.DecodeBatch(kernel, hi - lo, 1)
@@ -188,11 +191,15 @@ def scenario_codecs(repeat: int) -> list[str]:
                 batch.add(payloads[i], layout, (), dest, (slice(i * items, (i + 1) * items),), (), i)
             batch.run()
 
-        def native_encode(lo: int, hi: int) -> None:
-            batch = kc.EncodeBatch(kernel, hi - lo, 1)
+        def native_encode(lo: int, hi: int) -> list[Any]:
+            batch = kc.EncodeBatch(kernel, hi - lo, 1, repr, arena[lo * bound:hi * bound])
             for i in range(lo, hi):
                 batch.add(data[i * items:(i + 1) * items], layout, False, i)
-            batch.run()
+            return batch.run()
+
+        # what the native encoder produces decodes (with numcodecs) to the data
+        if [bytes(nc.decode(bytes(p))) for p in native_encode(0, n_chunks)] != raw:
+            raise SystemExit(f"native {label} encode is wrong")
 
         def numcodecs_decode(lo: int, hi: int) -> None:
             for i in range(lo, hi):

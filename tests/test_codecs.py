@@ -1308,6 +1308,48 @@ def test_encode_batch_capacity() -> None:
     assert kernel.decode(payload, 12).tobytes() == chunk.tobytes()
 
 
+@pytest.mark.parametrize("compressor", ["zstd", "gzip", "blosc", None])
+def test_encode_batch_arena(compressor: str | None) -> None:
+    """Encoded chunks land in the caller's arena while it has room (the
+    results are views into it), in fresh arrays after that; both decode."""
+    kernel = native.ChainKernel(compressor=compressor, itemsize=4)
+    layout = native.ChunkLayout((8, 8), 4)
+    bound = kernel.max_encoded_size(256)
+    assert bound >= 256
+    arena = np.zeros(2 * bound + bound // 2, dtype=np.uint8)  # room for two
+    batch = native.EncodeBatch(kernel, 3, 2, repr, arena)
+    chunks = [np.arange(64, dtype="<i4").reshape(8, 8) * k for k in (1, 2, 3)]
+    for k, chunk in enumerate(chunks):
+        batch.add(chunk, layout, False, k)
+    results = batch.run()
+    for k, (chunk, payload) in enumerate(zip(chunks, results)):
+        assert np.shares_memory(payload, arena) == (k < 2)
+        assert kernel.decode(payload, 256).tobytes() == chunk.tobytes()
+
+
+@pytest.mark.parametrize("arena", [np.zeros(8, np.int32), np.zeros((2, 4), np.uint8),
+                                   np.zeros(16, np.uint8)[::2], b"12345678"])
+def test_encode_batch_rejects_unusable_arenas(arena: Any) -> None:
+    kernel = native.ChainKernel(compressor="zstd", itemsize=1)
+    with pytest.raises(TypeError, match="arena"):
+        native.EncodeBatch(kernel, 1, 1, repr, arena)
+
+
+def test_encode_batch_writes_files_from_the_thread_buffer(tmp_path: Any) -> None:
+    """Chunks bound for files need no output array of their own; a worker's
+    IO buffer carries each to its file, and the next reuses it."""
+    kernel = native.ChainKernel(compressor="zstd", itemsize=2)
+    layout = native.ChunkLayout((100,), 2)
+    batch = native.EncodeBatch(kernel, 3, 1)
+    chunks = [np.full(100, k, dtype="<u2") + np.arange(100, dtype="<u2") for k in range(3)]
+    paths = [tmp_path / f"c{k}" for k in range(3)]
+    for k, (chunk, path) in enumerate(zip(chunks, paths)):
+        batch.add(chunk, layout, False, k, os.fsencode(path))
+    assert batch.run() == [None, None, None]
+    for chunk, path in zip(chunks, paths):
+        assert kernel.decode(path.read_bytes(), 200).tobytes() == chunk.tobytes()
+
+
 @pytest.mark.parametrize(
     ("chunk", "itemsize", "error"),
     [

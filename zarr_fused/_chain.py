@@ -149,8 +149,14 @@ class NativeChain:
         """A `DecodeBatch` whose errors name chunks with ``describe``."""
         return codec_kernels.DecodeBatch(self.kernel, capacity, ndim, describe)  # type: ignore[union-attr]
 
-    def encode_batch(self, capacity: int, ndim: int, describe: Any = _describe) -> Any:
-        return codec_kernels.EncodeBatch(self.kernel, capacity, ndim, describe)  # type: ignore[union-attr]
+    def encode_batch(self, capacity: int, ndim: int, describe: Any = _describe,
+                     arena: np.ndarray | None = None) -> Any:
+        """An `EncodeBatch`; its results are views into ``arena`` (see there)."""
+        return codec_kernels.EncodeBatch(self.kernel, capacity, ndim, describe, arena)  # type: ignore[union-attr]
+
+    def encode_bound(self, nbytes: int) -> int:
+        """The most bytes a chunk of ``nbytes`` can encode to."""
+        return self.kernel.max_encoded_size(nbytes)  # type: ignore[no-any-return]
 
     def decode_array(self, raw: Buffer, spec: ArraySpec, key: Any = None) -> np.ndarray:
         """The whole chunk as a new NumPy array of the array's data type."""

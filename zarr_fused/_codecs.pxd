@@ -81,6 +81,7 @@ cdef class Workspace:
     cdef unsigned char* io_buf
     cdef size_t io_cap
     cdef uint8_t* reserve(self, size_t n) noexcept nogil
+    cdef uint8_t* reserve_io(self, size_t n) noexcept nogil
 
 cdef class ChainKernel:
     cdef readonly int compressor
@@ -143,6 +144,8 @@ cdef class EncodeBatch:
     cdef list keys
     cdef object describe
     cdef bytes fill
+    cdef object arena
+    cdef Py_ssize_t arena_used
 
 cdef Py_ssize_t contiguous_run(int ndim, const Py_ssize_t* shape, const Py_ssize_t* strides,
                                Py_ssize_t itemsize) noexcept nogil

@@ -164,6 +164,20 @@ cdef class Workspace:
             self.scratch_cap = n
         return self.scratch
 
+    cdef uint8_t* reserve_io(self, size_t n) noexcept nogil:
+        """The IO buffer (a payload read from its file, or an encoded chunk
+        on its way to its file), at least ``n`` bytes."""
+        cdef unsigned char* grown
+        if n == 0:
+            n = 1
+        if n > self.io_cap:
+            grown = <unsigned char*>realloc(self.io_buf, n)
+            if grown == NULL:
+                return NULL
+            self.io_buf = grown
+            self.io_cap = n
+        return self.io_buf
+
     @property
     def scratch_bytes(self):
         return self.scratch_cap
@@ -529,6 +543,12 @@ cdef class ChainKernel:
             typesize=self.typesize, blocksize=self.blocksize, outer_crcs=self.outer_crcs,
             inner_crcs=self.inner_crcs, itemsize=self.itemsize, swap_unit=self.swap_unit),))
 
+    def max_encoded_size(self, Py_ssize_t nbytes):
+        """The most bytes a chunk of ``nbytes`` bytes can encode to."""
+        if nbytes < 0:
+            raise ValueError("nbytes must be >= 0")
+        return self.encode_bound(nbytes)
+
     cdef Py_ssize_t encode_bound(self, Py_ssize_t nbytes) noexcept nogil:
         cdef Py_ssize_t inner = nbytes + 4 * self.inner_crcs
         cdef Py_ssize_t bound
@@ -627,6 +647,11 @@ cdef class ChainKernel:
         ):
             t.was_fill = True
             return
+        if t.dst == NULL:  # bound for its file: encode into this thread's IO buffer
+            t.dst = ws.reserve_io(<size_t>t.dst_cap)
+            if t.dst == NULL:
+                t.status.code = ZF_ERR_NOMEM
+                return
         _c_strides(t.ndim, t.shape, self.itemsize, cstr)
         if self.compressor == COMP_NONE:
             if t.dst_cap < t.nbytes + 4 * self.outer_crcs:
@@ -670,6 +695,7 @@ cdef class ChainKernel:
             if write_file_atomic(t.path, t.dst, produced, &err) == FILE_ERROR:
                 t.status.code = ZF_ERR_IO
                 t.status.a = err
+            t.dst = NULL  # the IO buffer is reused by this thread's next task
 
     # -- bytes-level API (one payload) --
 
@@ -1023,16 +1049,32 @@ cdef class EncodeBatch:
     With a fill pattern set (`set_fill`), chunks added with ``skip_fill``
     are first scanned: one whose every element equals the fill value is
     neither encoded nor written (`run` reports it as False).
+
+    Where the encoded chunks go: chunks added with a ``path`` are encoded
+    into the running thread's reused IO buffer and written from there.
+    Others get a slice of ``arena`` (a uint8 buffer the caller owns and may
+    reuse once done with the results, which are then views into it) while
+    it has room, else a fresh array each. Reusing memory matters: fresh
+    multi-megabyte allocations are returned to the system when freed and
+    fault in every page again on the next batch.
     """
 
-    def __cinit__(self, ChainKernel kernel, Py_ssize_t capacity, int max_ndim, describe=repr):
+    def __cinit__(self, ChainKernel kernel, Py_ssize_t capacity, int max_ndim, describe=repr,
+                  arena=None):
         if capacity < 0 or max_ndim < 0 or max_ndim > ZF_MAX_DIMS:
             raise ValueError("invalid batch size")
+        if arena is not None and (
+            not isinstance(arena, np.ndarray) or arena.dtype != np.uint8 or arena.ndim != 1
+            or not arena.flags.c_contiguous or not arena.flags.writeable
+        ):
+            raise TypeError("arena must be a writeable contiguous 1-d uint8 array")
         self.kernel = kernel
         self.cap = capacity
         self.max_ndim = max_ndim
         self.n = 0
         self.fill = None
+        self.arena = arena
+        self.arena_used = 0
         self.tasks = <EncodeTask*>malloc(sizeof(EncodeTask) * (capacity if capacity else 1))
         self.dims = <Py_ssize_t*>malloc(
             sizeof(Py_ssize_t) * 2 * (capacity if capacity else 1) * (max_ndim if max_ndim else 1))
@@ -1091,13 +1133,21 @@ cdef class EncodeBatch:
             contiguous_run(t.ndim, t.shape, t.src_strides, self.kernel.itemsize)
             * self.kernel.itemsize == layout.nbytes
         )
-        out = np.empty(self.kernel.encode_bound(layout.nbytes), dtype=np.uint8)
-        t.dst = <uint8_t*>cnp.PyArray_DATA(out)
-        t.dst_cap = out.shape[0]
-        t.check_fill = skip_fill
-        if path is not None:
+        bound = self.kernel.encode_bound(layout.nbytes)
+        if path is not None:  # encoded into the running thread's IO buffer
+            out = None
+            t.dst = NULL
             t.path = path
             self.refs.append(path)
+        elif self.arena is not None and self.arena_used + bound <= self.arena.shape[0]:
+            out = self.arena[self.arena_used:self.arena_used + bound]
+            self.arena_used += bound
+            t.dst = <uint8_t*>cnp.PyArray_DATA(out)
+        else:
+            out = np.empty(bound, dtype=np.uint8)
+            t.dst = <uint8_t*>cnp.PyArray_DATA(out)
+        t.dst_cap = bound
+        t.check_fill = skip_fill
         self.refs.append(chunk)
         self.outputs.append(out)
         self.keys.append(key)
@@ -1138,8 +1188,10 @@ cdef class EncodeBatch:
                 continue
             out = self.outputs[i]
             length = self.tasks[i].out_len
-            # keep a view when little is wasted, else copy to the exact size
-            result.append(out[:length] if 4 * length >= 3 * out.shape[0] else out[:length].copy())
+            # keep a view when little is wasted or the caller owns the arena
+            # (and its lifetime), else copy to the exact size
+            result.append(out[:length] if self.arena is not None or 4 * length >= 3 * out.shape[0]
+                          else out[:length].copy())
         return result
 
     def run(self):

@@ -180,7 +180,10 @@ class ShardWriter:
                 stored, buffer, _ = self._load(setter, spec, grid, prefix)
                 if stored is not None:
                     payloads = stored
-            encoding = chain.encode_batch(len(items), ndim, describe)
+            # the encoded inner chunks live in a reused buffer until the
+            # shard is assembled (`finish` copies them into the shard)
+            arena = _buffers.take(len(items) * chain.encode_bound(layout.nbytes))
+            encoding = chain.encode_batch(len(items), ndim, describe, arena)
             if pattern is not None:
                 encoding.set_fill(pattern)
             queued: list[int] = []
@@ -194,7 +197,9 @@ class ShardWriter:
                 if done is None:
                     # the value does not fit the selection: zarr's path raises
                     # the error zarr users expect
+                    del encoding
                     _buffers.give(buffer)
+                    _buffers.give(arena)
                     self.fallback.write([job[0]], value, drop_axes, 1)
                     return None
                 queued.extend(int(lin) for lin in done)
@@ -237,7 +242,7 @@ class ShardWriter:
                                  pattern is not None)
                     queued.append(lin)
             return {"job": job, "grid": grid, "payloads": payloads, "buffer": buffer,
-                    "encoding": encoding, "queued": queued}
+                    "arena": arena, "encoding": encoding, "queued": queued}
 
         def finish(state: dict[str, Any]) -> None:
             (setter, spec, _, _, _), _ = state["job"]
@@ -255,7 +260,9 @@ class ShardWriter:
             else:
                 setter.set_sync(spec.prototype.buffer.from_array_like(blob))
             state["payloads"] = None
+            state["encoding"] = None
             _buffers.give(state.pop("buffer"))
+            _buffers.give(state.pop("arena"))
 
         def one_shard(job: tuple[WriteItem, Any]) -> None:
             state = prepare(job)

@@ -55,6 +55,9 @@ class CodecKernels:
         self.items = CHUNK_BYTES // 4
         self.dest = np.empty(N_CHUNKS * self.items, dtype="<f4")
         self.layout = kc.ChunkLayout((self.items,), 4, None)
+        # encoded chunks go to a reused buffer, as the sharded writer does
+        self.bound = self.kernel.max_encoded_size(CHUNK_BYTES)
+        self.arena = np.empty(N_CHUNKS * self.bound, dtype=np.uint8)
         self.pool = ThreadPoolExecutor(threads) if threads > 1 else None
         self.threads = threads
         self.kc = kc
@@ -62,6 +65,12 @@ class CodecKernels:
         self.time_decode(codec, implementation, threads)
         if not np.array_equal(self.dest, self.data):
             raise AssertionError(f"{implementation} decoded wrong data")
+        if implementation == "native":  # what time_encode produces decodes to the data
+            batch = kc.EncodeBatch(self.kernel, N_CHUNKS, 1, repr, self.arena)
+            for i in range(N_CHUNKS):
+                batch.add(self.data[i * self.items:(i + 1) * self.items], self.layout, False, i)
+            if [bytes(self.nc.decode(bytes(p))) for p in batch.run()] != list(self.raw):
+                raise AssertionError("native encoded wrong data")
 
     def teardown(self, *args: Any) -> None:
         if self.pool is not None:
@@ -93,7 +102,8 @@ class CodecKernels:
         items = self.items
         if implementation == "native":
             def part(lo: int, hi: int) -> None:
-                batch = self.kc.EncodeBatch(self.kernel, hi - lo, 1)
+                batch = self.kc.EncodeBatch(self.kernel, hi - lo, 1, repr,
+                                            self.arena[lo * self.bound:hi * self.bound])
                 for i in range(lo, hi):
                     batch.add(self.data[i * items:(i + 1) * items], self.layout, False, i)
                 batch.run()
