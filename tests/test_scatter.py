@@ -397,6 +397,47 @@ def test_scatter_into(dtype: np.dtype, into: Into, rng: np.random.Generator) -> 
     assert_outside_untouched(buffer, into, dtype.itemsize)
 
 
+# Blocks shaped like inner chunks inside large arrays: short rows far apart,
+# more than a few of them, which is where the kernels prefetch rows ahead.
+CHUNK_INTO = [
+    pytest.param((slice(8, 24), slice(3, 19), slice(40, 56)), "c", id="chunk-in-cube"),
+    pytest.param((slice(0, 40), slice(60, 64), slice(0, 96, 3)), "c", id="strided-rows"),
+    pytest.param((slice(39, None, -1), slice(5, 13), slice(90, 96)), "c", id="planes-backwards"),
+    pytest.param((slice(8, 24), slice(3, 19), slice(40, 56)), "transposed", id="strided-source"),
+    pytest.param((5, slice(0, 64), slice(10, 20)), "c", id="one-plane"),
+]
+
+
+@pytest.mark.parametrize(("selection", "source"), CHUNK_INTO)
+@pytest.mark.parametrize(
+    ("spec", "swap"),
+    [("<u2", False), ("<u2", True), (">f8", False), (">f8", True), ("|u1", False)],
+    ids=["u2", "u2-swap", "f8be", "f8be-swap", "u1"],
+)
+def test_scatter_chunk_into_large_array(spec: str, swap: bool, selection: Any, source: str,
+                                        rng: np.random.Generator) -> None:
+    dtype = np.dtype(spec)
+    out = np.zeros((40, 64, 96), dtype=dtype.newbyteorder() if swap else dtype)
+    target = out[selection].shape
+    values = rng.integers(0, 200, size=target[::-1] if source == "transposed" else target)
+    src = values.astype(dtype)
+    if source == "transposed":
+        src = src.T  # the same shape as the target, strided
+    expected = out.copy()
+    expected[selection] = src
+    assert native.scatter(src, out, selection, swap=swap) is out
+    assert np.array_equal(out, expected)
+
+
+@pytest.mark.parametrize(("selection", "source"), CHUNK_INTO)
+def test_fill_chunk_into_large_array(selection: Any, source: str) -> None:
+    out = np.zeros((40, 64, 96), dtype="<u2")
+    expected = out.copy()
+    expected[selection] = 7
+    native.fill(out, 7, selection)
+    assert np.array_equal(out, expected)
+
+
 SWAP_INTO = _subset(
     INTO,
     "exact-0d",
