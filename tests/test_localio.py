@@ -55,6 +55,38 @@ def test_write_whole_error_leaves_old_file(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["adir", "chunk"]
 
 
+@pytest.mark.parametrize(
+    "sizes",
+    [
+        pytest.param([], id="nothing"),
+        pytest.param([5], id="one"),
+        pytest.param([0, 3, 0, 0, 7, 0], id="empty-parts"),
+        pytest.param([1] * 1500, id="more-parts-than-one-writev"),
+        pytest.param([3 << 20, 17, 1 << 20], id="large"),
+    ],
+)
+def test_write_parts_writes_the_concatenation(tmp_path: Path, sizes: list[int]) -> None:
+    rng = np.random.default_rng(len(sizes))
+    parts = [rng.integers(0, 256, size, dtype=np.uint8) for size in sizes]
+    parts[::2] = [p.tobytes() for p in parts[::2]]  # bytes and arrays alike
+    target = tmp_path / "shard"
+    target.write_bytes(b"old")
+    _localio.write_parts(target, parts)
+    assert target.read_bytes() == b"".join(bytes(p) for p in parts)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["shard"]  # no temporaries left
+
+
+def test_write_parts_error_leaves_old_file(tmp_path: Path) -> None:
+    (tmp_path / "adir").mkdir()
+    (tmp_path / "adir" / "inner").write_bytes(b"keep")
+    with pytest.raises(OSError):
+        _localio.write_parts(tmp_path / "adir", [b"new", b"parts"])
+    with pytest.raises(OSError):
+        _localio.write_parts(tmp_path / "missing-dir" / "shard", [b"new"])
+    assert (tmp_path / "adir" / "inner").read_bytes() == b"keep"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["adir"]
+
+
 @pytest.mark.parametrize("compressors", [None, zarr.codecs.ZstdCodec(level=1)], ids=["raw", "zstd"])
 def test_missing_chunk_files_report_missing(tmp_path: Path, compressors: object) -> None:
     store = LocalStore(tmp_path / "a")

@@ -16,6 +16,9 @@ cdef int read_file(const char* path, unsigned char** buf, size_t* cap,
 cdef int write_file_atomic(const char* path, const unsigned char* data, Py_ssize_t n,
                            int* err) noexcept nogil
 
+cdef int write_parts_atomic(const char* path, const unsigned char** parts,
+                            const Py_ssize_t* lengths, Py_ssize_t n, int* err) noexcept nogil
+
 cdef int pread_full(int fd, unsigned char* dst, Py_ssize_t n, Py_ssize_t offset,
                     int* err) noexcept nogil
 

@@ -19,7 +19,7 @@ from libc.stdio cimport snprintf
 from libc.stdlib cimport free, malloc, realloc
 from posix.fcntl cimport O_CLOEXEC, O_CREAT, O_EXCL, O_RDONLY, O_WRONLY, open
 from posix.stat cimport S_ISDIR, fstat, struct_stat
-from posix.unistd cimport close, getpid, read, unlink, write
+from posix.unistd cimport close, getpid, read, unlink
 
 cimport numpy as cnp
 import os
@@ -51,6 +51,19 @@ cdef unsigned long long _salt = int.from_bytes(os.urandom(8), "little")
 
 cdef enum:
     TMP_SUFFIX_MAX = 64
+
+cdef extern from "sys/uio.h" nogil:
+    struct iovec:
+        void* iov_base
+        size_t iov_len
+    Py_ssize_t preadv(int fd, const iovec* iov, int iovcnt, long offset)
+    Py_ssize_t writev(int fd, const iovec* iov, int iovcnt)
+
+cdef extern from "unistd.h" nogil:
+    Py_ssize_t pread(int fd, void* buf, size_t count, long offset)
+
+cdef enum:
+    GROUP_MAX = 512  # iovecs per preadv/writev call (Linux allows 1024)
 
 
 cdef int open_regular(const char* path, int* fd, Py_ssize_t* size, int* err) noexcept nogil:
@@ -127,10 +140,19 @@ cdef int read_file(const char* path, unsigned char** buf, size_t* cap,
 cdef int write_file_atomic(const char* path, const unsigned char* data, Py_ssize_t n,
                            int* err) noexcept nogil:
     """Write ``data`` to a temporary file, then rename it over ``path``."""
+    return write_parts_atomic(path, &data, &n, 1, err)
+
+
+cdef int write_parts_atomic(const char* path, const unsigned char** parts,
+                            const Py_ssize_t* lengths, Py_ssize_t n, int* err) noexcept nogil:
+    """Write the concatenation of ``n`` parts to a temporary file (writev, so
+    a shard's payloads and index go out without being copied together
+    first), then rename it over ``path``: readers see the old file or the
+    whole new one, never a part."""
     cdef char tmp[4096 + TMP_SUFFIX_MAX]
-    cdef int fd, written_ok
-    cdef Py_ssize_t done = 0
-    cdef Py_ssize_t put
+    cdef iovec iov[GROUP_MAX]
+    cdef int fd, cnt
+    cdef Py_ssize_t i = 0, k, off = 0, put
     cdef int rc = snprintf(tmp, sizeof(tmp), "%s.%llx-%x-%llx.partial", path, _salt,
                            <unsigned int>getpid(), zf_next_tmp_id())
     if rc < 0 or <size_t>rc >= sizeof(tmp):
@@ -143,16 +165,33 @@ cdef int write_file_atomic(const char* path, const unsigned char* data, Py_ssize
     if fd < 0:
         err[0] = errno
         return FILE_ERROR
-    while done < n:
-        put = write(fd, data + done, <size_t>(n - done))
-        if put < 0:
-            if errno == EINTR:
+    while True:
+        # the next parts still to write (the first from ``off`` on)
+        cnt = 0
+        k = i
+        while k < n and cnt < GROUP_MAX:
+            if lengths[k] > (off if k == i else 0):
+                iov[cnt].iov_base = <void*>(parts[k] + (off if k == i else 0))
+                iov[cnt].iov_len = <size_t>(lengths[k] - (off if k == i else 0))
+                cnt += 1
+            k += 1
+        if cnt == 0:
+            break
+        put = writev(fd, iov, cnt)
+        if put <= 0:
+            if put < 0 and errno == EINTR:
                 continue
-            err[0] = errno
+            err[0] = errno if put < 0 else 5  # EIO: no progress
             close(fd)
             unlink(tmp)
             return FILE_ERROR
-        done += put
+        # step over what was written (whole parts, then into the next one)
+        while i < n and put >= lengths[i] - off:
+            put -= lengths[i] - off
+            i += 1
+            off = 0
+        if i < n:
+            off += put
     if close(fd) != 0:
         err[0] = errno
         unlink(tmp)
@@ -185,6 +224,36 @@ def read_whole(path):
         free(buf)
 
 
+def write_parts(path, parts):
+    """Atomically write the concatenation of ``parts`` (bytes-like objects)
+    to ``path``, like LocalStore writes a value, with the GIL released."""
+    cdef bytes p = os.fsencode(path)
+    cdef const char* cp = p
+    cdef Py_ssize_t n = len(parts), i
+    cdef const unsigned char[::1] view
+    cdef const unsigned char** ptrs = NULL
+    cdef Py_ssize_t* lengths = NULL
+    cdef int err = 0
+    cdef int rc
+    views = [memoryview(part).cast("B") for part in parts]  # holds the buffers
+    ptrs = <const unsigned char**>malloc(sizeof(unsigned char*) * (n if n else 1))
+    lengths = <Py_ssize_t*>malloc(sizeof(Py_ssize_t) * (n if n else 1))
+    try:
+        if ptrs == NULL or lengths == NULL:
+            raise MemoryError()
+        for i in range(n):
+            view = views[i]
+            lengths[i] = view.shape[0]
+            ptrs[i] = &view[0] if lengths[i] else <const unsigned char*>b""
+        with nogil:
+            rc = write_parts_atomic(cp, ptrs, lengths, n, &err)
+    finally:
+        free(ptrs)
+        free(lengths)
+    if rc != FILE_OK:
+        raise OSError(err, os.strerror(err), os.fsdecode(p))
+
+
 def write_whole(path, data):
     """Atomically write ``data`` to ``path`` like LocalStore does (for tests)."""
     cdef bytes p = os.fsencode(path)
@@ -201,19 +270,6 @@ def write_whole(path, data):
 
 
 # -- ranges of one file, for shards -------------------------------------------------
-
-cdef extern from "sys/uio.h" nogil:
-    struct iovec:
-        void* iov_base
-        size_t iov_len
-    Py_ssize_t preadv(int fd, const iovec* iov, int iovcnt, long offset)
-
-cdef extern from "unistd.h" nogil:
-    Py_ssize_t pread(int fd, void* buf, size_t count, long offset)
-
-cdef enum:
-    GROUP_MAX = 512
-
 
 cdef int pread_full(int fd, unsigned char* dst, Py_ssize_t n, Py_ssize_t offset,
                     int* err) noexcept nogil:

@@ -596,9 +596,10 @@ def add_shard_encode(EncodeBatch batch, cnp.ndarray value, value_selection, Shar
     return np.array(queued, dtype=np.intp)
 
 
-def assemble_shard(cnp.ndarray order, list payloads, *, bint at_start, bint checksum,
-                   bint big_endian):
-    """Lay out a shard: the present payloads in ``order``, and the index.
+def shard_parts(cnp.ndarray order, list payloads, *, bint at_start, bint checksum,
+                bint big_endian):
+    """The pieces of a shard in file order: the index, and the present
+    payloads in ``order``.
 
     Parameters
     ----------
@@ -614,27 +615,26 @@ def assemble_shard(cnp.ndarray order, list payloads, *, bint at_start, bint chec
 
     Returns
     -------
-    numpy.ndarray or None
-        The shard's bytes; None when no chunk is present (delete the shard).
+    list or None
+        The payloads (as given) and the encoded index (bytes, first or last
+        as ``at_start`` says), whose concatenation is the shard; None when
+        no chunk is present (delete the shard).
     """
     cdef Py_ssize_t n = len(payloads)
     cdef Py_ssize_t index_size = 16 * n + (4 if checksum else 0)
-    cdef Py_ssize_t pos, total, i, lin, size
+    cdef Py_ssize_t pos, i, lin, size
     cdef cnp.ndarray entries
     cdef uint64_t* ep
-    cdef cnp.ndarray out
-    cdef uint8_t* op
-    cdef const uint8_t[::1] view
-    cdef uint32_t crc
-    cdef Py_ssize_t start
     cdef Py_ssize_t* ordp
+    cdef const uint8_t[::1] iview
+    cdef uint32_t crc
     if order.dtype != np.intp or order.ndim != 1 or order.shape[0] != n:
         raise ValueError("order must list every inner chunk once")
     ordp = <Py_ssize_t*>cnp.PyArray_DATA(order)
     entries = np.full((n, 2), MISSING, dtype=np.uint64)
     ep = <uint64_t*>cnp.PyArray_DATA(entries)
     pos = index_size if at_start else 0
-    present = 0
+    parts = []
     for i in range(n):
         lin = ordp[i]
         if lin < 0 or lin >= n:
@@ -645,30 +645,48 @@ def assemble_shard(cnp.ndarray order, list payloads, *, bint at_start, bint chec
         size = len(p)
         if size == 0:
             continue
+        if ep[2 * lin] != MISSING:
+            raise ValueError("order must list every inner chunk once")
         ep[2 * lin] = <uint64_t>pos
         ep[2 * lin + 1] = <uint64_t>size
         pos += size
-        present += 1
-    if present == 0:
+        parts.append(p)
+    if not parts:
         return None
-    total = pos + (0 if at_start else index_size)
+    index = entries.astype(">u8" if big_endian else "<u8", copy=False).tobytes()
+    if checksum:
+        iview = index
+        with nogil:
+            crc = zf_crc32c(&iview[0], <size_t>(16 * n))
+        index += int(crc).to_bytes(4, "little")
+    if at_start:
+        parts.insert(0, index)
+    else:
+        parts.append(index)
+    return parts
+
+
+def assemble_shard(cnp.ndarray order, list payloads, *, bint at_start, bint checksum,
+                   bint big_endian):
+    """The shard's bytes in one new array: the concatenation of
+    `shard_parts` (same parameters); None when no chunk is present."""
+    cdef Py_ssize_t total = 0, pos = 0, size
+    cdef const uint8_t[::1] view
+    cdef uint8_t* op
+    parts = shard_parts(order, payloads, at_start=at_start, checksum=checksum,
+                        big_endian=big_endian)
+    if parts is None:
+        return None
+    views = [memoryview(part).cast("B") for part in parts]
+    for view in views:
+        total += view.shape[0]
     out = np.empty(total, dtype=np.uint8)
     op = <uint8_t*>cnp.PyArray_DATA(out)
-    for i in range(n):
-        lin = ordp[i]
-        if ep[2 * lin] == MISSING:
-            continue
-        view = memoryview(payloads[lin]).cast("B")
+    for view in views:
+        size = view.shape[0]
         with nogil:
-            memcpy(op + ep[2 * lin], &view[0], <size_t>ep[2 * lin + 1])
-    index = entries.astype(">u8" if big_endian else "<u8", copy=False).tobytes()
-    start = 0 if at_start else pos
-    out[start:start + 16 * n] = np.frombuffer(index, dtype=np.uint8)
-    if checksum:
-        with nogil:
-            crc = zf_crc32c(op + start, <size_t>(16 * n))
-        out[start + 16 * n:start + 16 * n + 4] = np.frombuffer(
-            int(crc).to_bytes(4, "little"), dtype=np.uint8)
+            memcpy(op + pos, &view[0], <size_t>size)
+        pos += size
     return out
 
 

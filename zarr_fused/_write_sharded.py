@@ -249,16 +249,23 @@ class ShardWriter:
             payloads = state["payloads"]
             for lin, result in zip(state["queued"], state["encoding"].results()):
                 payloads[lin] = None if result is False else result
-            blob = shard_kernels.assemble_shard(  # type: ignore[union-attr]
-                self._order(state["grid"]), payloads,
-                at_start=self.codec.index_location == "start",
-                checksum=self.checksum, big_endian=self.big_endian)
-            if blob is None:
-                setter.delete_sync()
-            elif prefix is not None:
-                io_kernels.write_whole(prefix + os.fsencode(setter.path), blob)  # type: ignore[union-attr]
+            layout_args = dict(at_start=self.codec.index_location == "start",
+                               checksum=self.checksum, big_endian=self.big_endian)
+            if prefix is not None:
+                # straight from the payloads to the file (writev), no copy
+                parts = shard_kernels.shard_parts(  # type: ignore[union-attr]
+                    self._order(state["grid"]), payloads, **layout_args)
+                if parts is None:
+                    setter.delete_sync()
+                else:
+                    io_kernels.write_parts(prefix + os.fsencode(setter.path), parts)  # type: ignore[union-attr]
             else:
-                setter.set_sync(spec.prototype.buffer.from_array_like(blob))
+                blob = shard_kernels.assemble_shard(  # type: ignore[union-attr]
+                    self._order(state["grid"]), payloads, **layout_args)
+                if blob is None:
+                    setter.delete_sync()
+                else:
+                    setter.set_sync(spec.prototype.buffer.from_array_like(blob))
             state["payloads"] = None
             state["encoding"] = None
             _buffers.give(state.pop("buffer"))
