@@ -237,6 +237,22 @@ def test_local_reads_never_read_wide_gaps(tmp_path: Path, monkeypatch: pytest.Mo
     assert seen == [min(gap, _read_sharded.LOCAL_MAX_GAP)]
 
 
+def test_idle_shard_buffers_are_bounded() -> None:
+    """The pool of reused shard buffers keeps at most ``keep`` buffers and
+    ``max_bytes`` bytes while idle, dropping the smallest or the largest."""
+    from zarr_fused._read_sharded import _Buffers
+
+    pool = _Buffers(keep=2, max_bytes=1 << 20)
+    small, medium, large = (np.empty(n, np.uint8) for n in (1 << 16, 1 << 18, 1 << 19))
+    for buf in (small, medium, large):
+        pool.give(buf)
+    assert [b.nbytes for b in pool._free] == [1 << 18, 1 << 19]  # the smallest went
+    assert pool.take(1 << 17) is medium  # the smallest that fits
+    pool.give(np.empty(3 << 18, np.uint8))  # 1.25 MiB held: the largest goes
+    assert [b.nbytes for b in pool._free] == [1 << 19]
+    assert pool.take(1 << 20).nbytes == 1 << 20  # nothing fits: a new one
+
+
 def test_missing_shards_and_inner_chunks(fused: None) -> None:
     store = MemoryStore()
     arr = _sharded(store, config={"read_missing_chunks": False})

@@ -105,11 +105,14 @@ class _Buffers:
 
     A fresh multi-megabyte allocation faults in every page on first touch,
     which costs as much as reading the shard; a few buffers kept between
-    reads avoid that. At most ``keep`` are held while idle.
+    reads (and the writes' encode arenas) avoid that. While idle, at most
+    ``keep`` buffers and ``max_bytes`` bytes are held, so huge shards do not
+    leave gigabytes behind.
     """
 
-    def __init__(self, keep: int = 4) -> None:
+    def __init__(self, keep: int = 4, max_bytes: int = 256 << 20) -> None:
         self.keep = keep
+        self.max_bytes = max_bytes
         self._free: list[np.ndarray] = []
         self._lock = threading.Lock()
 
@@ -131,6 +134,10 @@ class _Buffers:
             if len(self._free) > self.keep:
                 smallest = min(range(len(self._free)), key=lambda i: self._free[i].nbytes)
                 self._free.pop(smallest)
+            held = sum(b.nbytes for b in self._free)
+            while held > self.max_bytes:
+                largest = max(range(len(self._free)), key=lambda i: self._free[i].nbytes)
+                held -= self._free.pop(largest).nbytes
 
 
 _buffers = _Buffers()

@@ -180,8 +180,8 @@ class ShardWriter:
                 stored, buffer, _ = self._load(setter, spec, grid, prefix)
                 if stored is not None:
                     payloads = stored
-            # the encoded inner chunks live in a reused buffer until the
-            # shard is assembled (`finish` copies them into the shard)
+            # the encoded inner chunks live in a reused buffer until `finish`
+            # has written the shard (its results are views into it)
             arena = _buffers.take(len(items) * chain.encode_bound(layout.nbytes))
             encoding = chain.encode_batch(len(items), ndim, describe, arena)
             if pattern is not None:
