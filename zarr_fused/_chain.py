@@ -133,6 +133,11 @@ class NativeChain:
             spec.prototype.nd_buffer, cpu.NDBuffer
         )
 
+    def writes_into(self, out: Any, spec: ArraySpec) -> bool:
+        """Whether the kernels can decode chunks of ``spec`` straight into
+        ``out`` (a NumPy array of the chain's own dtype)."""
+        return type(out) is np.ndarray and out.dtype == self.dtype and self.handles(spec)
+
     def layout(self, shape: tuple[int, ...]) -> Any:
         """The element layout of a chunk of ``shape`` (cached per shape)."""
         layout = self._layouts.get(shape)

@@ -150,6 +150,8 @@ cdef class EncodeBatch:
 cdef Py_ssize_t contiguous_run(int ndim, const Py_ssize_t* shape, const Py_ssize_t* strides,
                                Py_ssize_t itemsize) noexcept nogil
 
+cdef tuple as_selection_tuple(selection)
+
 cdef int select_basic(int ndim, const Py_ssize_t* shape, const Py_ssize_t* strides,
                       object selection, Py_ssize_t* offset, Py_ssize_t* out_shape,
                       Py_ssize_t* out_strides) except -2

@@ -411,6 +411,15 @@ cdef Py_ssize_t contiguous_run(int ndim, const Py_ssize_t* shape, const Py_ssize
     return count
 
 
+cdef tuple as_selection_tuple(selection):
+    """A selection as a tuple of per-axis selectors (``...`` alone is ``()``)."""
+    if selection is Ellipsis:
+        return ()
+    if isinstance(selection, tuple):
+        return selection
+    return (selection,)
+
+
 cdef int select_basic(int ndim, const Py_ssize_t* shape, const Py_ssize_t* strides,
                       object selection, Py_ssize_t* offset, Py_ssize_t* out_shape,
                       Py_ssize_t* out_strides) except -2:
@@ -424,12 +433,7 @@ cdef int select_basic(int ndim, const Py_ssize_t* shape, const Py_ssize_t* strid
     cdef Py_ssize_t start, stop, step, length, idx
     cdef int i = 0
     cdef int k = 0
-    if selection is Ellipsis:
-        sel = ()
-    elif isinstance(selection, tuple):
-        sel = selection
-    else:
-        sel = (selection,)
+    sel = as_selection_tuple(selection)
     if len(sel) > ndim:
         return -1
     for s in sel:

@@ -148,7 +148,7 @@ class NativeChunkReader:
     ) -> tuple[GetResult, ...]:
         chain = self.chain
         dst = out.as_ndarray_like()
-        if type(dst) is not np.ndarray or dst.dtype != chain.dtype or not chain.handles(batch[0][1]):
+        if not chain.writes_into(dst, batch[0][1]):
             return self.generic.read(batch, out, drop_axes, max_workers)
         pattern = fill_pattern(batch[0][1], dst.dtype)
         statuses: list[GetResult] = [MISSING] * len(batch)

@@ -339,8 +339,8 @@ class ShardReader:
         dst = out.as_ndarray_like()
         spec0 = batch[0][1]
         # inner chunks share the shard spec's dtype and prototype, all that
-        # `handles` looks at
-        if type(dst) is not np.ndarray or dst.dtype != chain.dtype or not chain.handles(spec0):
+        # `writes_into` looks at
+        if not chain.writes_into(dst, spec0):
             return self.fallback.read(batch, out, drop_axes, max_workers)
         pattern = self._fill(spec0, dst.dtype)
         statuses: list[Any] = [PRESENT] * len(batch)

@@ -20,14 +20,13 @@ order, then (or before) the index with its crc32c.
 from cpython.slice cimport PySlice_GetIndicesEx
 from libc.stdint cimport uint8_t, uint32_t, uint64_t
 from libc.stdlib cimport free, malloc, qsort
-from libc.string cimport memset
+from libc.string cimport memcpy, memset
+from posix.unistd cimport close
 
 cimport numpy as cnp
 import os
 
 import numpy as np
-
-from libc.string cimport memcpy
 
 from zarr_fused._codecs cimport (
     ChunkLayout,
@@ -35,12 +34,12 @@ from zarr_fused._codecs cimport (
     DecodeTask,
     EncodeBatch,
     EncodeTask,
+    as_selection_tuple,
     contiguous_run,
     select_basic,
 )
 from zarr_fused._localio cimport FILE_OK, open_regular, pread_full, read_ranges_fd
 from zarr_fused._scatter cimport ZF_MAX_DIMS
-from posix.unistd cimport close
 
 from zarr_fused.errors import CorruptShardError
 
@@ -324,12 +323,7 @@ def plan_selection(tuple shard_shape, tuple inner_shape, selection):
     cdef Py_ssize_t pos = 0
     if ndim == 0 or ndim > ZF_MAX_DIMS or len(inner_shape) != ndim:
         return None
-    if selection is Ellipsis:
-        sel = ()
-    elif isinstance(selection, tuple):
-        sel = selection
-    else:
-        sel = (selection,)
+    sel = as_selection_tuple(selection)
     if len(sel) > ndim:
         return None
     for s in sel:
@@ -691,18 +685,6 @@ def assemble_shard(cnp.ndarray order, list payloads, *, bint at_start, bint chec
 
 
 
-cdef struct Wanted:
-    Py_ssize_t start
-    Py_ssize_t length
-    Py_ssize_t chunk
-
-
-cdef int _by_wanted_start(const void* a, const void* b) noexcept nogil:
-    cdef const Wanted* x = <const Wanted*>a
-    cdef const Wanted* y = <const Wanted*>b
-    return -1 if x.start < y.start else (1 if x.start > y.start else 0)
-
-
 def fetch_partial_local(bytes path, Py_ssize_t n_chunks, cnp.ndarray touched, take, *,
                         bint checksum, bint big_endian, bint at_start,
                         Py_ssize_t max_gap=1 << 20, Py_ssize_t max_coalesced=16 << 20,
@@ -728,7 +710,7 @@ def fetch_partial_local(bytes path, Py_ssize_t n_chunks, cnp.ndarray touched, ta
     cdef cnp.ndarray raw = np.empty(isize, dtype=np.uint8)
     cdef cnp.ndarray entries
     cdef uint64_t* ep
-    cdef Wanted* wanted = NULL
+    cdef Span* wanted = NULL
     cdef Py_ssize_t* starts = NULL
     cdef Py_ssize_t* lengths = NULL
     cdef Py_ssize_t* offsets = NULL
@@ -765,7 +747,7 @@ def fetch_partial_local(bytes path, Py_ssize_t n_chunks, cnp.ndarray touched, ta
         ep = <uint64_t*>cnp.PyArray_DATA(entries)
         tp = <Py_ssize_t*>cnp.PyArray_DATA(touched)
         k = touched.shape[0]
-        wanted = <Wanted*>malloc(sizeof(Wanted) * (k if k else 1))
+        wanted = <Span*>malloc(sizeof(Span) * (k if k else 1))
         starts = <Py_ssize_t*>malloc(sizeof(Py_ssize_t) * (k if k else 1))
         lengths = <Py_ssize_t*>malloc(sizeof(Py_ssize_t) * (k if k else 1))
         offsets = <Py_ssize_t*>malloc(sizeof(Py_ssize_t) * (k if k else 1))
@@ -776,18 +758,18 @@ def fetch_partial_local(bytes path, Py_ssize_t n_chunks, cnp.ndarray touched, ta
                 raise IndexError("touched chunk out of range")
             if ep[2 * tp[i]] == MISSING or ep[2 * tp[i] + 1] == 0:
                 continue
-            wanted[m].start = <Py_ssize_t>ep[2 * tp[i]]
-            wanted[m].length = <Py_ssize_t>ep[2 * tp[i] + 1]
+            wanted[m].start = ep[2 * tp[i]]
+            wanted[m].end = ep[2 * tp[i]] + ep[2 * tp[i] + 1]
             wanted[m].chunk = tp[i]
             m += 1
-        qsort(wanted, <size_t>m, sizeof(Wanted), _by_wanted_start)
+        qsort(wanted, <size_t>m, sizeof(Span), _by_start)
         for i in range(m):
-            starts[i] = wanted[i].start
-            lengths[i] = wanted[i].length
+            starts[i] = <Py_ssize_t>wanted[i].start
+            lengths[i] = <Py_ssize_t>(wanted[i].end - wanted[i].start)
             offsets[i] = total
-            total += wanted[i].length
-            if i and wanted[i].start - wanted[i - 1].start - wanted[i - 1].length > biggest_gap:
-                biggest_gap = wanted[i].start - wanted[i - 1].start - wanted[i - 1].length
+            total += lengths[i]
+            if i and <Py_ssize_t>(wanted[i].start - wanted[i - 1].end) > biggest_gap:
+                biggest_gap = <Py_ssize_t>(wanted[i].start - wanted[i - 1].end)
         if biggest_gap > max_gap:
             biggest_gap = max_gap
         buf = take(total)
