@@ -37,7 +37,9 @@ from zarr_fused cimport _blosc as bl
 from zarr_fused._localio cimport FILE_ERROR, FILE_MISSING, read_file, write_file_atomic
 from zarr_fused cimport _zlib as zl
 from zarr_fused cimport _zstd as zs
-from zarr_fused._scatter cimport ZF_MAX_DIMS, copy_strided, equal_strided, fill_strided
+from zarr_fused._scatter cimport (
+    ZF_MAX_DIMS, copy_rows_side_by_side, copy_strided, equal_strided, fill_strided,
+)
 
 from zarr_fused.errors import ChecksumError, ChunkSizeError, DecompressionError, ZarrFusedError
 
@@ -842,6 +844,83 @@ cdef object status_error(Status* st, object where):
 # -- batches ----------------------------------------------------------------------------------
 
 
+# -- chunks side by side ----------------------------------------------------------------
+#
+# Chunks whose rows are short (a 32-element row of an inner chunk) land in a
+# large output as short runs far apart, and a scatter that writes them one
+# chunk at a time touches every destination cache line several times, at
+# different times (an x-neighbour writes the rest of the line later). When
+# consecutive tasks are neighbours along the output's last axis, they are
+# decoded side by side into one scratch (kept small enough to stay in L2)
+# and scattered together, each destination row in one run (about 25% less
+# time in the scatter of a 512^3 read of 32^3 chunks on this project's
+# benchmark machine).
+cdef enum:
+    _SIDE_MAX = 8
+    _SIDE_MAX_BYTES = 1 << 20
+    _SIDE_MAX_ROW = 512
+
+
+cdef bint _can_lead(const DecodeTask* t, Py_ssize_t itemsize) noexcept nogil:
+    cdef int nd = t.ndim
+    return (t.path == NULL and not t.missing and not t.direct and nd >= 1
+            and t.src_strides[nd - 1] == itemsize and t.dst_strides[nd - 1] == itemsize
+            and t.shape[nd - 1] * itemsize < _SIDE_MAX_ROW)
+
+
+cdef Py_ssize_t _side_by_side(const DecodeTask* tasks, Py_ssize_t count,
+                              Py_ssize_t itemsize) noexcept nogil:
+    """How many of the ``count`` tasks from ``tasks[0]`` on can be decoded
+    side by side: same block geometry, each one row's width after the one
+    before in the output."""
+    cdef const DecodeTask* t0 = &tasks[0]
+    cdef const DecodeTask* t
+    cdef Py_ssize_t k, row
+    cdef int d
+    if count < 2 or not _can_lead(t0, itemsize):
+        return 1
+    row = t0.shape[t0.ndim - 1] * itemsize
+    k = 1
+    while k < count and k < _SIDE_MAX and (k + 1) * t0.nbytes <= _SIDE_MAX_BYTES:
+        t = &tasks[k]
+        if (t.path != NULL or t.missing or t.direct or t.ndim != t0.ndim
+                or t.nbytes != t0.nbytes or t.src_offset != t0.src_offset
+                or t.dst != t0.dst + k * row):
+            break
+        for d in range(t0.ndim):
+            if (t.shape[d] != t0.shape[d] or t.src_strides[d] != t0.src_strides[d]
+                    or t.dst_strides[d] != t0.dst_strides[d]):
+                return k
+        k += 1
+    return k
+
+
+cdef Py_ssize_t _decode_side_by_side(ChainKernel kernel, Workspace ws, DecodeTask* tasks,
+                                     Py_ssize_t count) noexcept nogil:
+    """Decode ``count`` tasks found by `_side_by_side` and scatter them
+    together. Returns -1, or the position of the task that failed."""
+    cdef const char* srcs[_SIDE_MAX]
+    cdef uint8_t* slots = NULL
+    cdef const uint8_t* data
+    cdef DecodeTask* t0 = &tasks[0]
+    cdef Py_ssize_t j
+    if kernel.compressor != COMP_NONE:
+        # decoded straight into the slots (no inner checksums: see run)
+        slots = ws.reserve(<size_t>(count * t0.nbytes))
+        if slots == NULL:
+            t0.status.code = ZF_ERR_NOMEM
+            return 0
+    for j in range(count):
+        if kernel.decode_payload(ws, tasks[j].src, tasks[j].src_len, tasks[j].nbytes,
+                                 slots + j * t0.nbytes if slots != NULL else NULL,
+                                 &data, &tasks[j].status) < 0:
+            return j
+        srcs[j] = <const char*>data + t0.src_offset
+    copy_rows_side_by_side(srcs, <int>count, t0.src_strides, t0.dst, t0.dst_strides,
+                           t0.shape, t0.ndim, kernel.itemsize, kernel.swap_unit)
+    return -1
+
+
 cdef class DecodeBatch:
     """The decode work of a group of chunks, as C tasks, run in one nogil call.
 
@@ -1036,12 +1115,25 @@ cdef class DecodeBatch:
             stop = self.n
         if start < 0:
             start = 0
+        # side by side only where every payload decodes into its own slot:
+        # not with inner checksums (decoded through the shared scratch)
+        cdef bint side = (self.kernel.compressor == COMP_NONE or self.kernel.inner_crcs == 0)
+        cdef Py_ssize_t g, bad
         with nogil:
-            for i in range(start, stop):
-                self.kernel.run_decode(ws, &self.tasks[i], fill)
-                if self.tasks[i].status.code != ZF_OK:
-                    failed = i
-                    break
+            i = start
+            while i < stop:
+                g = _side_by_side(&self.tasks[i], stop - i, self.kernel.itemsize) if side else 1
+                if g > 1:
+                    bad = _decode_side_by_side(self.kernel, ws, &self.tasks[i], g)
+                    if bad >= 0:
+                        failed = i + bad
+                        break
+                else:
+                    self.kernel.run_decode(ws, &self.tasks[i], fill)
+                    if self.tasks[i].status.code != ZF_OK:
+                        failed = i
+                        break
+                i += g
         if failed >= 0:
             raise status_error(&self.tasks[failed].status, self.describe(self.keys[failed]))
         return [i for i in range(start, stop) if self.tasks[i].was_missing]

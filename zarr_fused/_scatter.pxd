@@ -16,6 +16,18 @@ cdef int copy_strided(
     Py_ssize_t swap_unit,
 ) noexcept nogil
 
+cdef int copy_rows_side_by_side(
+    const char* const* srcs,
+    int count,
+    const Py_ssize_t* src_strides,
+    char* dst,
+    const Py_ssize_t* dst_strides,
+    const Py_ssize_t* shape,
+    int ndim,
+    Py_ssize_t itemsize,
+    Py_ssize_t swap_unit,
+) noexcept nogil
+
 cdef int fill_strided(
     char* dst,
     const Py_ssize_t* dst_strides,

@@ -270,6 +270,67 @@ cdef int copy_strided(
     return 0
 
 
+cdef int copy_rows_side_by_side(
+    const char* const* srcs,
+    int count,
+    const Py_ssize_t* src_strides,
+    char* dst,
+    const Py_ssize_t* dst_strides,
+    const Py_ssize_t* shape,
+    int ndim,
+    Py_ssize_t itemsize,
+    Py_ssize_t swap_unit,
+) noexcept nogil:
+    """Copy ``count`` blocks of the same shape and strides that sit side by
+    side along the last axis of ``dst`` (block ``k`` starts ``k`` rows' width
+    after ``dst``), row by row: each destination row is written whole, as
+    one run of ``count`` source rows, instead of ``count`` short runs at
+    different times. Rows must be contiguous in the sources and in ``dst``.
+    Returns 0, or -1 on bad arguments."""
+    cdef Py_ssize_t idx[ZF_MAX_DIMS]
+    cdef Py_ssize_t n, row, span, soff = 0
+    cdef char* dp = dst
+    cdef int d, k, outer
+    if ndim < 1 or ndim > ZF_MAX_DIMS or count < 1:
+        return -1
+    if src_strides[ndim - 1] != itemsize or dst_strides[ndim - 1] != itemsize:
+        return -1
+    for d in range(ndim):
+        if shape[d] <= 0:
+            return 0
+        idx[d] = 0
+    n = shape[ndim - 1]
+    row = n * itemsize
+    outer = ndim - 1
+    # the whole destination row of the ``count`` blocks, prefetched like
+    # copy_strided's rows when rows are short and far apart
+    span = count * row
+    if outer == 0 or span > _PREFETCH_MAX_SPAN or dst_strides[outer - 1] <= span:
+        span = 0
+    while True:
+        if span and idx[outer - 1] + _PREFETCH_ROWS < shape[outer - 1]:
+            _prefetch_span(dp + _PREFETCH_ROWS * dst_strides[outer - 1], span, True)
+        for k in range(count):
+            if swap_unit == 0:
+                memcpy(dp + k * row, srcs[k] + soff, <size_t>row)
+            else:
+                _copy_row(srcs[k] + soff, itemsize, dp + k * row, itemsize, n, itemsize, swap_unit)
+        d = outer - 1
+        while d >= 0:
+            idx[d] += 1
+            soff += src_strides[d]
+            dp += dst_strides[d]
+            if idx[d] < shape[d]:
+                break
+            soff -= src_strides[d] * shape[d]
+            dp -= dst_strides[d] * shape[d]
+            idx[d] = 0
+            d -= 1
+        if d < 0:
+            break
+    return 0
+
+
 cdef void _fill_row(
     char* dp, Py_ssize_t ds, Py_ssize_t n, const char* pattern, Py_ssize_t itemsize, bint zero
 ) noexcept nogil:
