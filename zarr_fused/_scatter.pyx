@@ -270,6 +270,33 @@ cdef int copy_strided(
     return 0
 
 
+cdef inline void _copy_short(char* d, const char* s, Py_ssize_t n) noexcept nogil:
+    """memcpy for short runs, inlined (16-byte moves), no libc call."""
+    while n >= 16:
+        memcpy(d, s, 16)
+        d += 16
+        s += 16
+        n -= 16
+    if n:
+        memcpy(d, s, <size_t>n)
+
+
+cdef inline bint _next_row(Py_ssize_t* idx, const Py_ssize_t* shape, const Py_ssize_t* strides,
+                           int outer, Py_ssize_t* offset) noexcept nogil:
+    """Advance ``*offset`` to the next row of an ``outer``-d grid of rows (C
+    order, ``strides`` in bytes); False past the last row."""
+    cdef int d = outer - 1
+    while d >= 0:
+        idx[d] += 1
+        offset[0] += strides[d]
+        if idx[d] < shape[d]:
+            return True
+        offset[0] -= strides[d] * shape[d]
+        idx[d] = 0
+        d -= 1
+    return False
+
+
 cdef int copy_rows_side_by_side(
     const char* const* srcs,
     int count,
@@ -288,8 +315,10 @@ cdef int copy_rows_side_by_side(
     different times. Rows must be contiguous in the sources and in ``dst``.
     Returns 0, or -1 on bad arguments."""
     cdef Py_ssize_t idx[ZF_MAX_DIMS]
-    cdef Py_ssize_t n, row, span, soff = 0
-    cdef char* dp = dst
+    cdef Py_ssize_t src_idx[ZF_MAX_DIMS]
+    cdef Py_ssize_t ahead_idx[ZF_MAX_DIMS]
+    cdef Py_ssize_t n, row, span, doff = 0, soff = 0, ahead = 0
+    cdef bint more = True
     cdef int d, k, outer
     if ndim < 1 or ndim > ZF_MAX_DIMS or count < 1:
         return -1
@@ -298,35 +327,31 @@ cdef int copy_rows_side_by_side(
     for d in range(ndim):
         if shape[d] <= 0:
             return 0
-        idx[d] = 0
+        idx[d] = src_idx[d] = ahead_idx[d] = 0
     n = shape[ndim - 1]
     row = n * itemsize
     outer = ndim - 1
-    # the whole destination row of the ``count`` blocks, prefetched like
-    # copy_strided's rows when rows are short and far apart
+    # the destination row ``_PREFETCH_ROWS`` rows ahead (into the next
+    # plane too), prefetched like copy_strided's when rows are short and far
+    # apart
     span = count * row
     if outer == 0 or span > _PREFETCH_MAX_SPAN or dst_strides[outer - 1] <= span:
         span = 0
+    for k in range(_PREFETCH_ROWS):
+        if span and more:
+            more = _next_row(ahead_idx, shape, dst_strides, outer, &ahead)
     while True:
-        if span and idx[outer - 1] + _PREFETCH_ROWS < shape[outer - 1]:
-            _prefetch_span(dp + _PREFETCH_ROWS * dst_strides[outer - 1], span, True)
+        if span and more:
+            _prefetch_span(dst + ahead, span, True)
+            more = _next_row(ahead_idx, shape, dst_strides, outer, &ahead)
         for k in range(count):
             if swap_unit == 0:
-                memcpy(dp + k * row, srcs[k] + soff, <size_t>row)
+                _copy_short(dst + doff + k * row, srcs[k] + soff, row)
             else:
-                _copy_row(srcs[k] + soff, itemsize, dp + k * row, itemsize, n, itemsize, swap_unit)
-        d = outer - 1
-        while d >= 0:
-            idx[d] += 1
-            soff += src_strides[d]
-            dp += dst_strides[d]
-            if idx[d] < shape[d]:
-                break
-            soff -= src_strides[d] * shape[d]
-            dp -= dst_strides[d] * shape[d]
-            idx[d] = 0
-            d -= 1
-        if d < 0:
+                _copy_row(srcs[k] + soff, itemsize, dst + doff + k * row, itemsize, n, itemsize,
+                          swap_unit)
+        _next_row(src_idx, shape, src_strides, outer, &soff)
+        if not _next_row(idx, shape, dst_strides, outer, &doff):
             break
     return 0
 
