@@ -68,6 +68,8 @@ cdef extern from *:
 cdef enum:
     _PREFETCH_ROWS = 4
     _PREFETCH_MAX_SPAN = 1024
+    # rows up to this many bytes are copied inline rather than by libc's memcpy
+    _SHORT_ROW = 256
 
 
 cdef inline Py_ssize_t _row_span(Py_ssize_t n, Py_ssize_t stride, Py_ssize_t itemsize) noexcept nogil:
@@ -153,6 +155,17 @@ cdef inline void _swap_element(
         off += unit
 
 
+cdef inline void _copy_short(char* d, const char* s, Py_ssize_t n) noexcept nogil:
+    """memcpy for short runs, inlined (16-byte moves), no libc call."""
+    while n >= 16:
+        memcpy(d, s, 16)
+        d += 16
+        s += 16
+        n -= 16
+    if n:
+        memcpy(d, s, <size_t>n)
+
+
 cdef void _copy_row(
     const char* sp,
     Py_ssize_t ss,
@@ -168,7 +181,10 @@ cdef void _copy_row(
     cdef uint64_t v64
     if swap_unit == 0:
         if ss == itemsize and ds == itemsize:
-            memcpy(dp, sp, <size_t>(n * itemsize))
+            if n * itemsize <= _SHORT_ROW:
+                _copy_short(dp, sp, n * itemsize)
+            else:
+                memcpy(dp, sp, <size_t>(n * itemsize))
         elif itemsize == 1:
             for i in range(n):
                 dp[i * ds] = sp[i * ss]
@@ -207,6 +223,25 @@ cdef void _copy_row(
             _swap_element(sp + i * ss, dp + i * ds, itemsize, swap_unit)
 
 
+cdef inline bint _next_row(Py_ssize_t* idx, const Py_ssize_t* shape, const Py_ssize_t* s1,
+                            const Py_ssize_t* s2, int outer, Py_ssize_t* o1,
+                            Py_ssize_t* o2) noexcept nogil:
+    """Advance two offsets (strides ``s1``, ``s2``) to the next row of an
+    ``outer``-d grid of rows (C order); False past the last row."""
+    cdef int d = outer - 1
+    while d >= 0:
+        idx[d] += 1
+        o1[0] += s1[d]
+        o2[0] += s2[d]
+        if idx[d] < shape[d]:
+            return True
+        o1[0] -= s1[d] * shape[d]
+        o2[0] -= s2[d] * shape[d]
+        idx[d] = 0
+        d -= 1
+    return False
+
+
 cdef int copy_strided(
     const char* src,
     const Py_ssize_t* src_strides,
@@ -223,16 +258,15 @@ cdef int copy_strided(
     cdef Py_ssize_t ss[ZF_MAX_DIMS]
     cdef Py_ssize_t ds[ZF_MAX_DIMS]
     cdef Py_ssize_t idx[ZF_MAX_DIMS]
+    cdef Py_ssize_t soff = 0, doff = 0
     cdef int n, d, inner
-    cdef const char* sp = src
-    cdef char* dp = dst
     if ndim < 0 or ndim > ZF_MAX_DIMS:
         return -1
     n = _coalesce(shape, src_strides, dst_strides, ndim, shp, ss, ds)
     if n < 0:
         return 0
     if n == 0:
-        _copy_row(sp, itemsize, dp, itemsize, 1, itemsize, swap_unit)
+        _copy_row(src, itemsize, dst, itemsize, 1, itemsize, swap_unit)
         return 0
     inner = n - 1
     for d in range(inner):
@@ -247,54 +281,28 @@ cdef int copy_strided(
             dspan = 0
         if ss[inner - 1] <= sspan:
             sspan = 0
+    # the rows ``_PREFETCH_ROWS`` rows ahead, into the next plane too
+    cdef Py_ssize_t ahead_idx[ZF_MAX_DIMS]
+    cdef Py_ssize_t dahead = 0, sahead = 0
+    cdef Py_ssize_t k
+    cdef bint more = dspan != 0 or sspan != 0
+    if more:
+        for d in range(inner):
+            ahead_idx[d] = 0
+        for k in range(_PREFETCH_ROWS):
+            if more:
+                more = _next_row(ahead_idx, shp, ss, ds, inner, &sahead, &dahead)
     while True:
-        if (dspan or sspan) and idx[inner - 1] + _PREFETCH_ROWS < shp[inner - 1]:
+        if more:
             if dspan:
-                _prefetch_span(dp + _PREFETCH_ROWS * ds[inner - 1], dspan, True)
+                _prefetch_span(dst + dahead, dspan, True)
             if sspan:
-                _prefetch_span(sp + _PREFETCH_ROWS * ss[inner - 1], sspan, False)
-        _copy_row(sp, ss[inner], dp, ds[inner], shp[inner], itemsize, swap_unit)
-        d = inner - 1
-        while d >= 0:
-            idx[d] += 1
-            sp += ss[d]
-            dp += ds[d]
-            if idx[d] < shp[d]:
-                break
-            sp -= ss[d] * shp[d]
-            dp -= ds[d] * shp[d]
-            idx[d] = 0
-            d -= 1
-        if d < 0:
+                _prefetch_span(src + sahead, sspan, False)
+            more = _next_row(ahead_idx, shp, ss, ds, inner, &sahead, &dahead)
+        _copy_row(src + soff, ss[inner], dst + doff, ds[inner], shp[inner], itemsize, swap_unit)
+        if not _next_row(idx, shp, ss, ds, inner, &soff, &doff):
             break
     return 0
-
-
-cdef inline void _copy_short(char* d, const char* s, Py_ssize_t n) noexcept nogil:
-    """memcpy for short runs, inlined (16-byte moves), no libc call."""
-    while n >= 16:
-        memcpy(d, s, 16)
-        d += 16
-        s += 16
-        n -= 16
-    if n:
-        memcpy(d, s, <size_t>n)
-
-
-cdef inline bint _next_row(Py_ssize_t* idx, const Py_ssize_t* shape, const Py_ssize_t* strides,
-                           int outer, Py_ssize_t* offset) noexcept nogil:
-    """Advance ``*offset`` to the next row of an ``outer``-d grid of rows (C
-    order, ``strides`` in bytes); False past the last row."""
-    cdef int d = outer - 1
-    while d >= 0:
-        idx[d] += 1
-        offset[0] += strides[d]
-        if idx[d] < shape[d]:
-            return True
-        offset[0] -= strides[d] * shape[d]
-        idx[d] = 0
-        d -= 1
-    return False
 
 
 cdef int copy_rows_side_by_side(
@@ -315,9 +323,8 @@ cdef int copy_rows_side_by_side(
     different times. Rows must be contiguous in the sources and in ``dst``.
     Returns 0, or -1 on bad arguments."""
     cdef Py_ssize_t idx[ZF_MAX_DIMS]
-    cdef Py_ssize_t src_idx[ZF_MAX_DIMS]
     cdef Py_ssize_t ahead_idx[ZF_MAX_DIMS]
-    cdef Py_ssize_t n, row, span, doff = 0, soff = 0, ahead = 0
+    cdef Py_ssize_t n, row, span, doff = 0, soff = 0, ahead = 0, unused = 0
     cdef bint more = True
     cdef int d, k, outer
     if ndim < 1 or ndim > ZF_MAX_DIMS or count < 1:
@@ -327,7 +334,7 @@ cdef int copy_rows_side_by_side(
     for d in range(ndim):
         if shape[d] <= 0:
             return 0
-        idx[d] = src_idx[d] = ahead_idx[d] = 0
+        idx[d] = ahead_idx[d] = 0
     n = shape[ndim - 1]
     row = n * itemsize
     outer = ndim - 1
@@ -339,19 +346,18 @@ cdef int copy_rows_side_by_side(
         span = 0
     for k in range(_PREFETCH_ROWS):
         if span and more:
-            more = _next_row(ahead_idx, shape, dst_strides, outer, &ahead)
+            more = _next_row(ahead_idx, shape, dst_strides, src_strides, outer, &ahead, &unused)
     while True:
         if span and more:
             _prefetch_span(dst + ahead, span, True)
-            more = _next_row(ahead_idx, shape, dst_strides, outer, &ahead)
+            more = _next_row(ahead_idx, shape, dst_strides, src_strides, outer, &ahead, &unused)
         for k in range(count):
             if swap_unit == 0:
                 _copy_short(dst + doff + k * row, srcs[k] + soff, row)
             else:
                 _copy_row(srcs[k] + soff, itemsize, dst + doff + k * row, itemsize, n, itemsize,
                           swap_unit)
-        _next_row(src_idx, shape, src_strides, outer, &soff)
-        if not _next_row(idx, shape, dst_strides, outer, &doff):
+        if not _next_row(idx, shape, dst_strides, src_strides, outer, &doff, &soff):
             break
     return 0
 
