@@ -395,7 +395,13 @@ class ShardReader:
                 finish_general(shard)
             shard.release()
 
-        if len(shards) >= 2 * max_workers or max_workers <= 1:
+        # Shard by shard when there are enough shards to go round, or nothing
+        # to spread (one inner chunk in all: a point or small-box read);
+        # else in waves, the inner chunks of a wave's shards spread over the
+        # workers.
+        if (len(shards) >= 2 * max_workers or max_workers <= 1
+                or (len(shards) == 1 and shards[0].plan is not None
+                    and shards[0].plan.n_touched <= 1)):
             run_parallel(one_shard, shards, max_workers)
             return tuple(statuses)
 
