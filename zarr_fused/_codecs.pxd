@@ -102,6 +102,8 @@ cdef class ChainKernel:
                             const uint8_t** out, Status* st) noexcept nogil
     cdef void run_decode(self, Workspace ws, DecodeTask* task, const char* fill) noexcept nogil
     cdef void run_encode(self, Workspace ws, EncodeTask* task, const char* fill) noexcept nogil
+    cdef int _reserve_output(self, Workspace ws, EncodeTask* task) noexcept nogil
+    cdef void finish_encode(self, Workspace ws, EncodeTask* task, uint8_t* data) noexcept nogil
     cdef Py_ssize_t encode_bound(self, Py_ssize_t nbytes) noexcept nogil
 
 

@@ -28,6 +28,18 @@ cdef int copy_rows_side_by_side(
     Py_ssize_t swap_unit,
 ) noexcept nogil
 
+cdef int gather_rows_side_by_side(
+    const char* src,
+    const Py_ssize_t* src_strides,
+    char* const* dsts,
+    int count,
+    const Py_ssize_t* dst_strides,
+    const Py_ssize_t* shape,
+    int ndim,
+    Py_ssize_t itemsize,
+    Py_ssize_t swap_unit,
+) noexcept nogil
+
 cdef int fill_strided(
     char* dst,
     const Py_ssize_t* dst_strides,

@@ -305,6 +305,71 @@ cdef int copy_strided(
     return 0
 
 
+cdef int _rows_side_by_side(
+    char* big,
+    const Py_ssize_t* big_strides,
+    char* const* parts,
+    const Py_ssize_t* part_strides,
+    int count,
+    const Py_ssize_t* shape,
+    int ndim,
+    Py_ssize_t itemsize,
+    Py_ssize_t swap_unit,
+    bint into_big,
+) noexcept nogil:
+    """Copy between ``count`` blocks (``parts``, same shape and strides) and
+    the region of a large array where they sit side by side along its last
+    axis (block ``k`` starts ``k`` rows' width after ``big``), one whole row
+    of the region at a time: the large array is touched in runs of
+    ``count`` rows instead of ``count`` short runs at different times.
+    ``into_big``: parts -> big (a scatter), else big -> parts (a gather).
+    Rows must be contiguous on both sides. Returns 0, or -1 on bad
+    arguments."""
+    cdef Py_ssize_t idx[ZF_MAX_DIMS]
+    cdef Py_ssize_t ahead_idx[ZF_MAX_DIMS]
+    cdef Py_ssize_t n, row, span, boff = 0, poff = 0, ahead = 0, unused = 0
+    cdef bint more = True
+    cdef int d, k, outer
+    if ndim < 1 or ndim > ZF_MAX_DIMS or count < 1:
+        return -1
+    if big_strides[ndim - 1] != itemsize or part_strides[ndim - 1] != itemsize:
+        return -1
+    for d in range(ndim):
+        if shape[d] <= 0:
+            return 0
+        idx[d] = ahead_idx[d] = 0
+    n = shape[ndim - 1]
+    row = n * itemsize
+    outer = ndim - 1
+    # the region's row ``_PREFETCH_ROWS`` rows ahead (into the next plane
+    # too), prefetched like copy_strided's when rows are short and far apart
+    span = count * row
+    if outer == 0 or span > _PREFETCH_MAX_SPAN or big_strides[outer - 1] <= span:
+        span = 0
+    for k in range(_PREFETCH_ROWS):
+        if span and more:
+            more = _next_row(ahead_idx, shape, big_strides, part_strides, outer, &ahead, &unused)
+    while True:
+        if span and more:
+            _prefetch_span(big + ahead, span, into_big)
+            more = _next_row(ahead_idx, shape, big_strides, part_strides, outer, &ahead, &unused)
+        for k in range(count):
+            if into_big:
+                if swap_unit == 0:
+                    _copy_short(big + boff + k * row, parts[k] + poff, row)
+                else:
+                    _copy_row(parts[k] + poff, itemsize, big + boff + k * row, itemsize, n,
+                              itemsize, swap_unit)
+            elif swap_unit == 0:
+                _copy_short(parts[k] + poff, big + boff + k * row, row)
+            else:
+                _copy_row(big + boff + k * row, itemsize, parts[k] + poff, itemsize, n,
+                          itemsize, swap_unit)
+        if not _next_row(idx, shape, big_strides, part_strides, outer, &boff, &poff):
+            break
+    return 0
+
+
 cdef int copy_rows_side_by_side(
     const char* const* srcs,
     int count,
@@ -316,50 +381,28 @@ cdef int copy_rows_side_by_side(
     Py_ssize_t itemsize,
     Py_ssize_t swap_unit,
 ) noexcept nogil:
-    """Copy ``count`` blocks of the same shape and strides that sit side by
-    side along the last axis of ``dst`` (block ``k`` starts ``k`` rows' width
-    after ``dst``), row by row: each destination row is written whole, as
-    one run of ``count`` source rows, instead of ``count`` short runs at
-    different times. Rows must be contiguous in the sources and in ``dst``.
-    Returns 0, or -1 on bad arguments."""
-    cdef Py_ssize_t idx[ZF_MAX_DIMS]
-    cdef Py_ssize_t ahead_idx[ZF_MAX_DIMS]
-    cdef Py_ssize_t n, row, span, doff = 0, soff = 0, ahead = 0, unused = 0
-    cdef bint more = True
-    cdef int d, k, outer
-    if ndim < 1 or ndim > ZF_MAX_DIMS or count < 1:
-        return -1
-    if src_strides[ndim - 1] != itemsize or dst_strides[ndim - 1] != itemsize:
-        return -1
-    for d in range(ndim):
-        if shape[d] <= 0:
-            return 0
-        idx[d] = ahead_idx[d] = 0
-    n = shape[ndim - 1]
-    row = n * itemsize
-    outer = ndim - 1
-    # the destination row ``_PREFETCH_ROWS`` rows ahead (into the next
-    # plane too), prefetched like copy_strided's when rows are short and far
-    # apart
-    span = count * row
-    if outer == 0 or span > _PREFETCH_MAX_SPAN or dst_strides[outer - 1] <= span:
-        span = 0
-    for k in range(_PREFETCH_ROWS):
-        if span and more:
-            more = _next_row(ahead_idx, shape, dst_strides, src_strides, outer, &ahead, &unused)
-    while True:
-        if span and more:
-            _prefetch_span(dst + ahead, span, True)
-            more = _next_row(ahead_idx, shape, dst_strides, src_strides, outer, &ahead, &unused)
-        for k in range(count):
-            if swap_unit == 0:
-                _copy_short(dst + doff + k * row, srcs[k] + soff, row)
-            else:
-                _copy_row(srcs[k] + soff, itemsize, dst + doff + k * row, itemsize, n, itemsize,
-                          swap_unit)
-        if not _next_row(idx, shape, dst_strides, src_strides, outer, &doff, &soff):
-            break
-    return 0
+    """Scatter ``count`` blocks into ``dst``, where they sit side by side
+    along its last axis (see `_rows_side_by_side`)."""
+    return _rows_side_by_side(dst, dst_strides, <char* const*>srcs, src_strides, count, shape,
+                              ndim, itemsize, swap_unit, True)
+
+
+cdef int gather_rows_side_by_side(
+    const char* src,
+    const Py_ssize_t* src_strides,
+    char* const* dsts,
+    int count,
+    const Py_ssize_t* dst_strides,
+    const Py_ssize_t* shape,
+    int ndim,
+    Py_ssize_t itemsize,
+    Py_ssize_t swap_unit,
+) noexcept nogil:
+    """Gather ``count`` blocks that sit side by side along the last axis of
+    ``src`` into ``dsts`` (see `_rows_side_by_side`)."""
+    return _rows_side_by_side(<char*>src, src_strides, dsts, dst_strides, count, shape, ndim,
+                              itemsize, swap_unit, False)
+
 
 
 cdef void _fill_row(
