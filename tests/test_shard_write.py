@@ -168,6 +168,43 @@ def test_side_by_side_encode_matches_zarr(tmp_path: Path, kind: str, sharded: bo
         assert_same_values(expected[selection], value, byte_order=False)
 
 
+def test_zarr_memory_store_keeps_a_copy() -> None:
+    """zarr_fused assembles shards for zarr's MemoryStore in reused memory,
+    relying on the store copying every value it is given (zarr 3.4's
+    MemoryStore does, by design). This fails if that ever changes."""
+    from zarr.core.buffer import default_buffer_prototype
+
+    store = MemoryStore()
+    data = np.arange(16, dtype=np.uint8)
+    store.set_sync("k", default_buffer_prototype().buffer.from_array_like(data))
+    data[:] = 0
+    got = zarr.core.sync.sync(store.get("k", prototype=default_buffer_prototype()))
+    assert got.to_bytes() == bytes(range(16))
+
+
+@pytest.mark.parametrize("codecs", ["bytes", "zstd"])
+def test_memory_store_shards_survive_reused_assembly_buffers(codecs: str) -> None:
+    """Later shard writes reuse the buffers earlier shards were assembled
+    in; what the store holds must not change."""
+    from zarr_fused._write_sharded import _keeps_a_copy
+
+    store = MemoryStore()
+    rng = np.random.default_rng(6)
+    with with_pipeline(FUSED):
+        arr = _create(store, shape=(32, 24), shards=(8, 6), inner=(4, 3),
+                      codecs=INNER_CODECS[codecs])
+        assert _keeps_a_copy(arr._async_array.store_path)
+        first = rng.integers(-50, 50, (32, 24)).astype("<i4")
+        arr[...] = first
+        before = chunk_items(store)
+        for n in range(3):  # rewrite half of the shards, several times
+            arr[16:, :] = rng.integers(-50, 50, (16, 24)).astype("<i4")
+        after = chunk_items(store)
+        untouched = [k for k in before if int(k.split("/")[1]) < 2]
+        assert untouched and all(after[k] == before[k] for k in untouched)
+        assert_same_values(arr[:16, :], first[:16, :])
+
+
 @pytest.mark.parametrize("kind", ["memory", "local", "nosync"])
 def test_empty_shard_is_deleted(tmp_path: Path, kind: str) -> None:
     store = make_store(kind, tmp_path)

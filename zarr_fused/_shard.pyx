@@ -661,9 +661,12 @@ def shard_parts(cnp.ndarray order, list payloads, *, bint at_start, bint checksu
 
 
 def assemble_shard(cnp.ndarray order, list payloads, *, bint at_start, bint checksum,
-                   bint big_endian):
-    """The shard's bytes in one new array: the concatenation of
-    `shard_parts` (same parameters); None when no chunk is present."""
+                   bint big_endian, take=None):
+    """The shard's bytes in one array: the concatenation of `shard_parts`
+    (same parameters); None when no chunk is present.
+
+    The array is new, or, with ``take``, the first bytes of ``take(nbytes)``
+    (a writeable uint8 buffer of at least ``nbytes``)."""
     cdef Py_ssize_t total = 0, pos = 0, size
     cdef const uint8_t[::1] view
     cdef uint8_t* op
@@ -674,7 +677,14 @@ def assemble_shard(cnp.ndarray order, list payloads, *, bint at_start, bint chec
     views = [memoryview(part).cast("B") for part in parts]
     for view in views:
         total += view.shape[0]
-    out = np.empty(total, dtype=np.uint8)
+    if take is None:
+        out = np.empty(total, dtype=np.uint8)
+    else:
+        buf = take(total)
+        if not isinstance(buf, np.ndarray) or buf.dtype != np.uint8 \
+                or not buf.flags.c_contiguous or not buf.flags.writeable or buf.shape[0] < total:
+            raise ValueError("take() returned an unusable buffer")
+        out = buf[:total]
     op = <uint8_t*>cnp.PyArray_DATA(out)
     for view in views:
         size = view.shape[0]

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from zarr.core.chunk_utils import chunk_is_empty, fill_value_or_default
+from zarr.storage import MemoryStore
 
 from zarr_fused._native import io_kernels, shard_kernels
 from zarr_fused._pool import partition, run_parallel
@@ -51,6 +52,13 @@ if TYPE_CHECKING:
 __all__ = ["ShardWriter"]
 
 _UNSET = object()
+
+
+def _keeps_a_copy(setter: Any) -> bool:
+    """Whether the store keeps a copy of what it is given, not the buffer
+    itself: zarr's `MemoryStore` (that exact class) copies every value it
+    stores, so a shard can be assembled in reused memory for it."""
+    return type(getattr(setter, "store", None)) is MemoryStore
 
 
 class ShardWriter:
@@ -260,12 +268,24 @@ class ShardWriter:
                 else:
                     io_kernels.write_parts(prefix + os.fsencode(setter.path), parts)  # type: ignore[union-attr]
             else:
-                blob = shard_kernels.assemble_shard(  # type: ignore[union-attr]
-                    self._order(state["grid"]), payloads, **layout_args)
-                if blob is None:
-                    setter.delete_sync()
-                else:
-                    setter.set_sync(spec.prototype.buffer.from_array_like(blob))
+                taken: list[np.ndarray] = []
+
+                def take(nbytes: int) -> np.ndarray:
+                    taken.append(_buffers.take(nbytes))
+                    return taken[-1]
+
+                try:
+                    blob = shard_kernels.assemble_shard(  # type: ignore[union-attr]
+                        self._order(state["grid"]), payloads, **layout_args,
+                        take=take if _keeps_a_copy(setter) else None)
+                    if blob is None:
+                        setter.delete_sync()
+                    else:
+                        setter.set_sync(spec.prototype.buffer.from_array_like(blob))
+                finally:
+                    blob = None  # a view of a reused buffer, handed back below
+                    for buf in taken:
+                        _buffers.give(buf)
             state["payloads"] = None
             state["encoding"] = None
             _buffers.give(state.pop("buffer"))
