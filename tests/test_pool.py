@@ -930,3 +930,75 @@ def test_multiprocessing_fork_child_gets_a_fresh_pool() -> None:
             proc.join()
     assert proc.exitcode == 0
     check_child_result(result)
+
+
+# -- the hop off the event loop ------------------------------------------------------
+
+
+def test_off_loop_returns_the_result_from_another_thread() -> None:
+    import asyncio
+
+    from zarr_fused._pool import in_worker_thread, off_loop
+
+    def work(a: int, *, b: int) -> tuple[int, int, bool]:
+        return a + b, threading.get_ident(), in_worker_thread()
+
+    async def main() -> tuple[tuple[int, int, bool], int]:
+        return await off_loop(work, 2, b=3), threading.get_ident()
+
+    (value, worker, in_pool), loop_thread = asyncio.run(main())
+    assert value == 5
+    assert worker != loop_thread
+    assert not in_pool  # a batch run there still spreads over the pool
+
+
+def test_off_loop_raises_the_exception_and_carries_the_context() -> None:
+    import asyncio
+    import contextvars
+
+    from zarr_fused._pool import off_loop
+
+    var: contextvars.ContextVar[str] = contextvars.ContextVar("var", default="unset")
+
+    def boom() -> None:
+        raise KeyError(var.get())
+
+    async def main() -> None:
+        var.set("caller's")
+        with pytest.raises(KeyError, match="caller's"):
+            await off_loop(boom)
+
+    asyncio.run(main())
+
+
+def test_off_loop_cancelled_waiter_leaves_no_error() -> None:
+    import asyncio
+
+    from zarr_fused._pool import off_loop
+
+    release = threading.Event()
+    finished = threading.Event()
+
+    def slow() -> int:
+        release.wait(5)
+        finished.set()
+        return 1
+
+    async def main() -> None:
+        task = asyncio.ensure_future(off_loop(slow))
+        await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        release.set()
+        assert await asyncio.to_thread(finished.wait, 5)
+        await asyncio.sleep(0.05)  # the late result reaches the loop and is dropped
+
+    loop = asyncio.new_event_loop()
+    errors: list[Any] = []
+    loop.set_exception_handler(lambda _loop, context: errors.append(context))
+    try:
+        loop.run_until_complete(main())
+    finally:
+        loop.close()
+    assert errors == []

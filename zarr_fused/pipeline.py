@@ -16,7 +16,6 @@ inspects their source.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -32,7 +31,7 @@ from zarr.storage._common import StorePath
 from zarr_fused._fallback import read_async, write_async
 from zarr_fused._native import note_missing_extensions
 from zarr_fused._plan import PipelinePlan, build_plan
-from zarr_fused._pool import resolve_max_workers
+from zarr_fused._pool import off_loop, resolve_max_workers
 from zarr_fused.config import strict_mode
 
 if TYPE_CHECKING:
@@ -168,7 +167,7 @@ class FusedCodecPipeline(_zarr_pipeline.FusedCodecPipeline):
         def decode_all() -> list[NDBuffer | None]:
             return [None if raw is None else chain.decode(raw, spec) for raw, spec in items]
 
-        return await asyncio.to_thread(decode_all)
+        return await off_loop(decode_all)
 
     async def encode(
         self, chunk_arrays_and_specs: Iterable[tuple[NDBuffer | None, ArraySpec]]
@@ -185,7 +184,7 @@ class FusedCodecPipeline(_zarr_pipeline.FusedCodecPipeline):
         def encode_all() -> list[Buffer | None]:
             return [None if array is None else chain.encode(array, spec) for array, spec in items]
 
-        return await asyncio.to_thread(encode_all)
+        return await off_loop(encode_all)
 
     # -- synchronous read / write ----------------------------------------------------
 
@@ -237,7 +236,7 @@ class FusedCodecPipeline(_zarr_pipeline.FusedCodecPipeline):
         if plan is not None and plan.reader is not None and _has_sync_io(batch[0][0], write=False):
             # One thread hop for the whole batch. Running it inline would block
             # the event loop that every zarr sync-API call in the process shares.
-            return await asyncio.to_thread(
+            return await off_loop(
                 self.read_sync, batch, out, drop_axes, max_workers=resolve_max_workers()
             )
         plan = self._checked_plan("read")
@@ -256,7 +255,7 @@ class FusedCodecPipeline(_zarr_pipeline.FusedCodecPipeline):
             return
         plan = self.plan
         if plan is not None and plan.writer is not None and _has_sync_io(batch[0][0], write=True):
-            await asyncio.to_thread(
+            await off_loop(
                 self.write_sync, batch, value, drop_axes, max_workers=resolve_max_workers()
             )
             return
