@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import zarr
 from zarr.abc.store import Store
+from zarr.codecs import BloscCodec, Crc32cCodec, GzipCodec, ZstdCodec
 from zarr.storage import LocalStore, MemoryStore, WrapperStore, ZipStore
 
 FUSED = "zarr_fused.FusedCodecPipeline"
@@ -18,6 +19,19 @@ BATCHED = "zarr.core.codec_pipeline.BatchedCodecPipeline"
 ZARR_FUSED = "zarr.core.codec_pipeline.FusedCodecPipeline"
 
 METADATA_KEYS = ("zarr.json", ".zarray", ".zattrs", ".zgroup", ".zmetadata")
+
+# The bytes -> bytes codecs after `bytes` in the side-by-side tests (chunks
+# decoded or gathered together): every compressor, and crc32c after, before
+# (decoded one by one) or without one.
+SIDE_BY_SIDE_CODECS = {
+    "raw": [],
+    "zstd": [ZstdCodec(level=1)],
+    "gzip": [GzipCodec(level=1)],
+    "blosc": [BloscCodec(cname="lz4", clevel=1)],
+    "zstd-crc": [ZstdCodec(level=1), Crc32cCodec()],
+    "crc-zstd": [Crc32cCodec(), ZstdCodec(level=1)],
+    "crc": [Crc32cCodec()],
+}
 
 
 class NoSyncIOStore(WrapperStore[Store]):

@@ -15,16 +15,17 @@ import pytest
 import zarr
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from zarr.codecs import (
-    BloscCodec, BytesCodec, Crc32cCodec, GzipCodec, ShardingCodec, TransposeCodec, ZstdCodec,
-)
+from zarr.codecs import BytesCodec, Crc32cCodec, ShardingCodec, TransposeCodec, ZstdCodec
 from zarr.storage import LocalStore, MemoryStore, WrapperStore
 from zarr.testing.strategies import basic_indices
 
 from zarr_fused._write_sharded import ShardWriter
 from zarr_fused.errors import CorruptChunkError, ZarrFusedError
 
-from conftest import BATCHED, FUSED, assert_same_values, chunk_items, make_store, with_pipeline
+from conftest import (
+    BATCHED, FUSED, SIDE_BY_SIDE_CODECS, assert_same_values, chunk_items, make_store,
+    with_pipeline,
+)
 
 
 def _create(store: Any, *, shape=(20, 17), shards=(8, 6), inner=(4, 3), dtype="<i4",
@@ -113,15 +114,6 @@ def test_property_partial_writes_match_zarr_bytes(kind: str, case: dict[str, Any
 # chunks across each shard (and 10 across the unsharded array), rows of 4
 # elements far apart in the value, so most writes below take that path.
 
-SIDE_CODECS = {
-    "raw": [],
-    "zstd": [ZstdCodec(level=1)],
-    "gzip": [GzipCodec(level=1)],
-    "blosc": [BloscCodec(cname="lz4", clevel=1)],
-    "zstd-crc": [ZstdCodec(level=1), Crc32cCodec()],
-    "crc-zstd": [Crc32cCodec(), ZstdCodec(level=1)],
-    "crc": [Crc32cCodec()],
-}
 
 SIDE_WRITES = [
     pytest.param(Ellipsis, id="all"),
@@ -132,7 +124,7 @@ SIDE_WRITES = [
 
 
 @pytest.mark.parametrize("selection", SIDE_WRITES)
-@pytest.mark.parametrize("codecs", list(SIDE_CODECS))
+@pytest.mark.parametrize("codecs", list(SIDE_BY_SIDE_CODECS))
 @pytest.mark.parametrize("dtype", ["<u2", ">u2", "|b1", ">f8"])
 @pytest.mark.parametrize("sharded", [True, False], ids=["sharded", "unsharded"])
 @pytest.mark.parametrize("kind", ["memory", "local"])
@@ -146,7 +138,7 @@ def test_side_by_side_encode_matches_zarr(tmp_path: Path, kind: str, sharded: bo
     stores = {}
     for path in (FUSED, BATCHED):
         store = make_store(kind, tmp_path, path.rsplit(".", 1)[-1])
-        chain = [BytesCodec(endian=endian), *SIDE_CODECS[codecs]]
+        chain = [BytesCodec(endian=endian), *SIDE_BY_SIDE_CODECS[codecs]]
         with with_pipeline(path):
             if sharded:
                 arr = zarr.create_array(

@@ -268,24 +268,18 @@ class ShardWriter:
                 else:
                     io_kernels.write_parts(prefix + os.fsencode(setter.path), parts)  # type: ignore[union-attr]
             else:
-                taken: list[np.ndarray] = []
-
-                def take(nbytes: int) -> np.ndarray:
-                    taken.append(_buffers.take(nbytes))
-                    return taken[-1]
-
+                reuse = _keeps_a_copy(setter)
+                blob = shard_kernels.assemble_shard(  # type: ignore[union-attr]
+                    self._order(state["grid"]), payloads, **layout_args,
+                    take=_buffers.take if reuse else None)
                 try:
-                    blob = shard_kernels.assemble_shard(  # type: ignore[union-attr]
-                        self._order(state["grid"]), payloads, **layout_args,
-                        take=take if _keeps_a_copy(setter) else None)
                     if blob is None:
                         setter.delete_sync()
                     else:
                         setter.set_sync(spec.prototype.buffer.from_array_like(blob))
                 finally:
-                    blob = None  # a view of a reused buffer, handed back below
-                    for buf in taken:
-                        _buffers.give(buf)
+                    if reuse and blob is not None:
+                        _buffers.give(blob.base)  # the reused buffer, of which blob is a view
             state["payloads"] = None
             state["encoding"] = None
             _buffers.give(state.pop("buffer"))
