@@ -69,7 +69,7 @@ cdef enum:
     _PREFETCH_ROWS = 4
     _PREFETCH_MAX_SPAN = 1024
     # rows up to this many bytes are copied inline rather than by libc's memcpy
-    _SHORT_ROW = 256
+    _SHORT_ROW = 512
 
 
 cdef inline Py_ssize_t _row_span(Py_ssize_t n, Py_ssize_t stride, Py_ssize_t itemsize) noexcept nogil:
@@ -166,7 +166,7 @@ cdef inline void _copy_short(char* d, const char* s, Py_ssize_t n) noexcept nogi
         memcpy(d, s, <size_t>n)
 
 
-cdef void _copy_row(
+cdef inline void _copy_row(
     const char* sp,
     Py_ssize_t ss,
     char* dp,
@@ -355,13 +355,8 @@ cdef int _rows_side_by_side(
             more = _next_row(ahead_idx, shape, big_strides, part_strides, outer, &ahead, &unused)
         for k in range(count):
             if into_big:
-                if swap_unit == 0:
-                    _copy_short(big + boff + k * row, parts[k] + poff, row)
-                else:
-                    _copy_row(parts[k] + poff, itemsize, big + boff + k * row, itemsize, n,
-                              itemsize, swap_unit)
-            elif swap_unit == 0:
-                _copy_short(parts[k] + poff, big + boff + k * row, row)
+                _copy_row(parts[k] + poff, itemsize, big + boff + k * row, itemsize, n,
+                          itemsize, swap_unit)
             else:
                 _copy_row(big + boff + k * row, itemsize, parts[k] + poff, itemsize, n,
                           itemsize, swap_unit)
