@@ -148,6 +148,45 @@ def test_bad_chunk_inside_shard_names_shard_and_inner_chunk() -> None:
             arr[...]
 
 
+
+def _reversed_layout(shard: bytes, n: int, location: str) -> tuple[bytes, list[tuple[int, int]]]:
+    """``shard`` with its inner chunks stored in reverse order (a valid
+    layout: the index may list chunks in any order), and its new entries."""
+    e = _entries(shard, n, location)
+    index_size = 16 * n + 4
+    first = index_size if location == "start" else 0
+    body = bytearray()
+    moved: list[tuple[int, int]] = [(MAX, MAX)] * n
+    for i in reversed(range(n)):
+        off, size = e[i]
+        moved[i] = (first + len(body), size)
+        body += shard[off:off + size]
+    raw = bytes(index_size) + bytes(body) if location == "start" else bytes(body) + bytes(index_size)
+    return _with_index(raw, moved, location=location), moved
+
+
+@pytest.mark.parametrize("location", ["end", "start"])
+@pytest.mark.parametrize("store_kind", ["memory", "local"])
+def test_chunks_stored_out_of_order(tmp_path: Path, location: str, store_kind: str) -> None:
+    """An index need not list chunks in storage order: a shard stored in
+    reverse reads back whole and in part, and an overlap between chunks that
+    are not neighbours in the index is still found."""
+    store = make_store(store_kind, tmp_path)
+    with with_pipeline(FUSED):
+        arr = _sharded(store, index_location=location)
+        arr[...] = _data()
+        good, moved = _reversed_layout(_get(store, "c/0/0"), 4, location)
+        _put(store, "c/0/0", good)
+        assert_same_values(arr[...], _data())
+        assert_same_values(arr[0:4, 3:6], _data()[0:4, 3:6])
+        assert_same_values(arr[1:7, 4], _data()[1:7, 4])
+        # chunk 0 moved into the middle of chunk 2, its index neighbours untouched
+        bad = _with_index(good, [(moved[2][0] + 4, moved[0][1])] + moved[1:], location=location)
+        _put(store, "c/0/0", bad)
+        with pytest.raises(CorruptChunkError, match="c/0/0"):
+            arr[0:8, 0:6]
+
+
 # -- IO pattern ---------------------------------------------------------------------------
 
 
