@@ -52,6 +52,8 @@ class Table:
     #: peer -> {"median", "min", "cpu", "gbps" (optional), "speedup"}
     rows: dict[str, dict[str, float]] = field(default_factory=dict)
     per_call_us: dict[str, float] = field(default_factory=dict)
+    #: peer -> "k/n": slices of small reads in which zarr_fused was faster
+    slices_won: dict[str, str] = field(default_factory=dict)
 
     @property
     def row_name(self) -> str:
@@ -104,6 +106,11 @@ def parse(text: str) -> list[Table]:
             for part in line.split(":", 1)[1].split(","):
                 peer, value = part.split()
                 tables[-1].per_call_us[peer] = float(value)
+            continue
+        if line.startswith("slices of ") and "faster:" in line:
+            for part in line.split(":", 1)[1].split(","):
+                _, peer, won = part.split()
+                tables[-1].slices_won[peer] = won
             continue
         fields = line.split()
         if tables and len(fields) == len(columns) + 1:
@@ -213,6 +220,10 @@ def markdown(tables: list[Table]) -> str:
                     out.append("")
                     out.append("per call: " + ", ".join(
                         f"{p} {v:.0f} µs" for p, v in t.per_call_us.items()))
+                if t.slices_won:
+                    out.append("")
+                    out.append("slices of 256 calls in which zarr_fused was faster: " + ", ".join(
+                        f"than {p} {w}" for p, w in t.slices_won.items()))
             out.append("")
     return "\n".join(out)
 
