@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import struct
+import tempfile
 import tracemalloc
 from pathlib import Path
 from typing import Any
@@ -149,15 +150,19 @@ def test_bad_chunk_inside_shard_names_shard_and_inner_chunk() -> None:
 
 
 
-def _reversed_layout(shard: bytes, n: int, location: str) -> tuple[bytes, list[tuple[int, int]]]:
-    """``shard`` with its inner chunks stored in reverse order (a valid
-    layout: the index may list chunks in any order), and its new entries."""
+def _relayout(shard: bytes, n: int, location: str, order: list[int],
+              gaps: list[int]) -> tuple[bytes, list[tuple[int, int]]]:
+    """``shard`` with its inner chunks stored in ``order`` (chunk
+    ``order[0]`` first), ``gaps[k]`` unused bytes before the k-th of them: a
+    valid layout, since the index may list chunks in any order and need not
+    cover every byte. Returns the shard and its new entries."""
     e = _entries(shard, n, location)
     index_size = 16 * n + 4
     first = index_size if location == "start" else 0
     body = bytearray()
-    moved: list[tuple[int, int]] = [(MAX, MAX)] * n
-    for i in reversed(range(n)):
+    moved: list[tuple[int, int]] = list(e)
+    for gap, i in zip(gaps, order):
+        body += b"\xa5" * gap
         off, size = e[i]
         moved[i] = (first + len(body), size)
         body += shard[off:off + size]
@@ -175,7 +180,7 @@ def test_chunks_stored_out_of_order(tmp_path: Path, location: str, store_kind: s
     with with_pipeline(FUSED):
         arr = _sharded(store, index_location=location)
         arr[...] = _data()
-        good, moved = _reversed_layout(_get(store, "c/0/0"), 4, location)
+        good, moved = _relayout(_get(store, "c/0/0"), 4, location, [3, 2, 1, 0], [0] * 4)
         _put(store, "c/0/0", good)
         assert_same_values(arr[...], _data())
         assert_same_values(arr[0:4, 3:6], _data()[0:4, 3:6])
@@ -185,6 +190,26 @@ def test_chunks_stored_out_of_order(tmp_path: Path, location: str, store_kind: s
         _put(store, "c/0/0", bad)
         with pytest.raises(CorruptChunkError, match="c/0/0"):
             arr[0:8, 0:6]
+
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(order=st.permutations(range(4)), gaps=st.lists(st.integers(0, 40), min_size=4, max_size=4),
+       location=st.sampled_from(["end", "start"]),
+       selection=st.sampled_from([(slice(None), slice(None)), (slice(0, 8), slice(0, 6)),
+                                  (slice(1, 7), 4), (slice(4, 8), slice(0, 3))]))
+def test_any_storage_order_reads_the_same(tmp_path: Path, order: list[int], gaps: list[int],
+                                          location: str, selection: Any) -> None:
+    """Every storage order of a shard's chunks, with unused bytes between
+    them, reads back the same, on memory and local stores."""
+    for kind in ("memory", "local"):
+        store = make_store(kind, Path(tempfile.mkdtemp(dir=tmp_path)))
+        with with_pipeline(FUSED):
+            arr = _sharded(store, index_location=location)
+            arr[...] = _data()
+            shard, _ = _relayout(_get(store, "c/0/0"), 4, location, list(order), gaps)
+            _put(store, "c/0/0", shard)
+            assert_same_values(arr[selection], _data()[selection])
 
 
 # -- IO pattern ---------------------------------------------------------------------------
