@@ -102,6 +102,7 @@ def _corruptions(shard: bytes, n: int, location: str) -> dict[str, bytes]:
     } | ({"before-data": b""} if data_start else {})
 
 
+@pytest.mark.parametrize("store_kind", ["memory", "local"])
 @pytest.mark.parametrize("location", ["end", "start"])
 @pytest.mark.parametrize(
     "corruption",
@@ -110,8 +111,11 @@ def _corruptions(shard: bytes, n: int, location: str) -> dict[str, bytes]:
 @pytest.mark.parametrize("selection", [pytest.param(Ellipsis, id="whole"),
                                        pytest.param((slice(0, 4), slice(0, 3)), id="one-inner"),
                                        pytest.param(([1, 5], [2]), id="orthogonal")])
-def test_bad_shard_raises_naming_the_key(location: str, corruption: str, selection: Any) -> None:
-    store = MemoryStore()
+def test_bad_shard_raises_naming_the_key(tmp_path: Path, store_kind: str, location: str,
+                                         corruption: str, selection: Any) -> None:
+    """memory: zarr's store and the Python fetch; local: zarr_fused's native
+    file reads (whole shards and index-then-ranges)."""
+    store = make_store(store_kind, tmp_path)
     with with_pipeline(FUSED):
         arr = _sharded(store, index_location=location)
         arr[...] = _data()
@@ -210,6 +214,73 @@ def test_any_storage_order_reads_the_same(tmp_path: Path, order: list[int], gaps
             shard, _ = _relayout(_get(store, "c/0/0"), 4, location, list(order), gaps)
             _put(store, "c/0/0", shard)
             assert_same_values(arr[selection], _data()[selection])
+
+
+
+@pytest.mark.parametrize("hint", [0, 1 << 20], ids=["hint-too-small", "hint-fits"])
+def test_local_partial_fetch_with_any_size_hint(tmp_path: Path, hint: int) -> None:
+    """The native partial fetch sizes its buffer from a hint; when the
+    touched chunks outgrow it, the small buffer is handed back and the chunks
+    are read into a bigger one, with the same result."""
+    from zarr_fused import _shard
+
+    with with_pipeline(FUSED):
+        arr = _sharded(LocalStore(tmp_path / "a"), shape=(64, 64), shards=(64, 64), inner=(16, 16))
+        arr[...] = np.arange(64 * 64, dtype="<i4").reshape(64, 64)
+    path = str(tmp_path / "a" / "c" / "0" / "0").encode()
+    taken: list[int] = []
+    given: list[int] = []
+
+    def take(n: int) -> np.ndarray:
+        taken.append(n)
+        return np.empty(n, np.uint8)
+
+    touched = np.array([0, 5, 15], dtype=np.intp)
+    entries, payload, _ = _shard.fetch_partial_local(
+        path, 16, touched, take, checksum=True, big_endian=False, at_start=False,
+        size_hint=hint, give=lambda b: given.append(len(b)))
+    whole = (tmp_path / "a" / "c" / "0" / "0").read_bytes()
+    reference = _shard.parse_index(whole[-(16 * 16 + 4):], 16, checksum=True, big_endian=False)
+    for i in touched:
+        off, size = (int(v) for v in entries[i])
+        ref_off, ref_size = (int(v) for v in reference[i])
+        assert size == ref_size == 16 * 16 * 4
+        assert bytes(payload[off:off + size]) == whole[ref_off:ref_off + ref_size]
+    assert len(payload) == 3 * 16 * 16 * 4
+    if hint:
+        assert taken == [hint] and given == []
+    else:
+        assert taken == [1, 3 * 16 * 16 * 4] and given == [1]
+
+
+
+@pytest.mark.parametrize("store_kind", ["memory", "local"])
+@pytest.mark.parametrize("location", ["end", "start"])
+@pytest.mark.parametrize("index_codecs", [
+    pytest.param(("big", True), id="big-crc"),
+    pytest.param(("big", False), id="big"),
+    pytest.param(("little", False), id="little"),
+])
+def test_index_codecs_read_and_write_like_zarr(tmp_path: Path, store_kind: str, location: str,
+                                               index_codecs: tuple[str, bool]) -> None:
+    """Shard indexes in either byte order, with or without crc32c: zarr's
+    shards read back right, and ours are byte-identical to zarr's."""
+    endian, crc = index_codecs
+    codecs = [BytesCodec(endian=endian)] + ([Crc32cCodec()] if crc else [])
+    data = _data()
+    stores = {}
+    for pipeline in (BATCHED, FUSED):
+        stores[pipeline] = make_store(store_kind, tmp_path, pipeline.rsplit(".", 1)[-1])
+        with with_pipeline(pipeline):
+            arr = _sharded(stores[pipeline], index_location=location, index_codecs=codecs)
+            arr[...] = data
+    with with_pipeline(FUSED):
+        theirs = zarr.open_array(stores[BATCHED], mode="r")
+        for selection in (Ellipsis, (slice(0, 4), slice(0, 3)), (slice(1, 7), 4)):
+            assert_same_values(theirs[selection], data[selection])
+        assert_same_values(theirs.oindex[[1, 9], [2, 7]], data[np.ix_([1, 9], [2, 7])])
+    for key in ("c/0/0", "c/1/1"):
+        assert _get(stores[FUSED], key) == _get(stores[BATCHED], key)
 
 
 # -- IO pattern ---------------------------------------------------------------------------

@@ -287,12 +287,16 @@ class ShardReader:
             shard.entries = self._parse(index, n, grid, getter, length, 0 if at_start else length - size)
             shard.payload = data
             return
+        # what the touched chunks hold when each encodes to about its raw
+        # size (the codecs' worst case), so that one buffer usually fits them
+        inner_nbytes = math.prod(self.inner_shape) * spec.dtype.to_native_dtype().itemsize
         fetched = shard_kernels.fetch_partial_local(  # type: ignore[union-attr]
             path, n, np.ascontiguousarray(touched, dtype=np.intp), _buffers.take,
             checksum=self.checksum, big_endian=self.big_endian, at_start=at_start,
             max_gap=min(spec.config.sharding_coalesce_max_gap_bytes, LOCAL_MAX_GAP),
             max_coalesced=spec.config.sharding_coalesce_max_bytes,
-            grid=grid, where=lambda: describe_key(getter),
+            size_hint=len(touched) * (inner_nbytes + inner_nbytes // 16 + 1024),
+            give=_buffers.give, grid=grid, where=lambda: describe_key(getter),
         )
         if fetched is None:
             shard.missing = True

@@ -38,7 +38,13 @@ from zarr_fused._codecs cimport (
     contiguous_run,
     select_basic,
 )
-from zarr_fused._localio cimport FILE_OK, open_regular, pread_full, read_ranges_fd
+from zarr_fused._localio cimport (
+    FILE_MISSING,
+    FILE_OK,
+    open_regular,
+    pread_full,
+    read_ranges_fd,
+)
 from zarr_fused._scatter cimport ZF_MAX_DIMS
 
 from zarr_fused.errors import CorruptShardError
@@ -57,6 +63,12 @@ cdef struct Span:
     uint64_t start
     uint64_t end
     Py_ssize_t chunk
+
+
+# Work on fewer bytes than this keeps the GIL: releasing and taking it back
+# costs more than a small index takes to check, and when other threads
+# wait for the GIL every release hands it over (a context switch each way).
+cdef Py_ssize_t _NOGIL_MIN_BYTES = 1 << 16
 
 
 cdef int _by_start(const void* a, const void* b) noexcept nogil:
@@ -87,6 +99,7 @@ cdef enum IndexProblem:
     INDEX_INTO_INDEX = 4
     INDEX_OVERLAP = 5
     INDEX_NOMEM = 6
+    INDEX_CRC = 7
 
 
 cdef int _validate(const uint64_t* entries, Py_ssize_t n, Py_ssize_t shard_len,
@@ -130,6 +143,63 @@ cdef int _validate(const uint64_t* entries, Py_ssize_t n, Py_ssize_t shard_len,
         free(spans)
 
 
+cdef int _decode_index(const uint8_t* raw, Py_ssize_t n_chunks, bint checksum, bint big_endian,
+                       Py_ssize_t shard_len, Py_ssize_t index_start, uint64_t* entries,
+                       Py_ssize_t* bad, Py_ssize_t* other, uint32_t* stored,
+                       uint32_t* computed) noexcept nogil:
+    """Decode the ``16 * n_chunks (+ 4)`` index bytes at ``raw`` into native
+    (offset, nbytes) pairs at ``entries`` and check them (`_validate`):
+    INDEX_OK or the problem, with ``bad``/``other`` (or, for INDEX_CRC, the
+    ``stored``/``computed`` checksums) filled in."""
+    cdef Py_ssize_t i, nbytes = 16 * n_chunks
+    cdef uint64_t v
+    cdef int b
+    if checksum:
+        computed[0] = zf_crc32c(raw, <size_t>nbytes)
+        stored[0] = (<uint32_t>raw[nbytes] | (<uint32_t>raw[nbytes + 1] << 8)
+                     | (<uint32_t>raw[nbytes + 2] << 16) | (<uint32_t>raw[nbytes + 3] << 24))
+        if stored[0] != computed[0]:
+            return INDEX_CRC
+    for i in range(2 * n_chunks):
+        v = 0
+        if big_endian:
+            for b in range(8):
+                v = (v << 8) | raw[8 * i + b]
+        else:
+            for b in range(7, -1, -1):
+                v = (v << 8) | raw[8 * i + b]
+        entries[i] = v
+    return _validate(entries, n_chunks, shard_len, index_start, nbytes + (4 if checksum else 0),
+                     bad, other)
+
+
+cdef _index_error(int problem, cnp.ndarray entries, Py_ssize_t bad, Py_ssize_t other,
+                  uint32_t stored, uint32_t computed, Py_ssize_t shard_len, grid, where):
+    """The exception for a `_decode_index` problem."""
+    if problem == INDEX_NOMEM:
+        return MemoryError()
+    where = where() if callable(where) else where
+    if problem == INDEX_CRC:
+        return CorruptShardError(
+            f"{where}: crc32c mismatch in the shard index "
+            f"(stored {stored:#010x}, computed {computed:#010x})")
+
+    def name(i):
+        coords = np.unravel_index(i, grid) if grid is not None else (i,)
+        return "inner chunk (" + ", ".join(str(int(c)) for c in coords) + ")"
+
+    off, size = (int(v) for v in entries[bad])
+    reason = {
+        INDEX_HALF_MISSING: f"has a half-missing entry ({off:#x}, {size:#x})",
+        INDEX_OVERFLOW: f"has a range that overflows ({off:#x}, {size:#x})",
+        INDEX_PAST_END: f"ends at byte {off + size}, past the shard's {shard_len} bytes",
+        INDEX_INTO_INDEX: f"lies in the shard index (bytes {off}..{off + size})",
+        INDEX_OVERLAP: f"overlaps {name(other) if other >= 0 else 'another chunk'} "
+                       f"(bytes {off}..{off + size})",
+    }[problem]
+    return CorruptShardError(f"{where}: {name(bad)} {reason}")
+
+
 def parse_index(index, Py_ssize_t n_chunks, *, bint checksum, bint big_endian,
                 Py_ssize_t shard_len=-1, Py_ssize_t index_start=0, grid=None,
                 where="shard"):
@@ -161,8 +231,7 @@ def parse_index(index, Py_ssize_t n_chunks, *, bint checksum, bint big_endian,
     cdef const uint8_t[::1] raw = memoryview(index).cast("B")
     cdef Py_ssize_t expected = 16 * n_chunks + (4 if checksum else 0)
     cdef Py_ssize_t got = raw.shape[0]
-    cdef uint32_t stored, computed
-    cdef cnp.ndarray entries
+    cdef uint32_t stored = 0, computed = 0
     cdef Py_ssize_t bad = -1, other = -1
     cdef int problem
     if got != expected:
@@ -170,41 +239,19 @@ def parse_index(index, Py_ssize_t n_chunks, *, bint checksum, bint big_endian,
         raise CorruptShardError(
             f"{where}: the shard index holds {got} bytes, {expected} expected "
             "(a truncated or corrupt shard)")
-    if checksum:
+    cdef cnp.ndarray entries = np.empty((n_chunks, 2), dtype=np.uint64)
+    cdef uint64_t* ep = <uint64_t*>cnp.PyArray_DATA(entries)
+    cdef const uint8_t* rp = &raw[0] if got else <const uint8_t*>ep
+    if expected >= _NOGIL_MIN_BYTES:
         with nogil:
-            computed = zf_crc32c(&raw[0], <size_t>(expected - 4))
-        stored = (<uint32_t>raw[expected - 4] | (<uint32_t>raw[expected - 3] << 8)
-                  | (<uint32_t>raw[expected - 2] << 16) | (<uint32_t>raw[expected - 1] << 24))
-        if stored != computed:
-            where = where() if callable(where) else where
-            raise CorruptShardError(
-                f"{where}: crc32c mismatch in the shard index "
-                f"(stored {stored:#010x}, computed {computed:#010x})")
-    entries = np.frombuffer(raw, dtype=">u8" if big_endian else "<u8", count=2 * n_chunks)
-    entries = np.ascontiguousarray(entries.astype(np.uint64).reshape(n_chunks, 2))
-    cdef const uint64_t* ep = <const uint64_t*>cnp.PyArray_DATA(entries)
-    with nogil:
-        problem = _validate(ep, n_chunks, shard_len, index_start, expected, &bad, &other)
-    if problem == INDEX_OK:
-        return entries
-    if problem == INDEX_NOMEM:
-        raise MemoryError()
-    where = where() if callable(where) else where
-
-    def name(i):
-        coords = np.unravel_index(i, grid) if grid is not None else (i,)
-        return "inner chunk (" + ", ".join(str(int(c)) for c in coords) + ")"
-
-    off, size = (int(v) for v in entries[bad])
-    reason = {
-        INDEX_HALF_MISSING: f"has a half-missing entry ({off:#x}, {size:#x})",
-        INDEX_OVERFLOW: f"has a range that overflows ({off:#x}, {size:#x})",
-        INDEX_PAST_END: f"ends at byte {off + size}, past the shard's {shard_len} bytes",
-        INDEX_INTO_INDEX: f"lies in the shard index (bytes {off}..{off + size})",
-        INDEX_OVERLAP: f"overlaps {name(other) if other >= 0 else 'another chunk'} "
-                       f"(bytes {off}..{off + size})",
-    }[problem]
-    raise CorruptShardError(f"{where}: {name(bad)} {reason}")
+            problem = _decode_index(rp, n_chunks, checksum, big_endian, shard_len, index_start,
+                                    ep, &bad, &other, &stored, &computed)
+    else:
+        problem = _decode_index(rp, n_chunks, checksum, big_endian, shard_len, index_start,
+                                ep, &bad, &other, &stored, &computed)
+    if problem != INDEX_OK:
+        raise _index_error(problem, entries, bad, other, stored, computed, shard_len, grid, where)
+    return entries
 
 
 cdef class ShardPlan:
@@ -660,7 +707,10 @@ def shard_parts(cnp.ndarray order, list payloads, *, bint at_start, bint checksu
     index = entries.astype(">u8" if big_endian else "<u8", copy=False).tobytes()
     if checksum:
         iview = index
-        with nogil:
+        if 16 * n >= _NOGIL_MIN_BYTES:
+            with nogil:
+                crc = zf_crc32c(&iview[0], <size_t>(16 * n))
+        else:
             crc = zf_crc32c(&iview[0], <size_t>(16 * n))
         index += int(crc).to_bytes(4, "little")
     if at_start:
@@ -677,7 +727,7 @@ def assemble_shard(cnp.ndarray order, list payloads, *, bint at_start, bint chec
 
     The array is new, or, with ``take``, the first bytes of ``take(nbytes)``
     (a writeable uint8 buffer of at least ``nbytes``)."""
-    cdef Py_ssize_t total = 0, pos = 0, size
+    cdef Py_ssize_t total = 0, pos = 0
     cdef const uint8_t[::1] view
     cdef uint8_t* op
     parts = shard_parts(order, payloads, at_start=at_start, checksum=checksum,
@@ -696,11 +746,25 @@ def assemble_shard(cnp.ndarray order, list payloads, *, bint at_start, bint chec
             raise ValueError("take() returned an unusable buffer")
         out = buf[:total]
     op = <uint8_t*>cnp.PyArray_DATA(out)
-    for view in views:
-        size = view.shape[0]
+    # one GIL release for all the copies (``views`` keeps the sources alive)
+    cdef Py_ssize_t n = len(views), k
+    cdef const uint8_t** srcs = <const uint8_t**>malloc(sizeof(uint8_t*) * (n if n else 1))
+    cdef Py_ssize_t* sizes = <Py_ssize_t*>malloc(sizeof(Py_ssize_t) * (n if n else 1))
+    try:
+        if srcs == NULL or sizes == NULL:
+            raise MemoryError()
+        for k in range(n):
+            view = views[k]
+            sizes[k] = view.shape[0]
+            srcs[k] = &view[0] if sizes[k] else NULL
         with nogil:
-            memcpy(op + pos, &view[0], <size_t>size)
-        pos += size
+            for k in range(n):
+                if sizes[k]:
+                    memcpy(op + pos, srcs[k], <size_t>sizes[k])
+                    pos += sizes[k]
+    finally:
+        free(srcs)
+        free(sizes)
     return out
 
 
@@ -708,12 +772,18 @@ def assemble_shard(cnp.ndarray order, list payloads, *, bint at_start, bint chec
 def fetch_partial_local(bytes path, Py_ssize_t n_chunks, cnp.ndarray touched, take, *,
                         bint checksum, bint big_endian, bint at_start,
                         Py_ssize_t max_gap=1 << 20, Py_ssize_t max_coalesced=16 << 20,
-                        grid=None, where="shard"):
+                        Py_ssize_t size_hint=0, give=None, grid=None, where="shard"):
     """A partial read of a shard in a local file: its index, then the touched
     chunks (coalesced like `zarr_fused._localio.read_ranges`), from one open
     file, with the index checked against the file's size.
 
-    ``take(nbytes)`` returns a writeable uint8 buffer of at least ``nbytes``.
+    ``take(nbytes)`` returns a writeable uint8 buffer of at least ``nbytes``;
+    ``give(buffer)``, if given, takes back one that turned out too small.
+    ``size_hint``, the bytes the touched chunks likely hold, sizes the buffer
+    taken up front: when they fit, the index and the chunks are read, and
+    the index checked, in one release of the GIL (a busy multi-threaded
+    reader pays a hand-over of the GIL for each release); else the chunks
+    are read in a second one.
 
     Returns
     -------
@@ -724,96 +794,122 @@ def fetch_partial_local(bytes path, Py_ssize_t n_chunks, cnp.ndarray touched, ta
     """
     cdef const char* cp = path
     cdef int fd = -1
-    cdef int err = 0, rc = 0
+    cdef int err = 0, rc = 0, ranges_rc = 0, problem = INDEX_OK
     cdef Py_ssize_t size = 0, isize = 16 * n_chunks + (4 if checksum else 0)
-    cdef Py_ssize_t index_at, m = 0, i, k, total = 0, biggest_gap = 0, bad = -1
-    cdef cnp.ndarray raw = np.empty(isize, dtype=np.uint8)
-    cdef cnp.ndarray entries
-    cdef uint64_t* ep
+    cdef Py_ssize_t index_at = 0, m = 0, i, k, total = 0, biggest_gap = 0, bad = -1, other = -1
+    cdef Py_ssize_t cap
+    cdef uint32_t stored = 0, computed = 0
+    cdef bint fetched = False
+    cdef cnp.ndarray entries = np.empty((n_chunks, 2), dtype=np.uint64)
+    cdef uint64_t* ep = <uint64_t*>cnp.PyArray_DATA(entries)
+    cdef unsigned char* raw = NULL
     cdef Span* wanted = NULL
     cdef Py_ssize_t* starts = NULL
     cdef Py_ssize_t* lengths = NULL
     cdef Py_ssize_t* offsets = NULL
     cdef unsigned char* gap = NULL
     cdef Py_ssize_t* tp
-    cdef cnp.ndarray buf
+    cdef cnp.ndarray buf = None
     cdef unsigned char* bp
     if touched.dtype != np.intp or not touched.flags.c_contiguous:
         raise TypeError("touched must be a contiguous intp array")
-    with nogil:
-        rc = open_regular(cp, &fd, &size, &err)
-        if rc == FILE_OK:
-            if size < isize:
-                rc = 2
-            else:
-                index_at = 0 if at_start else size - isize
-                rc = pread_full(fd, <unsigned char*>cnp.PyArray_DATA(raw), isize, index_at, &err)
-                if rc == 1:
-                    rc = 2
-            if rc != 0:
-                close(fd)
-    if rc == 1:
-        return None
-    if rc == -1:
-        raise OSError(err, os.strerror(err), os.fsdecode(path))
-    if rc == 2:
-        w = where() if callable(where) else where
-        raise CorruptShardError(
-            f"{w}: the stored shard is shorter than its {isize}-byte index (truncated shard)")
+    tp = <Py_ssize_t*>cnp.PyArray_DATA(touched)
+    k = touched.shape[0]
+    for i in range(k):
+        if tp[i] < 0 or tp[i] >= n_chunks:
+            raise IndexError("touched chunk out of range")
     try:
-        entries = parse_index(raw, n_chunks, checksum=checksum, big_endian=big_endian,
-                              shard_len=size, index_start=0 if at_start else size - isize,
-                              grid=grid, where=where)
-        ep = <uint64_t*>cnp.PyArray_DATA(entries)
-        tp = <Py_ssize_t*>cnp.PyArray_DATA(touched)
-        k = touched.shape[0]
+        raw = <unsigned char*>malloc(<size_t>(isize if isize else 1))
         wanted = <Span*>malloc(sizeof(Span) * (k if k else 1))
         starts = <Py_ssize_t*>malloc(sizeof(Py_ssize_t) * (k if k else 1))
         lengths = <Py_ssize_t*>malloc(sizeof(Py_ssize_t) * (k if k else 1))
         offsets = <Py_ssize_t*>malloc(sizeof(Py_ssize_t) * (k if k else 1))
-        if wanted == NULL or starts == NULL or lengths == NULL or offsets == NULL:
+        if raw == NULL or wanted == NULL or starts == NULL or lengths == NULL or offsets == NULL:
             raise MemoryError()
-        for i in range(k):
-            if tp[i] < 0 or tp[i] >= n_chunks:
-                raise IndexError("touched chunk out of range")
-            if ep[2 * tp[i]] == MISSING or ep[2 * tp[i] + 1] == 0:
-                continue
-            wanted[m].start = ep[2 * tp[i]]
-            wanted[m].end = ep[2 * tp[i]] + ep[2 * tp[i] + 1]
-            wanted[m].chunk = tp[i]
-            m += 1
-        _sort_spans(wanted, m)
-        for i in range(m):
-            starts[i] = <Py_ssize_t>wanted[i].start
-            lengths[i] = <Py_ssize_t>(wanted[i].end - wanted[i].start)
-            offsets[i] = total
-            total += lengths[i]
-            if i and <Py_ssize_t>(wanted[i].start - wanted[i - 1].end) > biggest_gap:
-                biggest_gap = <Py_ssize_t>(wanted[i].start - wanted[i - 1].end)
-        if biggest_gap > max_gap:
-            biggest_gap = max_gap
-        buf = take(total)
-        if buf.dtype != np.uint8 or not buf.flags.c_contiguous or buf.shape[0] < total:
-            raise ValueError("take() returned an unusable buffer")
+        buf = _usable(take(max(size_hint, 1)), 0)
+        cap = buf.shape[0]
         bp = <unsigned char*>cnp.PyArray_DATA(buf)
-        gap = <unsigned char*>malloc(<size_t>(biggest_gap if biggest_gap else 1))
-        if gap == NULL:
-            raise MemoryError()
         with nogil:
-            rc = read_ranges_fd(fd, m, starts, lengths, bp, offsets, max_gap, max_coalesced, gap,
-                                &err, &bad)
+            rc = open_regular(cp, &fd, &size, &err)
+            if rc == FILE_OK:
+                if size < isize:
+                    rc = 2
+                else:
+                    index_at = 0 if at_start else size - isize
+                    rc = pread_full(fd, raw, isize, index_at, &err)
+                    if rc == 1:
+                        rc = 2
+            if rc == 0:
+                problem = _decode_index(raw, n_chunks, checksum, big_endian, size, index_at, ep,
+                                        &bad, &other, &stored, &computed)
+            if rc == 0 and problem == INDEX_OK:
+                for i in range(k):
+                    if ep[2 * tp[i]] == MISSING or ep[2 * tp[i] + 1] == 0:
+                        continue
+                    wanted[m].start = ep[2 * tp[i]]
+                    wanted[m].end = ep[2 * tp[i]] + ep[2 * tp[i] + 1]
+                    wanted[m].chunk = tp[i]
+                    m += 1
+                _sort_spans(wanted, m)
+                for i in range(m):
+                    starts[i] = <Py_ssize_t>wanted[i].start
+                    lengths[i] = <Py_ssize_t>(wanted[i].end - wanted[i].start)
+                    offsets[i] = total
+                    total += lengths[i]
+                    if i and <Py_ssize_t>(wanted[i].start - wanted[i - 1].end) > biggest_gap:
+                        biggest_gap = <Py_ssize_t>(wanted[i].start - wanted[i - 1].end)
+                if biggest_gap > max_gap:
+                    biggest_gap = max_gap
+                gap = <unsigned char*>malloc(<size_t>(biggest_gap if biggest_gap else 1))
+                if gap == NULL:
+                    problem = INDEX_NOMEM
+                elif total <= cap:
+                    ranges_rc = read_ranges_fd(fd, m, starts, lengths, bp, offsets, max_gap,
+                                               max_coalesced, gap, &err, &bad)
+                    fetched = True
+        if rc == FILE_MISSING:
+            return None
+        if rc == 2:
+            w = where() if callable(where) else where
+            raise CorruptShardError(
+                f"{w}: the stored shard is shorter than its {isize}-byte index (truncated shard)")
+        if rc == 0 and problem != INDEX_OK:
+            raise _index_error(problem, entries, bad, other, stored, computed, size, grid, where)
         if rc == -1:
             raise OSError(err, os.strerror(err), os.fsdecode(path))
-        if rc == 1:  # cannot happen for ranges checked against the size, unless it shrank
+        if not fetched:  # the chunks outgrew the hint: a bigger buffer
+            if give is not None:
+                give(buf)
+            buf = _usable(take(total), total)
+            bp = <unsigned char*>cnp.PyArray_DATA(buf)
+            with nogil:
+                ranges_rc = read_ranges_fd(fd, m, starts, lengths, bp, offsets, max_gap,
+                                           max_coalesced, gap, &err, &bad)
+        if ranges_rc == -1:
+            raise OSError(err, os.strerror(err), os.fsdecode(path))
+        if ranges_rc == 1:  # cannot happen for ranges checked against the size, unless it shrank
             w = where() if callable(where) else where
             raise CorruptShardError(f"{w}: the shard changed size while it was read")
         for i in range(m):
             ep[2 * wanted[i].chunk] = <uint64_t>offsets[i]
         return entries, buf[:total], buf
     finally:
-        close(fd)
+        if fd >= 0:
+            close(fd)
+        free(raw)
         free(wanted)
         free(starts)
         free(lengths)
         free(offsets)
         free(gap)
+
+
+cdef cnp.ndarray _usable(buf, Py_ssize_t nbytes):
+    """``buf`` if it is a writeable C-contiguous uint8 array of at least
+    ``nbytes`` bytes, else ValueError."""
+    if (not isinstance(buf, np.ndarray) or buf.dtype != np.uint8 or not buf.flags.c_contiguous
+            or not buf.flags.writeable or buf.shape[0] < nbytes):
+        raise ValueError("take() returned an unusable buffer")
+    return buf
+
+
