@@ -75,14 +75,19 @@ def table(title: str, results: dict[str, dict[str, float]], ours: str = "zarr_fu
 
 
 def sliced_rounds(readers: dict[str, Any], selections: list[Any], repeat: int,
-                  ours: str = "zarr_fused", size: int = 256
+                  ours: str = "zarr_fused", size: int = 256, threads: int = 1
                   ) -> tuple[dict[str, dict[str, float]], dict[str, str]]:
     """Like `rounds` for many small reads: each round reads every selection
     once per peer, in slices of ``size`` reads with the peers interleaved
     slice by slice (order rotating), so that noise lasting a second or two
-    hits every peer alike. Returns the per-round results, as `rounds` does,
-    and for each other peer "k/n": in k of the n slices (over all rounds)
-    ``ours`` took less time than that peer."""
+    hits every peer alike. With ``threads`` > 1, a slice's reads are spread
+    over that many threads, as a threaded scheduler would issue them.
+    Returns the per-round results, as `rounds` does, and for each other peer
+    "k/n": in k of the n slices (over all rounds) ``ours`` took less time
+    than that peer."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    pool = ThreadPoolExecutor(threads) if threads > 1 else None
     names = list(readers)
     slices = [selections[i:i + size] for i in range(0, len(selections), size)]
     wall: dict[str, list[float]] = {k: [] for k in names}
@@ -99,8 +104,12 @@ def sliced_rounds(readers: dict[str, Any], selections: list[Any], repeat: int,
                 reader = readers[name]
 
                 def read_part() -> None:
-                    for sel in part:  # each result dropped at once, as a caller would
-                        reader.read(sel)
+                    if pool is None:
+                        for sel in part:  # each result dropped at once, as a caller would
+                            reader.read(sel)
+                    else:
+                        for _ in pool.map(reader.read, part):
+                            pass
 
                 w, c = _timed(read_part)
                 w_round[name] += w
@@ -109,6 +118,8 @@ def sliced_rounds(readers: dict[str, Any], selections: list[Any], repeat: int,
         for name in names:
             wall[name].append(w_round[name])
             cpu[name].append(c_round[name])
+    if pool is not None:
+        pool.shutdown()
     results = {
         k: {"median": statistics.median(wall[k]), "min": min(wall[k]), "cpu": statistics.median(cpu[k])}
         for k in names
@@ -152,6 +163,45 @@ def scenario_patterns(layout_names: list[str], repeat: int, store_kind: str = "l
         results = rounds({p: ((lambda r=r: r.read((slice(100, 101),))), None)
                           for p, r in readers.items()}, repeat)
         out += table(f"thin slab a[100:101]: {name} ({store_kind})", results)
+    return out
+
+
+def scenario_threads(layout_names: list[str], repeat: int, store_kind: str = "local",
+                     threads: int = 4) -> list[str]:
+    """Small reads from several threads at once: every inner chunk, one call
+    each, spread over ``threads`` threads (a threaded Dask worker reading
+    small pieces). All zarr-python peers share zarr's one event loop and the
+    GIL here, so this measures how much of each call holds them."""
+    import numpy as np
+
+    sys.path.insert(0, str(HERE))
+    from benchmarks._peers import LAYOUTS, PEERS, Reader, available, data_dir, write_reference
+
+    out: list[str] = []
+    peers = [p for p in PEERS if available(p) and p != "zarr-batched"]
+    for name in layout_names:
+        layout = LAYOUTS[name]
+        path = data_dir() / name
+        data = write_reference(layout, path)
+        readers = {p: Reader(p, path, store_kind) for p in peers}
+        inner = layout.chunks
+        blocks = [tuple(slice(i * c, (i + 1) * c) for i, c in zip(idx, inner))
+                  for idx in np.ndindex(*(s // c for s, c in zip(layout.shape, inner)))]
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(threads) as pool:
+            for p, reader in readers.items():
+                picks = blocks[:: max(1, len(blocks) // 64)]
+                for sel, got in zip(picks, pool.map(reader.read, picks)):
+                    if not np.array_equal(got, data[sel]):
+                        raise SystemExit(f"{p} read wrong data from {name} from {threads} threads")
+        results, won = sliced_rounds(readers, blocks, max(1, repeat // 2), threads=threads)
+        out += table(f"{len(blocks)} reads of one inner chunk each from {threads} threads: "
+                     f"{name} ({store_kind})", results)
+        out.append("per read, wall time / reads (us): " + ", ".join(
+            f"{p} {r['median'] / len(blocks) * 1e6:.0f}" for p, r in results.items()))
+        out.append("slices of 256 reads where zarr_fused was faster: " + ", ".join(
+            f"than {p} {w}" for p, w in won.items()))
     return out
 
 
@@ -354,6 +404,7 @@ SCENARIOS = {
         ["sharded-zstd-crc"], repeat, store),
     "sharded-patterns": lambda repeat, store: scenario_patterns(
         ["sharded-zstd"], repeat, store),
+    "sharded-threads": lambda repeat, store: scenario_threads(["sharded-zstd"], repeat, store),
     "codecs": lambda repeat, store: scenario_codecs(repeat),
     "zstd-ceiling": lambda repeat, store: scenario_ceiling(repeat),
 }
