@@ -140,9 +140,14 @@ def test_bad_shard_raises_naming_the_key(tmp_path: Path, store_kind: str, locati
         assert_same_values(arr[8:, 6:], _data()[8:, 6:])
 
 
-def test_bad_chunk_inside_shard_names_shard_and_inner_chunk() -> None:
-    store = MemoryStore()
-    with with_pipeline(FUSED):
+@pytest.mark.parametrize("store_kind", ["memory", "local"])
+@pytest.mark.parametrize("selection", [pytest.param(Ellipsis, id="whole"),
+                                       pytest.param((slice(12, 16), slice(6, 9)), id="one-inner"),
+                                       pytest.param((slice(8, 16), slice(6, 8)), id="column")])
+def test_bad_chunk_inside_shard_names_shard_and_inner_chunk(tmp_path: Path, store_kind: str,
+                                                            selection: Any) -> None:
+    store = make_store(store_kind, tmp_path)
+    with with_pipeline(FUSED), zarr.config.set({"codec_pipeline.max_workers": 1}):
         arr = _sharded(store, inner_codecs=[BytesCodec(), Crc32cCodec()])
         arr[...] = _data()
         shard = bytearray(_get(store, "c/1/1"))
@@ -150,7 +155,8 @@ def test_bad_chunk_inside_shard_names_shard_and_inner_chunk() -> None:
         shard[e[2][0] + 3] ^= 0xFF  # inner chunk (1, 0)
         _put(store, "c/1/1", bytes(shard))
         with pytest.raises(CorruptChunkError, match=r"inner chunk \(1, 0\) of shard 'c/1/1'"):
-            arr[...]
+            arr[selection]
+        assert_same_values(arr[8:12, 6:12], _data()[8:12, 6:12])  # the rest reads
 
 
 
@@ -281,6 +287,46 @@ def test_index_codecs_read_and_write_like_zarr(tmp_path: Path, store_kind: str, 
         assert_same_values(theirs.oindex[[1, 9], [2, 7]], data[np.ix_([1, 9], [2, 7])])
     for key in ("c/0/0", "c/1/1"):
         assert _get(stores[FUSED], key) == _get(stores[BATCHED], key)
+
+
+
+@pytest.mark.parametrize("location", ["end", "start"])
+@pytest.mark.parametrize("max_workers", [1, 2])
+@pytest.mark.parametrize("selection", [
+    pytest.param((slice(0, 4), slice(0, 3)), id="one-inner"),
+    pytest.param((slice(0, 8, 5), slice(0, 3)), id="strided-half"),
+    pytest.param((slice(0, 3), slice(1, 11)), id="across-shards"),
+    pytest.param((slice(5, 7), slice(0, 2)), id="missing-inner"),
+    pytest.param((slice(9, 11), slice(7, 9)), id="missing-shard"),
+])
+def test_local_partial_reads_fetch_and_decode_in_one_call(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, location: str, selection: Any,
+        max_workers: int) -> None:
+    """A planned partial read of a local shard, shard by shard, goes through
+    `read_shard_local` (fetch and decode in one nogil call), with zarr's
+    values, missing inner chunks and missing shards included; in waves
+    (several workers, few shards) it does not."""
+    from zarr_fused import _read_sharded
+
+    calls: list[bytes] = []
+    real = _read_sharded.shard_kernels.read_shard_local
+
+    def spy(batch: Any, first: int, path: bytes, *args: Any, **kwargs: Any) -> Any:
+        calls.append(path)
+        return real(batch, first, path, *args, **kwargs)
+
+    monkeypatch.setattr(_read_sharded.shard_kernels, "read_shard_local", spy)
+    data = _data()
+    data[4:8, 0:3] = -1  # one inner chunk of shard (0, 0) is all fill: not stored
+    data[8:16, 6:12] = -1  # shard (1, 1) is all fill: no file
+    with with_pipeline(FUSED), zarr.config.set({"codec_pipeline.max_workers": max_workers}):
+        arr = _sharded(LocalStore(tmp_path / "a"), index_location=location)
+        arr[...] = data
+        assert not (tmp_path / "a" / "c" / "1" / "1").exists()
+        assert_same_values(arr[selection], data[selection])
+    one_chunk = selection in [(slice(0, 4), slice(0, 3)), (slice(5, 7), slice(0, 2)),
+                              (slice(9, 11), slice(7, 9))]
+    assert bool(calls) == (max_workers == 1 or one_chunk)
 
 
 # -- IO pattern ---------------------------------------------------------------------------

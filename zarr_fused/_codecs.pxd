@@ -50,6 +50,7 @@ cdef struct DecodeTask:
     bint direct
     bint missing
     bint was_missing
+    Py_ssize_t chunk
     Status status
 
 cdef struct EncodeTask:
@@ -82,6 +83,8 @@ cdef class Workspace:
     cdef size_t io_cap
     cdef uint8_t* reserve(self, size_t n) noexcept nogil
     cdef uint8_t* reserve_io(self, size_t n) noexcept nogil
+
+cpdef Workspace workspace()
 
 cdef class ChainKernel:
     cdef readonly int compressor
@@ -133,6 +136,10 @@ cdef class DecodeBatch:
                      Py_ssize_t* shape) except -2
     cdef object _add(self, payload, bytes path, ChunkLayout layout, chunk_selection,
                      cnp.ndarray out, out_selection, tuple drop_axes, key)
+    cdef const char* fill_ptr(self)
+    cdef Py_ssize_t run_range(self, Workspace ws, Py_ssize_t start, Py_ssize_t stop,
+                              const char* fill) noexcept nogil
+    cdef object raise_failed(self, Py_ssize_t failed)
 
 cdef class EncodeBatch:
     cdef ChainKernel kernel

@@ -1198,35 +1198,44 @@ cdef class DecodeBatch:
             file was missing (`add_file`); their regions hold the fill value.
         """
         cdef Workspace ws = workspace()
-        cdef const char* fill = <const char*>self.fill if self.fill is not None else NULL
-        cdef Py_ssize_t i
-        cdef Py_ssize_t failed = -1
+        cdef const char* fill = self.fill_ptr()
+        cdef Py_ssize_t failed
         if stop < 0 or stop > self.n:
             stop = self.n
         if start < 0:
             start = 0
+        with nogil:
+            failed = self.run_range(ws, start, stop, fill)
+        if failed >= 0:
+            self.raise_failed(failed)
+        return [i for i in range(start, stop) if self.tasks[i].was_missing]
+
+    cdef const char* fill_ptr(self):
+        return <const char*>self.fill if self.fill is not None else NULL
+
+    cdef Py_ssize_t run_range(self, Workspace ws, Py_ssize_t start, Py_ssize_t stop,
+                              const char* fill) noexcept nogil:
+        """Decode tasks ``start:stop`` (a valid range) with ``fill`` for
+        missing chunks; the first failed task's position, or -1."""
         # side by side only where every payload decodes into its own slot:
         # not with inner checksums (decoded through the shared scratch)
         cdef bint side = (self.kernel.compressor == COMP_NONE or self.kernel.inner_crcs == 0)
-        cdef Py_ssize_t g, bad
-        with nogil:
-            i = start
-            while i < stop:
-                g = _side_by_side(&self.tasks[i], stop - i, self.kernel.itemsize) if side else 1
-                if g > 1:
-                    bad = _decode_side_by_side(self.kernel, ws, &self.tasks[i], g)
-                    if bad >= 0:
-                        failed = i + bad
-                        break
-                else:
-                    self.kernel.run_decode(ws, &self.tasks[i], fill)
-                    if self.tasks[i].status.code != ZF_OK:
-                        failed = i
-                        break
-                i += g
-        if failed >= 0:
-            raise status_error(&self.tasks[failed].status, self.describe(self.keys[failed]))
-        return [i for i in range(start, stop) if self.tasks[i].was_missing]
+        cdef Py_ssize_t g, bad, i = start
+        while i < stop:
+            g = _side_by_side(&self.tasks[i], stop - i, self.kernel.itemsize) if side else 1
+            if g > 1:
+                bad = _decode_side_by_side(self.kernel, ws, &self.tasks[i], g)
+                if bad >= 0:
+                    return i + bad
+            else:
+                self.kernel.run_decode(ws, &self.tasks[i], fill)
+                if self.tasks[i].status.code != ZF_OK:
+                    return i
+            i += g
+        return -1
+
+    cdef object raise_failed(self, Py_ssize_t failed):
+        raise status_error(&self.tasks[failed].status, self.describe(self.keys[failed]))
 
 
 cdef class EncodeBatch:

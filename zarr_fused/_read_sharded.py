@@ -287,21 +287,29 @@ class ShardReader:
             shard.entries = self._parse(index, n, grid, getter, length, 0 if at_start else length - size)
             shard.payload = data
             return
-        # what the touched chunks hold when each encodes to about its raw
-        # size (the codecs' worst case), so that one buffer usually fits them
-        inner_nbytes = math.prod(self.inner_shape) * spec.dtype.to_native_dtype().itemsize
         fetched = shard_kernels.fetch_partial_local(  # type: ignore[union-attr]
             path, n, np.ascontiguousarray(touched, dtype=np.intp), _buffers.take,
-            checksum=self.checksum, big_endian=self.big_endian, at_start=at_start,
-            max_gap=min(spec.config.sharding_coalesce_max_gap_bytes, LOCAL_MAX_GAP),
-            max_coalesced=spec.config.sharding_coalesce_max_bytes,
-            size_hint=len(touched) * (inner_nbytes + inner_nbytes // 16 + 1024),
-            give=_buffers.give, grid=grid, where=lambda: describe_key(getter),
+            give=_buffers.give, **self._partial_local_args(getter, spec, grid, len(touched)),
         )
         if fetched is None:
             shard.missing = True
             return
         shard.entries, shard.payload, shard.buffer = fetched
+
+    def _partial_local_args(self, getter: Any, spec: ArraySpec, grid: tuple[int, ...],
+                            n_touched: int) -> dict[str, Any]:
+        """The settings of a native partial read of a local shard."""
+        # what the touched chunks hold when each encodes to about its raw
+        # size (the codecs' worst case), so that one buffer usually fits them
+        inner_nbytes = math.prod(self.inner_shape) * spec.dtype.to_native_dtype().itemsize
+        return dict(
+            checksum=self.checksum, big_endian=self.big_endian,
+            at_start=self.codec.index_location == "start",
+            max_gap=min(spec.config.sharding_coalesce_max_gap_bytes, LOCAL_MAX_GAP),
+            max_coalesced=spec.config.sharding_coalesce_max_bytes,
+            size_hint=n_touched * (inner_nbytes + inner_nbytes // 16 + 1024),
+            grid=grid, where=lambda: describe_key(getter),
+        )
 
     def _get_ranges(self, getter: Any, spec: ArraySpec, ranges: list[RangeByteRequest]) -> list[Any] | None:
         store = getattr(getter, "store", None)
@@ -388,7 +396,37 @@ class ShardReader:
         ndim = max(dst.ndim, len(self.inner_shape))
         describe = _inner_describer(tuple(s // c for s, c in zip(spec0.shape, self.inner_shape)))
 
+        def read_local_partial(shard: _Shard) -> bool:
+            """Fetch and decode a partly touched local shard in one native
+            call (one release of the GIL); False where that does not apply."""
+            plan = shard.plan
+            if plan is None or plan.all_touched or not plan.n_touched or io_kernels is None:
+                return False
+            getter, spec, _, out_selection, _ = batch[shard.index]
+            prefix = local_files([(getter,)])
+            if prefix is None:
+                return False
+            group = chain.kernel_batch(plan.n_touched, ndim, describe)
+            group.set_fill(pattern)
+            if not shard_kernels.add_shard(  # type: ignore[union-attr]
+                    group, None, None, plan, chain.layout(self.inner_shape), dst, out_selection,
+                    getter, defer=True):
+                return False
+            grid = tuple(s // c for s, c in zip(spec.shape, self.inner_shape))
+            touched = np.ascontiguousarray(plan.touched(), dtype=np.intp)
+            found = shard_kernels.read_shard_local(  # type: ignore[union-attr]
+                group, 0, prefix + os.fsencode(getter.path), math.prod(grid), touched,
+                _buffers.take, _buffers.give,
+                **self._partial_local_args(getter, spec, grid, len(touched)),
+            )
+            if not found:
+                statuses[shard.index] = MISSING
+                fill_missing(out, out_selection, spec)
+            return True
+
         def one_shard(shard: _Shard) -> None:
+            if read_local_partial(shard):
+                return
             fetch(shard)
             count = shard.plan.n_touched if shard.plan is not None else 0
             group = chain.kernel_batch(count, ndim, describe)

@@ -34,9 +34,11 @@ from zarr_fused._codecs cimport (
     DecodeTask,
     EncodeBatch,
     EncodeTask,
+    Workspace,
     as_selection_tuple,
     contiguous_run,
     select_basic,
+    workspace,
 )
 from zarr_fused._localio cimport (
     FILE_MISSING,
@@ -450,7 +452,7 @@ def plan_selection(tuple shard_shape, tuple inner_shape, selection):
 
 
 def add_shard(DecodeBatch batch, payload, cnp.ndarray entries, ShardPlan plan,
-              ChunkLayout layout, cnp.ndarray out, out_selection, key):
+              ChunkLayout layout, cnp.ndarray out, out_selection, key, *, bint defer=False):
     """Queue the touched inner chunks of one shard for decoding into
     ``out[out_selection]``.
 
@@ -458,6 +460,10 @@ def add_shard(DecodeBatch batch, payload, cnp.ndarray entries, ShardPlan plan,
     ``payload`` (the shard, or the fetched part of it); ``key`` names the
     shard in errors. Returns False, queueing nothing, when ``out_selection``
     is not a basic selection of the plan's output shape.
+
+    ``defer``: the shard is not fetched yet (``payload`` and ``entries`` are
+    ignored); `read_shard_local` fetches it and points the tasks at their
+    chunks before decoding them.
     """
     cdef Py_ssize_t region_shape[ZF_MAX_DIMS]
     cdef Py_ssize_t region_strides[ZF_MAX_DIMS]
@@ -488,16 +494,20 @@ def add_shard(DecodeBatch batch, payload, cnp.ndarray entries, ShardPlan plan,
         return True
     if batch.n + plan.n_touched > batch.cap:
         raise IndexError("decode batch is full")
-    if entries.dtype != np.uint64 or entries.ndim != 2 or entries.shape[0] != plan.n_total \
+    if defer:
+        if batch.fill is None:
+            raise ValueError("set_fill() first")
+    elif entries is None or entries.dtype != np.uint64 or entries.ndim != 2 or entries.shape[0] != plan.n_total \
             or entries.shape[1] != 2 or not entries.flags.c_contiguous:
         raise ValueError("entries must be the shard's (n, 2) uint64 index")
-    if payload is not None:
+    if payload is not None and not defer:
         view = memoryview(payload).cast("B")
         payload_len = view.shape[0]
         data = &view[0] if payload_len else NULL
         batch.refs.append(view)
-    batch.refs.append(entries)
-    ep = <const uint64_t*>cnp.PyArray_DATA(entries)
+    if not defer:
+        batch.refs.append(entries)
+        ep = <const uint64_t*>cnp.PyArray_DATA(entries)
     out_data = <char*>cnp.PyArray_DATA(out) + base
     grid_strides[plan.ndim - 1] = 1
     for d in range(plan.ndim - 2, -1, -1):
@@ -522,13 +532,16 @@ def add_shard(DecodeBatch batch, payload, cnp.ndarray entries, ShardPlan plan,
                 k += 1
         t.ndim = k
         t.nbytes = layout.nbytes
-        off = ep[2 * lin]
-        size = ep[2 * lin + 1]
-        if off == MISSING and size == MISSING:
+        t.chunk = lin
+        if defer:
+            pass  # src, src_len and missing are set once fetched
+        elif ep[2 * lin] == MISSING and ep[2 * lin + 1] == MISSING:
             if batch.fill is None:
                 raise ValueError("set_fill() first")
             t.missing = True
         else:
+            off = ep[2 * lin]
+            size = ep[2 * lin + 1]
             if off > <uint64_t>payload_len or size > <uint64_t>payload_len - off:
                 raise CorruptShardError(
                     f"{key!r}: inner chunk {lin} (bytes {off}..{off + size}) lies outside "
@@ -769,6 +782,170 @@ def assemble_shard(cnp.ndarray order, list payloads, *, bint at_start, bint chec
 
 
 
+cdef struct PartialFetch:
+    # inputs
+    const char* path
+    Py_ssize_t n_chunks
+    Py_ssize_t isize
+    bint checksum
+    bint big_endian
+    bint at_start
+    const Py_ssize_t* touched
+    Py_ssize_t k
+    Py_ssize_t max_gap
+    Py_ssize_t max_coalesced
+    uint64_t* entries
+    # scratch (malloc'd by _fetch_setup)
+    unsigned char* raw
+    Span* wanted
+    Py_ssize_t* starts
+    Py_ssize_t* lengths
+    Py_ssize_t* offsets
+    unsigned char* gap
+    # state and outcome
+    int fd
+    Py_ssize_t size
+    Py_ssize_t index_at
+    Py_ssize_t m
+    Py_ssize_t total
+    int rc
+    int ranges_rc
+    int problem
+    int err
+    Py_ssize_t bad
+    Py_ssize_t other
+    uint32_t stored
+    uint32_t computed
+    bint fetched
+
+
+cdef int _fetch_setup(PartialFetch* f, bytes path, Py_ssize_t n_chunks, cnp.ndarray touched,
+                      cnp.ndarray entries, bint checksum, bint big_endian, bint at_start,
+                      Py_ssize_t max_gap, Py_ssize_t max_coalesced) except -1:
+    cdef Py_ssize_t i, k
+    memset(f, 0, sizeof(PartialFetch))
+    f.fd = -1
+    f.bad = -1
+    f.other = -1
+    if touched.dtype != np.intp or not touched.flags.c_contiguous:
+        raise TypeError("touched must be a contiguous intp array")
+    f.touched = <const Py_ssize_t*>cnp.PyArray_DATA(touched)
+    f.k = k = touched.shape[0]
+    for i in range(k):
+        if f.touched[i] < 0 or f.touched[i] >= n_chunks:
+            raise IndexError("touched chunk out of range")
+    f.path = path
+    f.n_chunks = n_chunks
+    f.isize = 16 * n_chunks + (4 if checksum else 0)
+    f.checksum = checksum
+    f.big_endian = big_endian
+    f.at_start = at_start
+    f.max_gap = max_gap
+    f.max_coalesced = max_coalesced
+    f.entries = <uint64_t*>cnp.PyArray_DATA(entries)
+    f.raw = <unsigned char*>malloc(<size_t>(f.isize if f.isize else 1))
+    f.wanted = <Span*>malloc(sizeof(Span) * (k if k else 1))
+    f.starts = <Py_ssize_t*>malloc(sizeof(Py_ssize_t) * (k if k else 1))
+    f.lengths = <Py_ssize_t*>malloc(sizeof(Py_ssize_t) * (k if k else 1))
+    f.offsets = <Py_ssize_t*>malloc(sizeof(Py_ssize_t) * (k if k else 1))
+    if (f.raw == NULL or f.wanted == NULL or f.starts == NULL or f.lengths == NULL
+            or f.offsets == NULL):
+        raise MemoryError()
+    return 0
+
+
+cdef void _fetch_free(PartialFetch* f) noexcept:
+    if f.fd >= 0:
+        close(f.fd)
+        f.fd = -1
+    free(f.raw)
+    free(f.wanted)
+    free(f.starts)
+    free(f.lengths)
+    free(f.offsets)
+    free(f.gap)
+    f.raw = f.gap = NULL
+    f.wanted = NULL
+    f.starts = f.lengths = f.offsets = NULL
+
+
+cdef void _fetch_index(PartialFetch* f) noexcept nogil:
+    """Open the file, read and check its index, and lay out the touched
+    present chunks: ``f.m`` ranges of ``f.total`` bytes (``f.rc`` 0 and
+    ``f.problem`` INDEX_OK when all went well)."""
+    cdef Py_ssize_t i, lin, biggest_gap = 0
+    cdef uint64_t* ep = f.entries
+    f.rc = open_regular(f.path, &f.fd, &f.size, &f.err)
+    if f.rc != FILE_OK:
+        return
+    if f.size < f.isize:
+        f.rc = 2
+        return
+    f.index_at = 0 if f.at_start else f.size - f.isize
+    f.rc = pread_full(f.fd, f.raw, f.isize, f.index_at, &f.err)
+    if f.rc == 1:
+        f.rc = 2
+    if f.rc != 0:
+        return
+    f.problem = _decode_index(f.raw, f.n_chunks, f.checksum, f.big_endian, f.size, f.index_at,
+                              ep, &f.bad, &f.other, &f.stored, &f.computed)
+    if f.problem != INDEX_OK:
+        return
+    for i in range(f.k):
+        lin = f.touched[i]
+        if ep[2 * lin] == MISSING or ep[2 * lin + 1] == 0:
+            continue
+        f.wanted[f.m].start = ep[2 * lin]
+        f.wanted[f.m].end = ep[2 * lin] + ep[2 * lin + 1]
+        f.wanted[f.m].chunk = lin
+        f.m += 1
+    _sort_spans(f.wanted, f.m)
+    for i in range(f.m):
+        f.starts[i] = <Py_ssize_t>f.wanted[i].start
+        f.lengths[i] = <Py_ssize_t>(f.wanted[i].end - f.wanted[i].start)
+        f.offsets[i] = f.total
+        f.total += f.lengths[i]
+        if i and <Py_ssize_t>(f.wanted[i].start - f.wanted[i - 1].end) > biggest_gap:
+            biggest_gap = <Py_ssize_t>(f.wanted[i].start - f.wanted[i - 1].end)
+    if biggest_gap > f.max_gap:
+        biggest_gap = f.max_gap
+    f.gap = <unsigned char*>malloc(<size_t>(biggest_gap if biggest_gap else 1))
+    if f.gap == NULL:
+        f.problem = INDEX_NOMEM
+
+
+cdef void _fetch_ranges(PartialFetch* f, unsigned char* bp) noexcept nogil:
+    """Read the laid-out chunks into ``bp`` (``f.total`` bytes) and point
+    their index entries at them."""
+    cdef Py_ssize_t i
+    f.ranges_rc = read_ranges_fd(f.fd, f.m, f.starts, f.lengths, bp, f.offsets, f.max_gap,
+                                 f.max_coalesced, f.gap, &f.err, &f.bad)
+    f.fetched = True
+    if f.ranges_rc == 0:
+        for i in range(f.m):
+            f.entries[2 * f.wanted[i].chunk] = <uint64_t>f.offsets[i]
+
+
+cdef int _fetch_check(PartialFetch* f, bytes path, cnp.ndarray entries, grid, where) except -1:
+    """Raise for a failed `_fetch_index` / `_fetch_ranges`; 1 when the
+    shard is missing, else 0."""
+    if f.rc == FILE_MISSING:
+        return 1
+    if f.rc == -1 or f.ranges_rc == -1:
+        raise OSError(f.err, os.strerror(f.err), os.fsdecode(path))
+    if f.rc == 2:
+        w = where() if callable(where) else where
+        raise CorruptShardError(
+            f"{w}: the stored shard is shorter than its {f.isize}-byte index (truncated shard)")
+    if f.problem != INDEX_OK:
+        raise _index_error(f.problem, entries, f.bad, f.other, f.stored, f.computed, f.size,
+                           grid, where)
+    if f.ranges_rc == 1:  # cannot happen for ranges checked against the size, unless it shrank
+        w = where() if callable(where) else where
+        raise CorruptShardError(f"{w}: the shard changed size while it was read")
+    return 0
+
+
 def fetch_partial_local(bytes path, Py_ssize_t n_chunks, cnp.ndarray touched, take, *,
                         bint checksum, bint big_endian, bint at_start,
                         Py_ssize_t max_gap=1 << 20, Py_ssize_t max_coalesced=16 << 20,
@@ -792,116 +969,119 @@ def fetch_partial_local(bytes path, Py_ssize_t n_chunks, cnp.ndarray touched, ta
         chunks' offsets pointing into ``payload`` (the first bytes of
         ``buffer``); None when the shard is missing.
     """
-    cdef const char* cp = path
-    cdef int fd = -1
-    cdef int err = 0, rc = 0, ranges_rc = 0, problem = INDEX_OK
-    cdef Py_ssize_t size = 0, isize = 16 * n_chunks + (4 if checksum else 0)
-    cdef Py_ssize_t index_at = 0, m = 0, i, k, total = 0, biggest_gap = 0, bad = -1, other = -1
-    cdef Py_ssize_t cap
-    cdef uint32_t stored = 0, computed = 0
-    cdef bint fetched = False
+    cdef PartialFetch f
     cdef cnp.ndarray entries = np.empty((n_chunks, 2), dtype=np.uint64)
-    cdef uint64_t* ep = <uint64_t*>cnp.PyArray_DATA(entries)
-    cdef unsigned char* raw = NULL
-    cdef Span* wanted = NULL
-    cdef Py_ssize_t* starts = NULL
-    cdef Py_ssize_t* lengths = NULL
-    cdef Py_ssize_t* offsets = NULL
-    cdef unsigned char* gap = NULL
-    cdef Py_ssize_t* tp
-    cdef cnp.ndarray buf = None
+    cdef cnp.ndarray buf
     cdef unsigned char* bp
-    if touched.dtype != np.intp or not touched.flags.c_contiguous:
-        raise TypeError("touched must be a contiguous intp array")
-    tp = <Py_ssize_t*>cnp.PyArray_DATA(touched)
-    k = touched.shape[0]
-    for i in range(k):
-        if tp[i] < 0 or tp[i] >= n_chunks:
-            raise IndexError("touched chunk out of range")
     try:
-        raw = <unsigned char*>malloc(<size_t>(isize if isize else 1))
-        wanted = <Span*>malloc(sizeof(Span) * (k if k else 1))
-        starts = <Py_ssize_t*>malloc(sizeof(Py_ssize_t) * (k if k else 1))
-        lengths = <Py_ssize_t*>malloc(sizeof(Py_ssize_t) * (k if k else 1))
-        offsets = <Py_ssize_t*>malloc(sizeof(Py_ssize_t) * (k if k else 1))
-        if raw == NULL or wanted == NULL or starts == NULL or lengths == NULL or offsets == NULL:
-            raise MemoryError()
+        _fetch_setup(&f, path, n_chunks, touched, entries, checksum, big_endian, at_start,
+                     max_gap, max_coalesced)
         buf = _usable(take(max(size_hint, 1)), 0)
-        cap = buf.shape[0]
         bp = <unsigned char*>cnp.PyArray_DATA(buf)
         with nogil:
-            rc = open_regular(cp, &fd, &size, &err)
-            if rc == FILE_OK:
-                if size < isize:
-                    rc = 2
-                else:
-                    index_at = 0 if at_start else size - isize
-                    rc = pread_full(fd, raw, isize, index_at, &err)
-                    if rc == 1:
-                        rc = 2
-            if rc == 0:
-                problem = _decode_index(raw, n_chunks, checksum, big_endian, size, index_at, ep,
-                                        &bad, &other, &stored, &computed)
-            if rc == 0 and problem == INDEX_OK:
-                for i in range(k):
-                    if ep[2 * tp[i]] == MISSING or ep[2 * tp[i] + 1] == 0:
-                        continue
-                    wanted[m].start = ep[2 * tp[i]]
-                    wanted[m].end = ep[2 * tp[i]] + ep[2 * tp[i] + 1]
-                    wanted[m].chunk = tp[i]
-                    m += 1
-                _sort_spans(wanted, m)
-                for i in range(m):
-                    starts[i] = <Py_ssize_t>wanted[i].start
-                    lengths[i] = <Py_ssize_t>(wanted[i].end - wanted[i].start)
-                    offsets[i] = total
-                    total += lengths[i]
-                    if i and <Py_ssize_t>(wanted[i].start - wanted[i - 1].end) > biggest_gap:
-                        biggest_gap = <Py_ssize_t>(wanted[i].start - wanted[i - 1].end)
-                if biggest_gap > max_gap:
-                    biggest_gap = max_gap
-                gap = <unsigned char*>malloc(<size_t>(biggest_gap if biggest_gap else 1))
-                if gap == NULL:
-                    problem = INDEX_NOMEM
-                elif total <= cap:
-                    ranges_rc = read_ranges_fd(fd, m, starts, lengths, bp, offsets, max_gap,
-                                               max_coalesced, gap, &err, &bad)
-                    fetched = True
-        if rc == FILE_MISSING:
+            _fetch_index(&f)
+            if f.rc == 0 and f.problem == INDEX_OK and f.total <= buf.shape[0]:
+                _fetch_ranges(&f, bp)
+        if _fetch_check(&f, path, entries, grid, where):
             return None
-        if rc == 2:
-            w = where() if callable(where) else where
-            raise CorruptShardError(
-                f"{w}: the stored shard is shorter than its {isize}-byte index (truncated shard)")
-        if rc == 0 and problem != INDEX_OK:
-            raise _index_error(problem, entries, bad, other, stored, computed, size, grid, where)
-        if rc == -1:
-            raise OSError(err, os.strerror(err), os.fsdecode(path))
-        if not fetched:  # the chunks outgrew the hint: a bigger buffer
+        if not f.fetched:  # the chunks outgrew the hint: a bigger buffer
             if give is not None:
                 give(buf)
-            buf = _usable(take(total), total)
+            buf = _usable(take(f.total), f.total)
             bp = <unsigned char*>cnp.PyArray_DATA(buf)
             with nogil:
-                ranges_rc = read_ranges_fd(fd, m, starts, lengths, bp, offsets, max_gap,
-                                           max_coalesced, gap, &err, &bad)
-        if ranges_rc == -1:
-            raise OSError(err, os.strerror(err), os.fsdecode(path))
-        if ranges_rc == 1:  # cannot happen for ranges checked against the size, unless it shrank
-            w = where() if callable(where) else where
-            raise CorruptShardError(f"{w}: the shard changed size while it was read")
-        for i in range(m):
-            ep[2 * wanted[i].chunk] = <uint64_t>offsets[i]
-        return entries, buf[:total], buf
+                _fetch_ranges(&f, bp)
+            _fetch_check(&f, path, entries, grid, where)
+        return entries, buf[:f.total], buf
     finally:
-        if fd >= 0:
-            close(fd)
-        free(raw)
-        free(wanted)
-        free(starts)
-        free(lengths)
-        free(offsets)
-        free(gap)
+        _fetch_free(&f)
+
+
+def read_shard_local(DecodeBatch batch, Py_ssize_t first, bytes path, Py_ssize_t n_chunks,
+                     cnp.ndarray touched, take, give, *, bint checksum, bint big_endian,
+                     bint at_start, Py_ssize_t max_gap=1 << 20,
+                     Py_ssize_t max_coalesced=16 << 20, Py_ssize_t size_hint=0, grid=None,
+                     where="shard"):
+    """`fetch_partial_local`, then decode the batch's tasks ``first:`` (queued
+    by `add_shard` with ``defer=True`` for this shard), in the same release
+    of the GIL when the chunks fit the hinted buffer: a single-chunk read
+    from several threads hands the GIL over once, not twice.
+
+    Returns False when the shard is missing (nothing decoded), else True.
+    """
+    cdef PartialFetch f
+    cdef cnp.ndarray entries = np.empty((n_chunks, 2), dtype=np.uint64)
+    cdef cnp.ndarray buf
+    cdef unsigned char* bp
+    cdef Workspace ws = workspace()
+    cdef const char* fill = batch.fill_ptr()
+    cdef Py_ssize_t stop = batch.n, failed = -1, outside = -1
+    if first < 0 or first > stop:
+        raise IndexError("no such task")
+    if fill == NULL and stop > first:
+        raise ValueError("set_fill() first")
+    try:
+        _fetch_setup(&f, path, n_chunks, touched, entries, checksum, big_endian, at_start,
+                     max_gap, max_coalesced)
+        buf = _usable(take(max(size_hint, 1)), 0)
+        bp = <unsigned char*>cnp.PyArray_DATA(buf)
+        with nogil:
+            _fetch_index(&f)
+            if f.rc == 0 and f.problem == INDEX_OK and f.total <= buf.shape[0]:
+                _fetch_ranges(&f, bp)
+                if f.ranges_rc == 0:
+                    outside = _bind(batch, first, stop, f.entries, bp, f.total)
+                    if outside < 0:
+                        failed = batch.run_range(ws, first, stop, fill)
+        if _fetch_check(&f, path, entries, grid, where):
+            return False
+        if not f.fetched:  # the chunks outgrew the hint: a bigger buffer
+            give(buf)
+            buf = _usable(take(f.total), f.total)
+            bp = <unsigned char*>cnp.PyArray_DATA(buf)
+            with nogil:
+                _fetch_ranges(&f, bp)
+                if f.ranges_rc == 0:
+                    outside = _bind(batch, first, stop, f.entries, bp, f.total)
+                    if outside < 0:
+                        failed = batch.run_range(ws, first, stop, fill)
+            _fetch_check(&f, path, entries, grid, where)
+        if outside >= 0:
+            lin = batch.tasks[outside].chunk
+            off, size = (int(v) for v in entries[lin])
+            raise CorruptShardError(
+                f"{batch.keys[outside][0]!r}: inner chunk {lin} (bytes {off}..{off + size}) "
+                f"lies outside the {f.total} bytes read")
+        if failed >= 0:
+            batch.raise_failed(failed)
+        return True
+    finally:
+        _fetch_free(&f)
+        give(buf)
+
+
+cdef Py_ssize_t _bind(DecodeBatch batch, Py_ssize_t first, Py_ssize_t stop,
+                      const uint64_t* ep, const unsigned char* data,
+                      Py_ssize_t total) noexcept nogil:
+    """Point deferred tasks ``first:stop`` at their fetched chunks (or mark
+    them missing); the first task whose chunk lies outside the ``total``
+    bytes read, or -1."""
+    cdef Py_ssize_t i, lin
+    cdef uint64_t off, size
+    cdef DecodeTask* t
+    for i in range(first, stop):
+        t = &batch.tasks[i]
+        lin = t.chunk
+        off = ep[2 * lin]
+        size = ep[2 * lin + 1]
+        if off == MISSING and size == MISSING:
+            t.missing = True
+            continue
+        if off > <uint64_t>total or size > <uint64_t>total - off:
+            return i
+        t.src = data + off
+        t.src_len = <Py_ssize_t>size
+    return -1
 
 
 cdef cnp.ndarray _usable(buf, Py_ssize_t nbytes):
