@@ -132,23 +132,32 @@ def sliced_rounds(readers: dict[str, Any], selections: list[Any], repeat: int,
 # -- scenarios ------------------------------------------------------------------------------
 
 
-def scenario_patterns(layout_names: list[str], repeat: int, store_kind: str = "local") -> list[str]:
-    """Small reads: every inner chunk one call at a time, and a thin slab."""
+def _small_reads(name: str, store_kind: str) -> tuple[Any, dict[str, Any], list[Any]]:
+    """The data of layout ``name``, a reader per peer (zarr's default
+    pipeline left out) and one selection per inner chunk, in order."""
     import numpy as np
 
     sys.path.insert(0, str(HERE))
     from benchmarks._peers import LAYOUTS, PEERS, Reader, available, data_dir, write_reference
 
+    layout = LAYOUTS[name]
+    path = data_dir() / name
+    data = write_reference(layout, path)
+    readers = {p: Reader(p, path, store_kind) for p in PEERS
+               if available(p) and p != "zarr-batched"}
+    inner = layout.chunks
+    blocks = [tuple(slice(i * c, (i + 1) * c) for i, c in zip(idx, inner))
+              for idx in np.ndindex(*(s // c for s, c in zip(layout.shape, inner)))]
+    return data, readers, blocks
+
+
+def scenario_patterns(layout_names: list[str], repeat: int, store_kind: str = "local") -> list[str]:
+    """Small reads: every inner chunk one call at a time, and a thin slab."""
+    import numpy as np
+
     out: list[str] = []
-    peers = [p for p in PEERS if available(p) and p != "zarr-batched"]
     for name in layout_names:
-        layout = LAYOUTS[name]
-        path = data_dir() / name
-        data = write_reference(layout, path)
-        readers = {p: Reader(p, path, store_kind) for p in peers}
-        inner = layout.chunks
-        blocks = [tuple(slice(i * c, (i + 1) * c) for i, c in zip(idx, inner))
-                  for idx in np.ndindex(*(s // c for s, c in zip(layout.shape, inner)))]
+        data, readers, blocks = _small_reads(name, store_kind)
         for p, reader in readers.items():
             for sel in (blocks[0], blocks[-1], (slice(100, 101),)):
                 if not np.array_equal(reader.read(sel), data[sel]):
@@ -172,23 +181,13 @@ def scenario_threads(layout_names: list[str], repeat: int, store_kind: str = "lo
     each, spread over ``threads`` threads (a threaded Dask worker reading
     small pieces). All zarr-python peers share zarr's one event loop and the
     GIL here, so this measures how much of each call holds them."""
+    from concurrent.futures import ThreadPoolExecutor
+
     import numpy as np
 
-    sys.path.insert(0, str(HERE))
-    from benchmarks._peers import LAYOUTS, PEERS, Reader, available, data_dir, write_reference
-
     out: list[str] = []
-    peers = [p for p in PEERS if available(p) and p != "zarr-batched"]
     for name in layout_names:
-        layout = LAYOUTS[name]
-        path = data_dir() / name
-        data = write_reference(layout, path)
-        readers = {p: Reader(p, path, store_kind) for p in peers}
-        inner = layout.chunks
-        blocks = [tuple(slice(i * c, (i + 1) * c) for i, c in zip(idx, inner))
-                  for idx in np.ndindex(*(s // c for s, c in zip(layout.shape, inner)))]
-        from concurrent.futures import ThreadPoolExecutor
-
+        data, readers, blocks = _small_reads(name, store_kind)
         with ThreadPoolExecutor(threads) as pool:
             for p, reader in readers.items():
                 picks = blocks[:: max(1, len(blocks) // 64)]

@@ -971,30 +971,72 @@ def fetch_partial_local(bytes path, Py_ssize_t n_chunks, cnp.ndarray touched, ta
     """
     cdef PartialFetch f
     cdef cnp.ndarray entries = np.empty((n_chunks, 2), dtype=np.uint64)
-    cdef cnp.ndarray buf
-    cdef unsigned char* bp
+    cdef cnp.ndarray buf = None
     try:
         _fetch_setup(&f, path, n_chunks, touched, entries, checksum, big_endian, at_start,
                      max_gap, max_coalesced)
-        buf = _usable(take(max(size_hint, 1)), 0)
-        bp = <unsigned char*>cnp.PyArray_DATA(buf)
-        with nogil:
-            _fetch_index(&f)
-            if f.rc == 0 and f.problem == INDEX_OK and f.total <= buf.shape[0]:
-                _fetch_ranges(&f, bp)
-        if _fetch_check(&f, path, entries, grid, where):
+        buf = _fetch(&f, path, entries, take, give, size_hint, grid, where, None, 0)
+        if buf is None:
             return None
-        if not f.fetched:  # the chunks outgrew the hint: a bigger buffer
-            if give is not None:
-                give(buf)
-            buf = _usable(take(f.total), f.total)
-            bp = <unsigned char*>cnp.PyArray_DATA(buf)
-            with nogil:
-                _fetch_ranges(&f, bp)
-            _fetch_check(&f, path, entries, grid, where)
         return entries, buf[:f.total], buf
     finally:
         _fetch_free(&f)
+
+
+cdef cnp.ndarray _fetch(PartialFetch* f, bytes path, cnp.ndarray entries, take, give,
+                        Py_ssize_t size_hint, grid, where, DecodeBatch batch, Py_ssize_t first):
+    """Fetch what ``f`` describes into a buffer from ``take`` and, with a
+    ``batch``, decode its tasks ``first:`` (`add_shard` ``defer=True``) in the
+    same release of the GIL, when the chunks fit a buffer of ``size_hint``
+    bytes; else in a second one with a bigger buffer (the small one going
+    back through ``give``). Returns the buffer, None when the shard is
+    missing; raises for IO errors, a bad shard or a failed decode."""
+    cdef cnp.ndarray buf = _usable(take(max(size_hint, 1)), 0)
+    cdef unsigned char* bp = <unsigned char*>cnp.PyArray_DATA(buf)
+    cdef bint decode = batch is not None
+    cdef Workspace ws = workspace() if decode else None
+    cdef const char* fill = batch.fill_ptr() if decode else NULL
+    cdef Py_ssize_t stop = batch.n if decode else 0, failed = -1, outside = -1
+    if decode and (first < 0 or first > stop):
+        raise IndexError("no such task")
+    if decode and fill == NULL and stop > first:
+        raise ValueError("set_fill() first")
+    with nogil:
+        _fetch_index(f)
+        if f.rc == 0 and f.problem == INDEX_OK and f.total <= buf.shape[0]:
+            _fetch_ranges(f, bp)
+            if decode and f.ranges_rc == 0:
+                outside = _bind(batch, first, stop, f.entries, bp, f.total)
+                if outside < 0:
+                    failed = batch.run_range(ws, first, stop, fill)
+    if _fetch_check(f, path, entries, grid, where):
+        give_back(give, buf)
+        return None
+    if not f.fetched:  # the chunks outgrew the hint: a bigger buffer
+        give_back(give, buf)
+        buf = _usable(take(f.total), f.total)
+        bp = <unsigned char*>cnp.PyArray_DATA(buf)
+        with nogil:
+            _fetch_ranges(f, bp)
+            if decode and f.ranges_rc == 0:
+                outside = _bind(batch, first, stop, f.entries, bp, f.total)
+                if outside < 0:
+                    failed = batch.run_range(ws, first, stop, fill)
+        _fetch_check(f, path, entries, grid, where)
+    if outside >= 0:
+        lin = batch.tasks[outside].chunk
+        off, size = (int(v) for v in entries[lin])
+        raise CorruptShardError(
+            f"{batch.keys[outside][0]!r}: inner chunk {lin} (bytes {off}..{off + size}) "
+            f"lies outside the {f.total} bytes read")
+    if failed >= 0:
+        batch.raise_failed(failed)
+    return buf
+
+
+cdef inline void give_back(give, buf):
+    if give is not None:
+        give(buf)
 
 
 def read_shard_local(DecodeBatch batch, Py_ssize_t first, bytes path, Py_ssize_t n_chunks,
@@ -1005,59 +1047,22 @@ def read_shard_local(DecodeBatch batch, Py_ssize_t first, bytes path, Py_ssize_t
     """`fetch_partial_local`, then decode the batch's tasks ``first:`` (queued
     by `add_shard` with ``defer=True`` for this shard), in the same release
     of the GIL when the chunks fit the hinted buffer: a single-chunk read
-    from several threads hands the GIL over once, not twice.
+    from several threads hands the GIL over once, not twice. The buffer goes
+    back through ``give`` once decoded.
 
     Returns False when the shard is missing (nothing decoded), else True.
     """
     cdef PartialFetch f
     cdef cnp.ndarray entries = np.empty((n_chunks, 2), dtype=np.uint64)
-    cdef cnp.ndarray buf
-    cdef unsigned char* bp
-    cdef Workspace ws = workspace()
-    cdef const char* fill = batch.fill_ptr()
-    cdef Py_ssize_t stop = batch.n, failed = -1, outside = -1
-    if first < 0 or first > stop:
-        raise IndexError("no such task")
-    if fill == NULL and stop > first:
-        raise ValueError("set_fill() first")
+    cdef cnp.ndarray buf = None
     try:
         _fetch_setup(&f, path, n_chunks, touched, entries, checksum, big_endian, at_start,
                      max_gap, max_coalesced)
-        buf = _usable(take(max(size_hint, 1)), 0)
-        bp = <unsigned char*>cnp.PyArray_DATA(buf)
-        with nogil:
-            _fetch_index(&f)
-            if f.rc == 0 and f.problem == INDEX_OK and f.total <= buf.shape[0]:
-                _fetch_ranges(&f, bp)
-                if f.ranges_rc == 0:
-                    outside = _bind(batch, first, stop, f.entries, bp, f.total)
-                    if outside < 0:
-                        failed = batch.run_range(ws, first, stop, fill)
-        if _fetch_check(&f, path, entries, grid, where):
-            return False
-        if not f.fetched:  # the chunks outgrew the hint: a bigger buffer
-            give(buf)
-            buf = _usable(take(f.total), f.total)
-            bp = <unsigned char*>cnp.PyArray_DATA(buf)
-            with nogil:
-                _fetch_ranges(&f, bp)
-                if f.ranges_rc == 0:
-                    outside = _bind(batch, first, stop, f.entries, bp, f.total)
-                    if outside < 0:
-                        failed = batch.run_range(ws, first, stop, fill)
-            _fetch_check(&f, path, entries, grid, where)
-        if outside >= 0:
-            lin = batch.tasks[outside].chunk
-            off, size = (int(v) for v in entries[lin])
-            raise CorruptShardError(
-                f"{batch.keys[outside][0]!r}: inner chunk {lin} (bytes {off}..{off + size}) "
-                f"lies outside the {f.total} bytes read")
-        if failed >= 0:
-            batch.raise_failed(failed)
-        return True
+        buf = _fetch(&f, path, entries, take, give, size_hint, grid, where, batch, first)
+        return buf is not None
     finally:
         _fetch_free(&f)
-        give(buf)
+        give_back(give, buf)
 
 
 cdef Py_ssize_t _bind(DecodeBatch batch, Py_ssize_t first, Py_ssize_t stop,
