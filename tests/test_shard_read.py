@@ -96,6 +96,7 @@ def _corruptions(shard: bytes, n: int, location: str) -> dict[str, bytes]:
         "overflow": _with_index(shard, [(2**63, 2**63 + 5)] + e[1:], location=location),
         "half-missing": _with_index(shard, [(MAX, 16)] + e[1:], location=location),
         "overlap": _with_index(shard, [e[0], (e[0][0] + 4, e[1][1])] + e[2:], location=location),
+        "empty-entry": _with_index(shard, [(e[0][0] + 8, 0)] + e[1:], location=location),
         "into-index": _with_index(
             shard, [((len(shard) - index_size) if location == "end" else 0, 16)] + e[1:],
             location=location),
@@ -106,7 +107,8 @@ def _corruptions(shard: bytes, n: int, location: str) -> dict[str, bytes]:
 @pytest.mark.parametrize("location", ["end", "start"])
 @pytest.mark.parametrize(
     "corruption",
-    ["truncated", "index-crc", "past-end", "overflow", "half-missing", "overlap", "into-index"],
+    ["truncated", "index-crc", "past-end", "overflow", "half-missing", "overlap", "into-index",
+     "empty-entry"],
 )
 @pytest.mark.parametrize("selection", [pytest.param(Ellipsis, id="whole"),
                                        pytest.param((slice(0, 4), slice(0, 3)), id="one-inner"),
@@ -132,8 +134,8 @@ def test_bad_shard_raises_naming_the_key(tmp_path: Path, store_kind: str, locati
             if corruption in ("truncated", "index-crc"):
                 assert isinstance(exc, CorruptShardError)
         else:
-            assert corruption not in ("truncated", "index-crc", "overflow", "half-missing"), (
-                "a corrupt index was not detected")
+            assert corruption not in ("truncated", "index-crc", "overflow", "half-missing",
+                                      "empty-entry"), "a corrupt index was not detected"
             assert np.array_equal(got, _data()[selection] if not isinstance(selection[0], list)
                                   else _data()[np.ix_(*selection)])
         # other shards stay readable
