@@ -949,7 +949,8 @@ cdef int _fetch_check(PartialFetch* f, bytes path, cnp.ndarray entries, grid, wh
 def fetch_partial_local(bytes path, Py_ssize_t n_chunks, cnp.ndarray touched, take, *,
                         bint checksum, bint big_endian, bint at_start,
                         Py_ssize_t max_gap=1 << 20, Py_ssize_t max_coalesced=16 << 20,
-                        Py_ssize_t size_hint=0, give=None, grid=None, where="shard"):
+                        Py_ssize_t size_hint=0, give=None, grid=None, where="shard",
+                        DecodeBatch decode=None, Py_ssize_t first=0):
     """A partial read of a shard in a local file: its index, then the touched
     chunks (coalesced like `zarr_fused._localio.read_ranges`), from one open
     file, with the index checked against the file's size.
@@ -960,7 +961,9 @@ def fetch_partial_local(bytes path, Py_ssize_t n_chunks, cnp.ndarray touched, ta
     taken up front: when they fit, the index and the chunks are read, and
     the index checked, in one release of the GIL (a busy multi-threaded
     reader pays a hand-over of the GIL for each release); else the chunks
-    are read in a second one.
+    are read in a second one. With ``decode``, that batch's tasks ``first:``
+    are decoded from the fetched chunks in the same release (see
+    `read_shard_local`).
 
     Returns
     -------
@@ -975,7 +978,7 @@ def fetch_partial_local(bytes path, Py_ssize_t n_chunks, cnp.ndarray touched, ta
     try:
         _fetch_setup(&f, path, n_chunks, touched, entries, checksum, big_endian, at_start,
                      max_gap, max_coalesced)
-        buf = _fetch(&f, path, entries, take, give, size_hint, grid, where, None, 0)
+        buf = _fetch(&f, path, entries, take, give, size_hint, grid, where, decode, first)
         if buf is None:
             return None
         return entries, buf[:f.total], buf
@@ -1052,17 +1055,14 @@ def read_shard_local(DecodeBatch batch, Py_ssize_t first, bytes path, Py_ssize_t
 
     Returns False when the shard is missing (nothing decoded), else True.
     """
-    cdef PartialFetch f
-    cdef cnp.ndarray entries = np.empty((n_chunks, 2), dtype=np.uint64)
-    cdef cnp.ndarray buf = None
-    try:
-        _fetch_setup(&f, path, n_chunks, touched, entries, checksum, big_endian, at_start,
-                     max_gap, max_coalesced)
-        buf = _fetch(&f, path, entries, take, give, size_hint, grid, where, batch, first)
-        return buf is not None
-    finally:
-        _fetch_free(&f)
-        give_back(give, buf)
+    fetched = fetch_partial_local(
+        path, n_chunks, touched, take, checksum=checksum, big_endian=big_endian,
+        at_start=at_start, max_gap=max_gap, max_coalesced=max_coalesced, size_hint=size_hint,
+        give=give, grid=grid, where=where, decode=batch, first=first)
+    if fetched is None:
+        return False
+    give(fetched[2])
+    return True
 
 
 cdef Py_ssize_t _bind(DecodeBatch batch, Py_ssize_t first, Py_ssize_t stop,
