@@ -35,6 +35,7 @@ from zarr.core.buffer import cpu
 from zarr.core.dtype.common import HasEndianness
 from zarr.core.dtype.npy.structured import Struct
 
+from zarr_fused._dtypes import empty
 from zarr_fused._native import codec_kernels, scatter_kernels
 from zarr_fused._output import scatter_array, scatter_chunk
 
@@ -165,7 +166,7 @@ class NativeChain:
 
     def decode_array(self, raw: Buffer, spec: ArraySpec, key: Any = None) -> np.ndarray:
         """The whole chunk as a new NumPy array of the array's data type."""
-        array = np.empty(spec.shape, dtype=self.dtype)
+        array = empty(spec.shape, self.dtype)
         batch = self.decode_batch(1, array.ndim)
         batch.add(raw.as_numpy_array(), self.layout(spec.shape), (), array, (), (), key)
         batch.run()

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from zarr.core.chunk_utils import fill_value_or_default
 
+from zarr_fused._dtypes import element_bytes, in_byte_order
 from zarr_fused._native import scatter_kernels
 
 if TYPE_CHECKING:
@@ -23,8 +24,8 @@ if TYPE_CHECKING:
 
 __all__ = ["SWAPPABLE_KINDS", "fill_missing", "scatter_array", "scatter_chunk"]
 
-# dtype kinds whose byte order is a per-element (per-component for complex)
-# reversal, which the copy kernel can apply on the fly
+# dtype kinds whose byte order the copy kernel reverses on the fly (per
+# element, per component for complex)
 SWAPPABLE_KINDS = frozenset("biufcmM")
 
 
@@ -66,6 +67,8 @@ def scatter_array(
             ):
                 scatter_kernels.scatter(src, view, swap=True)
                 return
+    if isinstance(src, np.ndarray) and hasattr(dst, "dtype"):
+        src = in_byte_order(src, dst.dtype)
     dst[out_selection] = src
 
 
@@ -91,4 +94,7 @@ def fill_missing(out: NDBuffer, out_selection: SelectorTuple, spec: ArraySpec) -
         if view is not None:
             scatter_kernels.fill(view, value)
             return
+    if isinstance(dst, np.ndarray) and not dst.dtype.isnative and dst.dtype.kind in "mM":
+        # one element already in dst's byte order (NumPy's cast would not swap)
+        value = np.frombuffer(element_bytes(value, dst.dtype), dtype=dst.dtype).reshape(())
     out[out_selection] = value

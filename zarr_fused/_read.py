@@ -27,6 +27,7 @@ from zarr.core.chunk_utils import fill_value_or_default
 from zarr.storage import LocalStore
 from zarr.storage._common import StorePath
 
+from zarr_fused._dtypes import element_bytes
 from zarr_fused._output import fill_missing, scatter_chunk
 from zarr_fused._pool import partition, run_parallel
 
@@ -127,9 +128,7 @@ def _root_prefix(root: Any) -> bytes:
 def fill_pattern(spec: ArraySpec, dtype: np.dtype[Any]) -> bytes:
     """The fill value of ``spec`` as one element of ``dtype`` (NumPy casting,
     exactly as ``out[...] = fill_value`` would store it)."""
-    element = np.empty((), dtype=dtype)
-    element[()] = fill_value_or_default(spec)
-    return element.tobytes()
+    return element_bytes(fill_value_or_default(spec), dtype)
 
 
 class NativeChunkReader:

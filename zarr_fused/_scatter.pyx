@@ -21,6 +21,8 @@ from libc.string cimport memcmp, memcpy, memset
 cimport numpy as cnp
 import numpy as np
 
+from zarr_fused._dtypes import element_bytes
+
 cnp.import_array()
 
 cdef extern from *:
@@ -692,9 +694,7 @@ def fill(out, value, selection=None):
         raise ValueError("out is read-only")
     d = <cnp.ndarray>_basic_view(o, selection)
     # Same casting as ``out[selection] = value``.
-    element = np.empty((), dtype=d.dtype)
-    element[()] = value
-    pattern = element.tobytes()
+    pattern = element_bytes(value, d.dtype)
     itemsize = d.dtype.itemsize
     if len(pattern) != itemsize:
         raise ValueError("fill value does not convert to a single element")
@@ -733,9 +733,7 @@ def all_equal(src, value):
     s = <cnp.ndarray>src
     if src.dtype.hasobject:
         raise TypeError("all_equal cannot compare object arrays")
-    element = np.empty((), dtype=src.dtype)
-    element[()] = value
-    pattern = element.tobytes()
+    pattern = element_bytes(value, src.dtype)
     itemsize = len(pattern)
     if itemsize == 0:
         return True

@@ -22,6 +22,7 @@ import numpy as np
 from zarr.core.chunk_utils import _merge_chunk_array, chunk_is_empty, fill_value_or_default
 from zarr.core.indexing import is_scalar
 
+from zarr_fused._dtypes import empty, in_byte_order
 from zarr_fused._pool import partition, run_parallel
 from zarr_fused._read import fill_pattern, local_files
 
@@ -141,7 +142,7 @@ def merge_owned(
         if drop_axes:
             item = tuple(None if i in drop_axes else slice(None) for i in range(spec.ndim))
             chunk_value = chunk_value[item]
-    chunk[chunk_selection] = chunk_value.as_ndarray_like()
+    chunk[chunk_selection] = in_byte_order(chunk_value.as_ndarray_like(), chunk.dtype)
     return chunk  # type: ignore[return-value]
 
 
@@ -237,7 +238,7 @@ class NativeChunkWriter:
                 decoded_items = []
                 for i in partial:
                     setter, spec, _, _, _ = batch[i]
-                    array = np.empty(spec.shape, dtype=chain.dtype)
+                    array = empty(spec.shape, chain.dtype)
                     layout = chain.layout(spec.shape)
                     if prefix is not None:
                         decoding.add_file(prefix + os.fsencode(setter.path), layout, (), array,

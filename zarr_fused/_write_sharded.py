@@ -32,6 +32,7 @@ import numpy as np
 from zarr.core.chunk_utils import chunk_is_empty, fill_value_or_default
 from zarr.storage import MemoryStore
 
+from zarr_fused._dtypes import empty, in_byte_order
 from zarr_fused._native import io_kernels, shard_kernels
 from zarr_fused._pool import partition, run_parallel
 from zarr_fused._read import describe_key, fill_pattern, local_files
@@ -229,7 +230,7 @@ class ShardWriter:
                 decoding = chain.kernel_batch(len(partial), ndim, describe)
                 for lin, _, _ in partial:
                     if payloads[lin] is not None:
-                        existing[lin] = np.empty(self.inner_shape, dtype=chain.dtype)
+                        existing[lin] = empty(self.inner_shape, chain.dtype)
                         decoding.add(payloads[lin], layout, (), existing[lin], (), (), (setter, lin))
                 decoding.run()
                 block = None if scalar else data[(*out_selection, Ellipsis)]
@@ -240,7 +241,7 @@ class ShardWriter:
                             shape=self.inner_shape, dtype=chain.dtype, order=inner_spec.order,
                             fill_value=fill_value_or_default(inner_spec),
                         ).as_ndarray_like()
-                    chunk[sel] = data if scalar else block[block_sel]
+                    chunk[sel] = in_byte_order(data if scalar else block[block_sel], chunk.dtype)
                     if pattern is None and chunk_is_empty(
                         inner_spec.prototype.nd_buffer.from_ndarray_like(chunk), inner_spec
                     ):
