@@ -93,6 +93,11 @@ def _corruptions(shard: bytes, n: int, location: str) -> dict[str, bytes]:
         "index-crc": (shard[:-1] + bytes([shard[-1] ^ 1])) if location == "end"
         else bytes([shard[0] ^ 1]) + shard[1:],
         "past-end": _with_index(shard, [(e[0][0], len(shard) * 2)] + e[1:], location=location),
+        # chunk 0 claims 1 TiB from where the last chunk was stored (now
+        # missing, so no overlap gives it away): a partial read must not size
+        # a buffer from that before the bytes arrive
+        "huge-length": _with_index(shard, [(e[-1][0], 2**40)] + e[1:-1] + [(MAX, MAX)],
+                                   location=location),
         "overflow": _with_index(shard, [(2**63, 2**63 + 5)] + e[1:], location=location),
         "half-missing": _with_index(shard, [(MAX, 16)] + e[1:], location=location),
         "overlap": _with_index(shard, [e[0], (e[0][0] + 4, e[1][1])] + e[2:], location=location),
@@ -107,8 +112,8 @@ def _corruptions(shard: bytes, n: int, location: str) -> dict[str, bytes]:
 @pytest.mark.parametrize("location", ["end", "start"])
 @pytest.mark.parametrize(
     "corruption",
-    ["truncated", "index-crc", "past-end", "overflow", "half-missing", "overlap", "into-index",
-     "empty-entry"],
+    ["truncated", "index-crc", "past-end", "huge-length", "overflow", "half-missing", "overlap",
+     "into-index", "empty-entry"],
 )
 @pytest.mark.parametrize("selection", [pytest.param(Ellipsis, id="whole"),
                                        pytest.param((slice(0, 4), slice(0, 3)), id="one-inner"),
@@ -135,7 +140,7 @@ def test_bad_shard_raises_naming_the_key(tmp_path: Path, store_kind: str, locati
                 assert isinstance(exc, CorruptShardError)
         else:
             assert corruption not in ("truncated", "index-crc", "overflow", "half-missing",
-                                      "empty-entry"), "a corrupt index was not detected"
+                                      "empty-entry", "huge-length"), "a corrupt index was not detected"
             assert np.array_equal(got, _data()[selection] if not isinstance(selection[0], list)
                                   else _data()[np.ix_(*selection)])
         # other shards stay readable

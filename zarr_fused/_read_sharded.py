@@ -245,17 +245,20 @@ class ShardReader:
         if buffers is None:  # the shard vanished after its index was read
             shard.missing = True
             return
-        # pack the fetched chunks into one buffer, the index pointing into it
-        offsets = np.zeros(len(present), dtype=np.uint64)
-        np.cumsum(lengths[:-1], out=offsets[1:])
-        payload = np.empty(int(lengths.sum()), dtype=np.uint8)
-        for i, buf in enumerate(buffers):
-            data = buf.as_numpy_array()
+        # The lengths come from the stored index: check them against the bytes
+        # that arrived before sizing anything from them.
+        fetched = [buf.as_numpy_array() for buf in buffers]
+        for i, data in enumerate(fetched):
             if len(data) != int(lengths[i]):
                 raise CorruptShardError(
                     f"{describe_key(getter)}: inner chunk {int(present[i])} should hold "
                     f"{int(lengths[i])} bytes from byte {int(starts[i])}, the shard has "
                     f"{len(data)} there (truncated shard)")
+        # pack the fetched chunks into one buffer, the index pointing into it
+        offsets = np.zeros(len(present), dtype=np.uint64)
+        np.cumsum(lengths[:-1], out=offsets[1:])
+        payload = np.empty(sum(len(data) for data in fetched), dtype=np.uint8)
+        for i, data in enumerate(fetched):
             payload[int(offsets[i]):int(offsets[i]) + len(data)] = data
         shard.entries[present, 0] = offsets
         shard.payload = payload
