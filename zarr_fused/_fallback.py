@@ -15,6 +15,7 @@ inline, as in zarr's own pipeline.
 from __future__ import annotations
 
 import asyncio
+from contextlib import AbstractAsyncContextManager, nullcontext
 from typing import TYPE_CHECKING, Any
 
 from zarr.abc.codec import ArrayBytesCodecPartialDecodeMixin
@@ -89,8 +90,14 @@ class _Tracker:
                 t.exception()
 
 
-def _concurrency() -> int:
-    return max(1, int(zarr_config.get("async.concurrency")))
+def _request_limiter() -> AbstractAsyncContextManager[Any]:
+    """What each store request of a batch runs under: ``async.concurrency``
+    requests in flight at most, or any number when it is ``None`` (as in
+    zarr's pipelines)."""
+    limit = zarr_config.get("async.concurrency")
+    if limit is None:
+        return nullcontext()
+    return asyncio.Semaphore(max(1, int(limit)))
 
 
 async def read_async(
@@ -118,7 +125,7 @@ async def read_async(
         return tuple(results)
 
     chain = plan.chain
-    semaphore = asyncio.Semaphore(_concurrency())
+    semaphore = _request_limiter()
     tracker = _Tracker(resolve_max_workers())
 
     def decode_sync(item: ReadItem, raw: Buffer, chain: Chain) -> None:
@@ -159,7 +166,7 @@ async def write_async(
     encode finishes.
     """
     chain = plan.chain
-    semaphore = asyncio.Semaphore(_concurrency())
+    semaphore = _request_limiter()
     tracker = _Tracker(resolve_max_workers())
 
     async def encode_async(item: WriteItem, existing: Buffer | None) -> Buffer | None:
