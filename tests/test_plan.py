@@ -326,3 +326,51 @@ def test_missing_extensions_degrade_cleanly() -> None:
     assert "warned True 1" in lines
     assert "'codecs': []" in out.stdout and "False" in out.stdout
     assert "strict NativeExtensionError" in lines
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [("True", "UnsupportedError"), ("true", "UnsupportedError"), ("1", "UnsupportedError"),
+     ("yes", "UnsupportedError"), ("ON", "UnsupportedError"), ("False", "fallback"),
+     ("false", "fallback"), ("0", "fallback"), ("off", "fallback"),
+     ("maybe", "fallback ZarrUserWarning"), ("2", "fallback ZarrUserWarning")],
+)
+def test_strict_mode_environment_spellings(value: str, expected: str) -> None:
+    """What each spelling of ``ZARR_CODEC_PIPELINE__STRICT`` does, as the
+    README and `zarr_fused.config` document it."""
+    script = textwrap.dedent(
+        """
+        import warnings
+        import zarr
+        from numcodecs.zarr3 import BZ2
+        warnings.simplefilter("always")
+        with warnings.catch_warnings(record=True) as caught:
+            a = zarr.create_array({}, shape=(4,), chunks=(2,), dtype="f8",
+                                  compressors=BZ2(level=1))
+            try:
+                a[:] = 1.0
+                outcome = "fallback"
+            except Exception as exc:
+                outcome = type(exc).__name__
+        names = {w.category.__name__ for w in caught if "strict" in str(w.message)}
+        print(" ".join([outcome, *sorted(names)]))
+        """
+    )
+    env = {"ZARR_CODEC_PIPELINE__PATH": FUSED, "ZARR_CODEC_PIPELINE__STRICT": value,
+           "PATH": "/usr/bin:/bin"}
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env,
+                         check=True, timeout=120)
+    assert out.stdout.strip() == expected
+
+
+def test_docs_state_the_accepted_strict_spellings() -> None:
+    """README, the config module and the configuration page say the same."""
+    import zarr_fused.config
+
+    root = Path(__file__).resolve().parents[1]
+    readme_row = next(line for line in (root / "README.md").read_text().splitlines()
+                      if line.startswith("| `codec_pipeline.strict`"))
+    for text in (readme_row, zarr_fused.config.__doc__ or "",
+                 (root / "docs" / "configuration.md").read_text()):
+        for spelling in ("true", "yes", "on", "false", "no", "off"):
+            assert f"`{spelling}`" in text or f"``{spelling}``" in text, (spelling, text[:80])

@@ -18,8 +18,12 @@ zarr_fused is configured through zarr's own configuration object
     ``False`` (default): where a native path does not apply (a codec chain
     zarr_fused has no kernel for, missing compiled extensions), fall back to
     zarr's own code and log the reason at debug level on the ``zarr_fused``
-    logger. ``True``: raise `zarr_fused.errors.UnsupportedError` instead. A
-    value that is not a boolean warns and counts as ``False``.
+    logger. ``True``: raise `zarr_fused.errors.UnsupportedError` instead.
+    Accepted: ``True``/``False``, ``1``/``0``, and the strings ``true``,
+    ``yes``, ``on``, ``1`` / ``false``, ``no``, ``off``, ``0``, ``""`` in any
+    case (environment variables reach zarr's configuration as strings or,
+    where Python's ``literal_eval`` parses them, as ``True``/``1``). Any other
+    value warns with `zarr.errors.ZarrUserWarning` and counts as ``False``.
 ``codec_pipeline.batch_size``
     Accepted for compatibility with zarr's pipelines; zarr_fused processes
     each read or write as one batch.
