@@ -32,6 +32,7 @@ from zarr_fused._fallback import read_async, write_async
 from zarr_fused._native import note_missing_extensions
 from zarr_fused._plan import PipelinePlan, build_plan
 from zarr_fused._pool import off_loop, resolve_max_workers
+from zarr_fused._stores import with_local_files
 from zarr_fused.config import strict_mode
 
 if TYPE_CHECKING:
@@ -100,6 +101,7 @@ class FusedCodecPipeline(_zarr_pipeline.FusedCodecPipeline):
             sync_transform,
             partial_decode=partial_decode,
             partial_encode=partial_encode,
+            pipeline_class=cls,
         )
         return cls(
             codecs=codecs,
@@ -232,6 +234,7 @@ class FusedCodecPipeline(_zarr_pipeline.FusedCodecPipeline):
         batch = list(batch_info)
         if not batch:
             return ()
+        batch = with_local_files(batch)
         plan = self.plan
         if plan is not None and plan.reader is not None and _has_sync_io(batch[0][0], write=False):
             # One thread hop for the whole batch. Running it inline would block
@@ -253,6 +256,7 @@ class FusedCodecPipeline(_zarr_pipeline.FusedCodecPipeline):
         batch = list(batch_info)
         if not batch:
             return
+        batch = with_local_files(batch, write=True)
         plan = self.plan
         if plan is not None and plan.writer is not None and _has_sync_io(batch[0][0], write=True):
             await off_loop(
