@@ -259,3 +259,37 @@ def test_async_concurrency_settings_like_zarr(tmp_path: Path, concurrency: Any,
             assert_same_values(arr.oindex[[0, 11], [1, 9]], arr[...][np.ix_([0, 11], [1, 9])])
         stores[name] = store
     assert chunk_items(stores["ours"]) == chunk_items(stores["zarr"])
+
+
+def test_inner_chunks_use_the_arrays_pipeline_whatever_the_config(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """zarr's sharding codec builds its inner pipeline from the running
+    process's configuration; an array pickled to a process configured
+    otherwise (a Dask worker) must still read its inner chunks with
+    zarr_fused. (Writes on this path encode whole shards through zarr's
+    ChunkTransform, which no configuration changes.)"""
+    import pickle
+
+    from zarr_fused import FusedCodecPipeline
+
+    calls: list[str] = []
+    original = FusedCodecPipeline.read
+
+    async def spy(self: Any, batch: Any, *args: Any, **kwargs: Any) -> Any:
+        calls.append("read")
+        return await original(self, batch, *args, **kwargs)
+
+    monkeypatch.setattr(FusedCodecPipeline, "read", spy)
+    store = make_store("nosync", Path("."))
+    data = np.arange(16 * 16, dtype="<i4").reshape(16, 16)
+    with with_pipeline(FUSED):
+        arr = zarr.create_array(store, shape=data.shape, chunks=(4, 4), shards=(8, 8),
+                                dtype=data.dtype)
+    with with_pipeline(BATCHED):
+        moved = pickle.loads(pickle.dumps(arr))
+        calls.clear()
+        moved[1:6, 2:7] = data[1:6, 2:7]
+        calls.clear()
+        assert_same_values(moved[1:6, 2:7], data[1:6, 2:7])
+        assert calls.count("read") >= 2, calls  # the shards, then their inner chunks

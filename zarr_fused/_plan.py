@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from zarr.abc.codec import _codec_supports_sync
+from zarr.codecs.sharding import ShardingCodec
 from zarr.core.codec_pipeline import AsyncChunkTransform
 
 from zarr_fused._chain import NativeChain, build_chain
@@ -27,6 +28,7 @@ from zarr_fused.errors import UnsupportedError
 
 if TYPE_CHECKING:
     from zarr.abc.codec import ArrayBytesCodec, Codec
+    from zarr.abc.codec import CodecPipeline
     from zarr.core.array_spec import ArraySpec
     from zarr.core.chunk_utils import ChunkTransform
 
@@ -74,6 +76,43 @@ class PipelinePlan:
             logger.debug("%s falls back to zarr's code: %s", what, reason)
 
 
+class _PinnedInnerSharding(ShardingCodec):
+    """zarr's sharding codec, whose inner chunks always go through the
+    pipeline of the array that holds it.
+
+    zarr's own codec builds its inner pipeline from the configuration of the
+    process that runs the read or write (``get_pipeline_class()``). An array
+    pickled to a Dask worker configured otherwise would then decode its
+    inner chunks with another pipeline on zarr's async path. The plan's
+    async path uses this codec instead; the synchronous shard engine reads
+    and writes shards itself.
+    """
+
+    _inner_pipeline_class: type[CodecPipeline]
+
+    @property
+    def codec_pipeline(self) -> CodecPipeline:
+        return self._inner_pipeline_class.from_codecs(self.codecs)
+
+
+def _pin_inner_pipeline(
+    codecs: tuple[Codec, ...], pipeline_class: type[CodecPipeline] | None
+) -> tuple[Codec, ...]:
+    """``codecs`` with zarr's sharding codec replaced by one whose inner
+    pipeline is ``pipeline_class`` (unchanged when None)."""
+    if pipeline_class is None:
+        return codecs
+    pinned: list[Codec] = []
+    for codec in codecs:
+        if type(codec) is ShardingCodec:
+            copy = _PinnedInnerSharding.__new__(_PinnedInnerSharding)
+            copy.__setstate__(codec.__getstate__())
+            object.__setattr__(copy, "_inner_pipeline_class", pipeline_class)
+            codec = copy
+        pinned.append(codec)
+    return tuple(pinned)
+
+
 def build_plan(
     codecs: tuple[Codec, ...],
     array_bytes_codec: ArrayBytesCodec,
@@ -82,14 +121,22 @@ def build_plan(
     *,
     partial_decode: bool,
     partial_encode: bool,
+    pipeline_class: type[CodecPipeline] | None = None,
 ) -> PipelinePlan:
     """Plan the read and write paths for an (evolved) codec chain.
 
     ``spec`` is the array's chunk spec from ``evolve_from_array_spec``;
     None for a pipeline that was never evolved, which zarr itself only runs
-    on its async path.
+    on its async path. With ``pipeline_class``, the async path runs the inner
+    chunks of a sharded array through that pipeline, whatever the process's
+    configuration says.
     """
-    async_transform = AsyncChunkTransform(codecs=codecs)
+    async_codecs = _pin_inner_pipeline(codecs, pipeline_class)
+    async_transform = AsyncChunkTransform(codecs=async_codecs)
+    async_array_bytes_codec = next(
+        (pinned for c, pinned in zip(codecs, async_codecs, strict=True) if c is array_bytes_codec),
+        array_bytes_codec,
+    )
     if spec is None or sync_transform is None:
         if spec is None:
             why = "the pipeline was not evolved for an array"
@@ -97,7 +144,7 @@ def build_plan(
             names = ", ".join(type(c).__name__ for c in codecs if not _codec_supports_sync(c))
             why = f"codecs without synchronous implementations ({names})"
         return PipelinePlan(
-            array_bytes_codec, None, async_transform, partial_decode, None, None, why, why
+            async_array_bytes_codec, None, async_transform, partial_decode, None, None, why, why
         )
 
     chain = build_chain(codecs, spec, sync_transform)
@@ -126,6 +173,6 @@ def build_plan(
     else:
         writer = ChunkWriter(chain)
     return PipelinePlan(
-        array_bytes_codec, chain, async_transform, partial_decode, reader, writer,
+        async_array_bytes_codec, chain, async_transform, partial_decode, reader, writer,
         read_fallback, write_fallback,
     )
