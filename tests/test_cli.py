@@ -150,7 +150,7 @@ def test_info_fields() -> None:
             assert f"  {lib}: {libraries[lib]}\n" in out
     if "crc32c" in libraries:
         assert f"crc32c implementation on this CPU: {libraries['crc32c']}" in out
-    cpus, why = zarr_fused.available_cpus()
+    cpus, why = zarr_fused.default_max_workers()
     assert f"default threads: {cpus} ({why})" in out
     assert "codec_pipeline.max_workers: None" in out
     assert "codec_pipeline.strict: False -> off" in out

@@ -82,7 +82,7 @@ def run_info() -> int:
 
     import zarr_fused
     from zarr_fused._native import missing_message
-    from zarr_fused._pool import available_cpus, resolve_max_workers
+    from zarr_fused._pool import default_max_workers, resolve_max_workers
     from zarr_fused.config import MAX_WORKERS_KEY, STRICT_KEY, strict_mode
 
     info = zarr_fused.native_info()
@@ -107,7 +107,7 @@ def run_info() -> int:
             print(f"  {name}: {', '.join(map(str, version))}")
         else:
             print(f"  {name}: {version}")
-    cpus, why = available_cpus()
+    cpus, why = default_max_workers()
     print(f"default threads: {cpus} ({why})")
 
     path = zarr_config.get("codec_pipeline.path")

@@ -23,6 +23,7 @@ import itertools
 import math
 import operator
 import os
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, wait
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "available_cpus",
+    "default_max_workers",
     "get_pool",
     "resolve_max_workers",
     "run_parallel",
@@ -182,6 +184,57 @@ def available_cpus(root: str | os.PathLike[str] = "/") -> tuple[int, str]:
     return max(1, count), why
 
 
+def _thread_limit_variable() -> tuple[int, str] | None:
+    """``OMP_NUM_THREADS`` as a positive integer (its first level when it
+    lists nested levels), or None when unset or not a number."""
+    raw = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
+    try:
+        value = int(raw)
+    except ValueError:
+        return None
+    return (value, "OMP_NUM_THREADS") if value >= 1 else None
+
+
+def _dask_worker_threads() -> int | None:
+    """The task threads of the Dask workers living in this process, or None
+    outside a Dask worker. Never imports distributed."""
+    distributed = sys.modules.get("distributed")
+    if distributed is None:
+        return None
+    try:
+        workers = list(distributed.Worker._instances)
+        threads = sum(int(w.state.nthreads) for w in workers if w.status.name == "running")
+    except Exception:  # a distributed version without these attributes
+        return None
+    return threads or None
+
+
+def default_max_workers() -> tuple[int, str]:
+    """The thread count used when ``codec_pipeline.max_workers`` is unset,
+    and why.
+
+    Start from the CPUs this process may use (`available_cpus`). A thread
+    limit the environment sets for native libraries (``OMP_NUM_THREADS``:
+    Dask's nanny sets it to 1 in every worker, batch launchers often to a
+    rank's share) caps it. Inside a Dask worker, the worker's own task
+    threads already run one task per core it was given, so each task gets
+    the CPUs divided by the task threads of this process: never more compute
+    threads than CPUs.
+    """
+    count, why = available_cpus()
+    limit = _thread_limit_variable()
+    if limit is not None and limit[0] < count:
+        count = limit[0]
+        why += f", capped at {count} by {limit[1]}={os.environ[limit[1]]!r}"
+    tasks = _dask_worker_threads()
+    if tasks is not None:
+        share = max(1, count // tasks)
+        if share < count:
+            why += f", {share} per task of the {tasks} Dask worker threads in this process"
+            count = share
+    return count, why
+
+
 def resolve_max_workers() -> int:
     """Threads for one batch, from ``codec_pipeline.max_workers``.
 
@@ -190,7 +243,7 @@ def resolve_max_workers() -> int:
     """
     value = zarr_config.get(MAX_WORKERS_KEY, default=None)
     if value is None:
-        return available_cpus()[0]
+        return default_max_workers()[0]
     parsed: int | None = None
     if isinstance(value, str):  # from an environment variable
         try:
@@ -203,7 +256,7 @@ def resolve_max_workers() -> int:
         except TypeError:
             parsed = None
     if parsed is None or parsed < 1:
-        default = available_cpus()[0]
+        default = default_max_workers()[0]
         warn(
             f"Ignoring invalid `{MAX_WORKERS_KEY}` config value {value!r} (expected an "
             f"integer >= 1 or None); using {default}.",
