@@ -65,6 +65,12 @@ if [ ${#missing[@]} -gt 0 ]; then
   apt_install "${missing[@]}" || exit 1
 fi
 
+# Optional: Open MPI for tests/test_mpi.py (mpirun -n 2); without it that
+# test skips with a message.
+if ! command -v mpirun >/dev/null 2>&1; then
+  apt_install openmpi-bin libopenmpi-dev || say "Open MPI not installed: the MPI test will skip"
+fi
+
 # -- virtual environment --------------------------------------------------------
 if [ -x "$VENV/bin/python" ] && usable "$VENV/bin/python"; then
   :
