@@ -773,6 +773,147 @@ def test_zstd_unsized_frame_inflating_short() -> None:
         native.ChainKernel(compressor="zstd").decode(zstd_unsized_rle(1000), 1001)
 
 
+# what a zstd payload may be: whole frames, back to back, declaring (if
+# they declare it) the chunk's size
+
+ZSTD_DATA = bytes(range(256)) * 8  # 2048 bytes
+
+
+def zstd_frame(data: bytes, *, size_field: int | None = None, single_segment: bool = False,
+               window_log: int = 17) -> bytes:
+    """A zstd frame of raw blocks holding ``data`` (RFC 8878). ``size_field``:
+    the content size written into an 8-byte field, or no field when None;
+    without ``single_segment`` a window descriptor says ``2**window_log``."""
+    out = [ZSTD_MAGIC]
+    descriptor = (3 << 6 if size_field is not None else 0) | (0x20 if single_segment else 0)
+    out.append(bytes([descriptor]))
+    if not single_segment:
+        out.append(bytes([(window_log - 10) << 3]))
+    if size_field is not None:
+        out.append(struct.pack("<Q", size_field))
+    for start in range(0, len(data), 1 << 17):
+        block = data[start : start + (1 << 17)]
+        last = start + len(block) >= len(data)
+        out.append((int(last) | len(block) << 3).to_bytes(3, "little") + block)
+    return b"".join(out)
+
+
+def zstd_skippable(payload: bytes = b"metadata", variant: int = 0) -> bytes:
+    """A skippable frame (magic 0x184D2A50 + variant) around ``payload``."""
+    return _le32(0x184D2A50 + variant) + _le32(len(payload)) + payload
+
+
+@pytest.mark.parametrize(
+    "frame",
+    [
+        pytest.param(zstd_frame(ZSTD_DATA, size_field=2048), id="sized"),
+        pytest.param(zstd_frame(ZSTD_DATA, size_field=2048, single_segment=True), id="single"),
+        pytest.param(zstd_frame(ZSTD_DATA), id="unsized"),
+    ],
+)
+def test_crafted_zstd_frames_are_valid(frame: bytes) -> None:
+    # numcodecs agrees with the construction
+    assert numcodecs.Zstd().decode(frame) == ZSTD_DATA
+    assert native.ChainKernel(compressor="zstd").decode(frame, 2048).tobytes() == ZSTD_DATA
+
+
+@pytest.mark.parametrize("single_segment", [pytest.param(True, id="single-segment"),
+                                            pytest.param(False, id="window")])
+@pytest.mark.parametrize("claim", [pytest.param(2**64 - 1, id="2**64-1"),
+                                   pytest.param(2**64 - 2, id="2**64-2")])
+def test_zstd_size_field_holding_a_libzstd_marker(claim: int, single_segment: bool) -> None:
+    """libzstd reports a size field of 2**64-1 as "size unknown" and one of
+    2**64-2 as "error"; the field is there all the same, and the frame
+    claims that many bytes. zarr (numcodecs) rejects the single-segment
+    frame (its window would be 2**64-1 bytes) and returns the other's 2048
+    bytes: a frame that declares 16 EiB and holds 2 KiB is corrupt."""
+    frame = zstd_frame(ZSTD_DATA, size_field=claim, single_segment=single_segment)
+    with pytest.raises(ChunkSizeError, match=f"claims {claim} bytes, the chunk needs 2048"):
+        native.ChainKernel(compressor="zstd").decode(frame, len(ZSTD_DATA))
+
+
+@pytest.mark.parametrize("claim", [pytest.param(0, id="zero"), pytest.param(1024, id="half"),
+                                   pytest.param(2047, id="minus1")])
+def test_zstd_header_claiming_less(claim: int) -> None:
+    # found by the header, before decoding (libzstd would say "corruption")
+    frame = zstd_frame(ZSTD_DATA, size_field=claim)
+    with pytest.raises(ChunkSizeError, match=f"claims {claim} bytes, the chunk needs 2048"):
+        native.ChainKernel(compressor="zstd").decode(frame, len(ZSTD_DATA))
+
+
+def _skippable_between() -> bytes:
+    return (zstd_frame(ZSTD_DATA[:5], size_field=5) + zstd_skippable(b"x" * 300, 7)
+            + zstd_frame(ZSTD_DATA[5:]))
+
+
+def _two_frames(first_sized: bool, second_sized: bool) -> bytes:
+    a, b = ZSTD_DATA[:700], ZSTD_DATA[700:]
+    return (zstd_frame(a, size_field=len(a) if first_sized else None)
+            + zstd_frame(b, size_field=len(b) if second_sized else None))
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        pytest.param(lambda f: zstd_skippable() + f, id="skippable-first"),
+        pytest.param(lambda f: f + zstd_skippable(b"", 15), id="skippable-last"),
+        pytest.param(lambda f: _skippable_between(), id="skippable-between"),
+        pytest.param(lambda f: _two_frames(True, True), id="two-sized-frames"),
+        pytest.param(lambda f: _two_frames(False, True), id="unsized-then-sized"),
+        pytest.param(lambda f: _two_frames(True, False), id="sized-then-unsized"),
+    ],
+)
+def test_zstd_frames_zarr_accepts(make: Callable[[bytes], bytes]) -> None:
+    payload = make(zstd_frame(ZSTD_DATA, size_field=len(ZSTD_DATA)))
+    assert numcodecs.Zstd().decode(payload) == ZSTD_DATA  # zarr reads these
+    assert native.ChainKernel(compressor="zstd").decode(payload, 2048).tobytes() == ZSTD_DATA
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        pytest.param(zstd_skippable(), id="one"),
+        pytest.param(zstd_skippable(b"") + zstd_skippable(b"abc", 3), id="two"),
+    ],
+)
+@pytest.mark.parametrize("nbytes", [pytest.param(0, id="nbytes0"), pytest.param(8, id="nbytes8")])
+def test_zstd_skippable_frames_only(payload: bytes, nbytes: int) -> None:
+    # no zstd frame at all: not a chunk of any size
+    with pytest.raises(RuntimeError):
+        numcodecs.Zstd().decode(payload)
+    with pytest.raises(DecompressionError, match="no zstd frame"):
+        native.ChainKernel(compressor="zstd").decode(payload, nbytes)
+
+
+@pytest.mark.parametrize(
+    "tail",
+    [
+        pytest.param(b"\x00", id="zero-byte"),
+        pytest.param(b"\x00" * 8, id="zeros"),
+        pytest.param(b"junk", id="junk"),
+        pytest.param(ZSTD_MAGIC + b"\x00", id="cut-frame"),
+        pytest.param(zstd_skippable()[:-1], id="cut-skippable"),
+    ],
+)
+def test_zstd_bytes_after_the_last_frame(tail: bytes) -> None:
+    payload = zstd_frame(ZSTD_DATA, size_field=len(ZSTD_DATA)) + tail
+    with pytest.raises(RuntimeError):
+        numcodecs.Zstd().decode(payload)
+    with pytest.raises(DecompressionError):
+        native.ChainKernel(compressor="zstd").decode(payload, len(ZSTD_DATA))
+
+
+@pytest.mark.parametrize("window_log", [pytest.param(w, id=f"window-2**{w}") for w in (27, 28, 31)])
+def test_zstd_unsized_frame_with_a_large_window(window_log: int) -> None:
+    """A frame without a size whose window exceeds 128 MiB decodes. zarr
+    refuses windows over 2**27 here: numcodecs decodes frames of unknown
+    size by streaming, and libzstd's streaming decoder caps the window it
+    allocates. Ours decodes into the chunk itself, where the window costs
+    nothing, and the frame is valid (RFC 8878 allows windows up to 2**41)."""
+    frame = zstd_frame(ZSTD_DATA, window_log=window_log)
+    assert native.ChainKernel(compressor="zstd").decode(frame, 2048).tobytes() == ZSTD_DATA
+
+
 @pytest.mark.parametrize("inner", INNER)
 def test_gzip_inflating_beyond_nbytes(inner: int) -> None:
     kernel = native.ChainKernel(compressor="gzip", inner_crcs=inner)
@@ -805,7 +946,7 @@ def test_blosc_header_lying_about_nbytes(claim: int) -> None:
         assert type(error) is DecompressionError
     else:
         assert type(error) is ChunkSizeError
-        assert f"holds {claim} bytes, the chunk needs {len(HOSTILE_DATA)}" in str(error)
+        assert f"claims {claim} bytes, the chunk needs {len(HOSTILE_DATA)}" in str(error)
 
 
 @pytest.mark.parametrize("claim", [pytest.param(8192, id="double"), pytest.param(4100, id="plus4")])
@@ -838,9 +979,20 @@ def test_crc32c_payload_too_short(size: int) -> None:
 
 @pytest.mark.parametrize("size", [pytest.param(n, id=f"n{n}") for n in range(4)])
 def test_crc32c_inner_payload_too_short(size: int) -> None:
+    # gzip: no size in the header, so the short stream reaches the crc32c
+    kernel = native.ChainKernel(compressor="gzip", inner_crcs=1)
+    stream = gzip.compress(b"\x01" * size, mtime=0)
+    with pytest.raises(ChecksumError, match=f"{size} bytes cannot hold a crc32c"):
+        kernel.decode(stream, 0)
+
+
+@pytest.mark.parametrize("size", [pytest.param(n, id=f"n{n}") for n in range(4)])
+def test_crc32c_inner_zstd_frame_too_short(size: int) -> None:
+    # a zstd frame declares its size: too short for the crc32c, it is the
+    # wrong size before any checksum is read
     kernel = native.ChainKernel(compressor="zstd", inner_crcs=1)
     frame = numcodecs.Zstd().encode(b"\x01" * size)
-    with pytest.raises(ChecksumError, match=f"{size} bytes cannot hold a crc32c"):
+    with pytest.raises(ChunkSizeError, match=f"claims {size} bytes, the chunk needs 4"):
         kernel.decode(frame, 0)
 
 

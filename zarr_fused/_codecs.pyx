@@ -203,17 +203,67 @@ cpdef Workspace workspace():
 # -- compressors -----------------------------------------------------------------------
 
 
+cdef int _zstd_claim(const uint8_t* src, size_t n, unsigned long long* total,
+                     Status* st) noexcept nogil:
+    """The content size the zstd frames in ``src[:n]`` declare together.
+
+    ``src`` must be whole frames, back to back, at least one of them a zstd
+    frame (skippable frames count 0 bytes). ``*total`` is ZSTD_CONTENTSIZE_UNKNOWN when a frame declares no
+    size. Returns -1 (``st`` set) for bytes that are not whole frames, a
+    sum too large to count, or a frame whose 8-byte size field holds
+    2**64-1 or 2**64-2: libzstd reports those as "unknown" and "error",
+    but the field is there and claims that many bytes.
+    """
+    cdef size_t pos = 0
+    cdef size_t size
+    cdef unsigned long long claim
+    cdef unsigned long long sum = 0
+    cdef bint known = True
+    cdef bint zstd_frame
+    cdef Py_ssize_t frames = 0
+    while pos < n:
+        size = zs.ZSTD_findFrameCompressedSize(src + pos, n - pos)
+        if zs.ZSTD_isError(size):
+            st.code = ZF_ERR_ZSTD
+            st.msg = zs.ZSTD_getErrorName(size)
+            return -1
+        zstd_frame = _load_le32(src + pos) == zs.ZSTD_MAGICNUMBER
+        frames += zstd_frame
+        claim = zs.ZSTD_getFrameContentSize(src + pos, size)
+        if claim == zs.ZSTD_CONTENTSIZE_UNKNOWN or claim == zs.ZSTD_CONTENTSIZE_ERROR:
+            # a parsed header (findFrameCompressedSize read it): "error"
+            # can only be the value 2**64-2; either is a claim when the
+            # header has an 8-byte size field (descriptor bits 7-6 = 3)
+            if zstd_frame and (src[pos + 4] >> 6) == 3:
+                st.code = ZF_ERR_CLAIM
+                st.a = <Py_ssize_t>claim
+                return -1
+            known = False
+        elif sum + claim < sum:
+            st.code = ZF_ERR_MORE
+            return -1
+        else:
+            sum += claim
+        pos += size
+    if frames == 0:  # nothing, or skippable frames only
+        st.code = ZF_ERR_ZSTD
+        st.msg = "no zstd frame"
+        return -1
+    total[0] = sum if known else zs.ZSTD_CONTENTSIZE_UNKNOWN
+    return 0
+
+
 cdef Py_ssize_t _zstd_decompress(Workspace ws, const uint8_t* src, Py_ssize_t n,
                                  uint8_t* dst, Py_ssize_t cap, Status* st) noexcept nogil:
-    cdef unsigned long long claimed = zs.ZSTD_getFrameContentSize(src, <size_t>n)
+    cdef unsigned long long claimed = 0
     cdef size_t r
-    if claimed == zs.ZSTD_CONTENTSIZE_ERROR:
-        st.code = ZF_ERR_ZSTD
-        st.msg = "not a zstd frame"
+    if _zstd_claim(src, <size_t>n, &claimed, st) < 0:
+        if st.code != ZF_ERR_ZSTD:
+            st.b = cap
         return -1
-    if claimed != zs.ZSTD_CONTENTSIZE_UNKNOWN and claimed > <unsigned long long>cap:
+    if claimed != zs.ZSTD_CONTENTSIZE_UNKNOWN and claimed != <unsigned long long>cap:
         st.code = ZF_ERR_CLAIM
-        st.a = <Py_ssize_t>claimed if claimed < <unsigned long long>0x7fffffffffffffff else -1
+        st.a = <Py_ssize_t>claimed
         st.b = cap
         return -1
     if ws.dctx == NULL:
@@ -223,10 +273,8 @@ cdef Py_ssize_t _zstd_decompress(Workspace ws, const uint8_t* src, Py_ssize_t n,
             return -1
     r = zs.ZSTD_decompressDCtx(ws.dctx, dst, <size_t>cap, src, <size_t>n)
     if zs.ZSTD_isError(r) and zs.ZSTD_getErrorCode(r) == zs.ZSTD_error_dstSize_tooSmall:
-        # more output than ``cap``: a frame without a content size in its
-        # header, or several frames, holding more than the chunk needs
-        st.code = ZF_ERR_CLAIM
-        st.a = -1  # more than expected, size unknown
+        # more output than ``cap`` from frames that declare no size
+        st.code = ZF_ERR_MORE
         st.b = cap
         return -1
     if zs.ZSTD_isError(r):
@@ -278,8 +326,7 @@ cdef Py_ssize_t _gzip_decompress(Workspace ws, const uint8_t* src, Py_ssize_t n,
         # room: the stream holds more than expected. With the input used up
         # (even when the output is full), the stream is truncated.
         if rc == zl.Z_BUF_ERROR and z.avail_out == 0 and z.avail_in > 0:
-            st.code = ZF_ERR_CLAIM
-            st.a = -1  # more than expected, size unknown
+            st.code = ZF_ERR_MORE
             st.b = cap
             return -1
         st.code = ZF_ERR_GZIP
@@ -835,9 +882,13 @@ cdef object status_error(Status* st, object where):
     if code == ZF_ERR_SIZE:
         return ChunkSizeError(f"{where}: decodes to {st.a} bytes, the chunk needs {st.b}")
     if code == ZF_ERR_CLAIM:
-        claimed = "more" if st.a < 0 else str(st.a)
+        # the claim is unsigned (a zstd frame's may reach 2**64-1)
         return ChunkSizeError(
-            f"{where}: the compressed frame holds {claimed} bytes, the chunk needs {st.b}")
+            f"{where}: the compressed frame's header claims {st.a & 0xFFFFFFFFFFFFFFFF} "
+            f"bytes, the chunk needs {st.b}")
+    if code == ZF_ERR_MORE:
+        return ChunkSizeError(
+            f"{where}: the compressed frame holds more than the {st.b} bytes the chunk needs")
     if code == ZF_ERR_ZSTD:
         return DecompressionError(f"{where}: zstd: {msg}")
     if code == ZF_ERR_GZIP:
