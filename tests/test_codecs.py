@@ -40,7 +40,15 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec, GzipCodec, TransposeCodec, ZstdCodec
+from zarr.codecs import (
+    BloscCodec,
+    BytesCodec,
+    Crc32cCodec,
+    GzipCodec,
+    ShardingCodec,
+    TransposeCodec,
+    ZstdCodec,
+)
 from zarr.core.array_spec import ArrayConfig, ArraySpec
 from zarr.core.buffer import default_buffer_prototype
 from zarr.core.buffer.cpu import NDBuffer
@@ -48,7 +56,8 @@ from zarr.core.chunk_utils import ChunkTransform, evolve_codecs
 from zarr.core.dtype import get_data_type_from_native_dtype
 
 from zarr_fused import _codecs as native
-from zarr_fused._chain import native_chain_params
+from zarr_fused._chain import _versions as chain_versions
+from zarr_fused._chain import byte_identical, native_chain_params
 from zarr_fused.errors import (
     ChecksumError,
     ChunkSizeError,
@@ -303,11 +312,9 @@ def test_numcodecs_decodes_ours(
         assert ours == theirs
         return
     assert numcodecs_decode(conf, outer, inner, ours) == data
-    # recorded (a user property of the test, in --junitxml reports), not
-    # asserted: identity with numcodecs is no property of zarr_fused. It
-    # holds except for zstd at level 19 and blosc's zstd on compressible
-    # data (numcodecs bundles another libzstd) and for every gzip stream
-    # (numcodecs writes the current time into the gzip header).
+    # recorded (a user property of the test, in --junitxml reports): where
+    # identity is claimed, test_stored_bytes_equal_zarrs_where_claimed
+    # asserts it (`zarr_fused._chain.byte_identical`)
     request.node.user_properties.append(("identical_to_numcodecs", ours == theirs))
 
 
@@ -317,6 +324,133 @@ def test_we_decode_numcodecs(conf: dict[str, Any], outer: int, inner: int, kind:
     data = make_data(kind)
     theirs = numcodecs_encode(conf, outer, inner, data)
     assert make_kernel(conf, outer, inner).decode(theirs, len(data)).tobytes() == data
+
+
+# -- stored bytes against zarr's: exactly what `byte_identical` claims ---------------
+#
+# Every level zarr accepts, on data of each size class zstd tunes its
+# parameters to (up to 16 KiB, 128 KiB, 256 KiB, above). Where the claim
+# holds, the bytes must be equal; elsewhere the outcome is only recorded (a
+# user property): a difference is no promise and may vanish with a library
+# upgrade. gzip streams are compared with zarr's clock at 0 (`zarr_mtime_zero`).
+
+IDENTITY_DATA = {
+    "text-10k": (b"sample %d of the quick brown fox; " * 400)[:10_000],
+    "image-100k": (np.add.outer(np.arange(500), np.arange(100)) // 3
+                   + _rng(9).integers(0, 3, (500, 100))).astype("<u2").tobytes(),
+    "float-60k": (np.sin(np.arange(15_000) / 50)
+                  + _rng(10).normal(0, 0.01, 15_000)).astype("<f4").tobytes(),
+    "image-200k": (np.add.outer(np.arange(500), np.arange(200)) // 3
+                   + _rng(12).integers(0, 3, (500, 200))).astype("<u2").tobytes(),
+    "smooth-300k": np.cumsum(_rng(11).integers(-3, 4, 37_500)).astype("<i8").tobytes(),
+}
+IDENTITY_SETTINGS = [
+    *(pytest.param({"compressor": "zstd", "level": lv, "checksum": lv % 2 == 0}, id=f"zstd-l{lv}")
+      for lv in (-131072, *range(-7, 23))),
+    *(pytest.param({"compressor": "gzip", "level": lv}, id=f"gzip-l{lv}") for lv in range(10)),
+    *(pytest.param({"compressor": "blosc", "cname": cname, "clevel": clevel, "shuffle": shuffle,
+                    "typesize": typesize, "blocksize": 0},
+                   id=f"blosc-{cname}-c{clevel}-{shuffle}-t{typesize}")
+      for cname in ("blosclz", "lz4", "lz4hc", "zlib", "zstd")
+      for clevel in range(10)
+      for shuffle, typesize in (("noshuffle", 1), ("shuffle", 4), ("bitshuffle", 2))),
+]
+
+
+def zarr_codec(conf: dict[str, Any]) -> Any:
+    """The zarr codec of a kernel setting."""
+    if conf["compressor"] == "zstd":
+        return ZstdCodec(level=conf["level"], checksum=conf["checksum"])
+    if conf["compressor"] == "gzip":
+        return GzipCodec(level=conf["level"])
+    return BloscCodec(cname=conf["cname"], clevel=conf["clevel"], shuffle=conf["shuffle"],
+                      typesize=conf["typesize"], blocksize=conf["blocksize"])
+
+
+@pytest.fixture
+def zarr_mtime_zero(monkeypatch: pytest.MonkeyPatch) -> None:
+    """zarr's gzip streams (numcodecs: Python's gzip module) written with
+    MTIME 0, where zarr writes the current time."""
+    monkeypatch.setattr(gzip, "time", type("Clock", (), {"time": staticmethod(lambda: 0.0)}))
+
+
+@pytest.mark.parametrize("kind", [pytest.param(k, id=k) for k in IDENTITY_DATA])
+@pytest.mark.parametrize("conf", IDENTITY_SETTINGS)
+def test_stored_bytes_equal_zarrs_where_claimed(
+    conf: dict[str, Any], kind: str, zarr_mtime_zero: None, request: pytest.FixtureRequest
+) -> None:
+    data = IDENTITY_DATA[kind]
+    ours = native.ChainKernel(**conf).encode(data).tobytes()
+    theirs = bytes(numcodecs_codec(conf).encode(data))
+    claimed = byte_identical([BytesCodec(), zarr_codec(conf)], gzip_mtime_zero=True)
+    request.node.user_properties.append(("claimed_identical", claimed))
+    request.node.user_properties.append(("identical", ours == theirs))
+    if claimed:
+        assert ours == theirs
+
+
+@pytest.mark.parametrize("level", [pytest.param(lv, id=f"l{lv}") for lv in range(1, 10)])
+def test_gzip_differs_from_zarr_in_mtime_only(level: int) -> None:
+    """zarr's header with the current time in MTIME (bytes 4-7), ours with 0:
+    the rest of the stream is the same (same zlib)."""
+    data = IDENTITY_DATA["image-100k"]
+    ours = native.ChainKernel(compressor="gzip", level=level).encode(data).tobytes()
+    theirs = bytes(numcodecs.GZip(level=level).encode(data))
+    assert ours[4:8] == bytes(4)
+    assert not byte_identical([BytesCodec(), GzipCodec(level=level)])
+    if byte_identical([BytesCodec(), GzipCodec(level=level)], gzip_mtime_zero=True):
+        assert ours[:4] + ours[8:] == theirs[:4] + theirs[8:]
+
+
+def test_gzip_header_fields() -> None:
+    # ID1 ID2 CM FLG, MTIME 0, XFL (2: best, level 9), OS 255 (unknown), as
+    # Python's gzip module writes them but for MTIME
+    stream = native.ChainKernel(compressor="gzip", level=9).encode(b"x" * 100).tobytes()
+    assert stream[:10] == b"\x1f\x8b\x08\x00" + bytes(4) + b"\x02\xff"
+    assert gzip.decompress(stream) == b"x" * 100
+
+
+@pytest.mark.parametrize(
+    "codecs",
+    [
+        pytest.param([], id="no-codecs"),
+        pytest.param([BytesCodec(endian="big"), Crc32cCodec()], id="bytes-crc32c"),
+        pytest.param([TransposeCodec(order=(1, 0)), BytesCodec()], id="transpose"),
+        pytest.param([ShardingCodec(chunk_shape=(2, 2))], id="sharded-raw"),
+    ],
+)
+def test_byte_identical_without_compressors(codecs: list[Any]) -> None:
+    assert byte_identical(codecs)
+
+
+@pytest.mark.parametrize("level", [pytest.param(1, id="l1"), pytest.param(19, id="l19")])
+def test_byte_identical_looks_into_shards(level: int) -> None:
+    # (a shard index takes no compressor: fixed-size codecs only)
+    sharded = ShardingCodec(chunk_shape=(2,), codecs=[BytesCodec(), ZstdCodec(level=level)])
+    assert byte_identical([sharded]) == byte_identical([BytesCodec(), ZstdCodec(level=level)])
+
+
+def test_byte_identical_with_equal_library_versions(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the same library on both sides: every zstd level and gzip level 1-9
+    # (at zarr's MTIME 0); blosc stays unclaimed without its measurements
+    versions = {**chain_versions(), "numcodecs": "0.0.0"}
+    versions.update(numcodecs_zstd=versions["zstd"], python_zlib=versions["zlib"])
+    monkeypatch.setattr("zarr_fused._chain._versions", lambda: versions)
+    assert all(byte_identical([BytesCodec(), ZstdCodec(level=lv)]) for lv in (-50, 3, 9, 22))
+    assert all(byte_identical([BytesCodec(), GzipCodec(level=lv)], gzip_mtime_zero=True)
+               for lv in range(1, 10))
+    assert not byte_identical([BytesCodec(), GzipCodec(level=0)], gzip_mtime_zero=True)
+    assert not byte_identical([BytesCodec(), BloscCodec(cname="lz4", clevel=5)])
+
+
+def test_byte_identical_with_other_library_versions(monkeypatch: pytest.MonkeyPatch) -> None:
+    # versions nobody measured: no compressor is claimed
+    versions = {**chain_versions(), "zstd": "0.0.1", "zlib": "0.0.1"}
+    monkeypatch.setattr("zarr_fused._chain._versions", lambda: versions)
+    assert not byte_identical([BytesCodec(), ZstdCodec(level=1)])
+    assert not byte_identical([BytesCodec(), GzipCodec(level=6)], gzip_mtime_zero=True)
+    assert not byte_identical([BytesCodec(), BloscCodec(cname="lz4", clevel=5)])
+    assert byte_identical([BytesCodec(), Crc32cCodec()])
 
 
 # -- decode(out=...) -------------------------------------------------------------------

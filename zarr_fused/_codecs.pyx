@@ -87,15 +87,35 @@ def crc32c_implementation():
 
 
 def library_versions():
-    """Versions of the C libraries this build links, and the crc32c path."""
-    cdef unsigned v = zs.ZSTD_versionNumber()
+    """Versions of the C libraries this build links, and the crc32c path.
+
+    ``blosc_complibs`` maps each compressor of c-blosc to the version of
+    the library behind it, as c-blosc reports it (the version it was built
+    against; a complib it links dynamically, such as zstd on Debian, runs
+    at the version the system has).
+    """
+    compressors = bl.blosc_list_compressors().decode().split(",")
     return {
         "zstd": zs.ZSTD_versionString().decode(),
         "zlib": zl.zlibVersion().decode(),
         "blosc": bl.blosc_get_version_string().decode(),
-        "blosc_compressors": bl.blosc_list_compressors().decode().split(","),
+        "blosc_compressors": compressors,
+        "blosc_complibs": {name: _blosc_complib_version(name) for name in compressors},
         "crc32c": crc32c_implementation(),
     }
+
+
+cdef str _blosc_complib_version(str cname):
+    cdef char* complib = NULL
+    cdef char* version = NULL
+    cdef bytes name = cname.encode()
+    try:
+        if bl.blosc_get_complib_info(name, &complib, &version) < 0 or version == NULL:
+            return ""
+        return version.decode()
+    finally:
+        free(complib)
+        free(version)
 
 
 cdef inline uint32_t _load_le32(const uint8_t* p) noexcept nogil:
@@ -385,6 +405,16 @@ cdef Py_ssize_t _zstd_compress(ChainKernel k, Workspace ws, const uint8_t* src, 
     return <Py_ssize_t>r
 
 
+# The gzip header zarr_fused writes: zarr's (Python's gzip module, through
+# numcodecs) but for MTIME. Python writes the current time there; we write
+# 0, "no time stamp" (RFC 1952), so that the same data always encodes to
+# the same bytes. OS is 255, "unknown", as Python writes it (zlib's own
+# default is the build host's, 3 on Unix). zlib only reads this struct.
+cdef zl.gz_header _GZIP_HEADER
+memset(&_GZIP_HEADER, 0, sizeof(zl.gz_header))
+_GZIP_HEADER.os = 255
+
+
 cdef Py_ssize_t _gzip_compress(ChainKernel k, Workspace ws, const uint8_t* src, Py_ssize_t n,
                                uint8_t* dst, Py_ssize_t cap, Status* st) noexcept nogil:
     cdef int rc
@@ -406,6 +436,10 @@ cdef Py_ssize_t _gzip_compress(ChainKernel k, Workspace ws, const uint8_t* src, 
     elif zl.deflateReset(z) != zl.Z_OK:
         st.code = ZF_ERR_ENCODE
         st.msg = "deflateReset failed"
+        return -1
+    if zl.deflateSetHeader(z, &_GZIP_HEADER) != zl.Z_OK:  # reset by deflateReset
+        st.code = ZF_ERR_ENCODE
+        st.msg = "deflateSetHeader failed"
         return -1
     z.next_in = <unsigned char*>src
     z.avail_in = <unsigned int>n
