@@ -30,6 +30,7 @@ import subprocess
 import sys
 import threading
 import tracemalloc
+import zlib
 from collections.abc import Callable
 from functools import cache
 from typing import Any
@@ -803,6 +804,27 @@ def test_gzip_trailing_garbage() -> None:
         native.ChainKernel(**_GZIP).decode(payload, len(PART_A) + len(PART_B))
 
 
+@pytest.mark.parametrize("bit", [pytest.param(b, id=f"bit{b}") for b in (5, 6, 7)])
+def test_gzip_reserved_header_flags(bit: int) -> None:
+    # RFC 1952: "a compliant decompressor must give an error indication if
+    # any reserved bit is non-zero" (Python's gzip module, zarr's, ignores them)
+    stream = bytearray(native.ChainKernel(**_GZIP).encode(PART_A).tobytes())
+    stream[3] |= 1 << bit
+    with pytest.raises(DecompressionError, match="unknown header flags"):
+        native.ChainKernel(**_GZIP).decode(bytes(stream), len(PART_A))
+
+
+@pytest.mark.parametrize("delta", [pytest.param(d, id=f"{d:+d}") for d in (-1, 1, 256, 2**24)])
+def test_blosc_header_compressed_size_must_be_the_payloads(delta: int) -> None:
+    # c-blosc 1.x decompresses without the payload's length, trusting the
+    # header's: a header that disagrees with the payload is corrupt
+    kernel = native.ChainKernel(compressor="blosc", cname="lz4", shuffle="shuffle", typesize=4)
+    frame = bytearray(kernel.encode(HOSTILE_DATA).tobytes())
+    frame[12:16] = _le32(len(frame) + delta)
+    with pytest.raises(DecompressionError, match="invalid blosc header"):
+        kernel.decode(bytes(frame), len(HOSTILE_DATA))
+
+
 # decompression bombs
 
 ZSTD_MAGIC = _le32(0xFD2FB528)
@@ -1193,6 +1215,91 @@ def test_fuzz_mutated_frames(conf: dict[str, Any], data: st.DataObject) -> None:
     payload += data.draw(st.binary(max_size=40), "tail")
     nbytes = data.draw(st.sampled_from([len(plain), len(plain) - 1, len(plain) + 1, 0]), "nbytes")
     _decode_or_corrupt(kernel, bytes(payload), nbytes)
+
+
+# bit flips against numcodecs: where zarr's decoders and ours run the same
+# library version they must agree on every flipped frame (the same bytes,
+# or both an error), except where ours is stricter on purpose
+# (`_stricter_on_purpose`). Where the versions differ they need not agree:
+# libzstd 1.5.5 added corruption checks 1.5.4 lacks (numcodecs bundles
+# 1.5.6) and decodes some corrupt frames to other bytes, and numcodecs'
+# c-blosc bundles its own lz4 and zstd. Only a checksum (zstd's own, or
+# crc32c) makes corruption certain to be found.
+
+FLIP_DATA = (np.arange(1000) % 37 + _rng(8).integers(0, 4, 1000)).astype("<u2").tobytes()
+FLIP_CHAINS = [
+    pytest.param({"compressor": "zstd", "level": 3, "checksum": False}, id="zstd"),
+    pytest.param({"compressor": "zstd", "level": 3, "checksum": True}, id="zstd-checksum"),
+    pytest.param({"compressor": "gzip", "level": 5}, id="gzip"),
+    pytest.param({"compressor": "blosc", "cname": "lz4", "clevel": 5, "shuffle": "shuffle",
+                  "typesize": 2, "blocksize": 0}, id="blosc-lz4"),
+    pytest.param({"compressor": "blosc", "cname": "zstd", "clevel": 5, "shuffle": "bitshuffle",
+                  "typesize": 2, "blocksize": 0}, id="blosc-zstd"),
+]
+
+
+def _same_library(conf: dict[str, Any]) -> bool:
+    """Whether numcodecs decodes ``conf``'s frames with the library version ours uses."""
+    versions = chain_versions()
+    if conf["compressor"] == "zstd":
+        return versions["zstd"] == versions["numcodecs_zstd"]
+    if conf["compressor"] == "gzip":
+        return versions["zlib"] == versions["python_zlib"]
+    # numcodecs' c-blosc bundles its own compressors, of versions it does not report
+    return False
+
+
+def _stricter_on_purpose(conf: dict[str, Any], frame: bytes, flipped: bytes) -> bool:
+    """Flips ours rejects and numcodecs may decode right."""
+    if conf["compressor"] == "gzip":
+        # reserved FLG bits: RFC 1952 says a decoder must fail (zlib does);
+        # Python's gzip module ignores them
+        return bool(flipped[3] & 0xE0)
+    if conf["compressor"] == "blosc":
+        # the header's compressed size (bytes 12-15) must be the payload's:
+        # c-blosc 1.x decompresses without being told the payload's length,
+        # so ours checks it first; numcodecs does not
+        return flipped[12:16] != frame[12:16]
+    return False
+
+
+# what numcodecs raises for corrupt frames: RuntimeError (zstd, blosc),
+# ValueError, BadGzipFile (an OSError), EOFError and zlib.error (gzip), and
+# for a zstd header claiming an absurd size MemoryError or SystemError
+NUMCODECS_ERRORS = (RuntimeError, ValueError, OSError, EOFError, zlib.error, MemoryError,
+                    SystemError)
+
+
+def _numcodecs_result(conf: dict[str, Any], payload: bytes) -> bytes | None:
+    try:
+        return bytes(numcodecs_codec(conf).decode(payload))
+    except NUMCODECS_ERRORS:
+        return None
+
+
+@pytest.mark.parametrize("conf", FLIP_CHAINS)
+@settings(FUZZ, max_examples=400)
+@given(flips=st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 7)), min_size=1,
+                      max_size=3))
+def test_bit_flips_against_numcodecs(conf: dict[str, Any], flips: list[tuple[int, int]]) -> None:
+    frame = _fuzz_frame(tuple(sorted(conf.items())), FLIP_DATA)
+    flipped = bytearray(frame)
+    for pos, bit in flips:
+        flipped[pos % len(frame)] ^= 1 << bit
+    payload = bytes(flipped)
+    theirs = _numcodecs_result(conf, payload)
+    try:
+        ours: bytes | None = native.ChainKernel(**conf).decode(payload, len(FLIP_DATA)).tobytes()
+    except CorruptChunkError:
+        ours = None
+    if theirs is not None and len(theirs) != len(FLIP_DATA):
+        theirs = None  # zarr raises when the chunk's bytes do not fit its shape
+    if ours is not None and (conf["compressor"] == "gzip" or conf.get("checksum")):
+        assert ours == FLIP_DATA  # the format's checksum vouches for what decodes
+    if ours is None and theirs == FLIP_DATA:
+        assert _stricter_on_purpose(conf, frame, payload) or not _same_library(conf)
+    elif _same_library(conf) and not _stricter_on_purpose(conf, frame, payload):
+        assert ours == theirs
 
 
 # -- whole chunks: DecodeBatch / EncodeBatch against zarr ---------------------------
