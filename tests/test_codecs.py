@@ -30,6 +30,7 @@ import subprocess
 import sys
 import threading
 import tracemalloc
+import zlib
 from collections.abc import Callable
 from functools import cache
 from typing import Any
@@ -38,17 +39,29 @@ import google_crc32c
 import numcodecs
 import numpy as np
 import pytest
+import zarr
+from conftest import chunk_items
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec, GzipCodec, TransposeCodec, ZstdCodec
+from zarr.codecs import (
+    BloscCodec,
+    BytesCodec,
+    Crc32cCodec,
+    GzipCodec,
+    ShardingCodec,
+    TransposeCodec,
+    ZstdCodec,
+)
 from zarr.core.array_spec import ArrayConfig, ArraySpec
 from zarr.core.buffer import default_buffer_prototype
 from zarr.core.buffer.cpu import NDBuffer
 from zarr.core.chunk_utils import ChunkTransform, evolve_codecs
 from zarr.core.dtype import get_data_type_from_native_dtype
+from zarr.storage import MemoryStore
 
 from zarr_fused import _codecs as native
-from zarr_fused._chain import native_chain_params
+from zarr_fused._chain import _versions as chain_versions
+from zarr_fused._chain import byte_identical, native_chain_params
 from zarr_fused.errors import (
     ChecksumError,
     ChunkSizeError,
@@ -303,11 +316,9 @@ def test_numcodecs_decodes_ours(
         assert ours == theirs
         return
     assert numcodecs_decode(conf, outer, inner, ours) == data
-    # recorded (a user property of the test, in --junitxml reports), not
-    # asserted: identity with numcodecs is no property of zarr_fused. It
-    # holds except for zstd at level 19 and blosc's zstd on compressible
-    # data (numcodecs bundles another libzstd) and for every gzip stream
-    # (numcodecs writes the current time into the gzip header).
+    # recorded (a user property of the test, in --junitxml reports): where
+    # identity is claimed, test_stored_bytes_equal_zarrs_where_claimed
+    # asserts it (`zarr_fused._chain.byte_identical`)
     request.node.user_properties.append(("identical_to_numcodecs", ours == theirs))
 
 
@@ -317,6 +328,179 @@ def test_we_decode_numcodecs(conf: dict[str, Any], outer: int, inner: int, kind:
     data = make_data(kind)
     theirs = numcodecs_encode(conf, outer, inner, data)
     assert make_kernel(conf, outer, inner).decode(theirs, len(data)).tobytes() == data
+
+
+# -- stored bytes against zarr's: exactly what `byte_identical` claims ---------------
+#
+# Every level zarr accepts, on data of each size class zstd tunes its
+# parameters to (up to 16 KiB, 128 KiB, 256 KiB, above). Where the claim
+# holds, the bytes must be equal; elsewhere the outcome is only recorded (a
+# user property): a difference is no promise and may vanish with a library
+# upgrade. gzip streams are compared with zarr's clock at 0 (`zarr_mtime_zero`).
+
+IDENTITY_DATA = {
+    "text-10k": (b"sample %d of the quick brown fox; " * 400)[:10_000],
+    "image-100k": (np.add.outer(np.arange(500), np.arange(100)) // 3
+                   + _rng(9).integers(0, 3, (500, 100))).astype("<u2").tobytes(),
+    "float-60k": (np.sin(np.arange(15_000) / 50)
+                  + _rng(10).normal(0, 0.01, 15_000)).astype("<f4").tobytes(),
+    "image-200k": (np.add.outer(np.arange(500), np.arange(200)) // 3
+                   + _rng(12).integers(0, 3, (500, 200))).astype("<u2").tobytes(),
+    "smooth-300k": np.cumsum(_rng(11).integers(-3, 4, 37_500)).astype("<i8").tobytes(),
+}
+IDENTITY_SETTINGS = [
+    *(pytest.param({"compressor": "zstd", "level": lv, "checksum": lv % 2 == 0}, id=f"zstd-l{lv}")
+      for lv in (-131072, *range(-7, 23))),
+    *(pytest.param({"compressor": "gzip", "level": lv}, id=f"gzip-l{lv}") for lv in range(10)),
+    *(pytest.param({"compressor": "blosc", "cname": cname, "clevel": clevel, "shuffle": shuffle,
+                    "typesize": typesize, "blocksize": 0},
+                   id=f"blosc-{cname}-c{clevel}-{shuffle}-t{typesize}")
+      for cname in ("blosclz", "lz4", "lz4hc", "zlib", "zstd")
+      for clevel in range(10)
+      for shuffle, typesize in (("noshuffle", 1), ("shuffle", 4), ("bitshuffle", 2))),
+]
+
+
+def zarr_codec(conf: dict[str, Any]) -> Any:
+    """The zarr codec of a kernel setting."""
+    if conf["compressor"] == "zstd":
+        return ZstdCodec(level=conf["level"], checksum=conf["checksum"])
+    if conf["compressor"] == "gzip":
+        return GzipCodec(level=conf["level"])
+    return BloscCodec(cname=conf["cname"], clevel=conf["clevel"], shuffle=conf["shuffle"],
+                      typesize=conf["typesize"], blocksize=conf["blocksize"])
+
+
+@pytest.fixture
+def zarr_mtime_zero(monkeypatch: pytest.MonkeyPatch) -> None:
+    """zarr's gzip streams (numcodecs: Python's gzip module) written with
+    MTIME 0, where zarr writes the current time."""
+    monkeypatch.setattr(gzip, "time", type("Clock", (), {"time": staticmethod(lambda: 0.0)}))
+
+
+@pytest.mark.parametrize("kind", [pytest.param(k, id=k) for k in IDENTITY_DATA])
+@pytest.mark.parametrize("conf", IDENTITY_SETTINGS)
+def test_stored_bytes_equal_zarrs_where_claimed(
+    conf: dict[str, Any], kind: str, zarr_mtime_zero: None, request: pytest.FixtureRequest
+) -> None:
+    data = IDENTITY_DATA[kind]
+    ours = native.ChainKernel(**conf).encode(data).tobytes()
+    theirs = bytes(numcodecs_codec(conf).encode(data))
+    claimed = byte_identical([BytesCodec(), zarr_codec(conf)], gzip_mtime_zero=True)
+    request.node.user_properties.append(("claimed_identical", claimed))
+    request.node.user_properties.append(("identical", ours == theirs))
+    if claimed:
+        assert ours == theirs
+
+
+@pytest.mark.parametrize("level", [pytest.param(lv, id=f"l{lv}") for lv in range(1, 10)])
+def test_gzip_differs_from_zarr_in_mtime_only(level: int) -> None:
+    """zarr's header with the current time in MTIME (bytes 4-7), ours with 0:
+    the rest of the stream is the same (same zlib)."""
+    data = IDENTITY_DATA["image-100k"]
+    ours = native.ChainKernel(compressor="gzip", level=level).encode(data).tobytes()
+    theirs = bytes(numcodecs.GZip(level=level).encode(data))
+    assert ours[4:8] == bytes(4)
+    assert not byte_identical([BytesCodec(), GzipCodec(level=level)])
+    if byte_identical([BytesCodec(), GzipCodec(level=level)], gzip_mtime_zero=True):
+        assert ours[:4] + ours[8:] == theirs[:4] + theirs[8:]
+
+
+def test_gzip_header_fields() -> None:
+    # ID1 ID2 CM FLG, MTIME 0, XFL (2: best, level 9), OS 255 (unknown), as
+    # Python's gzip module writes them but for MTIME
+    stream = native.ChainKernel(compressor="gzip", level=9).encode(b"x" * 100).tobytes()
+    assert stream[:10] == b"\x1f\x8b\x08\x00" + bytes(4) + b"\x02\xff"
+    assert gzip.decompress(stream) == b"x" * 100
+
+
+@pytest.mark.parametrize(
+    "codecs",
+    [
+        pytest.param([], id="no-codecs"),
+        pytest.param([BytesCodec(endian="big"), Crc32cCodec()], id="bytes-crc32c"),
+        pytest.param([TransposeCodec(order=(1, 0)), BytesCodec()], id="transpose"),
+        pytest.param([ShardingCodec(chunk_shape=(2, 2))], id="sharded-raw"),
+    ],
+)
+def test_byte_identical_without_compressors(codecs: list[Any]) -> None:
+    assert byte_identical(codecs)
+
+
+@pytest.mark.parametrize("level", [pytest.param(1, id="l1"), pytest.param(19, id="l19")])
+def test_byte_identical_looks_into_shards(level: int) -> None:
+    # (a shard index takes no compressor: fixed-size codecs only)
+    sharded = ShardingCodec(chunk_shape=(2,), codecs=[BytesCodec(), ZstdCodec(level=level)])
+    assert byte_identical([sharded]) == byte_identical([BytesCodec(), ZstdCodec(level=level)])
+
+
+def test_byte_identical_with_equal_library_versions(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the same library on both sides: every zstd level and gzip level 1-9
+    # (at zarr's MTIME 0); blosc stays unclaimed without its measurements
+    versions = {**chain_versions(), "numcodecs": "0.0.0"}
+    versions.update(numcodecs_zstd=versions["zstd"], python_zlib=versions["zlib"])
+    monkeypatch.setattr("zarr_fused._chain._versions", lambda: versions)
+    assert all(byte_identical([BytesCodec(), ZstdCodec(level=lv)]) for lv in (-50, 3, 9, 22))
+    assert all(byte_identical([BytesCodec(), GzipCodec(level=lv)], gzip_mtime_zero=True)
+               for lv in range(1, 10))
+    assert not byte_identical([BytesCodec(), GzipCodec(level=0)], gzip_mtime_zero=True)
+    assert not byte_identical([BytesCodec(), BloscCodec(cname="lz4", clevel=5)])
+
+
+def test_byte_identical_with_other_library_versions(monkeypatch: pytest.MonkeyPatch) -> None:
+    # versions nobody measured: no compressor is claimed
+    versions = {**chain_versions(), "zstd": "0.0.1", "zlib": "0.0.1"}
+    monkeypatch.setattr("zarr_fused._chain._versions", lambda: versions)
+    assert not byte_identical([BytesCodec(), ZstdCodec(level=1)])
+    assert not byte_identical([BytesCodec(), GzipCodec(level=6)], gzip_mtime_zero=True)
+    assert not byte_identical([BytesCodec(), BloscCodec(cname="lz4", clevel=5)])
+    assert byte_identical([BytesCodec(), Crc32cCodec()])
+
+
+# the claim end to end: arrays written through zarr's pipeline and ours
+
+E2E_CHAINS = {
+    "zstd-l1-crc32c": [ZstdCodec(level=1), Crc32cCodec()],
+    "crc32c-zstd-l3-checksum": [Crc32cCodec(), ZstdCodec(level=3, checksum=True)],
+    "zstd-l9": [ZstdCodec(level=9)],
+    "gzip-l6": [GzipCodec(level=6)],
+    "blosc-lz4": [BloscCodec(cname="lz4", clevel=5, shuffle="shuffle")],
+    "blosc-zstd-c2": [BloscCodec(cname="zstd", clevel=2, shuffle="bitshuffle")],
+    "blosc-lz4hc-c1": [BloscCodec(cname="lz4hc", clevel=1, shuffle="noshuffle")],
+}
+E2E_VALUES = np.cumsum(_rng(13).integers(-2, 3, (40, 60)), axis=1).astype("<i4")
+
+
+def _write(pipeline: str, compressors: list[Any], sharded: bool) -> dict[str, bytes]:
+    store = MemoryStore()
+    with zarr.config.set({"codec_pipeline.path": pipeline}):
+        if sharded:
+            arr = zarr.create_array(
+                store, shape=E2E_VALUES.shape, chunks=(8, 10), shards=(16, 30),
+                dtype=E2E_VALUES.dtype, compressors=compressors)
+        else:
+            arr = zarr.create_array(store, shape=E2E_VALUES.shape, chunks=(16, 30),
+                                    dtype=E2E_VALUES.dtype, compressors=compressors)
+        arr[...] = E2E_VALUES
+        arr[3:20, 7:41] = -E2E_VALUES[3:20, 7:41]  # partial chunks: read, merge, write
+    return chunk_items(store)
+
+
+@pytest.mark.parametrize("sharded", [pytest.param(False, id="chunks"),
+                                     pytest.param(True, id="shards")])
+@pytest.mark.parametrize("name", list(E2E_CHAINS))
+def test_pipeline_stores_zarrs_bytes_where_claimed(
+    name: str, sharded: bool, zarr_mtime_zero: None, request: pytest.FixtureRequest
+) -> None:
+    compressors = E2E_CHAINS[name]
+    ours = _write("zarr_fused.FusedCodecPipeline", compressors, sharded)
+    theirs = _write("zarr.core.codec_pipeline.BatchedCodecPipeline", compressors, sharded)
+    assert sorted(ours) == sorted(theirs)
+    claimed = byte_identical([BytesCodec(), *compressors], gzip_mtime_zero=True)
+    request.node.user_properties.append(("claimed_identical", claimed))
+    request.node.user_properties.append(("identical", ours == theirs))
+    if claimed:
+        assert ours == theirs
 
 
 # -- decode(out=...) -------------------------------------------------------------------
@@ -669,6 +853,27 @@ def test_gzip_trailing_garbage() -> None:
         native.ChainKernel(**_GZIP).decode(payload, len(PART_A) + len(PART_B))
 
 
+@pytest.mark.parametrize("bit", [pytest.param(b, id=f"bit{b}") for b in (5, 6, 7)])
+def test_gzip_reserved_header_flags(bit: int) -> None:
+    # RFC 1952: "a compliant decompressor must give an error indication if
+    # any reserved bit is non-zero" (Python's gzip module, zarr's, ignores them)
+    stream = bytearray(native.ChainKernel(**_GZIP).encode(PART_A).tobytes())
+    stream[3] |= 1 << bit
+    with pytest.raises(DecompressionError, match="unknown header flags"):
+        native.ChainKernel(**_GZIP).decode(bytes(stream), len(PART_A))
+
+
+@pytest.mark.parametrize("delta", [pytest.param(d, id=f"{d:+d}") for d in (-1, 1, 256, 2**24)])
+def test_blosc_header_compressed_size_must_be_the_payloads(delta: int) -> None:
+    # c-blosc 1.x decompresses without the payload's length, trusting the
+    # header's: a header that disagrees with the payload is corrupt
+    kernel = native.ChainKernel(compressor="blosc", cname="lz4", shuffle="shuffle", typesize=4)
+    frame = bytearray(kernel.encode(HOSTILE_DATA).tobytes())
+    frame[12:16] = _le32(len(frame) + delta)
+    with pytest.raises(DecompressionError, match="invalid blosc header"):
+        kernel.decode(bytes(frame), len(HOSTILE_DATA))
+
+
 # decompression bombs
 
 ZSTD_MAGIC = _le32(0xFD2FB528)
@@ -773,6 +978,147 @@ def test_zstd_unsized_frame_inflating_short() -> None:
         native.ChainKernel(compressor="zstd").decode(zstd_unsized_rle(1000), 1001)
 
 
+# what a zstd payload may be: whole frames, back to back, declaring (if
+# they declare it) the chunk's size
+
+ZSTD_DATA = bytes(range(256)) * 8  # 2048 bytes
+
+
+def zstd_frame(data: bytes, *, size_field: int | None = None, single_segment: bool = False,
+               window_log: int = 17) -> bytes:
+    """A zstd frame of raw blocks holding ``data`` (RFC 8878). ``size_field``:
+    the content size written into an 8-byte field, or no field when None;
+    without ``single_segment`` a window descriptor says ``2**window_log``."""
+    out = [ZSTD_MAGIC]
+    descriptor = (3 << 6 if size_field is not None else 0) | (0x20 if single_segment else 0)
+    out.append(bytes([descriptor]))
+    if not single_segment:
+        out.append(bytes([(window_log - 10) << 3]))
+    if size_field is not None:
+        out.append(struct.pack("<Q", size_field))
+    for start in range(0, len(data), 1 << 17):
+        block = data[start : start + (1 << 17)]
+        last = start + len(block) >= len(data)
+        out.append((int(last) | len(block) << 3).to_bytes(3, "little") + block)
+    return b"".join(out)
+
+
+def zstd_skippable(payload: bytes = b"metadata", variant: int = 0) -> bytes:
+    """A skippable frame (magic 0x184D2A50 + variant) around ``payload``."""
+    return _le32(0x184D2A50 + variant) + _le32(len(payload)) + payload
+
+
+@pytest.mark.parametrize(
+    "frame",
+    [
+        pytest.param(zstd_frame(ZSTD_DATA, size_field=2048), id="sized"),
+        pytest.param(zstd_frame(ZSTD_DATA, size_field=2048, single_segment=True), id="single"),
+        pytest.param(zstd_frame(ZSTD_DATA), id="unsized"),
+    ],
+)
+def test_crafted_zstd_frames_are_valid(frame: bytes) -> None:
+    # numcodecs agrees with the construction
+    assert numcodecs.Zstd().decode(frame) == ZSTD_DATA
+    assert native.ChainKernel(compressor="zstd").decode(frame, 2048).tobytes() == ZSTD_DATA
+
+
+@pytest.mark.parametrize("single_segment", [pytest.param(True, id="single-segment"),
+                                            pytest.param(False, id="window")])
+@pytest.mark.parametrize("claim", [pytest.param(2**64 - 1, id="2**64-1"),
+                                   pytest.param(2**64 - 2, id="2**64-2")])
+def test_zstd_size_field_holding_a_libzstd_marker(claim: int, single_segment: bool) -> None:
+    """libzstd reports a size field of 2**64-1 as "size unknown" and one of
+    2**64-2 as "error"; the field is there all the same, and the frame
+    claims that many bytes. zarr (numcodecs) rejects the single-segment
+    frame (its window would be 2**64-1 bytes) and returns the other's 2048
+    bytes: a frame that declares 16 EiB and holds 2 KiB is corrupt."""
+    frame = zstd_frame(ZSTD_DATA, size_field=claim, single_segment=single_segment)
+    with pytest.raises(ChunkSizeError, match=f"claims {claim} bytes, the chunk needs 2048"):
+        native.ChainKernel(compressor="zstd").decode(frame, len(ZSTD_DATA))
+
+
+@pytest.mark.parametrize("claim", [pytest.param(0, id="zero"), pytest.param(1024, id="half"),
+                                   pytest.param(2047, id="minus1")])
+def test_zstd_header_claiming_less(claim: int) -> None:
+    # found by the header, before decoding (libzstd would say "corruption")
+    frame = zstd_frame(ZSTD_DATA, size_field=claim)
+    with pytest.raises(ChunkSizeError, match=f"claims {claim} bytes, the chunk needs 2048"):
+        native.ChainKernel(compressor="zstd").decode(frame, len(ZSTD_DATA))
+
+
+def _skippable_between() -> bytes:
+    return (zstd_frame(ZSTD_DATA[:5], size_field=5) + zstd_skippable(b"x" * 300, 7)
+            + zstd_frame(ZSTD_DATA[5:]))
+
+
+def _two_frames(first_sized: bool, second_sized: bool) -> bytes:
+    a, b = ZSTD_DATA[:700], ZSTD_DATA[700:]
+    return (zstd_frame(a, size_field=len(a) if first_sized else None)
+            + zstd_frame(b, size_field=len(b) if second_sized else None))
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        pytest.param(lambda f: zstd_skippable() + f, id="skippable-first"),
+        pytest.param(lambda f: f + zstd_skippable(b"", 15), id="skippable-last"),
+        pytest.param(lambda f: _skippable_between(), id="skippable-between"),
+        pytest.param(lambda f: _two_frames(True, True), id="two-sized-frames"),
+        pytest.param(lambda f: _two_frames(False, True), id="unsized-then-sized"),
+        pytest.param(lambda f: _two_frames(True, False), id="sized-then-unsized"),
+    ],
+)
+def test_zstd_frames_zarr_accepts(make: Callable[[bytes], bytes]) -> None:
+    payload = make(zstd_frame(ZSTD_DATA, size_field=len(ZSTD_DATA)))
+    assert numcodecs.Zstd().decode(payload) == ZSTD_DATA  # zarr reads these
+    assert native.ChainKernel(compressor="zstd").decode(payload, 2048).tobytes() == ZSTD_DATA
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        pytest.param(zstd_skippable(), id="one"),
+        pytest.param(zstd_skippable(b"") + zstd_skippable(b"abc", 3), id="two"),
+    ],
+)
+@pytest.mark.parametrize("nbytes", [pytest.param(0, id="nbytes0"), pytest.param(8, id="nbytes8")])
+def test_zstd_skippable_frames_only(payload: bytes, nbytes: int) -> None:
+    # no zstd frame at all: not a chunk of any size
+    with pytest.raises(RuntimeError):
+        numcodecs.Zstd().decode(payload)
+    with pytest.raises(DecompressionError, match="no zstd frame"):
+        native.ChainKernel(compressor="zstd").decode(payload, nbytes)
+
+
+@pytest.mark.parametrize(
+    "tail",
+    [
+        pytest.param(b"\x00", id="zero-byte"),
+        pytest.param(b"\x00" * 8, id="zeros"),
+        pytest.param(b"junk", id="junk"),
+        pytest.param(ZSTD_MAGIC + b"\x00", id="cut-frame"),
+        pytest.param(zstd_skippable()[:-1], id="cut-skippable"),
+    ],
+)
+def test_zstd_bytes_after_the_last_frame(tail: bytes) -> None:
+    payload = zstd_frame(ZSTD_DATA, size_field=len(ZSTD_DATA)) + tail
+    with pytest.raises(RuntimeError):
+        numcodecs.Zstd().decode(payload)
+    with pytest.raises(DecompressionError):
+        native.ChainKernel(compressor="zstd").decode(payload, len(ZSTD_DATA))
+
+
+@pytest.mark.parametrize("window_log", [pytest.param(w, id=f"window-2**{w}") for w in (27, 28, 31)])
+def test_zstd_unsized_frame_with_a_large_window(window_log: int) -> None:
+    """A frame without a size whose window exceeds 128 MiB decodes. zarr
+    refuses windows over 2**27 here: numcodecs decodes frames of unknown
+    size by streaming, and libzstd's streaming decoder caps the window it
+    allocates. Ours decodes into the chunk itself, where the window costs
+    nothing, and the frame is valid (RFC 8878 allows windows up to 2**41)."""
+    frame = zstd_frame(ZSTD_DATA, window_log=window_log)
+    assert native.ChainKernel(compressor="zstd").decode(frame, 2048).tobytes() == ZSTD_DATA
+
+
 @pytest.mark.parametrize("inner", INNER)
 def test_gzip_inflating_beyond_nbytes(inner: int) -> None:
     kernel = native.ChainKernel(compressor="gzip", inner_crcs=inner)
@@ -805,7 +1151,7 @@ def test_blosc_header_lying_about_nbytes(claim: int) -> None:
         assert type(error) is DecompressionError
     else:
         assert type(error) is ChunkSizeError
-        assert f"holds {claim} bytes, the chunk needs {len(HOSTILE_DATA)}" in str(error)
+        assert f"claims {claim} bytes, the chunk needs {len(HOSTILE_DATA)}" in str(error)
 
 
 @pytest.mark.parametrize("claim", [pytest.param(8192, id="double"), pytest.param(4100, id="plus4")])
@@ -838,9 +1184,20 @@ def test_crc32c_payload_too_short(size: int) -> None:
 
 @pytest.mark.parametrize("size", [pytest.param(n, id=f"n{n}") for n in range(4)])
 def test_crc32c_inner_payload_too_short(size: int) -> None:
+    # gzip: no size in the header, so the short stream reaches the crc32c
+    kernel = native.ChainKernel(compressor="gzip", inner_crcs=1)
+    stream = gzip.compress(b"\x01" * size, mtime=0)
+    with pytest.raises(ChecksumError, match=f"{size} bytes cannot hold a crc32c"):
+        kernel.decode(stream, 0)
+
+
+@pytest.mark.parametrize("size", [pytest.param(n, id=f"n{n}") for n in range(4)])
+def test_crc32c_inner_zstd_frame_too_short(size: int) -> None:
+    # a zstd frame declares its size: too short for the crc32c, it is the
+    # wrong size before any checksum is read
     kernel = native.ChainKernel(compressor="zstd", inner_crcs=1)
     frame = numcodecs.Zstd().encode(b"\x01" * size)
-    with pytest.raises(ChecksumError, match=f"{size} bytes cannot hold a crc32c"):
+    with pytest.raises(ChunkSizeError, match=f"claims {size} bytes, the chunk needs 4"):
         kernel.decode(frame, 0)
 
 
@@ -907,6 +1264,91 @@ def test_fuzz_mutated_frames(conf: dict[str, Any], data: st.DataObject) -> None:
     payload += data.draw(st.binary(max_size=40), "tail")
     nbytes = data.draw(st.sampled_from([len(plain), len(plain) - 1, len(plain) + 1, 0]), "nbytes")
     _decode_or_corrupt(kernel, bytes(payload), nbytes)
+
+
+# bit flips against numcodecs: where zarr's decoders and ours run the same
+# library version they must agree on every flipped frame (the same bytes,
+# or both an error), except where ours is stricter on purpose
+# (`_stricter_on_purpose`). Where the versions differ they need not agree:
+# libzstd 1.5.5 added corruption checks 1.5.4 lacks (numcodecs bundles
+# 1.5.6) and decodes some corrupt frames to other bytes, and numcodecs'
+# c-blosc bundles its own lz4 and zstd. Only a checksum (zstd's own, or
+# crc32c) makes corruption certain to be found.
+
+FLIP_DATA = (np.arange(1000) % 37 + _rng(8).integers(0, 4, 1000)).astype("<u2").tobytes()
+FLIP_CHAINS = [
+    pytest.param({"compressor": "zstd", "level": 3, "checksum": False}, id="zstd"),
+    pytest.param({"compressor": "zstd", "level": 3, "checksum": True}, id="zstd-checksum"),
+    pytest.param({"compressor": "gzip", "level": 5}, id="gzip"),
+    pytest.param({"compressor": "blosc", "cname": "lz4", "clevel": 5, "shuffle": "shuffle",
+                  "typesize": 2, "blocksize": 0}, id="blosc-lz4"),
+    pytest.param({"compressor": "blosc", "cname": "zstd", "clevel": 5, "shuffle": "bitshuffle",
+                  "typesize": 2, "blocksize": 0}, id="blosc-zstd"),
+]
+
+
+def _same_library(conf: dict[str, Any]) -> bool:
+    """Whether numcodecs decodes ``conf``'s frames with the library version ours uses."""
+    versions = chain_versions()
+    if conf["compressor"] == "zstd":
+        return versions["zstd"] == versions["numcodecs_zstd"]
+    if conf["compressor"] == "gzip":
+        return versions["zlib"] == versions["python_zlib"]
+    # numcodecs' c-blosc bundles its own compressors, of versions it does not report
+    return False
+
+
+def _stricter_on_purpose(conf: dict[str, Any], frame: bytes, flipped: bytes) -> bool:
+    """Flips ours rejects and numcodecs may decode right."""
+    if conf["compressor"] == "gzip":
+        # reserved FLG bits: RFC 1952 says a decoder must fail (zlib does);
+        # Python's gzip module ignores them
+        return bool(flipped[3] & 0xE0)
+    if conf["compressor"] == "blosc":
+        # the header's compressed size (bytes 12-15) must be the payload's:
+        # c-blosc 1.x decompresses without being told the payload's length,
+        # so ours checks it first; numcodecs does not
+        return flipped[12:16] != frame[12:16]
+    return False
+
+
+# what numcodecs raises for corrupt frames: RuntimeError (zstd, blosc),
+# ValueError, BadGzipFile (an OSError), EOFError and zlib.error (gzip), and
+# for a zstd header claiming an absurd size MemoryError or SystemError
+NUMCODECS_ERRORS = (RuntimeError, ValueError, OSError, EOFError, zlib.error, MemoryError,
+                    SystemError)
+
+
+def _numcodecs_result(conf: dict[str, Any], payload: bytes) -> bytes | None:
+    try:
+        return bytes(numcodecs_codec(conf).decode(payload))
+    except NUMCODECS_ERRORS:
+        return None
+
+
+@pytest.mark.parametrize("conf", FLIP_CHAINS)
+@settings(FUZZ, max_examples=400)
+@given(flips=st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 7)), min_size=1,
+                      max_size=3))
+def test_bit_flips_against_numcodecs(conf: dict[str, Any], flips: list[tuple[int, int]]) -> None:
+    frame = _fuzz_frame(tuple(sorted(conf.items())), FLIP_DATA)
+    flipped = bytearray(frame)
+    for pos, bit in flips:
+        flipped[pos % len(frame)] ^= 1 << bit
+    payload = bytes(flipped)
+    theirs = _numcodecs_result(conf, payload)
+    try:
+        ours: bytes | None = native.ChainKernel(**conf).decode(payload, len(FLIP_DATA)).tobytes()
+    except CorruptChunkError:
+        ours = None
+    if theirs is not None and len(theirs) != len(FLIP_DATA):
+        theirs = None  # zarr raises when the chunk's bytes do not fit its shape
+    if ours is not None and (conf["compressor"] == "gzip" or conf.get("checksum")):
+        assert ours == FLIP_DATA  # the format's checksum vouches for what decodes
+    if ours is None and theirs == FLIP_DATA:
+        assert _stricter_on_purpose(conf, frame, payload) or not _same_library(conf)
+    elif _same_library(conf) and not _stricter_on_purpose(conf, frame, payload):
+        assert ours == theirs
 
 
 # -- whole chunks: DecodeBatch / EncodeBatch against zarr ---------------------------

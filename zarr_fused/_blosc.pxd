@@ -12,3 +12,4 @@ cdef extern from "blosc.h" nogil:
     int blosc_cbuffer_validate(const void* cbuffer, size_t cbytes, size_t* nbytes)
     const char* blosc_list_compressors()
     const char* blosc_get_version_string()
+    int blosc_get_complib_info(const char* compname, char** complib, char** version)

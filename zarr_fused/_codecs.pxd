@@ -29,6 +29,7 @@ cdef enum StatusCode:
     ZF_ERR_TOO_LARGE = 9
     ZF_ERR_ENCODE = 10
     ZF_ERR_IO = 11
+    ZF_ERR_MORE = 12
 
 cdef struct Status:
     int code

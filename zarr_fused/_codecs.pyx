@@ -87,15 +87,35 @@ def crc32c_implementation():
 
 
 def library_versions():
-    """Versions of the C libraries this build links, and the crc32c path."""
-    cdef unsigned v = zs.ZSTD_versionNumber()
+    """Versions of the C libraries this build links, and the crc32c path.
+
+    ``blosc_complibs`` maps each compressor of c-blosc to the version of
+    the library behind it, as c-blosc reports it (the version it was built
+    against; a complib it links dynamically, such as zstd on Debian, runs
+    at the version the system has).
+    """
+    compressors = bl.blosc_list_compressors().decode().split(",")
     return {
         "zstd": zs.ZSTD_versionString().decode(),
         "zlib": zl.zlibVersion().decode(),
         "blosc": bl.blosc_get_version_string().decode(),
-        "blosc_compressors": bl.blosc_list_compressors().decode().split(","),
+        "blosc_compressors": compressors,
+        "blosc_complibs": {name: _blosc_complib_version(name) for name in compressors},
         "crc32c": crc32c_implementation(),
     }
+
+
+cdef str _blosc_complib_version(str cname):
+    cdef char* complib = NULL
+    cdef char* version = NULL
+    cdef bytes name = cname.encode()
+    try:
+        if bl.blosc_get_complib_info(name, &complib, &version) < 0 or version == NULL:
+            return ""
+        return version.decode()
+    finally:
+        free(complib)
+        free(version)
 
 
 cdef inline uint32_t _load_le32(const uint8_t* p) noexcept nogil:
@@ -203,17 +223,67 @@ cpdef Workspace workspace():
 # -- compressors -----------------------------------------------------------------------
 
 
+cdef int _zstd_claim(const uint8_t* src, size_t n, unsigned long long* total,
+                     Status* st) noexcept nogil:
+    """The content size the zstd frames in ``src[:n]`` declare together.
+
+    ``src`` must be whole frames, back to back, at least one of them a zstd
+    frame (skippable frames count 0 bytes). ``*total`` is ZSTD_CONTENTSIZE_UNKNOWN when a frame declares no
+    size. Returns -1 (``st`` set) for bytes that are not whole frames, a
+    sum too large to count, or a frame whose 8-byte size field holds
+    2**64-1 or 2**64-2: libzstd reports those as "unknown" and "error",
+    but the field is there and claims that many bytes.
+    """
+    cdef size_t pos = 0
+    cdef size_t size
+    cdef unsigned long long claim
+    cdef unsigned long long sum = 0
+    cdef bint known = True
+    cdef bint zstd_frame
+    cdef Py_ssize_t frames = 0
+    while pos < n:
+        size = zs.ZSTD_findFrameCompressedSize(src + pos, n - pos)
+        if zs.ZSTD_isError(size):
+            st.code = ZF_ERR_ZSTD
+            st.msg = zs.ZSTD_getErrorName(size)
+            return -1
+        zstd_frame = _load_le32(src + pos) == zs.ZSTD_MAGICNUMBER
+        frames += zstd_frame
+        claim = zs.ZSTD_getFrameContentSize(src + pos, size)
+        if claim == zs.ZSTD_CONTENTSIZE_UNKNOWN or claim == zs.ZSTD_CONTENTSIZE_ERROR:
+            # a parsed header (findFrameCompressedSize read it): "error"
+            # can only be the value 2**64-2; either is a claim when the
+            # header has an 8-byte size field (descriptor bits 7-6 = 3)
+            if zstd_frame and (src[pos + 4] >> 6) == 3:
+                st.code = ZF_ERR_CLAIM
+                st.a = <Py_ssize_t>claim
+                return -1
+            known = False
+        elif sum + claim < sum:
+            st.code = ZF_ERR_MORE
+            return -1
+        else:
+            sum += claim
+        pos += size
+    if frames == 0:  # nothing, or skippable frames only
+        st.code = ZF_ERR_ZSTD
+        st.msg = "no zstd frame"
+        return -1
+    total[0] = sum if known else zs.ZSTD_CONTENTSIZE_UNKNOWN
+    return 0
+
+
 cdef Py_ssize_t _zstd_decompress(Workspace ws, const uint8_t* src, Py_ssize_t n,
                                  uint8_t* dst, Py_ssize_t cap, Status* st) noexcept nogil:
-    cdef unsigned long long claimed = zs.ZSTD_getFrameContentSize(src, <size_t>n)
+    cdef unsigned long long claimed = 0
     cdef size_t r
-    if claimed == zs.ZSTD_CONTENTSIZE_ERROR:
-        st.code = ZF_ERR_ZSTD
-        st.msg = "not a zstd frame"
+    if _zstd_claim(src, <size_t>n, &claimed, st) < 0:
+        if st.code != ZF_ERR_ZSTD:
+            st.b = cap
         return -1
-    if claimed != zs.ZSTD_CONTENTSIZE_UNKNOWN and claimed > <unsigned long long>cap:
+    if claimed != zs.ZSTD_CONTENTSIZE_UNKNOWN and claimed != <unsigned long long>cap:
         st.code = ZF_ERR_CLAIM
-        st.a = <Py_ssize_t>claimed if claimed < <unsigned long long>0x7fffffffffffffff else -1
+        st.a = <Py_ssize_t>claimed
         st.b = cap
         return -1
     if ws.dctx == NULL:
@@ -223,10 +293,8 @@ cdef Py_ssize_t _zstd_decompress(Workspace ws, const uint8_t* src, Py_ssize_t n,
             return -1
     r = zs.ZSTD_decompressDCtx(ws.dctx, dst, <size_t>cap, src, <size_t>n)
     if zs.ZSTD_isError(r) and zs.ZSTD_getErrorCode(r) == zs.ZSTD_error_dstSize_tooSmall:
-        # more output than ``cap``: a frame without a content size in its
-        # header, or several frames, holding more than the chunk needs
-        st.code = ZF_ERR_CLAIM
-        st.a = -1  # more than expected, size unknown
+        # more output than ``cap`` from frames that declare no size
+        st.code = ZF_ERR_MORE
         st.b = cap
         return -1
     if zs.ZSTD_isError(r):
@@ -278,8 +346,7 @@ cdef Py_ssize_t _gzip_decompress(Workspace ws, const uint8_t* src, Py_ssize_t n,
         # room: the stream holds more than expected. With the input used up
         # (even when the output is full), the stream is truncated.
         if rc == zl.Z_BUF_ERROR and z.avail_out == 0 and z.avail_in > 0:
-            st.code = ZF_ERR_CLAIM
-            st.a = -1  # more than expected, size unknown
+            st.code = ZF_ERR_MORE
             st.b = cap
             return -1
         st.code = ZF_ERR_GZIP
@@ -338,6 +405,16 @@ cdef Py_ssize_t _zstd_compress(ChainKernel k, Workspace ws, const uint8_t* src, 
     return <Py_ssize_t>r
 
 
+# The gzip header zarr_fused writes: zarr's (Python's gzip module, through
+# numcodecs) but for MTIME. Python writes the current time there; we write
+# 0, "no time stamp" (RFC 1952), so that the same data always encodes to
+# the same bytes. OS is 255, "unknown", as Python writes it (zlib's own
+# default is the build host's, 3 on Unix). zlib only reads this struct.
+cdef zl.gz_header _GZIP_HEADER
+memset(&_GZIP_HEADER, 0, sizeof(zl.gz_header))
+_GZIP_HEADER.os = 255
+
+
 cdef Py_ssize_t _gzip_compress(ChainKernel k, Workspace ws, const uint8_t* src, Py_ssize_t n,
                                uint8_t* dst, Py_ssize_t cap, Status* st) noexcept nogil:
     cdef int rc
@@ -359,6 +436,10 @@ cdef Py_ssize_t _gzip_compress(ChainKernel k, Workspace ws, const uint8_t* src, 
     elif zl.deflateReset(z) != zl.Z_OK:
         st.code = ZF_ERR_ENCODE
         st.msg = "deflateReset failed"
+        return -1
+    if zl.deflateSetHeader(z, &_GZIP_HEADER) != zl.Z_OK:  # reset by deflateReset
+        st.code = ZF_ERR_ENCODE
+        st.msg = "deflateSetHeader failed"
         return -1
     z.next_in = <unsigned char*>src
     z.avail_in = <unsigned int>n
@@ -835,9 +916,13 @@ cdef object status_error(Status* st, object where):
     if code == ZF_ERR_SIZE:
         return ChunkSizeError(f"{where}: decodes to {st.a} bytes, the chunk needs {st.b}")
     if code == ZF_ERR_CLAIM:
-        claimed = "more" if st.a < 0 else str(st.a)
+        # the claim is unsigned (a zstd frame's may reach 2**64-1)
         return ChunkSizeError(
-            f"{where}: the compressed frame holds {claimed} bytes, the chunk needs {st.b}")
+            f"{where}: the compressed frame's header claims {st.a & 0xFFFFFFFFFFFFFFFF} "
+            f"bytes, the chunk needs {st.b}")
+    if code == ZF_ERR_MORE:
+        return ChunkSizeError(
+            f"{where}: the compressed frame holds more than the {st.b} bytes the chunk needs")
     if code == ZF_ERR_ZSTD:
         return DecompressionError(f"{where}: zstd: {msg}")
     if code == ZF_ERR_GZIP:

@@ -13,6 +13,20 @@ cdef extern from "zlib.h" nogil:
         void* zalloc
         void* zfree
         void* opaque
+    ctypedef struct gz_header:
+        int text
+        unsigned long time
+        int xflags
+        int os
+        unsigned char* extra
+        unsigned int extra_len
+        unsigned int extra_max
+        unsigned char* name
+        unsigned int name_max
+        unsigned char* comment
+        unsigned int comm_max
+        int hcrc
+        int done
     int Z_OK
     int Z_STREAM_END
     int Z_NEED_DICT
@@ -34,4 +48,5 @@ cdef extern from "zlib.h" nogil:
     int deflate(z_stream* strm, int flush)
     int deflateReset(z_stream* strm)
     int deflateEnd(z_stream* strm)
+    int deflateSetHeader(z_stream* strm, gz_header* head)
     unsigned long compressBound(unsigned long sourceLen)

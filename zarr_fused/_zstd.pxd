@@ -13,6 +13,7 @@ cdef extern from "zstd.h" nogil:
         ZSTD_reset_session_only
         ZSTD_reset_parameters
         ZSTD_reset_session_and_parameters
+    unsigned int ZSTD_MAGICNUMBER
     unsigned long long ZSTD_CONTENTSIZE_UNKNOWN
     unsigned long long ZSTD_CONTENTSIZE_ERROR
     unsigned ZSTD_versionNumber()
@@ -31,6 +32,7 @@ cdef extern from "zstd.h" nogil:
     size_t ZSTD_compress2(ZSTD_CCtx* cctx, void* dst, size_t dstCapacity, const void* src, size_t srcSize)
     size_t ZSTD_decompressDCtx(ZSTD_DCtx* dctx, void* dst, size_t dstCapacity, const void* src, size_t srcSize)
     unsigned long long ZSTD_getFrameContentSize(const void* src, size_t srcSize)
+    size_t ZSTD_findFrameCompressedSize(const void* src, size_t srcSize)
 
 cdef extern from "zstd_errors.h" nogil:
     ctypedef enum ZSTD_ErrorCode:
