@@ -218,7 +218,7 @@ def read_whole(path):
         if rc == FILE_MISSING:
             return None
         if rc == FILE_ERROR:
-            raise OSError(err, os.strerror(err), path)
+            raise OSError(err, os.strerror(err), os.fsdecode(path))
         return (<char*>buf)[:n] if n else b""
     finally:
         free(buf)
@@ -266,7 +266,7 @@ def write_whole(path, data):
     with nogil:
         rc = write_file_atomic(cp, dp, n, &err)
     if rc != FILE_OK:
-        raise OSError(err, os.strerror(err), path)
+        raise OSError(err, os.strerror(err), os.fsdecode(path))
 
 
 # -- ranges of one file, for shards -------------------------------------------------
@@ -417,7 +417,7 @@ def read_ranges(path, cnp.ndarray starts, cnp.ndarray lengths, cnp.ndarray out,
     if rc == 1:
         return -1
     if rc == -1:
-        raise OSError(err, os.strerror(err), path)
+        raise OSError(err, os.strerror(err), os.fsdecode(path))
     if rc == 2:
         return bad
     return n
@@ -452,7 +452,7 @@ def read_into(path, cnp.ndarray out):
     if rc == 1:
         return -1
     if rc == -1:
-        raise OSError(err, os.strerror(err), path)
+        raise OSError(err, os.strerror(err), os.fsdecode(path))
     if rc == 3:
         return -2 - size
     return size

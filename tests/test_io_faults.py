@@ -1,0 +1,358 @@
+"""Failing disks: IO errors, short and interrupted transfers, a full disk.
+
+Faults are injected in a long-lived child process by the faultfs shim
+(``tests/shims/faultfs.c``, preloaded with ``LD_PRELOAD``), which wraps the
+libc calls zarr_fused's file IO makes (``open``, ``read``, ``pread``,
+``preadv``, ``writev``, ``close``, ``rename``; ``_localio.pyx``) and those
+CPython makes for zarr's LocalStore, on the files of one chunk or shard
+only. A full disk is a real one: a small tmpfs, mounted where the test runs
+as root.
+
+Each fault must end the same way: an ``OSError`` carrying the errno and
+naming the key, no chunk torn (each reads back whole, old or new), no
+temporary file left, and the data written before still readable.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import zarr
+from zarr.codecs import ZstdCodec
+from zarr.storage import LocalStore
+
+from conftest import BATCHED, FUSED, with_pipeline
+from shims import FaultyChild, build_faultfs
+
+TIMEOUT = 60.0
+SHAPE = (16, 16)
+TARGET = "c/1/0"  # the key whose files the shim touches (rows 8:16, columns 0:8)
+# the other keys of SHAPE in both layouts (chunks or shards of 8 x 8)
+KEYS = ("c/0/0", "c/0/1", "c/1/0", "c/1/1")
+
+LAYOUTS = {
+    "chunked": {"chunks": (8, 8), "compressors": ZstdCodec(level=1)},
+    "sharded": {"chunks": (4, 4), "shards": (8, 8), "compressors": ZstdCodec(level=1)},
+    "chunked-raw": {"chunks": (8, 8), "compressors": None},
+}
+
+# Runs in the long-lived child, with the shim preloaded: one read or one
+# write through zarr_fused.
+CASE = r"""
+import numpy as np, zarr
+from zarr.storage import LocalStore
+
+sel = tuple(slice(a, b) for a, b in args["selection"])
+config = {"codec_pipeline.path": "zarr_fused.FusedCodecPipeline",
+          "codec_pipeline.max_workers": args["workers"]}
+with zarr.config.set(config):
+    arr = zarr.open_array(LocalStore(args["root"]), mode="r+")
+    pipeline = type(arr._async_array.codec_pipeline)
+    assert pipeline.__module__ + "." + pipeline.__qualname__ == args["pipeline"], pipeline
+    if args["op"] == "write":
+        arr[sel] = np.load(args["value"])
+    else:
+        np.save(args["result"], arr[sel])
+"""
+
+
+@pytest.fixture(scope="module")
+def faulty_child(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FaultyChild]:
+    child = FaultyChild(build_faultfs(tmp_path_factory.mktemp("faultfs")), timeout=TIMEOUT)
+    try:
+        yield child
+    finally:
+        child.close()
+
+
+def old_and_new(seed: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    old = rng.integers(-(2**20), 2**20, size=SHAPE, dtype="int32")
+    return old, old + rng.integers(1, 1000, size=SHAPE, dtype="int32")
+
+
+def make_array(root: Path, layout: str, data: np.ndarray) -> None:
+    with with_pipeline(FUSED):
+        arr = zarr.create_array(LocalStore(root), shape=SHAPE, dtype=data.dtype, **LAYOUTS[layout])
+        arr[...] = data
+
+
+def key_region(key: str) -> tuple[slice, slice]:
+    i, j = (int(p) for p in key.split("/")[1:])
+    return slice(8 * i, 8 * i + 8), slice(8 * j, 8 * j + 8)
+
+
+def run_child(
+    child: FaultyChild, tmp_path: Path, root: Path, op: str, selection: tuple[slice, ...],
+    value: np.ndarray | None = None, workers: int = 2, **faults: object,
+) -> tuple[dict[str, Any], list[str]]:
+    """One read or write in the child with faults on TARGET's files: its
+    outcome, and the shim's log (a line per fault or short transfer)."""
+    log = tmp_path / "faultfs.log"
+    log.unlink(missing_ok=True)
+    args: dict[str, Any] = {
+        "root": str(root), "op": op, "workers": workers, "pipeline": FUSED,
+        "selection": [(s.start, s.stop) for s in selection],
+        "result": str(tmp_path / "result.npy"), "value": str(tmp_path / "value.npy"),
+    }
+    if value is not None:
+        np.save(args["value"], value)
+    result = child.run(CASE, args, marker=root / TARGET, log=log, **faults)
+    lines = log.read_text().splitlines() if log.exists() else []
+    return result, lines
+
+
+def leftovers(root: Path) -> list[str]:
+    return sorted(p.relative_to(root).as_posix() for p in root.rglob("*.partial"))
+
+
+def stored_by_zarr(root: Path) -> np.ndarray:
+    """The array as zarr's own pipeline reads it (the oracle)."""
+    with with_pipeline(BATCHED):
+        return zarr.open_array(LocalStore(root), mode="r")[...]
+
+
+def assert_old_error(result: dict[str, Any], code: int, key: str = TARGET) -> None:
+    assert not result["ok"], "the fault did not surface"
+    assert result["type"] != "AssertionError", result["traceback"]
+    assert result["oserror"], result
+    assert result["errno"] == code, result
+    assert key in result["message"], result
+
+
+# -- errors ----------------------------------------------------------------------------
+
+# (calls faulted, errno): the temporary file's creation, its writes, its
+# close (an error reported by close, as NFS does), the rename over the key
+WRITE_FAULTS = [
+    pytest.param("create", "EIO", id="create-EIO"),
+    pytest.param("create", "EACCES", id="create-EACCES"),
+    pytest.param("write", "EIO", id="writev-EIO"),
+    pytest.param("write", "ENOSPC", id="writev-ENOSPC"),
+    pytest.param("close", "EIO", id="close-EIO"),
+    pytest.param("rename", "EACCES", id="rename-EACCES"),
+]
+
+
+@pytest.mark.parametrize("layout", [pytest.param("chunked", id="chunked"),
+                                    pytest.param("sharded", id="sharded")])
+@pytest.mark.parametrize(("ops", "code"), WRITE_FAULTS)
+def test_write_fault_raises_and_keeps_the_old_chunk(
+    tmp_path: Path, faulty_child: FaultyChild, layout: str, ops: str, code: str
+) -> None:
+    root = tmp_path / "arr"
+    old, new = old_and_new(seed=11)
+    make_array(root, layout, old)
+
+    result, log = run_child(faulty_child, tmp_path, root, "write", (slice(None), slice(None)),
+                            value=new, ops=ops, errno=code)
+
+    assert log, "the shim injected no fault"
+    assert_old_error(result, getattr(errno, code))
+    assert leftovers(root) == []
+    stored = stored_by_zarr(root)
+    for key in KEYS:
+        region = key_region(key)
+        if key == TARGET:
+            np.testing.assert_array_equal(stored[region], old[region], err_msg=key)
+        else:  # written before or after the failure, or not at all: whole either way
+            assert np.array_equal(stored[region], old[region]) or np.array_equal(
+                stored[region], new[region]), key
+    with with_pipeline(FUSED):
+        np.testing.assert_array_equal(zarr.open_array(LocalStore(root), mode="r")[...], stored)
+
+
+READ_FAULTS = [
+    pytest.param("open", "EIO", id="open-EIO"),
+    pytest.param("open", "EACCES", id="open-EACCES"),
+    pytest.param("read", "EIO", id="read-EIO"),
+]
+# the whole array, and a few elements of one inner chunk (a ranged read of a shard)
+READ_SELECTIONS = [
+    pytest.param((slice(None), slice(None)), id="whole"),
+    pytest.param((slice(9, 11), slice(1, 3)), id="small"),
+]
+
+
+@pytest.mark.parametrize("selection", READ_SELECTIONS)
+@pytest.mark.parametrize("layout", [pytest.param("chunked", id="chunked"),
+                                    pytest.param("sharded", id="sharded")])
+@pytest.mark.parametrize(("ops", "code"), READ_FAULTS)
+def test_read_fault_raises_naming_the_key(
+    tmp_path: Path, faulty_child: FaultyChild, layout: str, selection: tuple[slice, ...], ops: str, code: str
+) -> None:
+    root = tmp_path / "arr"
+    old, _ = old_and_new(seed=12)
+    make_array(root, layout, old)
+
+    result, log = run_child(faulty_child, tmp_path, root, "read", selection, ops=ops, errno=code)
+
+    assert log, "the shim injected no fault"
+    assert_old_error(result, getattr(errno, code))
+    with with_pipeline(FUSED):  # nothing changed on disk
+        np.testing.assert_array_equal(zarr.open_array(LocalStore(root), mode="r")[...], old)
+
+
+# -- transfers that make partial progress or are interrupted ----------------------------
+
+# short: every read and write moves at most 7 bytes (a shard's parts and
+# ranges end mid-call); eintr: every other open, read and write on the
+# key's files fails with EINTR first, as under a signal storm
+TRANSFER_FAULTS = {
+    "short": {"mode": "short", "short": 7, "ops": "read,write"},
+    "eintr": {"ops": "open,create,read,write", "errno": "EINTR", "every": 2},
+}
+# cuts through the target's chunk (or several of its shard's inner chunks),
+# so a write reads the old bytes first
+REGION = (slice(5, 13), slice(3, 11))
+
+
+@pytest.mark.parametrize("fault", [pytest.param(k, id=k) for k in TRANSFER_FAULTS])
+@pytest.mark.parametrize("layout", [pytest.param("chunked-raw", id="chunked-raw"),
+                                    pytest.param("chunked", id="chunked"),
+                                    pytest.param("sharded", id="sharded")])
+def test_short_and_interrupted_writes_store_the_same(
+    tmp_path: Path, faulty_child: FaultyChild, layout: str, fault: str
+) -> None:
+    root = tmp_path / "arr"
+    old, new = old_and_new(seed=13)
+    make_array(root, layout, old)
+
+    result, log = run_child(faulty_child, tmp_path, root, "write", REGION, value=new[REGION],
+                            **TRANSFER_FAULTS[fault])
+
+    assert result["ok"], result.get("traceback")
+    assert log, "the shim touched no call"
+    expected = old.copy()
+    expected[REGION] = new[REGION]
+    np.testing.assert_array_equal(stored_by_zarr(root), expected)
+    assert leftovers(root) == []
+
+
+@pytest.mark.parametrize(
+    "selection",
+    [pytest.param((slice(None), slice(None)), id="whole"), pytest.param(REGION, id="region")],
+)
+@pytest.mark.parametrize("fault", [pytest.param(k, id=k) for k in TRANSFER_FAULTS])
+@pytest.mark.parametrize("layout", [pytest.param("chunked-raw", id="chunked-raw"),
+                                    pytest.param("chunked", id="chunked"),
+                                    pytest.param("sharded", id="sharded")])
+def test_short_and_interrupted_reads_return_the_same(
+    tmp_path: Path, faulty_child: FaultyChild, layout: str, fault: str, selection: tuple[slice, ...]
+) -> None:
+    root = tmp_path / "arr"
+    old, _ = old_and_new(seed=14)
+    make_array(root, layout, old)
+
+    result, log = run_child(faulty_child, tmp_path, root, "read", selection, **TRANSFER_FAULTS[fault])
+
+    assert result["ok"], result.get("traceback")
+    assert log, "the shim touched no call"
+    np.testing.assert_array_equal(np.load(tmp_path / "result.npy"), old[selection])
+
+
+# -- a full disk -----------------------------------------------------------------------
+
+FULL_SHAPE = (64, 1024)  # int32, 256 KiB
+FULL_LAYOUTS = {
+    "chunked": {"chunks": (8, 1024), "compressors": None},  # 8 chunks of 32 KiB
+    "sharded": {"chunks": (8, 1024), "shards": (16, 1024), "compressors": None},  # 4 x 64 KiB
+}
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path: Path) -> Any:
+    """A 1 MiB tmpfs mounted for the test (root only), unmounted after."""
+    if not sys.platform.startswith("linux"):
+        pytest.skip("tmpfs is Linux")
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)],
+                             capture_output=True, text=True, timeout=30, check=False)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+    try:
+        yield mnt
+    finally:
+        if subprocess.run(["umount", str(mnt)], capture_output=True, timeout=30,
+                          check=False).returncode:
+            subprocess.run(["umount", "-l", str(mnt)], capture_output=True, timeout=30, check=False)
+
+
+@pytest.mark.parametrize("layout", [pytest.param(k, id=k) for k in FULL_LAYOUTS])
+def test_full_disk_raises_enospc_and_tears_nothing(small_tmpfs: Path, layout: str) -> None:
+    root = small_tmpfs / "arr"
+    rng = np.random.default_rng(15)
+    old = rng.integers(-(2**30), 2**30, size=FULL_SHAPE, dtype="int32")
+    new = old ^ 0x55
+    half = FULL_SHAPE[0] // 2
+    unit = FULL_LAYOUTS[layout].get("shards", FULL_LAYOUTS[layout]["chunks"])[0]
+    keys = [f"c/{i}/0" for i in range(FULL_SHAPE[0] // unit)]
+    with with_pipeline(FUSED), zarr.config.set({"codec_pipeline.max_workers": 2}):
+        arr = zarr.create_array(LocalStore(root), shape=FULL_SHAPE, dtype="int32", fill_value=0,
+                                **FULL_LAYOUTS[layout])
+        arr[:half] = old[:half]
+        # fill the disk until one key's temporary file and a half fit
+        unit_bytes = unit * FULL_SHAPE[1] * 4
+        st = os.statvfs(small_tmpfs)
+        spare = st.f_bavail * st.f_frsize - (3 * unit_bytes) // 2
+        assert spare > 0
+        (small_tmpfs / "filler").write_bytes(b"\1" * spare)
+
+        with pytest.raises(OSError) as info:
+            arr[...] = new
+
+        assert info.value.errno == errno.ENOSPC
+        failed = re.findall(r"c/\d+/0", str(info.value))
+        assert failed and failed[0] in keys, str(info.value)
+        assert leftovers(root) == []
+        stored = stored_by_zarr(root)
+        written = 0
+        for i, key in enumerate(keys):
+            rows = slice(i * unit, (i + 1) * unit)
+            before = old[rows] if rows.start < half else np.zeros_like(old[rows])
+            written += np.array_equal(stored[rows], new[rows])
+            assert np.array_equal(stored[rows], before) or np.array_equal(
+                stored[rows], new[rows]), key
+        assert written < len(keys)
+        np.testing.assert_array_equal(arr[...], stored)
+
+        # with room again, the same write goes through
+        (small_tmpfs / "filler").unlink()
+        arr[...] = new
+    np.testing.assert_array_equal(stored_by_zarr(root), new)
+    assert leftovers(root) == []
+
+
+@pytest.mark.parametrize(
+    ("op", "selection"),
+    [
+        pytest.param("read", (slice(None), slice(None)), id="read-whole"),
+        pytest.param("read", REGION, id="read-region"),
+        pytest.param("write", REGION, id="partial-write"),
+    ],
+)
+def test_sharded_io_error_filename_is_text(
+    tmp_path: Path, faulty_child: FaultyChild, op: str, selection: tuple[slice, ...]
+) -> None:
+    root = tmp_path / "arr"
+    old, new = old_and_new(seed=16)
+    make_array(root, "sharded", old)
+
+    result, log = run_child(faulty_child, tmp_path, root, op, selection, value=new[selection],
+                            ops="read", errno="EIO")
+
+    assert log, "the shim injected no fault"
+    assert_old_error(result, errno.EIO)
+    assert not result["filename"].startswith("b"), result["filename"]
