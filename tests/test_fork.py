@@ -3,13 +3,17 @@
 The parent reads with pool threads alive before the child starts, so a
 forked child inherits a process whose pool threads are gone; a spawned
 child receives the array by pickling and must rebuild the pipeline's plan.
+Also the pattern of a DataLoader (a Pool of forked or spawned workers
+reading random slices) and a fork while another thread is inside a read.
 """
 
 from __future__ import annotations
 
 import multiprocessing
+import os
 import pickle
 import threading
+import time
 import traceback
 from pathlib import Path
 from typing import Any
@@ -203,3 +207,170 @@ def test_unevolved_pipeline_pickles() -> None:
     assert clone.array_spec is None
     assert clone.codecs == pipeline.codecs
     assert clone == pipeline
+
+
+# -- a DataLoader's worker pool, a fork in the middle of a read --------------------------
+#
+# The pattern of PyTorch's DataLoader: the parent reads (its pool threads
+# start), then hands the array to a multiprocessing Pool whose workers read
+# random slices, many per worker. And a fork while another thread of the
+# parent is inside a read: the child inherits whatever locks that read held
+# at that moment, with none of the threads that would release them.
+
+BIG_SHAPE = (512, 512)
+BIG_LAYOUTS = {
+    "chunked-zstd": {"chunks": (32, 32), "compressors": ZstdCodec(level=1)},
+    "sharded-zstd": {"chunks": (32, 32), "shards": (128, 128), "compressors": ZstdCodec(level=1)},
+}
+SLICES = 24
+
+_dataset: zarr.Array | None = None
+
+
+def make_big_array(root: Path, layout: str, seed: int) -> tuple[zarr.Array, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    data = rng.integers(-(2**20), 2**20, size=BIG_SHAPE, dtype="int32")
+    with zarr.config.set({"codec_pipeline.path": FUSED}):
+        arr = zarr.create_array(LocalStore(root), shape=BIG_SHAPE, dtype=data.dtype,
+                                **BIG_LAYOUTS[layout])
+        arr[:] = data
+    assert type(arr._async_array.codec_pipeline) is zarr_fused.FusedCodecPipeline
+    return arr, data
+
+
+def random_slices(seed: int, n: int) -> list[tuple[tuple[int, int], ...]]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n):
+        bounds = []
+        for size in BIG_SHAPE:
+            start = int(rng.integers(0, size - 1))
+            bounds.append((start, int(rng.integers(start + 1, min(size, start + 200) + 1))))
+        out.append(tuple(bounds))
+    return out
+
+
+def _init_worker(arr: zarr.Array) -> None:
+    global _dataset
+    _dataset = arr
+
+
+def _read_slice(bounds: tuple[tuple[int, int], ...]) -> tuple[int, str, np.ndarray]:
+    """A Pool task: read one slice of the worker's array with pool threads."""
+    assert _dataset is not None
+    with zarr.config.set({"codec_pipeline.max_workers": 2}):
+        pipeline = type(_dataset._async_array.codec_pipeline)
+        values = _dataset[tuple(slice(a, b) for a, b in bounds)]
+    return os.getpid(), f"{pipeline.__module__}.{pipeline.__qualname__}", values
+
+
+NO_FORK = pytest.mark.skipif("fork" not in multiprocessing.get_all_start_methods(),
+                             reason="no fork")
+
+
+@pytest.mark.filterwarnings(FORK_WARNING)
+@pytest.mark.parametrize(
+    ("layout", "method"),
+    [
+        pytest.param("chunked-zstd", "fork", id="chunked-zstd-fork", marks=NO_FORK),
+        pytest.param("sharded-zstd", "fork", id="sharded-zstd-fork", marks=NO_FORK),
+        # spawned workers unpickle the array (one layout: each worker
+        # starts a fresh interpreter, seconds on a busy machine)
+        pytest.param("sharded-zstd", "spawn", id="sharded-zstd-spawn"),
+    ],
+)
+def test_worker_pool_reads_random_slices_after_the_parent_read(
+    tmp_path: Path, method: str, layout: str
+) -> None:
+    arr, data = make_big_array(tmp_path / "data", layout, seed=31)
+    with zarr.config.set({"codec_pipeline.max_workers": 2}):
+        np.testing.assert_array_equal(arr[...], data, strict=True)
+    assert pool_size() >= 1
+    tasks = random_slices(seed=32, n=SLICES)
+
+    ctx = multiprocessing.get_context(method)
+    pool = ctx.Pool(2, initializer=_init_worker, initargs=(arr,))
+    try:
+        results = pool.map_async(_read_slice, tasks, chunksize=1).get(TIMEOUT)
+    finally:
+        pool.terminate()
+        pool.join()
+
+    assert {pid for pid, _, _ in results}.isdisjoint({os.getpid()})
+    for bounds, (_, pipeline, values) in zip(tasks, results, strict=True):
+        assert pipeline == FUSED
+        np.testing.assert_array_equal(
+            values, data[tuple(slice(a, b) for a, b in bounds)], strict=True)
+    # the parent's own pool still serves it
+    with zarr.config.set({"codec_pipeline.max_workers": 2}):
+        np.testing.assert_array_equal(arr[...], data, strict=True)
+
+
+def _child_read(arr: zarr.Array, expected: np.ndarray, conn: Any) -> None:
+    """Runs in a child forked while the parent reads: read all, with threads."""
+    try:
+        with zarr.config.set({"codec_pipeline.max_workers": 2}):
+            values = arr[...]
+            region = arr[REGION]
+        conn.send({"read_ok": bool(np.array_equal(values, expected)),
+                   "region_ok": bool(np.array_equal(region, expected[REGION])),
+                   "pool": pool_size()})
+    except BaseException:
+        conn.send({"error": traceback.format_exc()})
+    finally:
+        conn.close()
+
+
+FORKS = 4
+
+
+@pytest.mark.filterwarnings(FORK_WARNING)
+@NO_FORK
+@pytest.mark.parametrize("layout", [pytest.param(k, id=k) for k in BIG_LAYOUTS])
+def test_fork_while_another_thread_reads(tmp_path: Path, layout: str) -> None:
+    arr, data = make_big_array(tmp_path / "data", layout, seed=41)
+    stop = threading.Event()
+    reads: list[bool] = []
+
+    def reader() -> None:
+        deadline = time.monotonic() + TIMEOUT
+        while not stop.is_set() and time.monotonic() < deadline:
+            reads.append(bool(np.array_equal(arr[...], data)))
+
+    delays = np.random.default_rng(42).uniform(0.0, 0.03, size=FORKS)
+    ctx = multiprocessing.get_context("fork")
+    results = []
+    with zarr.config.set({"codec_pipeline.max_workers": 2}):
+        thread = threading.Thread(target=reader, name="reader")
+        thread.start()
+        try:
+            deadline = time.monotonic() + TIMEOUT
+            while not reads and time.monotonic() < deadline:
+                time.sleep(0.001)
+            for delay in delays:
+                time.sleep(float(delay))
+                read_end, write_end = ctx.Pipe(duplex=False)
+                proc = ctx.Process(target=_child_read, args=(arr, data, write_end))
+                proc.start()
+                write_end.close()
+                try:
+                    assert read_end.poll(TIMEOUT), "a child forked during a read hung"
+                    results.append(read_end.recv())
+                    proc.join(TIMEOUT)
+                    assert not proc.is_alive(), "a child forked during a read did not exit"
+                finally:
+                    if proc.is_alive():
+                        proc.kill()
+                    proc.join()
+                    read_end.close()
+                assert proc.exitcode == 0
+        finally:
+            stop.set()
+            thread.join(TIMEOUT)
+    assert not thread.is_alive()
+    assert reads and all(reads)
+    assert len(results) == FORKS
+    for result in results:
+        assert "error" not in result, result["error"]
+        assert result["read_ok"] and result["region_ok"]
+        assert result["pool"] >= 1
