@@ -20,6 +20,7 @@ records for any other chain why it stays on zarr's code.
 
 from __future__ import annotations
 
+import functools
 import threading
 from dataclasses import replace
 from functools import cache
@@ -235,6 +236,14 @@ class NativeChain:
         return spec.prototype.buffer.from_array_like(encoded)
 
 
+@functools.cache
+def _zarr_blosc_compressors() -> frozenset[str]:
+    """The blosc compressors zarr itself can use (numcodecs' c-blosc)."""
+    from numcodecs import blosc
+
+    return frozenset(blosc.list_compressors())
+
+
 def native_chain_params(codecs: tuple[Codec, ...], spec: ArraySpec) -> tuple[str, dict[str, Any]]:
     """``("", kernel parameters)`` when the native kernels cover ``codecs``
     for ``spec``, else ``(why not, {})``."""
@@ -265,6 +274,9 @@ def native_chain_params(codecs: tuple[Codec, ...], spec: ArraySpec) -> tuple[str
             cname = codec.cname  # type: ignore[attr-defined]
             if cname not in codec_kernels.library_versions()["blosc_compressors"]:
                 return f"the system c-blosc has no {cname} compressor", {}
+            if cname not in _zarr_blosc_compressors():
+                # zarr refuses it (numcodecs' c-blosc lacks it): so does its code
+                return f"zarr's blosc (numcodecs) has no {cname} compressor", {}
             params.update(
                 compressor="blosc", cname=cname, clevel=codec.clevel,  # type: ignore[attr-defined]
                 shuffle=codec.shuffle, typesize=codec.typesize,  # type: ignore[attr-defined]
