@@ -154,16 +154,8 @@ def atheris_run(name: str, seconds: float, seed: int, extra: list[str]) -> int:
     work = WORK / name
     work.mkdir(parents=True, exist_ok=True)
     CRASHES.mkdir(parents=True, exist_ok=True)
-    # libFuzzer ends the run on any malloc above -malloc_limit_mb (native
-    # code included, through the sanitizer's hooks). While the partial-alloc
-    # bug is open its target runs without that limit, so that the inputs
-    # reaching the bug count as "known-bug" (MemoryError, with
-    # allocator_may_return_null) instead of stopping the run.
-    limits = ["-rss_limit_mb=4096", "-malloc_limit_mb=512"]
-    if name == "shard-partial" and targets.KNOWN_BUG_PARTIAL_ALLOC:
-        limits = ["-rss_limit_mb=0", "-malloc_limit_mb=0"]
     args = [sys.argv[0], f"-seed={seed}", f"-max_total_time={int(seconds)}",
-            f"-timeout={TIMEOUT}", *limits,
+            f"-timeout={TIMEOUT}", "-rss_limit_mb=4096",
             f"-artifact_prefix={CRASHES}/{name}-", "-print_final_stats=1", *extra,
             str(work), str(CORPUS / name)]
     atheris.Setup(args, one_input)
