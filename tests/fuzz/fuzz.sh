@@ -42,5 +42,7 @@ fi
 # -malloc_limit_mb would end the run on the oracle's allocations too.)
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0:allocator_may_return_null=1:max_allocation_size_mb=64}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1}
+# small Python objects from malloc, so ASan sees overreads of small chunks
+[ -n "$preload" ] && export PYTHONMALLOC=malloc
 LD_PRELOAD=$preload exec "$PY" -P tests/fuzz/run.py --target "$FUZZ_TARGET" \
   --seconds "$FUZZ_SECONDS" --seed "$FUZZ_SEED" "$@"

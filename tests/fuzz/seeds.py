@@ -50,11 +50,17 @@ def seeds() -> dict[str, dict[str, bytes]]:
         flags = (1 if c.index_crc else 0) | (2 if c.big_endian else 0) | 4 \
             | (8 if c.at_start else 0)
         index[tag] = bytes([flags, 3]) + struct.pack("<H", payload) + raw
-    # an entry pointing past the shard (the raw codecs, no index crc)
+    # entries pointing past the shard (the raw codecs, no index crc): one
+    # too long, one of the right length that starts past the end (a reader
+    # that trusted it would copy from beyond the shard's buffer)
     c = ShardConfig(0, False, False, False)
     seed = bytearray(shard_seed(c))
     struct.pack_into("<QQ", seed, len(seed) - 64, 0, 4096)
     whole["past-end"] = partial["past-end"] = bytes(seed)
+    seed = bytearray(shard_seed(c))
+    inner_nbytes = 4 * 3 * 2
+    struct.pack_into("<QQ", seed, len(seed) - 64, len(seed) + 64, inner_nbytes)
+    whole["starts-past-end"] = partial["starts-past-end"] = bytes(seed)
     out["shard-whole"], out["shard-partial"], out["index"] = whole, partial, index
     return out
 
