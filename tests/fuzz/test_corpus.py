@@ -27,8 +27,8 @@ KNOWN_BUGS = {
 
 @pytest.fixture(autouse=True)
 def _configured() -> Iterator[None]:
-    with zarr.config.set({}):
-        targets.configure()
+    # scoped to each test: the rest of the suite runs with its own settings
+    with zarr.config.set(targets.SETTINGS):
         yield
 
 
