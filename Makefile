@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 export VENV
 
 .PHONY: bootstrap build demo test test-unit conformance bench-quick docs dashboard \
-	dashboard-test sdist clean
+	dashboard-test sdist clean fuzz fuzz-ci test-asan
 
 bootstrap:
 	@bash tools/bootstrap.sh
@@ -43,6 +43,26 @@ dashboard: bootstrap
 # renders the published dashboard in headless Chromium (needs `make dashboard`)
 dashboard-test: bootstrap
 	$(PY) -m pytest -m dashboard tests/test_dashboard.py
+
+# coverage-guided fuzzing (atheris) of the parsers of stored bytes, on a
+# clang build with AddressSanitizer under build/fuzz (docs/fuzzing.md):
+#   make fuzz FUZZ_SECONDS=600 FUZZ_TARGET=shard-partial FUZZ_SEED=7
+FUZZ_SECONDS ?= 60
+FUZZ_SEED ?= 1
+FUZZ_TARGET ?= all
+fuzz: bootstrap
+	FUZZ_SECONDS=$(FUZZ_SECONDS) FUZZ_SEED=$(FUZZ_SEED) FUZZ_TARGET=$(FUZZ_TARGET) \
+		PY=$(PY) bash tests/fuzz/fuzz.sh
+
+# the short, seeded budget CI runs
+fuzz-ci: bootstrap
+	FUZZ_SECONDS=15 FUZZ_SEED=1 FUZZ_TARGET=all PY=$(PY) bash tests/fuzz/fuzz.sh
+
+# the kernel, shard and fuzz-corpus tests on extensions built with
+# AddressSanitizer and UndefinedBehaviorSanitizer under build/asan (the
+# checkout's own extensions are not touched)
+test-asan: bootstrap
+	PY=$(PY) bash tests/fuzz/test_asan.sh
 
 sdist: bootstrap
 	$(PY) -m build --sdist --no-isolation --outdir dist

@@ -7,12 +7,19 @@ instructions select them at run time.
 
 ``ZARR_FUSED_EXTENSIONS=_scatter,_codecs`` restricts an in-place build to the
 named extensions, for a fast edit loop.
+
+``ZARR_FUSED_EXTRA_CFLAGS`` and ``ZARR_FUSED_EXTRA_LDFLAGS`` (whitespace
+separated) are added to the compile and link of every extension, and to
+nothing else: the sanitizer and fuzzing builds of ``tests/fuzz/build.sh`` pass
+``-fsanitize=...`` this way, so the library checks below still link plain
+programs. They are for instrumentation, not for tuning to the build host.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import sys
 import tempfile
 from pathlib import Path
@@ -134,7 +141,14 @@ def _selected(specs: list[dict]) -> list[dict]:
     return chosen
 
 
+def _env_flags(name: str) -> list[str]:
+    return shlex.split(os.environ.get(name, ""))
+
+
 def _extensions() -> list[Extension]:
+    base_cflags = ["-O3"] if sys.platform != "win32" else []
+    extra_cflags = _env_flags("ZARR_FUSED_EXTRA_CFLAGS")
+    extra_ldflags = _env_flags("ZARR_FUSED_EXTRA_LDFLAGS")
     exts = []
     for spec in _selected(EXTENSIONS):
         exts.append(
@@ -145,7 +159,8 @@ def _extensions() -> list[Extension]:
                 libraries=spec["libraries"],
                 include_dirs=[np.get_include(), "zarr_fused"],
                 define_macros=NUMPY_MACROS,
-                extra_compile_args=["-O3"] if sys.platform != "win32" else [],
+                extra_compile_args=base_cflags + extra_cflags,
+                extra_link_args=extra_ldflags,
             )
         )
     return exts
