@@ -67,16 +67,6 @@ ZARR = "zarr.core.codec_pipeline.BatchedCodecPipeline"
 #: (megabytes to 2**64) does not.
 ALLOC_BOUND = 4 << 20
 
-# KNOWN BUG (partial-alloc): a partial shard read over a MemoryStore sizes
-# the buffer it packs the fetched inner chunks into from the index entries
-# (zarr_fused/_read_sharded.py, ShardReader._fetch, ``np.empty(lengths.sum())``):
-# an entry claiming 2**40 bytes raises MemoryError, one claiming 100 MiB
-# allocates it, and lengths summing past 2**63 raise numpy's ValueError
-# "Maximum allowed dimension exceeded". Until the fix lands, a partial read
-# whose index claims bytes past the stored shard and that fails in one of
-# these ways counts as the outcome "known-bug", not a violation. Set to
-# False to see them fail.
-KNOWN_BUG_PARTIAL_ALLOC = True
 
 MISSING = 2**64 - 1
 
@@ -193,11 +183,11 @@ def _read(array: zarr.Array, selection: Any) -> Any:
     return array[selection]
 
 
-def _compare(pair: Pair, data: bytes, selections: list[Any], *, known_bug: Callable[[], bool] = lambda: False) -> str:
+def _compare(pair: Pair, data: bytes, selections: list[Any]) -> str:
     """Store ``data`` at the pair's key, read ``selections`` both ways,
     check the invariant; returns the outcome of the last selection
-    ("same", "both-error", "stricter" when zarr_fused raised where zarr
-    read, or "known-bug")."""
+    ("same", "both-error", or "stricter" when zarr_fused raised where zarr
+    read)."""
     pair.store_dict[pair.key] = cpu.Buffer.from_bytes(data)
     outcome = "same"
     for selection in selections:
@@ -215,20 +205,14 @@ def _compare(pair: Pair, data: bytes, selections: list[Any], *, known_bug: Calla
             except ZarrFusedError as exc:
                 got = exc
             except MemoryError as exc:
-                if known_bug():
-                    return "known-bug"
                 raise Violation(f"{selection}: MemoryError instead of a typed error") from exc
             except Exception as exc:
-                if known_bug():
-                    return "known-bug"
                 raise Violation(f"{selection}: untyped {type(exc).__name__}: {exc}") from exc
             peak = tracemalloc.get_traced_memory()[1]
         finally:
             if not tracing:
                 tracemalloc.stop()
         if peak > ALLOC_BOUND:
-            if known_bug():
-                return "known-bug"
             raise Violation(f"{selection}: zarr_fused allocated {peak} bytes at peak "
                             f"(bound {ALLOC_BOUND})")
         if isinstance(got, Exception):
@@ -361,19 +345,6 @@ PARTIAL_SELECTIONS = [(slice(0, 4), slice(0, 3)), (slice(None), slice(4, 6)),
                       (slice(5, 6), slice(1, 2))]
 
 
-def _claims_past(data: bytes, config: ShardConfig) -> bool:
-    """Whether an index entry claims bytes past the stored shard (the
-    KNOWN BUG partial-alloc trigger)."""
-    n = 4
-    size = 16 * n + (4 if config.index_crc else 0)
-    if len(data) < size:
-        return False
-    raw = data[:size] if config.at_start else data[len(data) - size:]
-    fmt = ">QQ" if config.big_endian else "<QQ"
-    return any(off != MISSING and off + nb > len(data)
-               for off, nb in struct.iter_unpack(fmt, raw[: 16 * n]))
-
-
 def _shard_target(selections: list[Any], partial: bool) -> Callable[[bytes], str]:
     def target(data: bytes) -> str:
         if not data:
@@ -381,9 +352,7 @@ def _shard_target(selections: list[Any], partial: bool) -> Callable[[bytes], str
         config = ShardConfig.from_byte(data[0])
         pair = _pair(("shard", config), config.create, "c/0/0")
         shard = config.fix_index_crc(data[1:]) if data[0] & 0x80 else data[1:]
-        known = (lambda: KNOWN_BUG_PARTIAL_ALLOC and _claims_past(shard, config)) if partial \
-            else (lambda: False)
-        return _compare(pair, shard, selections, known_bug=known)
+        return _compare(pair, shard, selections)
     return target
 
 

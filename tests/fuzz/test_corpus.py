@@ -20,9 +20,8 @@ import targets
 CORPUS = Path(__file__).resolve().parent / "corpus"
 
 #: corpus files that reproduce a bug not fixed yet: name -> reason
-KNOWN_BUGS = {
-    "shard-partial/known-bug-partial-alloc": "KNOWN BUG partial-alloc (see targets.py)",
-}
+# corpus files that fail the invariant today, with why (none)
+KNOWN_BUGS: dict[str, str] = {}
 
 
 @pytest.fixture(autouse=True)
@@ -43,9 +42,7 @@ def _cases() -> list[object]:
 
 
 @pytest.mark.parametrize("path", _cases())
-def test_corpus_meets_the_invariant(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # a known bug fails here, as it would in a fuzz run without the exemption
-    monkeypatch.setattr(targets, "KNOWN_BUG_PARTIAL_ALLOC", False)
+def test_corpus_meets_the_invariant(path: Path) -> None:
     outcome = targets.TARGETS[path.parent.name](path.read_bytes())
     assert outcome in {"same", "both-error", "stricter", "accepted", "rejected", "short"}
 
