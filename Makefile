@@ -16,10 +16,16 @@ build: bootstrap
 demo: bootstrap
 	$(PY) -m zarr_fused demo
 
-# our tests, zarr's conformance suites against zarr_fused, the quick asv run
-# and the docs build (warnings are errors)
+# our tests; the kernel, shard and corpus tests under ASan/UBSan (without the
+# slow shard-write suite, which `make test-asan` adds); the short seeded fuzz
+# budget; zarr's whole test suite against zarr_fused; the quick asv run and the
+# docs build (warnings are errors)
+CI_ASAN_TESTS := tests/test_codecs.py tests/test_scatter.py tests/test_localio.py \
+	tests/test_native_chain.py tests/test_shard_read.py tests/fuzz
 test: bootstrap
 	$(PY) -m pytest tests
+	ASAN_TESTS="$(CI_ASAN_TESTS)" PY=$(PY) bash tests/fuzz/test_asan.sh
+	FUZZ_SECONDS=15 FUZZ_SEED=1 FUZZ_TARGET=all PY=$(PY) bash tests/fuzz/fuzz.sh
 	$(PY) tests/conformance/run.py
 	bash tools/asv_quick.sh
 	$(PY) -m sphinx -W --keep-going -q -b html docs docs/_build/html

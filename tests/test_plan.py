@@ -374,3 +374,32 @@ def test_docs_state_the_accepted_strict_spellings() -> None:
                  (root / "docs" / "configuration.md").read_text()):
         for spelling in ("true", "yes", "on", "false", "no", "off"):
             assert f"`{spelling}`" in text or f"``{spelling}``" in text, (spelling, text[:80])
+
+
+def test_sharded_array_with_an_unregistered_inner_codec(fused: None) -> None:
+    """A codec object need not be registered by name (zarr's pipelines
+    accept it): the plan keeps the objects it was given."""
+    from dataclasses import dataclass
+
+    from zarr.abc.codec import BytesBytesCodec
+
+    @dataclass(frozen=True)
+    class Noop(BytesBytesCodec):
+        is_fixed_size = True
+
+        def to_dict(self) -> dict[str, Any]:
+            return {"name": "zarr-fused-test-unregistered-noop"}
+
+        async def _decode_single(self, chunk_bytes: Any, chunk_spec: Any) -> Any:
+            return chunk_bytes
+
+        async def _encode_single(self, chunk_bytes: Any, chunk_spec: Any) -> Any:
+            return chunk_bytes
+
+        def compute_encoded_size(self, input_byte_length: int, chunk_spec: Any) -> int:
+            return input_byte_length
+
+    arr = zarr.create_array({}, shape=(16,), chunks=(4,), shards=(8,), dtype="int32",
+                            compressors=[Noop()])
+    arr[...] = np.arange(16, dtype="int32")
+    assert_same_values(arr[...], np.arange(16, dtype="int32"))

@@ -625,3 +625,24 @@ def test_read_memory_is_output_plus_a_few_shards(tmp_path: Path) -> None:
     assert_same_values(got, data)
     extra = peak - data.nbytes
     assert extra < 4 * shard_bytes, f"read used {extra / shard_bytes:.1f} shards beyond its output"
+
+
+@pytest.mark.parametrize("store_kind", ["memory", "local"])
+@pytest.mark.parametrize("location", ["end", "start"])
+@pytest.mark.parametrize("operation", ["whole", "partial", "write"])
+def test_truncated_shard_in_zarrs_words(tmp_path: Path, store_kind: str, location: str,
+                                        operation: str) -> None:
+    """zarr's own tests match its message for a shard shorter than its index."""
+    store = make_store(store_kind, tmp_path)
+    with with_pipeline(FUSED):
+        arr = _sharded(store, index_location=location)
+        arr[...] = _data()
+        _put(store, "c/0/0", b"abc")
+        with pytest.raises(CorruptShardError, match="too short to hold its index") as info:
+            if operation == "whole":
+                arr[0:8, 0:6]
+            elif operation == "partial":
+                arr[0:2, 0:2]
+            else:
+                arr[0:2, 0:2] = 7
+        assert "c/0/0" in str(info.value)

@@ -105,8 +105,13 @@ def _pin_inner_pipeline(
     pinned: list[Codec] = []
     for codec in codecs:
         if type(codec) is ShardingCodec:
-            copy = _PinnedInnerSharding.__new__(_PinnedInnerSharding)
-            copy.__setstate__(codec.__getstate__())
+            # built from the parsed codec objects (not from their names, which
+            # need not be registered)
+            copy = _PinnedInnerSharding(
+                chunk_shape=codec.chunk_shape, codecs=codec.codecs,
+                index_codecs=codec.index_codecs, index_location=codec.index_location,
+                subchunk_write_order=codec.subchunk_write_order,
+            )
             object.__setattr__(copy, "_inner_pipeline_class", pipeline_class)
             codec = copy
         pinned.append(codec)

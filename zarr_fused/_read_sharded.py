@@ -219,9 +219,7 @@ class ShardReader:
                 return
             data = raw.as_numpy_array()
             if len(data) < size:
-                raise CorruptShardError(
-                    f"{describe_key(getter)}: the stored shard holds {len(data)} bytes, "
-                    f"too short for its {size}-byte index")
+                raise CorruptShardError.truncated(describe_key(getter), len(data), size)
             index = data[:size] if at_start else data[len(data) - size:]
             shard.entries = self._parse(index, n, grid, getter, len(data),
                                         0 if at_start else len(data) - size)
@@ -282,9 +280,7 @@ class ShardReader:
                 shard.missing = True
                 return
             if length < size:
-                raise CorruptShardError(
-                    f"{describe_key(getter)}: the stored shard holds {length} bytes, too short "
-                    f"for its {size}-byte index")
+                raise CorruptShardError.truncated(describe_key(getter), length, size)
             data = buf[:length]
             index = data[:size] if at_start else data[length - size:]
             shard.entries = self._parse(index, n, grid, getter, length, 0 if at_start else length - size)

@@ -238,9 +238,7 @@ def parse_index(index, Py_ssize_t n_chunks, *, bint checksum, bint big_endian,
     cdef int problem
     if got != expected:
         where = where() if callable(where) else where
-        raise CorruptShardError(
-            f"{where}: the shard index holds {got} bytes, {expected} expected "
-            "(a truncated or corrupt shard)")
+        raise CorruptShardError.truncated(where, got, expected)
     cdef cnp.ndarray entries = np.empty((n_chunks, 2), dtype=np.uint64)
     cdef uint64_t* ep = <uint64_t*>cnp.PyArray_DATA(entries)
     cdef const uint8_t* rp = &raw[0] if got else <const uint8_t*>ep
@@ -935,8 +933,7 @@ cdef int _fetch_check(PartialFetch* f, bytes path, cnp.ndarray entries, grid, wh
         raise OSError(f.err, os.strerror(f.err), os.fsdecode(path))
     if f.rc == 2:
         w = where() if callable(where) else where
-        raise CorruptShardError(
-            f"{w}: the stored shard is shorter than its {f.isize}-byte index (truncated shard)")
+        raise CorruptShardError.truncated(w, None, f.isize)
     if f.problem != INDEX_OK:
         raise _index_error(f.problem, entries, f.bad, f.other, f.stored, f.computed, f.size,
                            grid, where)

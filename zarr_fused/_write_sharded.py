@@ -112,9 +112,7 @@ class ShardWriter:
             data = raw.as_numpy_array()
         at_start = self.codec.index_location == "start"
         if len(data) < size:
-            raise CorruptShardError(
-                f"{describe_key(setter)}: the stored shard holds {len(data)} bytes, too short "
-                f"for its {size}-byte index")
+            raise CorruptShardError.truncated(describe_key(setter), len(data), size)
         index = data[:size] if at_start else data[len(data) - size:]
         entries = shard_kernels.parse_index(  # type: ignore[union-attr]
             index, n, checksum=self.checksum, big_endian=self.big_endian, shard_len=len(data),

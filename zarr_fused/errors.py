@@ -60,6 +60,14 @@ class CorruptShardError(CorruptChunkError):
     """A shard's index is invalid: truncated, failing its crc32c, or pointing
     outside the shard, into its own index, or at overlapping byte ranges."""
 
+    @classmethod
+    def truncated(cls, where: object, got: int | None, expected: int) -> CorruptShardError:
+        """A shard too short for its index, in zarr's words (its tests match
+        "too short to hold its index"); ``got`` None when unknown."""
+        read = "" if got is None else f"read {got} bytes of index, "
+        return cls(f"{where}: the stored shard is too short to hold its index: {read}"
+                   f"expected {expected}. The shard is truncated or corrupt.")
+
 
 class ZarrFusedWarning(UserWarning):
     """Something about this installation degrades zarr_fused (for example, the

@@ -1,9 +1,28 @@
-"""The one list of zarr tests that are expected to fail against zarr_fused.
+"""The zarr tests that do not simply pass against zarr_fused, each with its reason.
 
-Only tests that fail because they assert a specific pipeline class or
-zarr-internal calls belong here, each with its reason. They run as strict
-xfails: one that starts passing fails the run, so the list stays exact.
-Keys are pytest node ids relative to the zarr sdist root, per run.
+`EXPECTED`
+    tests expected to fail because they assert zarr-internal calls (a count
+    of async store calls, a spy on one of zarr's methods) or monkeypatch
+    zarr's private functions that zarr_fused's native code never calls. They
+    run as strict xfails: one that starts passing fails the run, so the list
+    stays exact.
+`KNOWN_BUGS`
+    NOT expected failures: real differences of zarr_fused from zarr, found by
+    this suite, each with a minimal reproduction, to be fixed in zarr_fused.
+    They run as strict xfails only so that the rest of the suite stays
+    green meanwhile; the fix makes them pass, which fails the run until the
+    entry is removed.
+`CANNOT_SELECT_ZARR_FUSED`
+    tests skipped because they run zarr in an environment of their own (a
+    `uv run` script) that zarr_fused is not installed in, so no run can point
+    them at zarr_fused.
+`NEEDS_INTERNET`
+    tests that read a public dataset on the internet; they run when its host
+    is reachable and are skipped (with the connection error) when it is not,
+    as on CI, where the network is PyPI only.
+
+Keys are pytest node ids relative to the zarr sdist root, per run. An entry
+that matches no collected test is an error, so none of these lists can rot.
 """
 
 from __future__ import annotations
@@ -21,6 +40,13 @@ _PRIVATE_SHARD_INDEX = (
     "the async path, e.g. its ZipStore case, where zarr's sharding codec reads the shard)"
 )
 
+_LOGGING_STORE_SET = (
+    "counts the async Store.set calls of a whole-array write through LoggingStore; a Fused "
+    "pipeline writes chunks to a store with synchronous IO through set_sync, which "
+    "LoggingStore counts under that name (zarr's own FusedCodecPipeline fails this test "
+    "identically under the env var; the zip case passes: ZipStore has no synchronous IO)"
+)
+
 EXPECTED: dict[str, dict[str, str]] = {
     "suite": {},
     "env": {
@@ -28,6 +54,14 @@ EXPECTED: dict[str, dict[str, str]] = {
             "counts the async Store.get calls of a partial shard write; the Fused sync path "
             "reads the shard with get_sync, which LoggingStore counts under another name "
             "(zarr's own FusedCodecPipeline fails this test identically under the env var)"
+        ),
+        "tests/test_store/test_logging.py::test_logging_store_counter[local]": _LOGGING_STORE_SET,
+        "tests/test_store/test_logging.py::test_logging_store_counter[memory]": _LOGGING_STORE_SET,
+        "tests/test_fused_pipeline.py::test_sharded_fallback_inner_chunks_avoid_async_transform": (
+            "spies on zarr's FusedCodecPipeline.read_sync and requires the nested shard read to "
+            "call it; zarr_fused.FusedCodecPipeline subclasses that class and overrides "
+            "read_sync, so the spy on the base method is never reached (the test's other "
+            "assertion, no per-chunk AsyncChunkTransform calls, passes)"
         ),
         "tests/test_codecs/test_sharding_unit.py::"
         "test_load_partial_shard_forwards_global_config_to_get_ranges": _ASYNC_GET_RANGES,
@@ -54,6 +88,58 @@ EXPECTED: dict[str, dict[str, str]] = {
             "spies on zarr's private zarr.core.codec_pipeline._get_pool; zarr_fused runs "
             "batches on its own pool (zarr_fused._pool), sized from the CPUs the process "
             "may use"
+        ),
+        **{
+            "tests/test_codecs/test_sharding_unit.py::"
+            f"test_bulk_decode_engagement_and_correctness[{read}-{location}]": (
+                "monkeypatches zarr's private ShardingCodec._decode_full_shard_bulk_if_uncompressed "
+                "and requires a full read to call it; zarr_fused decodes an uncompressed shard "
+                "with its own native bulk decode (zarr_fused._shard), so the spy is never reached "
+                "(the test's value checks pass)"
+            )
+            for read in ("full-slice", "ellipsis")
+            for location in ("start", "end")
+        },
+    },
+}
+
+
+# none today: the last two (zarr's wording for a truncated shard, unregistered
+# inner codecs) were fixed in zarr_fused
+KNOWN_BUGS: dict[str, dict[str, str]] = {
+    "alias": {},
+}
+
+_UV_EXAMPLE = (
+    "runs an examples/ script with `uv run` in a fresh environment that uv builds from the "
+    "zarr sdist and PyPI; zarr_fused is not installed there, so ZARR_CODEC_PIPELINE__PATH "
+    "cannot resolve to it (custom_dtype fails with BadConfigError) and the scripts that pin "
+    "zarr's own pipelines (codec_pipeline_performance, ~170 s) never run zarr_fused"
+)
+
+CANNOT_SELECT_ZARR_FUSED: dict[str, dict[str, str]] = {
+    "env": {
+        **{
+            f"tests/test_examples.py::test_scripts_can_run[script_path{i}]": _UV_EXAMPLE
+            for i in range(3)
+        },
+        # (its zarr 2.18 twin, test_roundtrip_v2, runs: zarr 2 ignores the variable)
+        "tests/test_regression/test_v2_dtype_regression.py::test_roundtrip_v3[ArrayParams("
+        "values=array(['a', 'bb', 'ccc', 'dddd'], dtype=object), fill_value='1', filters=(), "
+        "serializer='vlen-utf8', compressor=GZip(level=1))]": (
+            "copies the array with zarr 3.0.8 in a `uv run` environment that inherits "
+            "ZARR_CODEC_PIPELINE__PATH but has no zarr_fused, so zarr 3.0.8 raises "
+            "BadConfigError; its script also pins Python ==3.12, which uv cannot download "
+            "where the network is PyPI only"
+        ),
+    },
+}
+
+NEEDS_INTERNET: dict[str, dict[str, tuple[str, str]]] = {
+    "env": {
+        "tests/test_docs.py::test_documentation_examples[user-guide/storage.md:storage]": (
+            "noaa-nwm-retro-v2-zarr-pds.s3.amazonaws.com",
+            "opens the public NOAA bucket on AWS S3 anonymously",
         ),
     },
 }

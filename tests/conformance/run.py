@@ -5,24 +5,38 @@ The zarr sdist (same version as the installed zarr, 3.4.2 for this release
 of zarr_fused) is downloaded into ``.cache/`` at test time and never
 committed. Three pytest sessions then run from the unpacked sdist's root, so
 that zarr's own pytest configuration (warnings as errors, strict markers,
-asyncio mode) applies, each with the plugin `zarr_fused_conformance` loaded:
+asyncio mode, doctests, its conftest's markers and skips) applies, each with
+the plugin `zarr_fused_conformance` loaded:
 
 suite
     ``CodecPipelineTests`` from ``tests/test_codec_pipeline_suite.py``,
     instantiated for ``zarr_fused.FusedCodecPipeline`` over its sync and
     async store kinds.
 env
-    zarr's array, indexing, codec, API, property and pipeline suites with
+    zarr's whole test suite, every file under the sdist's ``tests/``
+    (benchmarks and docs examples included), and the doctests of the
+    installed zarr package, with
     ``ZARR_CODEC_PIPELINE__PATH=zarr_fused.FusedCodecPipeline``: zarr must
-    find the pipeline through its entry point.
+    find the pipeline through its entry point. zarr's own skips apply: GPU
+    tests skip without CuPy, ``slow_hypothesis`` tests without
+    ``--run-slow-hypothesis``; S3 tests run against a local moto server;
+    the interoperability tests fetch zarr 2.18 from PyPI with ``uv``.
+    Tests that pin one of zarr's pipelines by path run too (they check that
+    zarr_fused's presence leaves those intact).
 alias
-    the suites that name zarr's own ``FusedCodecPipeline`` (pipeline
-    parity, fast-path equivalence, fused pipeline, the pipeline suite), with
-    that class mapped to zarr_fused's.
+    every test of zarr's suite that names zarr's own ``FusedCodecPipeline``
+    (by path in a parameter, in its function or its class: the pipeline
+    parity, fast-path equivalence and fused-pipeline suites, the pipeline
+    suite's Fused class, the sharding tests run under either pipeline, ...),
+    with that class mapped to zarr_fused's.
 
-Tests expected to fail (they assert zarr-internal classes or calls) are
-listed once, with reasons, in `expected_failures.py`, and run as strict
-xfails. Usage: ``run.py [--runs suite,env,alias] [-- extra pytest args]``.
+Tests expected to fail (they assert zarr-internal calls or patch zarr's
+private functions) are listed once, with reasons, in `expected_failures.py`,
+and run as strict xfails; so are the few tests that cannot select zarr_fused
+or need the internet. Hypothesis runs zarr's ``ci`` profile (derandomized,
+so a failure reproduces) unless ``HYPOTHESIS_PROFILE`` is set. The env and
+alias runs use pytest-xdist workers (``--workers``, default 2). Usage:
+``run.py [--runs suite,env,alias] [--workers N] [-- extra pytest args]``.
 """
 
 from __future__ import annotations
@@ -57,24 +71,16 @@ SUITE_FILE = "tests/test_zz_zarr_fused_suite.py"
 RUNS: dict[str, dict[str, object]] = {
     "suite": {"paths": [SUITE_FILE], "env": {}},
     "env": {
-        "paths": [
-            "tests/test_array.py",
-            "tests/test_indexing.py",
-            "tests/test_codecs",
-            "tests/test_api.py",
-            "tests/test_properties.py",
-            "tests/test_codec_pipeline.py",
-        ],
+        # --pyargs: "tests" is the sdist's directory; "zarr" the installed
+        # package, whose docstrings zarr's addopts (--doctest-modules) run.
+        "paths": ["tests", f"--ignore={SUITE_FILE}", "--pyargs", "zarr"],
         "env": {"ZARR_CODEC_PIPELINE__PATH": "zarr_fused.FusedCodecPipeline"},
+        "parallel": True,
     },
     "alias": {
-        "paths": [
-            "tests/test_pipeline_parity.py",
-            "tests/test_fastpath_equivalence.py",
-            "tests/test_fused_pipeline.py",
-            "tests/test_codec_pipeline_suite.py",
-        ],
+        "paths": ["tests", f"--ignore={SUITE_FILE}"],
         "env": {"ZF_CONFORMANCE_ALIAS": "1"},
+        "parallel": True,
     },
 }
 
@@ -119,26 +125,32 @@ def fetch_sdist(version: str) -> Path:
     return target
 
 
-def run(name: str, sdist: Path, extra: list[str]) -> dict[str, object]:
+def run(name: str, sdist: Path, extra: list[str], workers: int) -> dict[str, object]:
     spec = RUNS[name]
     report = CACHE / f"conformance-{name}.json"
     report.unlink(missing_ok=True)
     env = dict(os.environ)
     env.pop("ZARR_CODEC_PIPELINE__PATH", None)
     env.update(spec["env"])  # type: ignore[arg-type]
+    env.setdefault("HYPOTHESIS_PROFILE", "ci")
+    # zarr's tests call `uv` by name (the interoperability tests run scripts
+    # with zarr 2.18 through `uv run`): the one installed with the test extra.
+    venv_bin = str(Path(sys.executable).parent)
+    env["PATH"] = os.pathsep.join(filter(None, [venv_bin, env.get("PATH")]))
     env.update(
         ZF_CONFORMANCE_RUN=name,
         ZF_CONFORMANCE_REPORT=str(report),
         ZF_CONFORMANCE_FULL="0" if extra else "1",
         PYTHONPATH=os.pathsep.join(filter(None, [str(HERE), env.get("PYTHONPATH")])),
     )
+    parallel = ["-n", str(workers)] if spec.get("parallel") and workers > 1 else []
     cmd = [
         sys.executable, "-m", "pytest", "-q", "-p", "zarr_fused_conformance",
-        "-p", "no:cacheprovider", *spec["paths"], *extra,  # type: ignore[misc]
+        "-p", "no:cacheprovider", *parallel, *spec["paths"], *extra,  # type: ignore[misc]
     ]
     log(f"run {name!r}: {' '.join(cmd[3:])}")
     start = time.monotonic()
-    proc = subprocess.run(cmd, cwd=sdist, env=env)
+    proc = subprocess.run(cmd, cwd=sdist, env=env, check=False)
     elapsed = time.monotonic() - start
     counts: dict[str, object] = {"run": name}
     if report.is_file():
@@ -150,6 +162,13 @@ def run(name: str, sdist: Path, extra: list[str]) -> dict[str, object]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", default="suite,env,alias", help="comma-separated runs")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=int(os.environ.get("ZF_CONFORMANCE_WORKERS", "2")),
+        help="pytest-xdist workers of the env and alias runs (1: no xdist); "
+        "env ZF_CONFORMANCE_WORKERS",
+    )
     parser.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
     args = parser.parse_args(argv)
     names = [n.strip() for n in args.runs.split(",") if n.strip()]
@@ -163,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     sdist = fetch_sdist(version)
     (sdist / SUITE_FILE).write_text(SUITE_MODULE)
 
-    results = [run(name, sdist, args.pytest_args) for name in names]
+    results = [run(name, sdist, args.pytest_args, args.workers) for name in names]
     print()
     log(f"zarr {version} test suite against zarr_fused")
     header = f"{'run':<8}{'passed':>8}{'xfailed':>9}{'skipped':>9}{'failed':>8}{'xpassed':>9}{'errors':>8}{'seconds':>9}"

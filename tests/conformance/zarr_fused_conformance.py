@@ -3,14 +3,16 @@
 It does three things, driven by environment variables that `run.py` sets:
 
 ``ZF_CONFORMANCE_RUN``
-    the name of the run; the strict xfails listed for it in
-    `expected_failures.EXPECTED` are applied, and an entry that matches no
-    collected test is an error (the list must not rot).
+    the name of the run; what `expected_failures` lists for it is applied
+    (strict xfails, skips, skips when a host is unreachable), and an entry
+    that matches no collected test is an error (the lists must not rot).
 ``ZF_CONFORMANCE_ALIAS=1``
     map zarr's own ``zarr.core.codec_pipeline.FusedCodecPipeline`` to
     zarr_fused's class, both in zarr's pipeline registry (for tests that
     select it by path) and as the module attribute (for tests that import
-    and instantiate it), so zarr's Fused-specific suites test zarr_fused.
+    and instantiate it), so zarr's Fused-specific tests test zarr_fused; and
+    keep only the tests that name that pipeline (in their id, or in the
+    source of their function or class): the rest run in the env run.
 ``ZF_CONFORMANCE_REPORT``
     a JSON file receiving the outcome counts of the run.
 
@@ -21,13 +23,15 @@ entry point alone.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import json
 import os
+import socket
 from collections import Counter
 
 import pytest
-
-from expected_failures import EXPECTED
+from expected_failures import CANNOT_SELECT_ZARR_FUSED, EXPECTED, KNOWN_BUGS, NEEDS_INTERNET
 
 RUN = os.environ.get("ZF_CONFORMANCE_RUN", "")
 ZARR_FUSED_PATH = "zarr.core.codec_pipeline.FusedCodecPipeline"
@@ -52,20 +56,82 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     return lines
 
 
+@functools.cache
+def unreachable(host: str) -> str | None:
+    """Why ``host`` cannot be reached on port 443, or None when it can."""
+    try:
+        socket.create_connection((host, 443), timeout=5).close()
+    except OSError as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def marker_for(nodeid: str) -> pytest.MarkDecorator | None:
+    """The marker `expected_failures` gives ``nodeid`` in this run, if any."""
+    reason = EXPECTED.get(RUN, {}).get(nodeid)
+    if reason is not None:
+        return pytest.mark.xfail(reason=f"zarr_fused: {reason}", strict=True)
+    reason = KNOWN_BUGS.get(RUN, {}).get(nodeid)
+    if reason is not None:
+        return pytest.mark.xfail(reason=f"zarr_fused {reason}", strict=True)
+    reason = CANNOT_SELECT_ZARR_FUSED.get(RUN, {}).get(nodeid)
+    if reason is not None:
+        return pytest.mark.skip(reason=f"zarr_fused: {reason}")
+    if nodeid in NEEDS_INTERNET.get(RUN, {}):
+        host, reason = NEEDS_INTERNET[RUN][nodeid]
+        error = unreachable(host)
+        if error is not None:
+            return pytest.mark.skip(reason=f"zarr_fused: {reason}; {host} unreachable ({error})")
+    return None
+
+
+def listed() -> set[str]:
+    return {
+        nodeid
+        for table in (EXPECTED, KNOWN_BUGS, CANNOT_SELECT_ZARR_FUSED, NEEDS_INTERNET)
+        for nodeid in table.get(RUN, {})
+    }
+
+
+def names_fused_pipeline(item: pytest.Item) -> bool:
+    """Whether ``item`` names zarr's Fused pipeline: a parameter id such as
+    ``zarr.core.codec_pipeline.FusedCodecPipeline`` or ``fused_full_threaded``,
+    or its test function's or class's source."""
+    if "fused" in item.nodeid.lower():
+        return True
+    for obj in (getattr(item, "function", None), getattr(item, "cls", None)):
+        try:
+            source = inspect.getsource(obj) if obj is not None else ""
+        except (OSError, TypeError):
+            continue
+        if "fused" in source.lower():
+            return True
+    return False
+
+
 def pytest_collection_modifyitems(
     session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
 ) -> None:
-    expected = EXPECTED.get(RUN, {})
+    if os.environ.get("ZF_CONFORMANCE_ALIAS") == "1":
+        keep: list[pytest.Item] = []
+        dropped: list[pytest.Item] = []
+        for item in items:
+            (keep if names_fused_pipeline(item) else dropped).append(item)
+        if dropped:
+            config.hook.pytest_deselected(items=dropped)
+            items[:] = keep
+    wanted = listed()
     seen: set[str] = set()
     for item in items:
-        reason = expected.get(item.nodeid)
-        if reason is not None:
+        if item.nodeid in wanted:
             seen.add(item.nodeid)
-            item.add_marker(pytest.mark.xfail(reason=f"zarr_fused: {reason}", strict=True))
+            marker = marker_for(item.nodeid)
+            if marker is not None:
+                item.add_marker(marker)
     # Only when the whole run is collected: a -k/nodeid subset legitimately
     # misses entries.
     if not config.getoption("keyword") and not config.getoption("markexpr"):
-        stale = sorted(set(expected) - seen)
+        stale = sorted(wanted - seen)
         if stale and os.environ.get("ZF_CONFORMANCE_FULL") == "1":
             raise pytest.UsageError(
                 "expected_failures.py lists tests that were not collected in run "
