@@ -77,6 +77,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--inner-tasks", type=int, default=64,
                         help="inner chunks read in the chunk-by-chunk scenarios")
+    parser.add_argument("--only", default="",
+                        help="comma-separated scenario prefixes to run (read-all, shard, "
+                             "inner, write-all); default all")
     args = parser.parse_args(argv)
 
     import logging
@@ -126,6 +129,13 @@ def main(argv: list[str] | None = None) -> int:
         def read_all(client: Any) -> int:
             return int(client.compute(da.from_zarr(str(source)).sum(dtype="u8")).result())
 
+        def floor(client: Any) -> int:
+            """The same task graph as read-all without any IO or decoding:
+            what Dask alone costs (the sum of a constant array)."""
+            chunks = da.from_zarr(str(source)).chunks
+            zeros = da.zeros(data.shape, chunks=chunks, dtype=data.dtype)
+            return int(client.compute(zeros.sum(dtype="u8")).result())
+
         def by_shard(client: Any) -> int:
             return _windowed(client, _read_region, [(str(source), s) for s in shards], 64)
 
@@ -145,7 +155,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"# dask side by side: uint16 {edge}^3, shards {shard}^3, inner {inner}^3 zstd-1, "
               f"{args.workers} workers x 1 thread (processes), CPUs "
               f"{len(os.sched_getaffinity(0))}, repeat {args.repeat}")
+        wanted = [w.strip() for w in args.only.split(",") if w.strip()]
+
+        def selected(title: str) -> bool:
+            return not wanted or any(title.startswith(w) for w in wanted)
+
         for title, (fn, want) in scenarios.items():
+            if not selected(title):
+                continue
             times: dict[str, list[float]] = {name: [] for name in clusters}
             for name, (_, client) in clusters.items():  # checked, untimed
                 got = fn(client)
@@ -158,9 +175,19 @@ def main(argv: list[str] | None = None) -> int:
                     fn(clusters[name][1])
                     times[name].append(time.perf_counter() - t0)
             _report(title, times)
+            if title.startswith("read-all"):
+                client = clusters["zarr_fused"][1]
+                floor(client)
+                spent = []
+                for _ in range(args.repeat):
+                    t0 = time.perf_counter()
+                    floor(client)
+                    spent.append(time.perf_counter() - t0)
+                print(f"{'dask alone':<14}{statistics.median(spent):>10.3f}{min(spent):>10.3f}"
+                      "   (the same graph, no IO: Dask's own cost)")
         times = {name: [] for name in clusters}
         names = list(clusters)
-        for r in range(args.repeat + 1):
+        for r in range(args.repeat + 1 if selected("write-all") else 0):
             for name in names[r % len(names):] + names[: r % len(names)]:
                 target = work / f"out-{name}-{r}.zarr"
                 target.mkdir()
@@ -173,7 +200,8 @@ def main(argv: list[str] | None = None) -> int:
                 if r:  # the first round only checks
                     times[name].append(elapsed)
                 shutil.rmtree(target)
-        _report("write-all (to_zarr(path), shard-aligned)", times)
+        if selected("write-all"):
+            _report("write-all (to_zarr(path), shard-aligned)", times)
     finally:
         for cluster, client in clusters.values():
             client.close()
