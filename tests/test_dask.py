@@ -37,6 +37,9 @@ SHAPE, SHARDS, INNER = (64, 64, 32), (32, 32, 32), (16, 16, 16)
 
 @pytest.fixture(scope="module")
 def client() -> Iterator[Any]:
+    # distributed's nannies set OMP_NUM_THREADS and friends in this process's
+    # environment for the workers they spawn; later tests must not inherit them
+    saved = dict(os.environ)
     cluster = distributed.LocalCluster(
         n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
         host="127.0.0.1", silence_logs=50,
@@ -48,6 +51,8 @@ def client() -> Iterator[Any]:
     finally:
         cluster.close(timeout=30)
         zarr.config.set({"codec_pipeline.path": BATCHED})
+        os.environ.clear()
+        os.environ.update(saved)
 
 
 def _data() -> np.ndarray:

@@ -1002,3 +1002,39 @@ def test_off_loop_cancelled_waiter_leaves_no_error() -> None:
     finally:
         loop.close()
     assert errors == []
+
+
+# -- default_max_workers ----------------------------------------------------------
+
+
+def _default_in_child(env: dict[str, str]) -> list[Any]:
+    script = "import json, zarr_fused\nprint(json.dumps(zarr_fused.default_max_workers()))"
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         env={**os.environ, **env}, check=True, timeout=120)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize(
+    ("value", "capped"),
+    [("1", True), ("1,4", True), ("1000", False), ("0", False), ("many", False), ("", False)],
+)
+def test_omp_num_threads_at_start_caps_the_default(value: str, capped: bool) -> None:
+    cpus = available_cpus()[0]
+    count, why = _default_in_child({"OMP_NUM_THREADS": value})
+    if capped:
+        assert count == 1 and "OMP_NUM_THREADS" in why
+    else:
+        assert count == cpus and "OMP_NUM_THREADS" not in why
+
+
+def test_omp_num_threads_set_later_does_not_cap() -> None:
+    """A process that creates a Dask LocalCluster sets OMP_NUM_THREADS=1 in
+    its own environment for the workers it spawns; its own reads keep their
+    threads."""
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    script = ("import os; os.environ['OMP_NUM_THREADS'] = '1'\n"
+              "import json, zarr_fused\nprint(json.dumps(zarr_fused.default_max_workers()))")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         env=env, check=True, timeout=120)
+    count, why = json.loads(out.stdout.strip())
+    assert count == available_cpus()[0] and "OMP_NUM_THREADS" not in why

@@ -184,10 +184,41 @@ def available_cpus(root: str | os.PathLike[str] = "/") -> tuple[int, str]:
     return max(1, count), why
 
 
+_start_env: tuple[int, dict[bytes, bytes] | None] | None = None
+
+
+def _environment_at_start() -> dict[bytes, bytes] | None:
+    """The environment this process was started with (``/proc/self/environ``,
+    read once per process), or None where it cannot be read.
+
+    Not ``os.environ``: a process that creates a Dask ``LocalCluster`` sets
+    ``OMP_NUM_THREADS=1`` in its own ``os.environ`` for the workers it
+    spawns, and that must not shrink its own reads.
+    """
+    global _start_env
+    pid = os.getpid()
+    if _start_env is None or _start_env[0] != pid:
+        try:
+            raw = Path("/proc/self/environ").read_bytes()
+            env: dict[bytes, bytes] | None = dict(
+                item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item
+            )
+        except OSError:
+            env = None
+        _start_env = (pid, env)
+    return _start_env[1]
+
+
 def _thread_limit_variable() -> tuple[int, str] | None:
-    """``OMP_NUM_THREADS`` as a positive integer (its first level when it
-    lists nested levels), or None when unset or not a number."""
-    raw = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
+    """``OMP_NUM_THREADS`` from the environment the process started with, as
+    a positive integer (its first level when it lists nested levels), or None
+    when unset or not a number."""
+    start = _environment_at_start()
+    if start is None:
+        value = os.environ.get("OMP_NUM_THREADS", "")
+    else:
+        value = os.fsdecode(start.get(b"OMP_NUM_THREADS", b""))
+    raw = value.split(",")[0].strip()
     try:
         value = int(raw)
     except ValueError:
@@ -214,9 +245,9 @@ def default_max_workers() -> tuple[int, str]:
     and why.
 
     Start from the CPUs this process may use (`available_cpus`). A thread
-    limit the environment sets for native libraries (``OMP_NUM_THREADS``:
-    Dask's nanny sets it to 1 in every worker, batch launchers often to a
-    rank's share) caps it. Inside a Dask worker, the worker's own task
+    limit for native libraries in the environment the process was started
+    with (``OMP_NUM_THREADS``: Dask's nanny sets it to 1 in every worker,
+    batch launchers often to a rank's share) caps it. Inside a Dask worker, the worker's own task
     threads already run one task per core it was given, so each task gets
     the CPUs divided by the task threads of this process: never more compute
     threads than CPUs.
@@ -225,7 +256,7 @@ def default_max_workers() -> tuple[int, str]:
     limit = _thread_limit_variable()
     if limit is not None and limit[0] < count:
         count = limit[0]
-        why += f", capped at {count} by {limit[1]}={os.environ[limit[1]]!r}"
+        why += f", capped at {count} by {limit[1]}"
     tasks = _dask_worker_threads()
     if tasks is not None:
         share = max(1, count // tasks)
