@@ -12,6 +12,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 variant=${1:?usage: tests/fuzz/build.sh asan|fuzz}
 PY=${PY:-${VENV:-.venv}/bin/python}
+case $PY in /*) ;; */*) PY=$PWD/$PY ;; esac  # the build below runs in $out
 out=build/$variant
 
 common="-fno-omit-frame-pointer -g -O1"
