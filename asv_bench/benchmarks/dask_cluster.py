@@ -2,7 +2,7 @@
 
 One ``LocalCluster`` of two single-threaded worker processes per benchmark
 setup, configured the way a user would: zarr_fused through
-`zarr_fused.dask.register`, the other pipelines by setting
+`zarr_fused.dask.register`, the other pipelines by a worker plugin setting
 ``codec_pipeline.path`` in every worker. ``asv_bench/dask_side_by_side.py``
 runs the same scenarios side by side in one process.
 """
@@ -14,12 +14,6 @@ import numpy as np
 from ._peers import PIPELINES, available, choose, data_dir
 
 PEERS = choose(list(PIPELINES), ["zarr_fused", "zarr-batched"])
-
-
-def _set_pipeline(path: str) -> None:
-    import zarr
-
-    zarr.config.set({"codec_pipeline.path": path})
 
 
 class DaskSharded:
@@ -62,8 +56,9 @@ class DaskSharded:
         self.client = Client(self.cluster, set_as_default=False)
         if peer == "zarr_fused":
             zarr_fused.dask.register(self.client)
-        else:
-            self.client.run(_set_pipeline, PIPELINES[peer])
+        else:  # the same plugin, with another pipeline (importable in the workers)
+            plugin = zarr_fused.dask.ZarrFusedPlugin({"codec_pipeline.path": PIPELINES[peer]})
+            self.client.register_plugin(plugin, name="pipeline")
         self.da = da
         total = self.client.compute(da.from_zarr(str(self.source)).sum(dtype="u8")).result()
         if int(total) != int(self.data.sum(dtype="u8")):
