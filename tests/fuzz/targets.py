@@ -185,16 +185,17 @@ def _read(array: zarr.Array, selection: Any) -> Any:
 
 def _compare(pair: Pair, data: bytes, selections: list[Any]) -> str:
     """Store ``data`` at the pair's key, read ``selections`` both ways,
-    check the invariant; returns the outcome of the last selection
-    ("same", "both-error", or "stricter" when zarr_fused raised where zarr
-    read)."""
+    check the invariant; returns the outcome of the last selection ("same",
+    or "rejected" when zarr_fused raised its typed error).
+
+    zarr_fused reads first, and zarr's pipeline is asked only about bytes
+    zarr_fused accepted: numcodecs' bundled c-blosc crashes (SEGV in
+    ``blosc_d``) on some crafted frames, which must not end a fuzz run that
+    is about zarr_fused. A typed error naming the key meets the invariant
+    whatever zarr would have said."""
     pair.store_dict[pair.key] = cpu.Buffer.from_bytes(data)
     outcome = "same"
     for selection in selections:
-        try:
-            expected: Any = _read(pair.zarr_array, selection)
-        except Exception as exc:  # zarr's own verdict on these bytes (MemoryError
-            expected = exc        # too: numcodecs allocates what a header claims)
         tracing = tracemalloc.is_tracing()  # someone else's trace is left running
         if not tracing:
             tracemalloc.start()
@@ -218,11 +219,13 @@ def _compare(pair: Pair, data: bytes, selections: list[Any]) -> str:
         if isinstance(got, Exception):
             if pair.key not in str(got):
                 raise Violation(f"{selection}: the error does not name {pair.key!r}: {got}")
-            outcome = "both-error" if isinstance(expected, Exception) else "stricter"
+            outcome = "rejected"
             continue
-        if isinstance(expected, Exception):
+        try:
+            expected: Any = _read(pair.zarr_array, selection)
+        except Exception as exc:  # zarr's own verdict on these bytes
             raise Violation(f"{selection}: zarr_fused read values where zarr raised "
-                            f"{type(expected).__name__}: {expected}")
+                            f"{type(exc).__name__}: {exc}") from exc
         if got.dtype != expected.dtype or not np.array_equal(got, expected):
             raise Violation(f"{selection}: zarr_fused read {got!r}, zarr read {expected!r}")
     return outcome
