@@ -36,7 +36,7 @@ from zarr.codecs import ZstdCodec
 from zarr.storage import LocalStore
 
 from conftest import BATCHED, FUSED, with_pipeline
-from shims import build_faultfs, child_env
+from shims import build_faultfs, child_env, communicate
 
 TIMEOUT = 60.0
 SHAPE = (512, 512)  # int32: 1 MiB a generation when the whole array is written
@@ -118,13 +118,7 @@ def wait_for_line(proc: subprocess.Popen[str], expected: str) -> None:
 
 def finish(proc: subprocess.Popen[str]) -> str:
     """Wait for the writer to end (killing it at the timeout); its stderr."""
-    try:
-        _, err = proc.communicate(timeout=TIMEOUT)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-    return err
+    return communicate(proc, TIMEOUT)[1]
 
 
 def grid_keys(layout: str) -> dict[str, tuple[slice, slice]]:

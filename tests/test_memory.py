@@ -36,7 +36,7 @@ from zarr.codecs import BloscCodec, GzipCodec, ZstdCodec
 from zarr.storage import LocalStore
 
 from conftest import FUSED, with_pipeline
-from shims import FaultyChild, child_env
+from shims import FaultyChild, child_env, communicate
 
 TIMEOUT = 120.0
 MIB = 1 << 20
@@ -125,12 +125,7 @@ def measure(root: Path, op: str, selection: tuple[slice, ...], warm: tuple[slice
         [sys.executable, "-c", FRESH, json.dumps(args)], env=child_env(),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
-    try:
-        stdout, stderr = proc.communicate(timeout=TIMEOUT)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+    stdout, stderr = communicate(proc, TIMEOUT)
     assert proc.returncode == 0, stderr
     result = json.loads(stdout.strip().splitlines()[-1])
     assert result["pipeline"] == FUSED

@@ -19,6 +19,17 @@ import pytest
 SOURCE = Path(__file__).with_name("faultfs.c")
 
 
+def communicate(proc: subprocess.Popen[str], timeout: float) -> tuple[str, str]:
+    """``proc.communicate(timeout=...)``, killing the child if it is still
+    running when that returns or raises (a hang never outlives the test)."""
+    try:
+        return proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
 def build_faultfs(directory: Path) -> Path:
     """The shim compiled into ``directory``; skips the test when it cannot be."""
     if not sys.platform.startswith("linux"):
