@@ -82,7 +82,7 @@ def run_info() -> int:
 
     import zarr_fused
     from zarr_fused._native import missing_message
-    from zarr_fused._pool import default_max_workers, resolve_max_workers
+    from zarr_fused._cpus import default_max_workers, resolve_max_workers
     from zarr_fused.config import MAX_WORKERS_KEY, STRICT_KEY, strict_mode
 
     info = zarr_fused.native_info()
