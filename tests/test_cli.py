@@ -1,6 +1,6 @@
 """The ``zarr-fused`` command line: info, bench, demo, and its errors.
 
-Most cases call `zarr_fused._cli.main` in-process (an uncaught exception
+Most cases call `zarr_fused.cli.main` in-process (an uncaught exception
 fails the test, so "no traceback" holds there by construction); a few run
 ``python -m zarr_fused`` in a subprocess to cover the real process: its exit
 status and what reaches stderr.
@@ -25,8 +25,8 @@ import zarr
 from zarr.storage import LocalStore, ZipStore
 
 import zarr_fused
-from zarr_fused import _bench
-from zarr_fused._cli import main
+from zarr_fused.cli import bench as _bench
+from zarr_fused.cli import main
 
 BATCHED = "zarr.core.codec_pipeline.BatchedCodecPipeline"
 HAVE = {m: importlib.util.find_spec(m) is not None for m in ("zarrs", "tensorstore", "matplotlib")}
@@ -429,7 +429,7 @@ def test_plot_without_matplotlib(tmp_path: Path) -> None:
         f"""
         import sys
         sys.modules["matplotlib"] = None  # `import matplotlib` now raises ImportError
-        from zarr_fused._cli import main
+        from zarr_fused.cli import main
         sys.exit(main(["bench", "--size", "8", "--repeat", "1", "--plot", {str(target)!r}]))
         """
     )

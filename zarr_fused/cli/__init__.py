@@ -198,10 +198,10 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "info":
         return run_info()
     if args.command == "bench":
-        from zarr_fused._bench import run_bench
+        from zarr_fused.cli.bench import run_bench
 
         return run_bench(args)
-    from zarr_fused._demo import run_demo
+    from zarr_fused.cli.demo import run_demo
 
     return run_demo(edge=args.edge, repeat=args.repeat)
 

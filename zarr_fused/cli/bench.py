@@ -36,7 +36,7 @@ import numpy as np
 import zarr
 from zarr.storage import LocalStore, ZipStore
 
-from zarr_fused._cli import (
+from zarr_fused.cli import (
     BENCH_PIPELINES,
     EXIT_FAILURE,
     EXIT_OK,
@@ -228,7 +228,7 @@ def _sample_geometry(size: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
 
 def make_sample(size: int) -> Source:
     """Write the sharded zstd uint16 sample cube once, to a temporary directory."""
-    from zarr_fused._demo import _sample
+    from zarr_fused.cli.demo import _sample
 
     chunks, shards = _sample_geometry(size)
     data = _sample(size)
