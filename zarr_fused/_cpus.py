@@ -190,12 +190,11 @@ def _thread_limit_variable() -> tuple[int, str] | None:
     when unset or not a number."""
     start = _environment_at_start()
     if start is None:
-        value = os.environ.get("OMP_NUM_THREADS", "")
+        text = os.environ.get("OMP_NUM_THREADS", "")
     else:
-        value = os.fsdecode(start.get(b"OMP_NUM_THREADS", b""))
-    raw = value.split(",")[0].strip()
+        text = os.fsdecode(start.get(b"OMP_NUM_THREADS", b""))
     try:
-        value = int(raw)
+        value = int(text.split(",")[0].strip())
     except ValueError:
         return None
     return (value, "OMP_NUM_THREADS") if value >= 1 else None

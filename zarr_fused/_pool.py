@@ -23,7 +23,7 @@ import contextvars
 import itertools
 import os
 import threading
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -56,7 +56,7 @@ def _mark_worker() -> None:
 
 def get_pool(threads: int) -> ThreadPoolExecutor:
     """The shared pool, grown to at least ``threads`` threads (>= 1)."""
-    global _pool, _pool_size, _pool_pid
+    global _pool, _pool_size
     if threads < 1:
         raise ValueError(f"threads must be >= 1, got {threads}")
     if _pool_pid != os.getpid():
@@ -111,8 +111,10 @@ def _hop_executor() -> ThreadPoolExecutor:
         with _pool_lock:
             if _hop is None or _hop_pid != os.getpid():
                 # sized like asyncio's default executor, which it stands in for
-                _hop = ThreadPoolExecutor(max_workers=min(32, (os.cpu_count() or 1) + 4),
-                                          thread_name_prefix="zarr_fused-io")
+                _hop = ThreadPoolExecutor(
+                    max_workers=min(32, (os.cpu_count() or 1) + 4),
+                    thread_name_prefix="zarr_fused-io",
+                )
                 _hop_pid = os.getpid()
             hop = _hop
     return hop
@@ -139,6 +141,7 @@ async def off_loop[R](fn: Callable[..., R], /, *args: Any, **kwargs: Any) -> R:
     context = contextvars.copy_context()
 
     def job() -> None:
+        value: object
         try:
             value, ok = context.run(fn, *args, **kwargs), True
         except BaseException as exc:  # handed to the awaiting coroutine
@@ -161,9 +164,7 @@ def in_worker_thread() -> bool:
     return getattr(_local, "in_worker", False)
 
 
-def run_parallel[T, R](
-    fn: Callable[[T], R], items: Sequence[T], max_workers: int
-) -> list[R]:
+def run_parallel[T, R](fn: Callable[[T], R], items: Sequence[T], max_workers: int) -> list[R]:
     """``[fn(x) for x in items]``, spread over up to ``max_workers`` threads.
 
     The calling thread works too, so ``max_workers`` threads run in all.
@@ -210,6 +211,13 @@ def run_parallel[T, R](
         for fut in futures:
             fut.cancel()
         wait(futures)
+    _raise_failure(futures, errors)
+    return results
+
+
+def _raise_failure(futures: list[Future[None]], errors: dict[int, BaseException]) -> None:
+    """Raise what broke a helper, else the failure of the lowest-index item
+    (noting how many others failed), else nothing."""
     for fut in futures:
         if fut.cancelled():
             continue
@@ -222,7 +230,6 @@ def run_parallel[T, R](
         if len(errors) > 1:
             exc.add_note(f"({len(errors) - 1} other item(s) of this batch failed too)")
         raise exc
-    return results
 
 
 def partition(n: int, max_workers: int, *, max_group: int = 64) -> list[range]:
