@@ -119,6 +119,12 @@ def _add_bench(sub: Subparsers) -> None:
         metavar="N",
         help=f"timed reads per pipeline, median reported (default {DEFAULT_REPEAT})",
     )
+    _add_bench_choices(bench)
+    _add_bench_outputs(bench)
+
+
+def _add_bench_choices(bench: argparse.ArgumentParser) -> None:
+    """What is read, and by which pipelines."""
     bench.add_argument(
         "--pipelines",
         metavar="LIST",
@@ -131,6 +137,10 @@ def _add_bench(sub: Subparsers) -> None:
         "integers, start:stop[:step] slices and '...', comma-separated, "
         "e.g. '0:100,:,5' (use --selection=-5: when it starts with a minus)",
     )
+
+
+def _add_bench_outputs(bench: argparse.ArgumentParser) -> None:
+    """What is shown and written besides the table."""
     bench.add_argument(
         "--progress",
         action=argparse.BooleanOptionalAction,
