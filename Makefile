@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 export VENV
 
-.PHONY: bootstrap build demo test test-unit conformance bench-quick docs dashboard \
+.PHONY: bootstrap build demo test test-unit lint conformance bench-quick docs dashboard \
 	dashboard-test sdist clean fuzz fuzz-ci test-asan
 
 bootstrap:
@@ -32,6 +32,20 @@ test: bootstrap
 
 test-unit: bootstrap
 	$(PY) -m pytest tests
+
+# ruff (lint, and the formatter in check mode), mypy over zarr_fused against
+# the .pyi stubs, cython-lint over the .pyx/.pxd files, and the package's
+# structure (import cycles, depth, long functions); every check runs, and
+# the target fails if any of them found something. cython-lint runs
+# pycodestyle, found on PATH.
+lint: bootstrap
+	@status=0; \
+	$(VENV)/bin/ruff check . || status=1; \
+	$(VENV)/bin/ruff format --check . || status=1; \
+	$(VENV)/bin/mypy || status=1; \
+	PATH="$(abspath $(VENV))/bin:$$PATH" $(VENV)/bin/cython-lint zarr_fused || status=1; \
+	$(PY) tools/check_structure.py || status=1; \
+	exit $$status
 
 conformance: bootstrap
 	$(PY) tests/conformance/run.py

@@ -1,6 +1,6 @@
 """The ``zarr-fused`` command line: info, bench, demo, and its errors.
 
-Most cases call `zarr_fused._cli.main` in-process (an uncaught exception
+Most cases call `zarr_fused.cli.main` in-process (an uncaught exception
 fails the test, so "no traceback" holds there by construction); a few run
 ``python -m zarr_fused`` in a subprocess to cover the real process: its exit
 status and what reaches stderr.
@@ -25,8 +25,7 @@ import zarr
 from zarr.storage import LocalStore, ZipStore
 
 import zarr_fused
-from zarr_fused import _bench
-from zarr_fused._cli import main
+from zarr_fused.cli import main, peers, selection
 
 BATCHED = "zarr.core.codec_pipeline.BatchedCodecPipeline"
 HAVE = {m: importlib.util.find_spec(m) is not None for m in ("zarrs", "tensorstore", "matplotlib")}
@@ -261,10 +260,10 @@ def test_bench_selection(
 )
 def test_selection_matches_numpy(expr: str, numpy_index: tuple[Any, ...]) -> None:
     data = np.random.default_rng(7).integers(0, 100, (6, 5, 8))
-    sel = _bench.resolve_selection(_bench.parse_selection(expr), data.shape, expr)
+    sel = selection.resolve_selection(selection.parse_selection(expr), data.shape, expr)
     assert all(s >= 0 if isinstance(s, int) else s.start >= 0 for s in sel)
     np.testing.assert_array_equal(data[sel], data[numpy_index], strict=True)
-    assert _bench.selection_shape(sel) == data[numpy_index].shape
+    assert selection.selection_shape(sel) == data[numpy_index].shape
 
 
 def test_bench_json_structure(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -365,7 +364,7 @@ def test_bench_progress(capsys: pytest.CaptureFixture[str], flag: list[str], dra
 
 
 def _sabotage(monkeypatch: pytest.MonkeyPatch, victim: str, how: str) -> None:
-    real = _bench.ZarrRunner.read
+    real = peers.ZarrRunner.read
 
     def read(self: Any, sel: Any) -> np.ndarray:
         got = real(self, sel)
@@ -379,7 +378,7 @@ def _sabotage(monkeypatch: pytest.MonkeyPatch, victim: str, how: str) -> None:
         bad.flat[0] += 1
         return bad
 
-    monkeypatch.setattr(_bench.ZarrRunner, "read", read)
+    monkeypatch.setattr(peers.ZarrRunner, "read", read)
 
 
 @pytest.mark.parametrize(
@@ -429,7 +428,7 @@ def test_plot_without_matplotlib(tmp_path: Path) -> None:
         f"""
         import sys
         sys.modules["matplotlib"] = None  # `import matplotlib` now raises ImportError
-        from zarr_fused._cli import main
+        from zarr_fused.cli import main
         sys.exit(main(["bench", "--size", "8", "--repeat", "1", "--plot", {str(target)!r}]))
         """
     )
@@ -555,7 +554,7 @@ def test_bench_pipeline_not_installed(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
     pipelines: list[str], code: int,
 ) -> None:
-    monkeypatch.setitem(_bench._OPTIONAL, "zarrs", "zarr_fused_tests_no_such_module")
+    monkeypatch.setitem(peers._OPTIONAL, "zarrs", "zarr_fused_tests_no_such_module")
     got, out, err = call(capsys, "bench", "--size", "8", "--repeat", "1", *pipelines)
     assert got == code
     if code:

@@ -10,8 +10,8 @@ environment (no import needed: zarr finds the pipeline through its
 ``zarr.codec_pipeline`` entry point).
 """
 
+from zarr_fused._cpus import available_cpus, default_max_workers
 from zarr_fused._native import native_info
-from zarr_fused._pool import available_cpus, default_max_workers
 from zarr_fused._version import __version__
 from zarr_fused.errors import (
     CorruptChunkError,

@@ -1,6 +1,6 @@
 """Command line of zarr_fused: ``zarr-fused`` / ``python -m zarr_fused``.
 
-The verbs live in `zarr_fused._cli`; this module is the entry point
+The verbs live in `zarr_fused.cli`; this module is the entry point
 (``[project.scripts]`` names ``zarr_fused.__main__:main``).
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 
-from zarr_fused._cli import main
+from zarr_fused.cli import main
 
 __all__ = ["main"]
 

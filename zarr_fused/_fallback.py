@@ -22,8 +22,9 @@ from zarr.abc.codec import ArrayBytesCodecPartialDecodeMixin
 from zarr.core.chunk_utils import _merge_chunk_array, chunk_is_empty
 from zarr.core.config import config as zarr_config
 
+from zarr_fused._cpus import resolve_max_workers
 from zarr_fused._output import fill_missing, scatter_chunk
-from zarr_fused._pool import get_pool, resolve_max_workers
+from zarr_fused._pool import get_pool
 from zarr_fused._read import MISSING, PRESENT
 from zarr_fused._write import merge_and_encode
 

@@ -38,11 +38,6 @@ _warned = False
 _warn_lock = threading.Lock()
 
 
-def extensions_available() -> bool:
-    """Whether every compiled extension of zarr_fused imported."""
-    return not _errors
-
-
 def missing_message() -> str:
     """Why the extensions are unusable and how to fix it ('' when they are fine)."""
     if not _errors:
