@@ -22,7 +22,7 @@ from zarr.core.buffer import default_buffer_prototype
 
 from zarr_fused.errors import ChecksumError, ChunkSizeError, CorruptChunkError, DecompressionError
 
-from conftest import BATCHED, FUSED, assert_same_values, chunk_items, make_store, with_pipeline
+from helpers import BATCHED, FUSED, assert_same_values, chunk_items, make_store, with_pipeline
 
 DTYPES = ["bool", "int8", "uint16", "int32", "uint64", "float16", "float32", "float64",
           "complex64", "complex128", "datetime64[ms]", "timedelta64[ns]", "<U2", "S3"]

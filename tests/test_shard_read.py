@@ -21,7 +21,7 @@ from zarr.testing.strategies import basic_indices, orthogonal_indices
 from zarr_fused._read_sharded import ShardReader
 from zarr_fused.errors import CorruptChunkError, CorruptShardError
 
-from conftest import (
+from helpers import (
     BATCHED, FUSED, SIDE_BY_SIDE_CODECS, assert_same_values, make_store, with_pipeline,
 )
 

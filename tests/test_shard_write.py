@@ -23,7 +23,7 @@ from zarr_fused._chain import byte_identical
 from zarr_fused._write_sharded import ShardWriter
 from zarr_fused.errors import CorruptChunkError, ZarrFusedError
 
-from conftest import (
+from helpers import (
     BATCHED, FUSED, SIDE_BY_SIDE_CODECS, assert_same_values, chunk_items, make_store,
     with_pipeline,
 )
