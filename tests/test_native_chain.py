@@ -18,17 +18,17 @@ import zarr
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec, GzipCodec, TransposeCodec, ZstdCodec
-from zarr.core.array_spec import ArrayConfig, ArraySpec
 from zarr.core.buffer import default_buffer_prototype
 from zarr.core.buffer.cpu import NDBuffer
 from zarr.core.chunk_utils import ChunkTransform, evolve_codecs
-from zarr.core.dtype import get_data_type_from_native_dtype
 
 from zarr_fused import _reference as reference
 from zarr_fused._chain import build_chain, byte_identical
 from zarr_fused.errors import ChecksumError, ChunkSizeError, CorruptChunkError, DecompressionError
 
-from helpers import BATCHED, FUSED, assert_same_values, chunk_items, make_store, with_pipeline
+from helpers import (
+    BATCHED, FUSED, assert_same_values, chunk_items, chunk_spec, make_store, with_pipeline,
+)
 
 DTYPES = ["bool", "int8", "uint16", "int32", "uint64", "float16", "float32", "float64",
           "complex64", "complex128", "datetime64[ms]", "timedelta64[ns]", "<U2", "S3"]
@@ -283,20 +283,13 @@ TWIN_TAILS = {
 TWIN_TAIL_PARAMS = [pytest.param(k, id=k) for k in TWIN_TAILS]
 
 
-def _twin_spec(shape: tuple[int, ...], dtype: np.dtype[Any]) -> ArraySpec:
-    zdtype = get_data_type_from_native_dtype(dtype)
-    return ArraySpec(shape=shape, dtype=zdtype, fill_value=zdtype.default_scalar(),
-                     config=ArrayConfig(order="C", write_empty_chunks=True),
-                     prototype=default_buffer_prototype())
-
-
 class TwinChain:
     """One chain for one chunk spec: zarr's codecs, the native chain, zarr's
     ChunkTransform."""
 
     def __init__(self, dtype: np.dtype[Any], shape: tuple[int, ...],
                  orders: tuple[tuple[int, ...], ...], endian: str, tail: list[Any]) -> None:
-        self.spec = _twin_spec(shape, dtype)
+        self.spec = chunk_spec(shape, dtype)
         codecs = [*(TransposeCodec(order=o) for o in orders), BytesCodec(endian=endian), *tail]
         self.codecs = evolve_codecs(codecs, self.spec)
         self.transform = ChunkTransform(codecs=self.codecs)

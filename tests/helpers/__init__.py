@@ -17,6 +17,9 @@ import numpy as np
 import zarr
 from zarr.abc.store import Store
 from zarr.codecs import BloscCodec, Crc32cCodec, GzipCodec, ZstdCodec
+from zarr.core.array_spec import ArrayConfig, ArraySpec
+from zarr.core.buffer import default_buffer_prototype
+from zarr.core.dtype import get_data_type_from_native_dtype
 from zarr.storage import LocalStore, MemoryStore, WrapperStore, ZipStore
 
 FUSED = "zarr_fused.FusedCodecPipeline"
@@ -65,8 +68,6 @@ def chunk_items(store: Store) -> dict[str, bytes]:
     """Every stored chunk or shard (no metadata), by key."""
 
     async def collect() -> dict[str, bytes]:
-        from zarr.core.buffer import default_buffer_prototype
-
         out = {}
         async for key in store.list():
             if key.rsplit("/", 1)[-1] in METADATA_KEYS:
@@ -95,3 +96,12 @@ def assert_same_values(actual: Any, expected: Any, *, byte_order: bool = True) -
         expected = expected.astype(expected.dtype.newbyteorder("="))
     assert actual.dtype == expected.dtype
     np.testing.assert_array_equal(actual, expected, strict=True)
+
+
+def chunk_spec(shape: tuple[int, ...], dtype: Any) -> ArraySpec:
+    """The spec of one chunk of ``shape`` and NumPy ``dtype`` (default fill
+    value, C order, CPU buffers), as codecs receive it."""
+    zdtype = get_data_type_from_native_dtype(np.dtype(dtype))
+    return ArraySpec(shape=shape, dtype=zdtype, fill_value=zdtype.default_scalar(),
+                     config=ArrayConfig(order="C", write_empty_chunks=True),
+                     prototype=default_buffer_prototype())
