@@ -1,77 +1,13 @@
-"""Shared fixtures: real stores of every kind and zarr's pipelines as oracles."""
+"""Shared fixtures; the helpers and constants they use live in `helpers`."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterator
-from pathlib import Path
-from typing import Any
 
-import numpy as np
 import pytest
 import zarr
-from zarr.abc.store import Store
-from zarr.codecs import BloscCodec, Crc32cCodec, GzipCodec, ZstdCodec
-from zarr.storage import LocalStore, MemoryStore, WrapperStore, ZipStore
 
-FUSED = "zarr_fused.FusedCodecPipeline"
-BATCHED = "zarr.core.codec_pipeline.BatchedCodecPipeline"
-ZARR_FUSED = "zarr.core.codec_pipeline.FusedCodecPipeline"
-
-METADATA_KEYS = ("zarr.json", ".zarray", ".zattrs", ".zgroup", ".zmetadata")
-
-# The bytes -> bytes codecs after `bytes` in the side-by-side tests (chunks
-# decoded or gathered together): every compressor, and crc32c after, before
-# (decoded one by one) or without one.
-SIDE_BY_SIDE_CODECS = {
-    "raw": [],
-    "zstd": [ZstdCodec(level=1)],
-    "gzip": [GzipCodec(level=1)],
-    "blosc": [BloscCodec(cname="lz4", clevel=1)],
-    "zstd-crc": [ZstdCodec(level=1), Crc32cCodec()],
-    "crc-zstd": [Crc32cCodec(), ZstdCodec(level=1)],
-    "crc": [Crc32cCodec()],
-}
-
-
-class NoSyncIOStore(WrapperStore[Store]):
-    """A real store that advertises no synchronous IO, like a remote store:
-    pipelines must take their async path on it."""
-
-    @property
-    def _supports_sync_io(self) -> bool:
-        return False
-
-
-def make_store(kind: str, tmp_path: Path, name: str = "data") -> Store:
-    """A fresh store of ``kind``: memory, local, zip (async-only) or nosync."""
-    if kind == "memory":
-        return MemoryStore()
-    if kind == "local":
-        return LocalStore(tmp_path / name)
-    if kind == "zip":
-        return ZipStore(tmp_path / f"{name}.zip", mode="w")
-    if kind == "nosync":
-        return NoSyncIOStore(MemoryStore())
-    raise AssertionError(kind)
-
-
-def chunk_items(store: Store) -> dict[str, bytes]:
-    """Every stored chunk or shard (no metadata), by key."""
-
-    async def collect() -> dict[str, bytes]:
-        from zarr.core.buffer import default_buffer_prototype
-
-        out = {}
-        async for key in store.list():
-            if key.rsplit("/", 1)[-1] in METADATA_KEYS:
-                continue
-            buf = await store.get(key, prototype=default_buffer_prototype())
-            assert buf is not None
-            out[key] = buf.to_bytes()
-        return out
-
-    return asyncio.run(collect())
+from helpers import FUSED
 
 
 @pytest.fixture
@@ -79,21 +15,3 @@ def fused() -> Iterator[None]:
     """Select zarr_fused for the duration of the test."""
     with zarr.config.set({"codec_pipeline.path": FUSED}):
         yield
-
-
-def with_pipeline(path: str) -> Any:
-    return zarr.config.set({"codec_pipeline.path": path})
-
-
-def assert_same_values(actual: Any, expected: Any, *, byte_order: bool = True) -> None:
-    """Equal values, dtype and shape (NaN == NaN). With ``byte_order=False``
-    the dtypes may differ in byte order only (zarr v3 metadata does not record
-    the in-memory byte order, so a reopened array reads in native order)."""
-    actual = np.asarray(actual)
-    expected = np.asarray(expected)
-    assert actual.shape == expected.shape
-    if not byte_order:
-        actual = actual.astype(actual.dtype.newbyteorder("="))
-        expected = expected.astype(expected.dtype.newbyteorder("="))
-    assert actual.dtype == expected.dtype
-    np.testing.assert_array_equal(actual, expected, strict=True)

@@ -17,7 +17,6 @@ written by mistake cannot look untouched.
 
 from __future__ import annotations
 
-import gc
 import glob
 import gzip
 import itertools
@@ -40,7 +39,8 @@ import numcodecs
 import numpy as np
 import pytest
 import zarr
-from conftest import chunk_items
+from helpers import chunk_items
+from helpers.gil import spins_during
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from zarr.codecs import (
@@ -1895,55 +1895,9 @@ def test_threads_use_own_workspaces() -> None:
 
 
 # -- the GIL -------------------------------------------------------------------------
-# The probe of tests/test_scatter.py: the calling thread reads a spinning
-# thread's counter right before and right after a call, with forced GIL
-# switches pushed out of reach. The spinner can advance in between only if
-# the call gives the GIL up by itself (a ``with nogil`` block).
+# The probe is `helpers.gil.spins_during` (its docstring says how it works).
 
-_NO_FORCED_SWITCH = 30.0
-_BURST = 100_000
 _LARGE = 64 * 2**20
-
-
-class _Spinner:
-    def __init__(self) -> None:
-        self.count = 0
-        self.stop = False
-        self.ready = threading.Event()
-        self.go = threading.Event()
-
-    def run(self) -> None:
-        self.ready.set()
-        self.go.wait()
-        while self.count < _BURST and not self.stop:
-            self.count += 1
-
-
-def _spins_during(call: Callable[[], object], attempts: int) -> int:
-    """How far the spinner got between the two reads around ``call()``."""
-    spinner = _Spinner()
-    thread = threading.Thread(target=spinner.run, name="gil-spinner", daemon=True)
-    interval = sys.getswitchinterval()
-    gc.collect()
-    gc.disable()
-    sys.setswitchinterval(_NO_FORCED_SWITCH)
-    spins = 0
-    try:
-        thread.start()
-        spinner.ready.wait()
-        spinner.go.set()
-        for _ in range(attempts):
-            before = spinner.count
-            call()
-            spins = spinner.count - before
-            if spins:
-                break
-    finally:
-        spinner.stop = True
-        thread.join()
-        sys.setswitchinterval(interval)
-        gc.enable()
-    return spins
 
 
 @pytest.fixture(scope="module")
@@ -1959,7 +1913,7 @@ def test_decode_batch_run_releases_the_gil(large_zstd: tuple[Any, np.ndarray, by
     out = np.zeros_like(chunk)
     batch = native.DecodeBatch(kernel, 1, 1)
     assert batch.add(payload, native.ChunkLayout(chunk.shape, 8), (), out, (), (), "large")
-    assert _spins_during(batch.run, attempts=5) > 1000
+    assert spins_during(batch.run, attempts=5) > 1000
     np.testing.assert_array_equal(out, chunk)
 
 
@@ -1967,11 +1921,11 @@ def test_encode_batch_run_releases_the_gil(large_zstd: tuple[Any, np.ndarray, by
     kernel, chunk, payload = large_zstd
     batch = native.EncodeBatch(kernel, 1, 1)
     batch.add(chunk, native.ChunkLayout(chunk.shape, 8), False, "large")
-    assert _spins_during(batch.run, attempts=5) > 1000
+    assert spins_during(batch.run, attempts=5) > 1000
     assert batch.run()[0].tobytes() == payload
 
 
 def test_gil_probe_sees_a_held_gil(large_zstd: tuple[Any, np.ndarray, bytes]) -> None:
     # copying a large payload into a bytearray holds the GIL
     _, _, payload = large_zstd
-    assert _spins_during(lambda: bytes(bytearray(payload)), attempts=2) == 0
+    assert spins_during(lambda: bytes(bytearray(payload)), attempts=2) == 0

@@ -35,7 +35,7 @@ import zarr
 from zarr.codecs import ZstdCodec
 from zarr.storage import LocalStore
 
-from conftest import BATCHED, FUSED, with_pipeline
+from helpers import BATCHED, FUSED, with_pipeline
 from shims import build_faultfs, child_env, communicate
 
 TIMEOUT = 60.0

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import zarr
 
-from conftest import BATCHED, FUSED, chunk_items, with_pipeline
+from helpers import BATCHED, FUSED, chunk_items, with_pipeline
 
 distributed = pytest.importorskip("distributed")
 da = pytest.importorskip("dask.array")

@@ -40,8 +40,8 @@ from typing import Any
 import numcodecs
 import numpy as np
 import zarr
-from conftest import BATCHED, FUSED, METADATA_KEYS, with_pipeline
-from helpers_differential import (
+from helpers import BATCHED, FUSED, METADATA_KEYS, with_pipeline
+from helpers.differential import (
     ArraySpec,
     Scenario,
     Selection,

@@ -13,7 +13,7 @@ import pytest
 import zarr
 from zarr.codecs import ZstdCodec
 
-from conftest import BATCHED, FUSED, chunk_items, make_store, with_pipeline
+from helpers import BATCHED, FUSED, chunk_items, make_store, with_pipeline
 from zarr_fused._dtypes import element_bytes, empty, in_byte_order
 
 # NumPy deprecates implicit unit-less datetime conversions; the values here

@@ -23,7 +23,7 @@ import zarr_fused
 from zarr_fused._fallback import read_async, write_async
 from zarr_fused.errors import CorruptChunkError
 
-from conftest import BATCHED, FUSED, assert_same_values, chunk_items, make_store, with_pipeline
+from helpers import BATCHED, FUSED, assert_same_values, chunk_items, make_store, with_pipeline
 
 
 def _spec(shape: tuple[int, ...]) -> ArraySpec:

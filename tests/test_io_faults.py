@@ -30,7 +30,7 @@ import zarr
 from zarr.codecs import ZstdCodec
 from zarr.storage import LocalStore
 
-from conftest import BATCHED, FUSED, with_pipeline
+from helpers import BATCHED, FUSED, with_pipeline
 from shims import FaultyChild, build_faultfs
 
 TIMEOUT = 60.0

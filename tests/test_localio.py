@@ -12,7 +12,7 @@ from zarr.storage import LocalStore
 
 from zarr_fused import _localio
 
-from conftest import BATCHED, FUSED, assert_same_values, with_pipeline
+from helpers import BATCHED, FUSED, assert_same_values, with_pipeline
 
 def test_read_whole_matches_file(tmp_path: Path) -> None:
     data = np.random.default_rng(0).bytes(100_001)

@@ -35,7 +35,7 @@ import zarr
 from zarr.codecs import BloscCodec, GzipCodec, ZstdCodec
 from zarr.storage import LocalStore
 
-from conftest import FUSED, with_pipeline
+from helpers import FUSED, with_pipeline
 from shims import FaultyChild, child_env, communicate
 
 TIMEOUT = 120.0

@@ -19,10 +19,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec, GzipCodec, TransposeCodec, ZstdCodec
 from zarr.core.buffer import default_buffer_prototype
+from zarr.core.buffer.cpu import NDBuffer
+from zarr.core.chunk_utils import ChunkTransform, evolve_codecs
 
+from zarr_fused import _reference as reference
+from zarr_fused._chain import build_chain, byte_identical
 from zarr_fused.errors import ChecksumError, ChunkSizeError, CorruptChunkError, DecompressionError
 
-from conftest import BATCHED, FUSED, assert_same_values, chunk_items, make_store, with_pipeline
+from helpers import (
+    BATCHED, FUSED, assert_same_values, chunk_items, chunk_spec, make_store, with_pipeline,
+)
 
 DTYPES = ["bool", "int8", "uint16", "int32", "uint64", "float16", "float32", "float64",
           "complex64", "complex128", "datetime64[ms]", "timedelta64[ns]", "<U2", "S3"]
@@ -237,3 +243,203 @@ def test_empty_chunk_rule_matches_zarr(
             arr[...] = value
         keys[path] = sorted(chunk_items(store))
     assert keys[FUSED] == keys[BATCHED]
+
+
+# -- the chain against its reference twin (zarr_fused._reference) --------------------
+#
+# `_reference.encode_chunk` / `decode_chunk` are the pure NumPy/numcodecs
+# twins of a native chain. Each case runs the native chain (`build_chain`, as
+# the pipeline builds it) and the twin on the same chunk and compares bytes:
+# decoded chunks bit for bit (NaN payloads and all), encoded payloads exactly
+# where zarr_fused claims zarr's bytes (`byte_identical`: the twin encodes
+# with zarr's own numcodecs), else by decoding each with the other. The twin
+# is itself checked against zarr's ChunkTransform.
+
+# (the array's data type, the byte order `bytes` stores): every kind, each
+# multi-byte type stored in the other byte order or in its own
+TWIN_DTYPES = [pytest.param(np.dtype(s), endian, id=f"{s}-{endian}") for s, endian in (
+    ("bool", "little"), ("int8", "little"), ("<u2", "big"), (">i4", "little"), ("<u8", "little"),
+    (">f2", "big"), ("<f4", "big"), (">f8", "little"), (">c8", "big"), ("<c16", "little"),
+    ("<M8[ms]", "big"), (">m8[ns]", "little"), ("<U2", "big"), (">U3", "little"), ("S3", "little"),
+)]
+# (chunk shape, transpose orders): 0-d, 1-d, 3-d without, with one and with two transposes
+TWIN_GEOMETRIES = [
+    pytest.param(((), ()), id="0d"),
+    pytest.param(((7,), ()), id="1d"),
+    pytest.param(((3, 4, 5), ()), id="3d"),
+    pytest.param(((3, 4, 5), ((2, 0, 1),)), id="3d-T201"),
+    pytest.param(((2, 1, 6), ((1, 2, 0), (1, 0, 2))), id="3d-T120-T102"),
+]
+TWIN_TAILS = {
+    "raw": [],
+    "crc": [Crc32cCodec()],
+    "zstd": [ZstdCodec(level=1)],
+    "crc-zstd-checksum-crc": [Crc32cCodec(), ZstdCodec(level=3, checksum=True), Crc32cCodec()],
+    "gzip": [GzipCodec(level=5)],
+    "blosc-shuffle": [BloscCodec(cname="lz4", clevel=5, shuffle="shuffle")],
+    "blosc-bitshuffle-crc": [BloscCodec(cname="zstd", clevel=1, shuffle="bitshuffle"),
+                             Crc32cCodec()],
+}
+TWIN_TAIL_PARAMS = [pytest.param(k, id=k) for k in TWIN_TAILS]
+
+
+class TwinChain:
+    """One chain for one chunk spec: zarr's codecs, the native chain, zarr's
+    ChunkTransform."""
+
+    def __init__(self, dtype: np.dtype[Any], shape: tuple[int, ...],
+                 orders: tuple[tuple[int, ...], ...], endian: str, tail: list[Any]) -> None:
+        self.spec = chunk_spec(shape, dtype)
+        codecs = [*(TransposeCodec(order=o) for o in orders), BytesCodec(endian=endian), *tail]
+        self.codecs = evolve_codecs(codecs, self.spec)
+        self.transform = ChunkTransform(codecs=self.codecs)
+        self.native = build_chain(self.codecs, self.spec, self.transform)
+        assert self.native.native, self.native.reason
+
+    def native_decode(self, payload: bytes) -> np.ndarray:
+        buf = default_buffer_prototype().buffer.from_bytes(payload)
+        return np.asarray(self.native.decode(buf, self.spec).as_numpy_array())
+
+    def native_encode(self, chunk: np.ndarray) -> bytes:
+        encoded = self.native.encode(NDBuffer.from_numpy_array(chunk), self.spec)
+        assert encoded is not None
+        return encoded.to_bytes()
+
+    def zarr_encode(self, chunk: np.ndarray) -> bytes:
+        encoded = self.transform.encode_chunk(NDBuffer.from_numpy_array(chunk), self.spec)
+        assert encoded is not None
+        return encoded.to_bytes()
+
+    def zarr_decode(self, payload: bytes) -> np.ndarray:
+        buf = default_buffer_prototype().buffer.from_bytes(payload)
+        return np.asarray(self.transform.decode_chunk(buf, self.spec).as_numpy_array())
+
+    def bytes_claimed(self) -> bool:
+        """Whether the twin's encoded bytes must equal the native ones."""
+        return byte_identical(self.codecs, gzip_mtime_zero=True)
+
+
+def _twin_chunk(dtype: np.dtype[Any], shape: tuple[int, ...], seed: int) -> np.ndarray:
+    """Random bits of the array's data type (valid code points for U)."""
+    return _data(dtype, shape, seed)
+
+
+def _bits(array: np.ndarray) -> tuple[str, tuple[int, ...], bytes]:
+    array = np.asarray(array)
+    return array.dtype.str, array.shape, array.tobytes()
+
+
+@pytest.mark.parametrize("tail", TWIN_TAIL_PARAMS)
+@pytest.mark.parametrize("geometry", TWIN_GEOMETRIES)
+@pytest.mark.parametrize(("dtype", "endian"), TWIN_DTYPES)
+def test_native_decode_matches_reference(
+    dtype: np.dtype[Any], endian: str, geometry: Any, tail: str
+) -> None:
+    shape, orders = geometry
+    chain = TwinChain(dtype, shape, orders, endian, TWIN_TAILS[tail])
+    chunk = _twin_chunk(dtype, shape, seed=11)
+    payload = reference.encode_chunk(chunk, chain.codecs, chain.spec)
+    expected = reference.decode_chunk(payload, chain.codecs, chain.spec)
+    assert _bits(chain.native_decode(payload)) == _bits(expected)
+    assert _bits(expected) == _bits(chunk)
+
+
+@pytest.mark.parametrize("tail", TWIN_TAIL_PARAMS)
+@pytest.mark.parametrize("geometry", TWIN_GEOMETRIES)
+@pytest.mark.parametrize(("dtype", "endian"), TWIN_DTYPES)
+def test_native_encode_matches_reference(
+    dtype: np.dtype[Any], endian: str, geometry: Any, tail: str
+) -> None:
+    shape, orders = geometry
+    chain = TwinChain(dtype, shape, orders, endian, TWIN_TAILS[tail])
+    chunk = _twin_chunk(dtype, shape, seed=12)
+    ours = chain.native_encode(chunk)
+    if chain.bytes_claimed():
+        assert ours == reference.encode_chunk(chunk, chain.codecs, chain.spec)
+    assert _bits(reference.decode_chunk(ours, chain.codecs, chain.spec)) == _bits(chunk)
+
+
+# the twin itself against zarr's ChunkTransform, both ways
+TWIN_ZARR_CASES = [
+    pytest.param(">f8", ((3, 4, 5), ((2, 0, 1),)), "little", "raw", id="f8-T201-raw"),
+    pytest.param("<i4", ((7,), ()), "big", "crc", id="i4-1d-be-crc"),
+    pytest.param("<U2", ((2, 1, 6), ((1, 2, 0), (1, 0, 2))), "big", "crc-zstd-checksum-crc",
+                 id="U2-T120-T102-be-crc-zstd-crc"),
+    pytest.param("<c16", ((), ()), "little", "zstd", id="c16-0d-zstd"),
+    pytest.param(">u2", ((3, 4, 5), ()), "little", "gzip", id="u2-3d-gzip"),
+    pytest.param("<M8[ms]", ((7,), ()), "big", "blosc-shuffle", id="M8-1d-be-blosc"),
+    pytest.param("bool", ((3, 4, 5), ((2, 0, 1),)), "little", "blosc-bitshuffle-crc",
+                 id="bool-T201-blosc-crc"),
+]
+
+
+@pytest.mark.parametrize(("dtype", "geometry", "endian", "tail"), TWIN_ZARR_CASES)
+def test_reference_chain_matches_zarr(dtype: str, geometry: Any, endian: str, tail: str) -> None:
+    shape, orders = geometry
+    chain = TwinChain(np.dtype(dtype), shape, orders, endian, TWIN_TAILS[tail])
+    chunk = _twin_chunk(np.dtype(dtype), shape, seed=13)
+    theirs = chain.zarr_encode(chunk)
+    ours = reference.encode_chunk(chunk, chain.codecs, chain.spec)
+    if tail == "gzip":
+        # zarr writes the current time into the gzip header (MTIME, bytes 4-7)
+        theirs = theirs[:4] + bytes(4) + theirs[8:]
+    assert ours == theirs
+    decoded = reference.decode_chunk(theirs, chain.codecs, chain.spec)
+    assert _bits(decoded) == _bits(chunk)
+    assert decoded.tobytes() == chain.zarr_decode(ours).astype(decoded.dtype).tobytes()
+
+
+TWIN_CORRUPT = [
+    pytest.param("crc", "flip", ChecksumError, id="crc-flip"),
+    pytest.param("crc", "truncate", ChecksumError, id="crc-truncate"),
+    pytest.param("raw", "truncate", ChunkSizeError, id="raw-truncate"),
+    pytest.param("raw", "extend", ChunkSizeError, id="raw-extend"),
+    pytest.param("zstd", "garbage", CorruptChunkError, id="zstd-garbage"),
+    pytest.param("gzip", "truncate", CorruptChunkError, id="gzip-truncate"),
+    pytest.param("crc-zstd-checksum-crc", "flip", ChecksumError, id="crc-zstd-crc-flip"),
+]
+
+
+@pytest.mark.parametrize(("tail", "how", "error"), TWIN_CORRUPT)
+def test_corrupt_payload_raises_like_reference(tail: str, how: str, error: type) -> None:
+    chain = TwinChain(np.dtype("<f8"), (3, 4, 5), (), "little", TWIN_TAILS[tail])
+    payload = bytearray(reference.encode_chunk(_twin_chunk(np.dtype("<f8"), (3, 4, 5), 14),
+                                               chain.codecs, chain.spec))
+    if how == "flip":
+        payload[len(payload) // 2] ^= 0x10
+    elif how == "truncate":
+        payload = payload[: len(payload) // 2]
+    elif how == "extend":
+        payload += b"\0" * 8
+    else:
+        payload = bytearray(np.random.default_rng(15).bytes(len(payload)))
+    with pytest.raises(error):
+        reference.decode_chunk(bytes(payload), chain.codecs, chain.spec)
+    with pytest.raises(error):
+        chain.native_decode(bytes(payload))
+
+
+@st.composite
+def twin_cases(draw: st.DrawFn) -> tuple[TwinChain, np.ndarray]:
+    dtype = np.dtype(draw(st.sampled_from(DTYPES)))
+    ndim = draw(st.integers(0, 3))
+    shape = tuple(draw(st.integers(1, 6)) for _ in range(ndim))
+    orders = tuple(tuple(draw(st.permutations(range(ndim))))
+                   for _ in range(draw(st.integers(0, 2)) if ndim > 1 else 0))
+    tail, _ = draw(compressor_chains(dtype.itemsize))
+    endian = draw(st.sampled_from(["little", "big"]))
+    chain = TwinChain(dtype, shape, orders, endian, tail)
+    return chain, _twin_chunk(dtype, shape, draw(st.integers(0, 2**16)))
+
+
+@pytest.mark.filterwarnings("ignore::zarr.errors.UnstableSpecificationWarning")
+@settings(max_examples=200, deadline=None, derandomize=True, database=None)
+@given(case=twin_cases())
+def test_property_native_chain_matches_reference(case: tuple[TwinChain, np.ndarray]) -> None:
+    chain, chunk = case
+    payload = reference.encode_chunk(chunk, chain.codecs, chain.spec)
+    assert _bits(chain.native_decode(payload)) == _bits(chunk)
+    ours = chain.native_encode(chunk)
+    if chain.bytes_claimed():
+        assert ours == payload
+    assert _bits(reference.decode_chunk(ours, chain.codecs, chain.spec)) == _bits(chunk)

@@ -26,7 +26,7 @@ from zarr.codecs import (
 )
 from zarr.errors import ChunkNotFoundError
 
-from conftest import BATCHED, FUSED, assert_same_values, chunk_items, make_store, with_pipeline
+from helpers import BATCHED, FUSED, assert_same_values, chunk_items, make_store, with_pipeline
 from zarr_fused._chain import byte_identical
 
 

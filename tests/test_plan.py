@@ -21,7 +21,7 @@ from zarr.errors import ZarrUserWarning
 import zarr_fused
 from zarr_fused.errors import CorruptChunkError, UnsupportedError
 
-from conftest import FUSED, assert_same_values, make_store, with_pipeline
+from helpers import FUSED, assert_same_values, make_store, with_pipeline
 
 
 def _array(store: Any, **kwargs: Any) -> zarr.Array:

@@ -13,10 +13,7 @@ wrong answer would still fail.
 
 from __future__ import annotations
 
-import gc
 import math
-import sys
-import threading
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,6 +25,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from helpers.gil import spins_during
 from zarr_fused import _reference as reference
 from zarr_fused import _scatter as native
 
@@ -1026,73 +1024,21 @@ def test_fill_property(case: FillCase) -> None:
 
 
 # -- the GIL -----------------------------------------------------------------------
-# The calling thread reads a spinning thread's counter right before and right
-# after a call. Forced GIL switches are pushed out of reach (a switch interval
-# of _NO_FORCED_SWITCH seconds, far longer than the whole probe), so between
-# those two reads the spinner can run only if the calling thread gives the GIL
-# up by itself, which it does nowhere but inside a ``with nogil`` block. A
-# kernel that held the GIL would leave the counter exactly where it was; one
-# that releases it lets the spinner run its whole burst, and the caller gets
-# the GIL back when the burst ends. No clock is read, so a slow machine only
-# makes everything take longer; if the spinner was not scheduled before the
-# kernel finished, the call is simply made again.
+# The probe is `helpers.gil.spins_during` (its docstring says how it works).
 
-_NO_FORCED_SWITCH = 30.0
-_BURST = 100_000
 _LARGE = 100 * 2**20  # bytes per array
-
-
-class _Spinner:
-    def __init__(self) -> None:
-        self.count = 0
-        self.stop = False
-        self.ready = threading.Event()
-        self.go = threading.Event()
-
-    def run(self) -> None:
-        self.ready.set()
-        self.go.wait()
-        while self.count < _BURST and not self.stop:
-            self.count += 1
-
-
-def _spins_during(call: Callable[[], object], attempts: int) -> int:
-    """How far the spinner got between the two reads around ``call()``."""
-    spinner = _Spinner()
-    thread = threading.Thread(target=spinner.run, name="gil-spinner", daemon=True)
-    interval = sys.getswitchinterval()
-    gc.collect()
-    gc.disable()  # no finalizer may run, and maybe block, inside the window
-    sys.setswitchinterval(_NO_FORCED_SWITCH)
-    spins = 0
-    try:
-        thread.start()
-        spinner.ready.wait()
-        spinner.go.set()
-        for _ in range(attempts):
-            before = spinner.count
-            call()
-            spins = spinner.count - before
-            if spins:
-                break
-    finally:
-        spinner.stop = True
-        thread.join()
-        sys.setswitchinterval(interval)
-        gc.enable()
-    return spins
 
 
 def test_scatter_releases_the_gil() -> None:
     src = np.arange(_LARGE // 8, dtype=np.float64)
     out = np.zeros_like(src)
-    assert _spins_during(lambda: native.scatter(src, out), attempts=5) > 1000
+    assert spins_during(lambda: native.scatter(src, out), attempts=5) > 1000
     assert np.array_equal(out, src)
 
 
 def test_fill_releases_the_gil() -> None:
     out = np.zeros(_LARGE // 8, dtype=np.float64)
-    assert _spins_during(lambda: native.fill(out, 1.5), attempts=5) > 1000
+    assert spins_during(lambda: native.fill(out, 1.5), attempts=5) > 1000
     assert (out == 1.5).all()
 
 
@@ -1100,4 +1046,4 @@ def test_gil_probe_sees_a_held_gil() -> None:
     # the same copy done while holding the GIL (bytes() of a contiguous array
     # is one memcpy under the GIL) lets the spinner advance not once
     src = np.arange(_LARGE // 8, dtype=np.float64)
-    assert _spins_during(src.tobytes, attempts=2) == 0
+    assert spins_during(src.tobytes, attempts=2) == 0

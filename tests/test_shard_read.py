@@ -18,11 +18,13 @@ from zarr.core.buffer import default_buffer_prototype
 from zarr.storage import LocalStore, MemoryStore, WrapperStore
 from zarr.testing.strategies import basic_indices, orthogonal_indices
 
+from zarr_fused import _reference as reference
+from zarr_fused import _shard as shard_kernels
 from zarr_fused._read_sharded import ShardReader
 from zarr_fused.errors import CorruptChunkError, CorruptShardError
 
-from conftest import (
-    BATCHED, FUSED, SIDE_BY_SIDE_CODECS, assert_same_values, make_store, with_pipeline,
+from helpers import (
+    BATCHED, FUSED, SIDE_BY_SIDE_CODECS, assert_same_values, chunk_spec, make_store, with_pipeline,
 )
 
 PROTO = default_buffer_prototype()
@@ -646,3 +648,214 @@ def test_truncated_shard_in_zarrs_words(tmp_path: Path, store_kind: str, locatio
             else:
                 arr[0:2, 0:2] = 7
         assert "c/0/0" in str(info.value)
+
+
+# -- the shard index against its reference twin (zarr_fused._reference) --------------
+#
+# `_shard.parse_index` against `_reference.parse_index` / `shard_index`:
+# the same entries for every valid index (index at the start or end, either
+# byte order, with or without crc32c, missing chunks), and the same error,
+# naming the same inner chunk, for every invalid one. The twin is itself
+# checked against the index zarr decodes from shards it wrote.
+
+INDEX_GRIDS = [pytest.param(g, id="x".join(map(str, g))) for g in [(1,), (5,), (2, 3), (3, 2, 2)]]
+INDEX_LOCATIONS = [pytest.param(True, id="start"), pytest.param(False, id="end")]
+INDEX_CODECS = [pytest.param(c, e, id=f"{'be' if e else 'le'}{'-crc' if c else ''}")
+                for c in (False, True) for e in (False, True)]
+INDEX_MISSING = [pytest.param(m, id=m) for m in ("none", "some", "all-but-one")]
+
+
+def _index_bytes(entries: Any, *, checksum: bool, big_endian: bool) -> bytes:
+    """An index of ``entries`` ((offset, nbytes) pairs), encoded independently
+    of both parsers: struct for the pairs, google_crc32c for the checksum."""
+    import google_crc32c
+
+    index = b"".join(struct.pack(">QQ" if big_endian else "<QQ", int(o), int(s))
+                     for o, s in entries)
+    if checksum:
+        index += struct.pack("<I", google_crc32c.value(index))
+    return index
+
+
+def _index_case(grid: tuple[int, ...], missing: str, seed: int) -> tuple[list[Any], np.ndarray]:
+    """(payloads per inner chunk, None where missing; a storage order)."""
+    rng = np.random.default_rng(seed)
+    n = int(np.prod(grid))
+    absent = {"none": np.zeros(n, bool), "some": rng.random(n) < 0.4,
+              "all-but-one": np.arange(n) != rng.integers(n)}[missing]
+    payloads = [None if absent[i] else rng.bytes(int(rng.integers(1, 40))) for i in range(n)]
+    return payloads, rng.permutation(n).astype(np.intp)
+
+
+def _native_index(shard: bytes, grid: tuple[int, ...], *, at_start: bool, checksum: bool,
+                  big_endian: bool) -> np.ndarray:
+    n = int(np.prod(grid))
+    size = 16 * n + (4 if checksum else 0)
+    start = 0 if at_start else len(shard) - size
+    return shard_kernels.parse_index(shard[start : start + size], n, checksum=checksum,
+                                     big_endian=big_endian, shard_len=len(shard),
+                                     index_start=start, grid=grid, where="c/0/0")
+
+
+@pytest.mark.parametrize("missing", INDEX_MISSING)
+@pytest.mark.parametrize(("checksum", "big_endian"), INDEX_CODECS)
+@pytest.mark.parametrize("at_start", INDEX_LOCATIONS)
+@pytest.mark.parametrize("grid", INDEX_GRIDS)
+def test_parse_index_matches_reference(grid: tuple[int, ...], at_start: bool, checksum: bool,
+                                       big_endian: bool, missing: str) -> None:
+    payloads, order = _index_case(grid, missing, seed=21)
+    shard = reference.assemble_shard(order, payloads, at_start=at_start, checksum=checksum,
+                                     big_endian=big_endian)
+    assert shard is not None
+    expected = reference.shard_index(shard, len(payloads), at_start=at_start, checksum=checksum,
+                                     big_endian=big_endian, grid=grid)
+    ours = _native_index(shard, grid, at_start=at_start, checksum=checksum, big_endian=big_endian)
+    assert ours.dtype == expected.dtype == np.uint64
+    np.testing.assert_array_equal(ours, expected, strict=True)
+    # and the entries are what was stored: each present payload at its range
+    for i, payload in enumerate(payloads):
+        off, size = (int(v) for v in expected[i])
+        if payload is None:
+            assert (off, size) == (reference.MISSING, reference.MISSING)
+        else:
+            assert shard[off : off + size] == payload
+
+
+def _bad_entries(kind: str, entries: list[tuple[int, int]], shard_len: int, index_start: int,
+                 index_size: int) -> list[tuple[int, int]]:
+    """``entries`` (all present) with one made invalid the way ``kind`` says."""
+    e = list(entries)
+    m = reference.MISSING
+    last = len(e) - 1
+    if kind == "half-missing":
+        e[last] = (m, e[last][1])
+    elif kind == "half-missing-size":
+        e[0] = (e[0][0], m)
+    elif kind == "overflow":
+        e[last] = (2**63, 2**63 + 5)
+    elif kind == "past-end":
+        e[last] = (e[last][0], shard_len)
+    elif kind == "into-index":
+        e[last] = (index_start + index_size - 1, 1)
+    elif kind == "overlap":
+        e[last] = (e[0][0] + 1, e[last][1])
+    elif kind == "overlap-contained":
+        e[0] = (e[last][0], e[last][1] + e[0][1])
+    elif kind == "empty-inside-index":  # valid: an empty range overlaps nothing
+        e[last] = (index_start + 1, 0)
+    return e
+
+
+BAD_INDEX_CASES = [
+    pytest.param(kind, checksum, big_endian,
+                 id=f"{kind}-{'be' if big_endian else 'le'}{'-crc' if checksum else ''}")
+    for kind in ("half-missing", "half-missing-size", "overflow", "past-end", "into-index",
+                 "overlap", "overlap-contained", "empty-inside-index", "crc", "truncated")
+    for checksum in (False, True) for big_endian in (False, True)
+    if checksum or kind != "crc"
+]
+
+
+@pytest.mark.parametrize(("kind", "checksum", "big_endian"), BAD_INDEX_CASES)
+@pytest.mark.parametrize("at_start", INDEX_LOCATIONS)
+def test_bad_index_fails_like_reference(at_start: bool, kind: str, checksum: bool,
+                                        big_endian: bool) -> None:
+    grid = (2, 3)
+    payloads, order = _index_case(grid, "none", seed=22)
+    n = len(payloads)
+    shard = reference.assemble_shard(order, payloads, at_start=at_start, checksum=checksum,
+                                     big_endian=big_endian)
+    assert shard is not None
+    size = 16 * n + (4 if checksum else 0)
+    start = 0 if at_start else len(shard) - size
+    entries = [tuple(int(v) for v in row) for row in reference.shard_index(
+        shard, n, at_start=at_start, checksum=checksum, big_endian=big_endian)]
+    index = _index_bytes(_bad_entries(kind, entries, len(shard), start, size),
+                         checksum=checksum, big_endian=big_endian)
+    if kind == "crc":
+        index = index[:-1] + bytes([index[-1] ^ 0x40])
+    elif kind == "truncated":
+        index = index[:-3]
+    args = {"checksum": checksum, "big_endian": big_endian, "shard_len": len(shard),
+            "index_start": start, "grid": grid, "where": "c/0/0"}
+    outcomes = []
+    for parse in (shard_kernels.parse_index, reference.parse_index):
+        try:
+            outcomes.append(("ok", parse(index, n, **args).tolist()))
+        except CorruptShardError as exc:
+            outcomes.append(("error", str(exc)))
+    assert outcomes[0] == outcomes[1]
+    assert outcomes[0][0] == ("ok" if kind == "empty-inside-index" else "error")
+
+
+@st.composite
+def raw_indexes(draw: st.DrawFn) -> dict[str, Any]:
+    """Arbitrary entries near a small shard: present, missing, half-missing,
+    empty, overlapping, past the end, in the index, overflowing."""
+    grid = tuple(draw(st.lists(st.integers(1, 3), min_size=1, max_size=3)))
+    n = int(np.prod(grid))
+    checksum, big_endian, at_start = draw(st.booleans()), draw(st.booleans()), draw(st.booleans())
+    size = 16 * n + (4 if checksum else 0)
+    shard_len = size + draw(st.integers(0, 64))
+    m = reference.MISSING
+    field = st.one_of(st.integers(0, shard_len + 8), st.just(m), st.integers(2**63, m))
+    entry = st.one_of(st.just((m, m)), st.tuples(field, st.integers(0, 24)),
+                      st.tuples(st.integers(0, shard_len), field))
+    entries = draw(st.lists(entry, min_size=n, max_size=n))
+    return {"grid": grid, "entries": entries, "checksum": checksum, "big_endian": big_endian,
+            "shard_len": shard_len, "index_start": 0 if at_start else shard_len - size}
+
+
+@settings(max_examples=300, deadline=None, derandomize=True, database=None)
+@given(case=raw_indexes())
+def test_property_parse_index_matches_reference(case: dict[str, Any]) -> None:
+    n = len(case["entries"])
+    index = _index_bytes(case["entries"], checksum=case["checksum"],
+                         big_endian=case["big_endian"])
+    args = {k: case[k] for k in ("checksum", "big_endian", "shard_len", "index_start", "grid")}
+    outcomes = []
+    for parse in (shard_kernels.parse_index, reference.parse_index):
+        try:
+            outcomes.append(("ok", parse(index, n, **args).tolist()))
+        except CorruptShardError as exc:
+            outcomes.append(("error", str(exc)))
+    assert outcomes[0] == outcomes[1]
+
+
+@pytest.mark.parametrize("missing", [pytest.param(False, id="full"),
+                                     pytest.param(True, id="with-missing")])
+@pytest.mark.parametrize(("checksum", "big_endian"), INDEX_CODECS)
+@pytest.mark.parametrize("location", ["start", "end"])
+def test_reference_index_matches_zarr(location: str, checksum: bool, big_endian: bool,
+                                      missing: bool) -> None:
+    """The twin reads zarr's shards as zarr does: the same entries as zarr's
+    own index decoding, and every present range decodes (by the chain's
+    twin) to that inner chunk of the array."""
+    index_codecs = [BytesCodec(endian="big" if big_endian else "little")]
+    index_codecs += [Crc32cCodec()] if checksum else []
+    data = _data()
+    if missing:
+        data[0:4, 3:6] = -1  # inner chunk (0, 1) of shard c/0/0: all fill value, not stored
+    store = MemoryStore()
+    with with_pipeline(BATCHED):
+        arr = _sharded(store, index_location=location, index_codecs=index_codecs)
+        arr[...] = data
+    codec = arr.metadata.codecs[0]
+    grid = (2, 2)  # shards (8, 6) of inner chunks (4, 3)
+    shard = _get(store, "c/0/0")
+    ours = reference.shard_index(shard, 4, at_start=location == "start", checksum=checksum,
+                                 big_endian=big_endian, grid=grid)
+    size = 16 * 4 + (4 if checksum else 0)
+    raw = shard[:size] if location == "start" else shard[-size:]
+    theirs = codec._decode_shard_index_sync(PROTO.buffer.from_bytes(raw), grid)
+    np.testing.assert_array_equal(ours, theirs.offsets_and_lengths.reshape(-1, 2), strict=True)
+    inner_codecs = [BytesCodec()]
+    spec = chunk_spec((4, 3), np.dtype("<i4"))
+    for lin, (off, size) in enumerate(ours.tolist()):
+        i, j = np.unravel_index(lin, grid)
+        expected = data[4 * i : 4 * i + 4, 3 * j : 3 * j + 3]
+        if (off, size) == (reference.MISSING, reference.MISSING):
+            assert missing and (expected == -1).all()
+            continue
+        chunk = reference.decode_chunk(shard[off : off + size], inner_codecs, spec)
+        np.testing.assert_array_equal(chunk, expected, strict=True)

@@ -16,15 +16,18 @@ import zarr
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from zarr.codecs import BytesCodec, Crc32cCodec, ShardingCodec, TransposeCodec, ZstdCodec
+from zarr.core.chunk_utils import evolve_codecs
 from zarr.storage import LocalStore, MemoryStore, WrapperStore
 from zarr.testing.strategies import basic_indices
 
+from zarr_fused import _reference as reference
+from zarr_fused import _shard as shard_kernels
 from zarr_fused._chain import byte_identical
 from zarr_fused._write_sharded import ShardWriter
 from zarr_fused.errors import CorruptChunkError, ZarrFusedError
 
-from conftest import (
-    BATCHED, FUSED, SIDE_BY_SIDE_CODECS, assert_same_values, chunk_items, make_store,
+from helpers import (
+    BATCHED, FUSED, SIDE_BY_SIDE_CODECS, assert_same_values, chunk_items, chunk_spec, make_store,
     with_pipeline,
 )
 
@@ -351,3 +354,101 @@ def test_mismatched_value_behaves_like_zarr(value_shape: tuple[int, ...]) -> Non
             else:
                 outcomes[path] = chunk_items(store)
     assert outcomes[FUSED] == outcomes[BATCHED]
+
+
+# -- shard assembly against its reference twin (zarr_fused._reference) ---------------
+#
+# `_shard.assemble_shard` against `_reference.assemble_shard`, byte for byte:
+# index at the start or end, either byte order, with or without crc32c, any
+# storage order, missing (None) and empty payloads. The twin itself, fed
+# the inner chunks encoded by the chain's twin in zarr's subchunk order, must
+# rebuild the shards zarr writes byte for byte.
+
+ASSEMBLY_GRIDS = [pytest.param(g, id="x".join(map(str, g))) for g in [(1,), (6,), (2, 3), (2, 2, 3)]]
+ASSEMBLY_LOCATIONS = [pytest.param(True, id="start"), pytest.param(False, id="end")]
+ASSEMBLY_INDEX_CODECS = [pytest.param(c, e, id=f"{'be' if e else 'le'}{'-crc' if c else ''}")
+                         for c in (False, True) for e in (False, True)]
+ASSEMBLY_PAYLOADS = [pytest.param(k, id=k) for k in ("all", "some-none", "some-empty", "none")]
+ASSEMBLY_ORDERS = [pytest.param(k, id=k) for k in ("linear", "reversed", "shuffled")]
+
+
+def _assembly_case(grid: tuple[int, ...], payloads: str, order: str,
+                   seed: int) -> tuple[np.ndarray, list[Any]]:
+    rng = np.random.default_rng(seed)
+    n = int(np.prod(grid))
+    absent = rng.random(n) < 0.4
+    if payloads == "none":
+        absent[:] = True
+    elif payloads == "all":
+        absent[:] = False
+    chunks: list[Any] = []
+    for i in range(n):
+        if absent[i]:
+            chunks.append(np.empty(0, np.uint8) if payloads == "some-empty" else None)
+        else:
+            chunks.append(np.frombuffer(rng.bytes(int(rng.integers(1, 50))), np.uint8))
+    ordering = {"linear": np.arange(n), "reversed": np.arange(n)[::-1].copy(),
+                "shuffled": rng.permutation(n)}[order]
+    return ordering.astype(np.intp), chunks
+
+
+@pytest.mark.parametrize("order", ASSEMBLY_ORDERS)
+@pytest.mark.parametrize("payloads", ASSEMBLY_PAYLOADS)
+@pytest.mark.parametrize(("checksum", "big_endian"), ASSEMBLY_INDEX_CODECS)
+@pytest.mark.parametrize("at_start", ASSEMBLY_LOCATIONS)
+@pytest.mark.parametrize("grid", ASSEMBLY_GRIDS)
+def test_assemble_shard_matches_reference(grid: tuple[int, ...], at_start: bool, checksum: bool,
+                                          big_endian: bool, payloads: str, order: str) -> None:
+    ordering, chunks = _assembly_case(grid, payloads, order, seed=31)
+    kw = {"at_start": at_start, "checksum": checksum, "big_endian": big_endian}
+    expected = reference.assemble_shard(ordering, chunks, **kw)
+    ours = shard_kernels.assemble_shard(ordering, chunks, **kw)
+    if payloads == "none":
+        assert ours is None and expected is None
+        return
+    assert ours is not None and expected is not None
+    assert ours.tobytes() == expected
+
+
+@settings(max_examples=300, deadline=None, derandomize=True, database=None)
+@given(data=st.data())
+def test_property_assemble_shard_matches_reference(data: st.DataObject) -> None:
+    n = data.draw(st.integers(1, 24), label="n")
+    ordering = np.array(data.draw(st.permutations(range(n)), label="order"), dtype=np.intp)
+    payload = st.one_of(st.none(), st.binary(min_size=0, max_size=40))
+    chunks = [None if p is None else np.frombuffer(p, np.uint8)
+              for p in data.draw(st.lists(payload, min_size=n, max_size=n), label="payloads")]
+    kw = {k: data.draw(st.booleans(), label=k) for k in ("at_start", "checksum", "big_endian")}
+    expected = reference.assemble_shard(ordering, chunks, **kw)
+    ours = shard_kernels.assemble_shard(ordering, chunks, **kw)
+    assert (None if ours is None else ours.tobytes()) == expected
+
+
+@pytest.mark.parametrize("codecs", [pytest.param(k, id=k) for k in INNER_CODECS])
+@pytest.mark.parametrize("order", ["morton", "lexicographic", "colexicographic", "unordered"])
+@pytest.mark.parametrize("location", ["start", "end"])
+def test_reference_assembly_matches_zarr(location: str, order: str, codecs: str) -> None:
+    """The twins rebuild zarr's shard c/0/0 (a 3x2 grid of inner chunks, one
+    of them all fill value, so not stored) byte for byte."""
+    store = MemoryStore()
+    shape, shards, inner = (24, 17), (12, 6), (4, 3)
+    data = np.random.default_rng(32).integers(1, 1000, shape).astype("<i4")
+    data[4:8, 0:3] = 0  # inner chunk (1, 0) of c/0/0: the fill value
+    with with_pipeline(BATCHED):
+        arr = _create(store, shape=shape, shards=shards, inner=inner, location=location,
+                      order=order, codecs=INNER_CODECS[codecs])
+        arr[...] = data
+    codec = arr.metadata.codecs[0]
+    grid = (3, 2)
+    spec = chunk_spec(inner, np.dtype("<i4"))
+    inner_codecs = evolve_codecs(codec.codecs, spec)
+    chunks: list[Any] = []
+    for i, j in np.ndindex(grid):
+        block = data[4 * i : 4 * i + 4, 3 * j : 3 * j + 3]
+        chunks.append(None if not block.any() else reference.encode_chunk(block, inner_codecs, spec))
+    assert chunks.count(None) == 1
+    ordering = [int(np.ravel_multi_index(c, grid))
+                for c in codec._subchunk_order_iter(grid, codec.subchunk_write_order)]
+    ours = reference.assemble_shard(ordering, chunks, at_start=location == "start",
+                                    checksum=True, big_endian=False)
+    assert ours == chunk_items(store)["c/0/0"]

@@ -10,7 +10,7 @@ import pytest
 import zarr
 from zarr.storage import FsspecStore, LocalStore
 
-from conftest import BATCHED, FUSED, assert_same_values, chunk_items, with_pipeline
+from helpers import BATCHED, FUSED, assert_same_values, chunk_items, with_pipeline
 from zarr_fused._stores import local_store_for
 
 fsspec = pytest.importorskip("fsspec")

@@ -21,7 +21,7 @@ import pytest
 import zarr
 from zarr.codecs import ZstdCodec
 
-from conftest import make_store
+from helpers import make_store
 
 FUSED = "zarr_fused.FusedCodecPipeline"
 TIMEOUT = 60.0

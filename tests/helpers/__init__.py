@@ -1,0 +1,107 @@
+"""Helpers and constants shared by the test modules.
+
+Import them with ``from helpers import ...`` (pytest puts ``tests/`` on
+``sys.path``: the tests directory is not a package, rootdir-relative
+"prepend" import mode). Fixtures stay in ``conftest.py``; submodules hold
+the helpers of one area (e.g. ``differential``: the differential test's case
+strategies; ``gil``: the GIL-release probe).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import zarr
+from zarr.abc.store import Store
+from zarr.codecs import BloscCodec, Crc32cCodec, GzipCodec, ZstdCodec
+from zarr.core.array_spec import ArrayConfig, ArraySpec
+from zarr.core.buffer import default_buffer_prototype
+from zarr.core.dtype import get_data_type_from_native_dtype
+from zarr.storage import LocalStore, MemoryStore, WrapperStore, ZipStore
+
+FUSED = "zarr_fused.FusedCodecPipeline"
+BATCHED = "zarr.core.codec_pipeline.BatchedCodecPipeline"
+ZARR_FUSED = "zarr.core.codec_pipeline.FusedCodecPipeline"
+
+METADATA_KEYS = ("zarr.json", ".zarray", ".zattrs", ".zgroup", ".zmetadata")
+
+# The bytes -> bytes codecs after `bytes` in the side-by-side tests (chunks
+# decoded or gathered together): every compressor, and crc32c after, before
+# (decoded one by one) or without one.
+SIDE_BY_SIDE_CODECS = {
+    "raw": [],
+    "zstd": [ZstdCodec(level=1)],
+    "gzip": [GzipCodec(level=1)],
+    "blosc": [BloscCodec(cname="lz4", clevel=1)],
+    "zstd-crc": [ZstdCodec(level=1), Crc32cCodec()],
+    "crc-zstd": [Crc32cCodec(), ZstdCodec(level=1)],
+    "crc": [Crc32cCodec()],
+}
+
+
+class NoSyncIOStore(WrapperStore[Store]):
+    """A real store that advertises no synchronous IO, like a remote store:
+    pipelines must take their async path on it."""
+
+    @property
+    def _supports_sync_io(self) -> bool:
+        return False
+
+
+def make_store(kind: str, tmp_path: Path, name: str = "data") -> Store:
+    """A fresh store of ``kind``: memory, local, zip (async-only) or nosync."""
+    if kind == "memory":
+        return MemoryStore()
+    if kind == "local":
+        return LocalStore(tmp_path / name)
+    if kind == "zip":
+        return ZipStore(tmp_path / f"{name}.zip", mode="w")
+    if kind == "nosync":
+        return NoSyncIOStore(MemoryStore())
+    raise AssertionError(kind)
+
+
+def chunk_items(store: Store) -> dict[str, bytes]:
+    """Every stored chunk or shard (no metadata), by key."""
+
+    async def collect() -> dict[str, bytes]:
+        out = {}
+        async for key in store.list():
+            if key.rsplit("/", 1)[-1] in METADATA_KEYS:
+                continue
+            buf = await store.get(key, prototype=default_buffer_prototype())
+            assert buf is not None
+            out[key] = buf.to_bytes()
+        return out
+
+    return asyncio.run(collect())
+
+
+def with_pipeline(path: str) -> Any:
+    return zarr.config.set({"codec_pipeline.path": path})
+
+
+def assert_same_values(actual: Any, expected: Any, *, byte_order: bool = True) -> None:
+    """Equal values, dtype and shape (NaN == NaN). With ``byte_order=False``
+    the dtypes may differ in byte order only (zarr v3 metadata does not record
+    the in-memory byte order, so a reopened array reads in native order)."""
+    actual = np.asarray(actual)
+    expected = np.asarray(expected)
+    assert actual.shape == expected.shape
+    if not byte_order:
+        actual = actual.astype(actual.dtype.newbyteorder("="))
+        expected = expected.astype(expected.dtype.newbyteorder("="))
+    assert actual.dtype == expected.dtype
+    np.testing.assert_array_equal(actual, expected, strict=True)
+
+
+def chunk_spec(shape: tuple[int, ...], dtype: Any) -> ArraySpec:
+    """The spec of one chunk of ``shape`` and NumPy ``dtype`` (default fill
+    value, C order, CPU buffers), as codecs receive it."""
+    zdtype = get_data_type_from_native_dtype(np.dtype(dtype))
+    return ArraySpec(shape=shape, dtype=zdtype, fill_value=zdtype.default_scalar(),
+                     config=ArrayConfig(order="C", write_empty_chunks=True),
+                     prototype=default_buffer_prototype())
