@@ -574,11 +574,6 @@ def _fault_cases() -> list[Any]:
     return out
 
 
-def _fresh_fault(case: FaultCase) -> Fault:
-    f = case.fault
-    return Fault(f.kind, f.pattern, f.method, f.times)
-
-
 @pytest.mark.parametrize(("kind", "case", "layout"), _fault_cases())
 def test_fault(moto: MotoServer, proxy: LatencyProxy, kind: str, case: str, layout: str) -> None:
     spec = FAULTS[case]
@@ -596,7 +591,7 @@ def test_fault(moto: MotoServer, proxy: LatencyProxy, kind: str, case: str, layo
     key = "c/0/1"
     writing = spec.fault.method == "PUT"
     before_tasks = zarr_loop_tasks()
-    fault = proxy.inject(_fresh_fault(spec))
+    fault = proxy.inject(spec.fault)
     error: BaseException | None = None
     with with_pipeline(FUSED):
         arr = zarr.open_array(store)
@@ -607,7 +602,7 @@ def test_fault(moto: MotoServer, proxy: LatencyProxy, kind: str, case: str, layo
                 got = arr[...]
         except Exception as exc:  # noqa: BLE001 - any store error is acceptable if it names the key
             error = exc
-    assert fault.hits > 0, "the fault was never triggered"
+    assert proxy.hits(fault) > 0, "the fault was never triggered"
     assert_no_task_left(before_tasks)
     if spec.outcome == "retried":
         assert error is None, error

@@ -19,8 +19,10 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import email.utils
 import http.server
+import json
 import os
 import re
 import socket
@@ -210,8 +212,27 @@ class Stats:
     log: list[Request] = field(default_factory=list)
     max_in_flight: int = 0
 
+    faults: list[Fault] = field(default_factory=list)
+
     def count(self, *kinds: str) -> int:
         return sum(self.requests[k] for k in kinds)
+
+    def add(self, req: Request) -> None:
+        self.requests[req.kind] += 1
+        self.bytes_sent[req.kind] += req.sent
+        self.bytes_received[req.kind] += req.received
+        self.log.append(req)
+
+    def to_json(self, faults: list[Fault] = ()) -> dict[str, Any]:
+        return {**self.summary(), "log": [dataclasses.asdict(r) for r in self.log],
+                "faults": [dataclasses.asdict(f) for f in faults]}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Stats:
+        return cls(collections.Counter(data["requests"]), collections.Counter(data["bytes_sent"]),
+                   collections.Counter(data["bytes_received"]),
+                   [Request(**r) for r in data["log"]], data["max_in_flight"],
+                   [Fault(**f) for f in data["faults"]])
 
     def summary(self) -> dict[str, Any]:
         return {"requests": dict(self.requests), "bytes_sent": dict(self.bytes_sent),
@@ -262,17 +283,6 @@ async def _read_body(reader: asyncio.StreamReader, headers: list[tuple[str, str]
     return await reader.readexactly(length) if length else b""
 
 
-def _dechunk(data: bytes) -> bytes:
-    out, pos = [], 0
-    while True:
-        eol = data.index(b"\r\n", pos)
-        size = int(data[pos:eol].split(b";")[0].strip(), 16)
-        if size == 0:
-            return b"".join(out)
-        out.append(data[eol + 2:eol + 2 + size])
-        pos = eol + 2 + size + 2
-
-
 def _classify(method: str, target: str) -> tuple[str, str]:
     """(kind, key) of a path-style S3 request: ``/bucket/key?query``."""
     url = urllib.parse.urlsplit(target)
@@ -294,90 +304,107 @@ def _reset(writer: asyncio.StreamWriter) -> None:
 
 _ERROR_BODY = ("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>{code}</Code>"
                "<Message>injected by the test proxy</Message><Key>{key}</Key></Error>")
-_REASONS = {200: "OK", 206: "Partial Content", 500: "Internal Server Error",
-            503: "Service Unavailable"}
+
+
+CONTROL = "/__proxy__/"  # the proxy's own control requests: never counted nor delayed
 
 
 class LatencyProxy:
-    """An HTTP/1.1 proxy on 127.0.0.1 in front of ``upstream``.
+    """An HTTP/1.1 proxy on 127.0.0.1 in front of ``upstream``, in its own
+    process: it then never competes for this process' GIL with the code under
+    measurement (a peer that blocks on IO holding the GIL would otherwise
+    stall its own requests). This object is its handle: counters and faults
+    travel over control requests to the proxy's port.
 
     Client connections are kept alive; each request goes upstream on a fresh
-    connection with ``Connection: close`` (the response then ends at EOF, and
-    the proxy re-frames it with a Content-Length). ``latency`` seconds are
-    added before each request is forwarded, concurrently across connections,
-    as a network round trip would.
+    connection, and its response is re-framed with a Content-Length.
+    ``latency`` seconds are added before each request is forwarded,
+    concurrently across connections, as a network round trip would.
     """
 
     def __init__(self, upstream: str, latency: float = 0.0) -> None:
-        url = urllib.parse.urlsplit(upstream)
-        self.upstream = (url.hostname or HOST, url.port or 80)
-        self.latency = latency
+        self.upstream = upstream
+        self._latency = latency
         self.port = 0
-        self.stats = Stats()
-        self.faults: list[Fault] = []
-        self._lock = threading.Lock()
-        self._in_flight = 0
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._server: asyncio.base_events.Server | None = None
-        self._conns: set[asyncio.Task[None]] = set()
+        self._proc: subprocess.Popen[bytes] | None = None
 
     @property
     def endpoint(self) -> str:
         return f"http://{HOST}:{self.port}"
 
-    # -- control (any thread) --
+    def _control(self, action: str, payload: dict[str, Any] | None = None) -> Any:
+        req = urllib.request.Request(
+            self.endpoint + CONTROL + action, method="POST",
+            data=json.dumps(payload or {}).encode(), headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=IO_TIMEOUT) as resp:
+            return json.loads(resp.read())
+
+    @property
+    def latency(self) -> float:
+        return self._latency
+
+    @latency.setter
+    def latency(self, value: float) -> None:
+        self._control("latency", {"latency": value})
+        self._latency = value
+
+    @property
+    def stats(self) -> Stats:
+        """The counters so far (a snapshot)."""
+        return Stats.from_json(self._control("stats"))
 
     def reset(self, latency: float | None = None) -> Stats:
-        """Clear the counters and faults; returns the old counters."""
-        with self._lock:
-            old, self.stats = self.stats, Stats()
-            self.faults = []
-            if latency is not None:
-                self.latency = latency
+        """Clear the counters and faults (and set ``latency``, when given);
+        returns the counters before."""
+        old = Stats.from_json(self._control("reset", {"latency": latency}))
+        if latency is not None:
+            self._latency = latency
         return old
 
-    def inject(self, fault: Fault) -> Fault:
-        with self._lock:
-            self.faults.append(fault)
-        return fault
+    def inject(self, fault: Fault) -> int:
+        """Add ``fault``; returns its number, for `hits`."""
+        return self._control("inject", dataclasses.asdict(fault))["index"]
+
+    def hits(self, index: int) -> int:
+        """How many requests fault ``index`` has failed so far."""
+        return self.stats.faults[index].hits
 
     def start(self) -> LatencyProxy:
+        # the child exits when its stdin closes: it never outlives this process
+        self._proc = subprocess.Popen(
+            [sys.executable, __file__, "proxy", self.upstream, str(self._latency)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+        )
+        line = b""
         ready = threading.Event()
-        error: list[BaseException] = []
 
-        def run() -> None:
-            loop = asyncio.new_event_loop()
-            self._loop = loop
-            try:
-                self._server = loop.run_until_complete(
-                    asyncio.start_server(self._connection, HOST, 0, limit=1 << 20))
-                self.port = self._server.sockets[0].getsockname()[1]
-            except BaseException as exc:  # reported to start()
-                error.append(exc)
-                ready.set()
-                loop.close()
-                return
+        def first_line() -> None:
+            nonlocal line
+            assert self._proc is not None and self._proc.stdout is not None
+            line = self._proc.stdout.readline()
             ready.set()
-            try:
-                loop.run_forever()
-            finally:
-                loop.run_until_complete(self._shutdown())
-                loop.close()
 
-        self._thread = threading.Thread(target=run, name="s3-latency-proxy", daemon=True)
-        self._thread.start()
-        if not ready.wait(START_TIMEOUT) or error:
+        threading.Thread(target=first_line, daemon=True).start()
+        if not ready.wait(START_TIMEOUT) or not line.strip().isdigit():
             self.stop()
-            raise ServerUnavailable(f"the test proxy did not start: {error[:1]}")
+            raise ServerUnavailable(f"the test proxy did not start (said {line!r})")
+        self.port = int(line)
         return self
 
     def stop(self) -> None:
-        loop, thread = self._loop, self._thread
-        if loop is not None and thread is not None and thread.is_alive():
-            loop.call_soon_threadsafe(loop.stop)
-            thread.join(IO_TIMEOUT)
-        self._loop = self._thread = None
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        with contextlib.suppress(OSError):
+            assert proc.stdin is not None
+            proc.stdin.close()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+        if proc.stdout is not None:
+            proc.stdout.close()
 
     def __enter__(self) -> LatencyProxy:
         return self.start()
@@ -385,16 +412,28 @@ class LatencyProxy:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    # -- the loop thread --
 
-    async def _shutdown(self) -> None:
-        if self._server is not None:
-            self._server.close()
-        for task in list(self._conns):
-            task.cancel()
-        await asyncio.gather(*self._conns, return_exceptions=True)
-        if self._server is not None:
-            await self._server.wait_closed()
+class _ProxyServer:
+    """The proxy itself (in the child process, on one asyncio loop)."""
+
+    def __init__(self, upstream: str, latency: float) -> None:
+        url = urllib.parse.urlsplit(upstream)
+        self.upstream = (url.hostname or HOST, url.port or 80)
+        self.latency = latency
+        self.stats = Stats()
+        self.faults: list[Fault] = []
+        self._in_flight = 0
+        self._conns: set[asyncio.Task[None]] = set()
+
+    async def serve(self, stop: asyncio.Event) -> None:
+        server = await asyncio.start_server(self._connection, HOST, 0, limit=1 << 20)
+        print(server.sockets[0].getsockname()[1], flush=True)
+        async with server:
+            await stop.wait()
+            server.close()
+            for task in list(self._conns):
+                task.cancel()
+            await asyncio.gather(*self._conns, return_exceptions=True)
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
@@ -415,40 +454,55 @@ class LatencyProxy:
             if not writer.transport.is_closing():
                 writer.close()
 
+    def _control(self, action: str, payload: dict[str, Any]) -> Any:
+        if action == "stats":
+            return self.stats.to_json(self.faults)
+        if action == "reset":
+            old = self.stats.to_json(self.faults)
+            self.stats, self.faults = Stats(), []
+            if payload.get("latency") is not None:
+                self.latency = float(payload["latency"])
+            return old
+        if action == "latency":
+            self.latency = float(payload["latency"])
+            return {}
+        if action == "inject":
+            self.faults.append(Fault(**payload))
+            return {"index": len(self.faults) - 1}
+        raise ValueError(action)
+
     def _match(self, kind: str, key: str) -> Fault | None:
-        with self._lock:
-            for fault in self.faults:
-                if fault.method not in (None, kind) or not re.search(fault.pattern, key):
-                    continue
-                if fault.times is not None and fault.hits >= fault.times:
-                    continue
-                fault.hits += 1
-                return fault
+        for fault in self.faults:
+            if fault.method not in (None, kind) or not re.search(fault.pattern, key):
+                continue
+            if fault.times is not None and fault.hits >= fault.times:
+                continue
+            fault.hits += 1
+            return fault
         return None
 
     def _record(self, req: Request) -> None:
-        with self._lock:
-            s = self.stats
-            s.requests[req.kind] += 1
-            s.bytes_sent[req.kind] += req.sent
-            s.bytes_received[req.kind] += req.received
-            s.log.append(req)
+        self.stats.add(req)
 
     async def _request(self, head: bytes, reader: asyncio.StreamReader,
                        writer: asyncio.StreamWriter) -> bool:
         """Serve one request; False when the client connection must end."""
         request_line, headers = _split_head(head)
         method, target, _version = request_line.split(" ", 2)
-        kind, key = _classify(method, target)
         if (_header(headers, "expect") or "").lower() == "100-continue":
             writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
             await writer.drain()
         body = await asyncio.wait_for(_read_body(reader, headers), IO_TIMEOUT)
+        if target.startswith(CONTROL):
+            answer = self._control(target[len(CONTROL):], json.loads(body or b"{}"))
+            await self._respond(writer, 200, [("Content-Type", "application/json")],
+                                json.dumps(answer).encode(), method)
+            return True
+        kind, key = _classify(method, target)
         rng = _header(headers, "range")
-        with self._lock:
-            self._in_flight += 1
-            self.stats.max_in_flight = max(self.stats.max_in_flight, self._in_flight)
-            latency = self.latency
+        self._in_flight += 1
+        self.stats.max_in_flight = max(self.stats.max_in_flight, self._in_flight)
+        latency = self.latency
         try:
             if latency:
                 await asyncio.sleep(latency)
@@ -477,8 +531,7 @@ class LatencyProxy:
             await self._respond(writer, status, resp_headers, resp_body, method)
             return (_header(headers, "connection") or "").lower() != "close"
         finally:
-            with self._lock:
-                self._in_flight -= 1
+            self._in_flight -= 1
 
     async def _forward(self, request_line: str, headers: list[tuple[str, str]],
                        body: bytes) -> tuple[int, list[tuple[str, str]], bytes]:
@@ -491,17 +544,26 @@ class LatencyProxy:
             up_writer.write(("\r\n".join([request_line, *(f"{k}: {v}" for k, v in out)])
                              + "\r\n\r\n").encode("latin-1") + body)
             await up_writer.drain()
-            raw = await asyncio.wait_for(up_reader.read(), IO_TIMEOUT)
+            return await asyncio.wait_for(
+                self._read_response(up_reader, request_line.split(" ", 1)[0]), IO_TIMEOUT)
         finally:
             up_writer.close()
-        head, sep, rest = raw.partition(b"\r\n\r\n")
-        if not sep:
-            raise ConnectionError("the upstream server sent no complete response")
-        status_line, resp_headers = _split_head(head)
+
+    @staticmethod
+    async def _read_response(reader: asyncio.StreamReader,
+                             method: str) -> tuple[int, list[tuple[str, str]], bytes]:
+        """One response, framed by its headers (a HEAD response has none, and
+        werkzeug need not close the connection after one): by Content-Length,
+        chunked coding, or else the end of the connection."""
+        head = await reader.readuntil(b"\r\n\r\n")
+        status_line, headers = _split_head(head)
         status = int(status_line.split(" ", 2)[1])
-        if (_header(resp_headers, "transfer-encoding") or "").lower() == "chunked":
-            rest = _dechunk(rest)
-        return status, resp_headers, rest
+        if method == "HEAD" or status in (204, 304) or 100 <= status < 200:
+            return status, headers, b""
+        if (_header(headers, "transfer-encoding") or "").lower() == "chunked" or \
+                _header(headers, "content-length") is not None:
+            return status, headers, await _read_body(reader, headers)
+        return status, headers, await reader.read()
 
     async def _respond(self, writer: asyncio.StreamWriter, status: int,
                        headers: list[tuple[str, str]], body: bytes, method: str,
@@ -515,7 +577,10 @@ class LatencyProxy:
             out = _without(out, "content-length") + [("Content-Length", str(len(body)))]
             payload = body if cut is None else body[:cut]
         out.append(("Connection", "keep-alive"))
-        reason = _REASONS.get(status, "Status")
+        try:
+            reason = http.HTTPStatus(status).phrase
+        except ValueError:
+            reason = "Unknown"
         writer.write((f"HTTP/1.1 {status} {reason}\r\n"
                       + "".join(f"{k}: {v}\r\n" for k, v in out) + "\r\n").encode("latin-1")
                      + payload)
@@ -650,3 +715,25 @@ class RangeServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+# -- the proxy's process ------------------------------------------------------------------
+
+
+def _proxy_main(upstream: str, latency: str) -> None:
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+
+        def watch_stdin() -> None:  # the parent closes it (or dies): stop
+            sys.stdin.buffer.read()
+            loop.call_soon_threadsafe(stop.set)
+
+        threading.Thread(target=watch_stdin, daemon=True).start()
+        await _ProxyServer(upstream, float(latency)).serve(stop)
+
+    asyncio.run(main())
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["proxy"]:
+    _proxy_main(*sys.argv[2:4])
