@@ -2,15 +2,17 @@
 
 - `MotoServer`: moto's S3 server in server mode, in its own process (its
   request handling then does not compete with the test for the GIL).
-- `LatencyProxy`: an HTTP proxy in front of it, on an asyncio loop in one
-  background thread, that adds a fixed latency to every request, counts
+- `LatencyProxy`: an HTTP proxy in front of it, on an asyncio loop in its
+  own process too, that adds a fixed latency to every request, counts
   requests and bytes by kind (GET, PUT, HEAD, DELETE, LIST, POST) and injects
   faults (`Fault`) for keys matching a pattern.
 - `RangeServer`: a read-only HTTP server serving files of a directory, with
   byte ranges (what zarr's `FsspecStore` over fsspec's `HTTPFileSystem` reads).
 
 Each starts with a bounded wait and raises `ServerUnavailable` (fixtures turn
-it into a skip with its message) when it cannot; `stop()` is idempotent.
+it into a skip with its message) when it cannot; `stop()` is idempotent. The
+child processes run this file (``python s3.py moto|proxy ...``) and exit when
+their stdin closes, so none outlives the process that started it.
 Nothing here imports zarr or zarr_fused: the benchmarks use it too.
 """
 
@@ -102,9 +104,11 @@ class MotoServer:
         self.port = free_port()
         # werkzeug logs every request: to a file, never a pipe nobody drains
         self._log = tempfile.TemporaryFile()
+        # through this file's entry point: the server exits when its stdin
+        # closes, so it never outlives this process (even one killed hard)
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "moto.server", "-H", HOST, "-p", str(self.port)],
-            stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
+            [sys.executable, __file__, "moto", str(self.port)],
+            stdin=subprocess.PIPE, stdout=self._log, stderr=subprocess.STDOUT,
         )
         try:
             _wait_for_http(f"{self.endpoint}/moto-api/", time.monotonic() + START_TIMEOUT,
@@ -125,6 +129,8 @@ class MotoServer:
 
     def stop(self) -> None:
         proc, self._proc = self._proc, None
+        if proc is not None and proc.stdin is not None:
+            proc.stdin.close()
         if proc is not None and proc.poll() is None:
             proc.terminate()
             try:
@@ -735,5 +741,19 @@ def _proxy_main(upstream: str, latency: str) -> None:
     asyncio.run(main())
 
 
+def _exit_with_stdin() -> None:
+    """Exit this process when stdin reaches its end (the parent closed it or died)."""
+    def watch() -> None:
+        sys.stdin.buffer.read()
+        os._exit(0)
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
 if __name__ == "__main__" and sys.argv[1:2] == ["proxy"]:
     _proxy_main(*sys.argv[2:4])
+elif __name__ == "__main__" and sys.argv[1:2] == ["moto"]:
+    _exit_with_stdin()
+    from moto.server import main as moto_main
+
+    moto_main(["-H", HOST, "-p", sys.argv[2]])
