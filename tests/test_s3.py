@@ -31,7 +31,7 @@ from zarr.storage import FsspecStore, LocalStore, ObjectStore
 
 from zarr_fused.errors import CorruptChunkError, CorruptShardError
 
-from conftest import BATCHED, FUSED, ZARR_FUSED, assert_same_values, with_pipeline
+from helpers import BATCHED, FUSED, ZARR_FUSED, assert_same_values, with_pipeline
 from helpers.s3 import (
     ACCESS_KEY, REGION, SECRET_KEY, Fault, LatencyProxy, MotoServer, RangeServer,
     ServerUnavailable, Stats,
