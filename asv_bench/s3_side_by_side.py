@@ -32,9 +32,8 @@ import statistics
 import sys
 import time
 import warnings
-from datetime import timedelta
-from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -43,8 +42,14 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
 
-from helpers.s3 import (  # noqa: E402
-    ACCESS_KEY, REGION, SECRET_KEY, LatencyProxy, MotoServer, ServerUnavailable, Stats,
+from helpers.s3 import (
+    ACCESS_KEY,
+    REGION,
+    SECRET_KEY,
+    LatencyProxy,
+    MotoServer,
+    ServerUnavailable,
+    Stats,
 )
 
 BUCKET = "zarr-fused-bench"
@@ -73,8 +78,9 @@ class Scenario:
     def data(self) -> np.ndarray:
         """Smooth data with noise (compresses like measurements)."""
         rng = np.random.default_rng(1234)
-        grids = np.meshgrid(*(np.linspace(0, 8, s, dtype="f4") for s in self.shape),
-                            indexing="ij", sparse=True)
+        grids = np.meshgrid(
+            *(np.linspace(0, 8, s, dtype="f4") for s in self.shape), indexing="ij", sparse=True
+        )
         values = sum(np.sin(g * (i + 1)) for i, g in enumerate(grids))
         if np.dtype(self.dtype).kind == "f":
             return (values + rng.normal(0, 0.05, self.shape).astype("f4")).astype(self.dtype)
@@ -85,20 +91,39 @@ class Scenario:
         import zarr
 
         return zarr.create_array(
-            store, shape=self.shape, dtype=self.dtype, chunks=self.inner or self.chunks,
+            store,
+            shape=self.shape,
+            dtype=self.dtype,
+            chunks=self.inner or self.chunks,
             shards=self.chunks if self.inner else None,
-            compressors=zarr.codecs.ZstdCodec(level=1), fill_value=0, overwrite=True,
+            compressors=zarr.codecs.ZstdCodec(level=1),
+            fill_value=0,
+            overwrite=True,
         )
 
 
 SCENARIOS = {
     "sharded": Scenario(
-        "sharded", (256, 256, 256), "uint16", (128, 128, 128), (32, 32, 32),
-        {"whole": Ellipsis, "one-inner": (slice(0, 32),) * 3,
-         "slab": (slice(100, 101), slice(None), slice(None)), "write-all": "write"}),
+        "sharded",
+        (256, 256, 256),
+        "uint16",
+        (128, 128, 128),
+        (32, 32, 32),
+        {
+            "whole": Ellipsis,
+            "one-inner": (slice(0, 32),) * 3,
+            "slab": (slice(100, 101), slice(None), slice(None)),
+            "write-all": "write",
+        },
+    ),
     "unsharded": Scenario(
-        "unsharded", (2048, 2048), "float32", (64, 64), None,
-        {"whole": Ellipsis, "write-all": "write"}),
+        "unsharded",
+        (2048, 2048),
+        "float32",
+        (64, 64),
+        None,
+        {"whole": Ellipsis, "write-all": "write"},
+    ),
 }
 
 
@@ -111,24 +136,42 @@ def zarr_store(kind: str, endpoint: str, prefix: str) -> Any:
     if kind == "obstore":
         from obstore.store import S3Store
 
-        return ObjectStore(S3Store(BUCKET, prefix=prefix, endpoint=endpoint, region=REGION,
-                                   access_key_id=ACCESS_KEY, secret_access_key=SECRET_KEY,
-                                   client_options={"allow_http": True},
-                                   # a failing peer fails in seconds, not after 3 minutes
-                                   retry_config={"max_retries": 2,
-                                                 "retry_timeout": timedelta(seconds=20)}))
+        return ObjectStore(
+            S3Store(
+                BUCKET,
+                prefix=prefix,
+                endpoint=endpoint,
+                region=REGION,
+                access_key_id=ACCESS_KEY,
+                secret_access_key=SECRET_KEY,
+                client_options={"allow_http": True},
+                # a failing peer fails in seconds, not after 3 minutes
+                retry_config={"max_retries": 2, "retry_timeout": timedelta(seconds=20)},
+            )
+        )
     import s3fs
 
-    fs = s3fs.S3FileSystem(key=ACCESS_KEY, secret=SECRET_KEY, asynchronous=True,
-                           client_kwargs={"endpoint_url": endpoint, "region_name": REGION})
+    fs = s3fs.S3FileSystem(
+        key=ACCESS_KEY,
+        secret=SECRET_KEY,
+        asynchronous=True,
+        client_kwargs={"endpoint_url": endpoint, "region_name": REGION},
+    )
     return FsspecStore(fs, path=f"{BUCKET}/{prefix}")
 
 
 def tensorstore_spec(endpoint: str, prefix: str) -> dict[str, Any]:
-    return {"driver": "zarr3",
-            "kvstore": {"driver": "s3", "bucket": BUCKET, "path": prefix + "/",
-                        "endpoint": endpoint, "aws_region": REGION,
-                        "aws_credentials": {"type": "environment"}}}
+    return {
+        "driver": "zarr3",
+        "kvstore": {
+            "driver": "s3",
+            "bucket": BUCKET,
+            "path": prefix + "/",
+            "endpoint": endpoint,
+            "aws_region": REGION,
+            "aws_credentials": {"type": "environment"},
+        },
+    }
 
 
 def zarr_config(peer: str) -> dict[str, Any]:
@@ -150,16 +193,20 @@ class Peer:
         if self.peer == "tensorstore":
             import tensorstore as ts
 
-            self.handle = ts.open(tensorstore_spec(self.endpoint, self.prefix),
-                                  read=True, write=write).result()
+            self.handle = ts.open(
+                tensorstore_spec(self.endpoint, self.prefix), read=True, write=write
+            ).result()
             return
         import zarr
 
         with zarr.config.set(zarr_config(self.peer)):
-            self.handle = zarr.open_array(zarr_store(self.store_kind, self.endpoint, self.prefix),
-                                          mode="r+" if write else "r")
-        if self.peer == "zarrs" and getattr(self.handle._async_array.codec_pipeline, "impl",
-                                            None) is None:
+            self.handle = zarr.open_array(
+                zarr_store(self.store_kind, self.endpoint, self.prefix), mode="r+" if write else "r"
+            )
+        if (
+            self.peer == "zarrs"
+            and getattr(self.handle._async_array.codec_pipeline, "impl", None) is None
+        ):
             raise RuntimeError("zarrs did not take this array (no native implementation)")
 
     def read(self, selection: Any) -> np.ndarray:
@@ -214,8 +261,16 @@ class Result:
         }
 
 
-def measure(scenario: Scenario, operation: str, peers: list[str], proxy: LatencyProxy,
-            moto: MotoServer, store_kind: str, source: str, repeat: int) -> dict[str, Result]:
+def measure(
+    scenario: Scenario,
+    operation: str,
+    peers: list[str],
+    proxy: LatencyProxy,
+    moto: MotoServer,
+    store_kind: str,
+    source: str,
+    repeat: int,
+) -> dict[str, Result]:
     selection = scenario.operations[operation]
     data = scenario.data()
     expected = None if selection == "write" else data[selection]
@@ -240,12 +295,12 @@ def measure(scenario: Scenario, operation: str, peers: list[str], proxy: Latency
                 if got.dtype != expected.dtype or not np.array_equal(got, expected):
                     raise AssertionError("wrong values read")
             handles[peer] = handle
-        except Exception as exc:  # noqa: BLE001 - reported in the table, the others still run
+        except Exception as exc:
             results[peer].error = f"{type(exc).__name__}: {exc}"[:200]
             print(f"{peer}: {type(exc).__name__}: {exc}"[:3000], file=sys.stderr)
     names = list(handles)
     for r in range(repeat):
-        for peer in names[r % len(names):] + names[: r % len(names)]:
+        for peer in names[r % len(names) :] + names[: r % len(names)]:
             handle = handles[peer]
             proxy.reset()
             t0 = time.perf_counter()
@@ -259,9 +314,12 @@ def measure(scenario: Scenario, operation: str, peers: list[str], proxy: Latency
 
 
 def table(title: str, results: dict[str, Result], ours: str = "zarr_fused") -> list[str]:
-    lines = [f"### {title}", "",
-             "| peer | median s | vs zarr_fused | GET | PUT | HEAD | other | MB in | MB out | in flight |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        f"### {title}",
+        "",
+        "| peer | median s | vs zarr_fused | GET | PUT | HEAD | other | MB in | MB out | in flight |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     base = results.get(ours)
     base_t = statistics.median(base.wall) if base and base.wall else None
     for peer, res in results.items():
@@ -276,7 +334,8 @@ def table(title: str, results: dict[str, Result], ours: str = "zarr_fused") -> l
             f"| {peer} | {row['median_s']:.3f} | {ratio} | {req.get('GET', 0)} | "
             f"{req.get('PUT', 0)} | {req.get('HEAD', 0)} | {other} | "
             f"{row['bytes_received'] / 1e6:.2f} | {row['bytes_sent'] / 1e6:.2f} | "
-            f"{row['max_in_flight']} |")
+            f"{row['max_in_flight']} |"
+        )
     return lines + [""]
 
 
@@ -284,8 +343,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--scenario", choices=[*SCENARIOS, "all"], default="all")
     parser.add_argument("--operation", action="append", help="only these operations")
-    parser.add_argument("--latency", type=float, action="append",
-                        help="added ms per request (repeatable; default 0 and 20)")
+    parser.add_argument(
+        "--latency",
+        type=float,
+        action="append",
+        help="added ms per request (repeatable; default 0 and 20)",
+    )
     parser.add_argument("--peer", action="append", choices=PEERS, help="only these peers")
     parser.add_argument("--store", choices=["obstore", "s3fs"], default="obstore")
     parser.add_argument("--repeat", type=int, default=3)
@@ -308,8 +371,11 @@ def main(argv: list[str] | None = None) -> int:
     warnings.simplefilter("ignore")  # zarr's experimental-pipeline and numcodecs notices
 
     out: dict[str, Any] = {"store": args.store, "repeat": args.repeat, "results": {}}
-    lines = [f"## S3 side by side ({args.store}, moto behind the latency proxy, "
-             f"median of {args.repeat})", ""]
+    print(
+        f"## S3 side by side ({args.store}, moto behind the latency proxy, "
+        f"median of {args.repeat})\n",
+        flush=True,
+    )
     try:
         with MotoServer() as moto, LatencyProxy(moto.endpoint) as proxy:
             moto.create_bucket(BUCKET)
@@ -319,16 +385,18 @@ def main(argv: list[str] | None = None) -> int:
                 import zarr
 
                 with zarr.config.set(zarr_config(WRITER)):
-                    scenario.create(zarr_store(args.store, moto.endpoint, source))[...] = scenario.data()
+                    scenario.create(zarr_store(args.store, moto.endpoint, source))[...] = (
+                        scenario.data()
+                    )
                 for latency in latencies:
                     proxy.reset(latency=latency / 1000)
                     for operation in scenario.operations:
                         if args.operation and operation not in args.operation:
                             continue
-                        results = measure(scenario, operation, peers, proxy, moto, args.store,
-                                          source, args.repeat)
+                        results = measure(
+                            scenario, operation, peers, proxy, moto, args.store, source, args.repeat
+                        )
                         title = f"{name} {operation}, {latency:g} ms"
-                        lines += table(title, results)
                         print("\n".join(table(title, results)), flush=True)
                         out["results"][title] = {p: r.row() for p, r in results.items()}
     except ServerUnavailable as exc:

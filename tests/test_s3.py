@@ -19,23 +19,28 @@ import struct
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import zarr
+from helpers import BATCHED, FUSED, ZARR_FUSED, assert_same_values, with_pipeline
+from helpers.s3 import (
+    ACCESS_KEY,
+    REGION,
+    SECRET_KEY,
+    Fault,
+    LatencyProxy,
+    MotoServer,
+    RangeServer,
+    ServerUnavailable,
+    Stats,
+)
 from zarr.abc.store import Store
 from zarr.codecs import BytesCodec, Crc32cCodec, ShardingCodec, ZstdCodec
 from zarr.storage import FsspecStore, LocalStore, ObjectStore
 
 from zarr_fused.errors import CorruptChunkError, CorruptShardError
-
-from helpers import BATCHED, FUSED, ZARR_FUSED, assert_same_values, with_pipeline
-from helpers.s3 import (
-    ACCESS_KEY, REGION, SECRET_KEY, Fault, LatencyProxy, MotoServer, RangeServer,
-    ServerUnavailable, Stats,
-)
 
 obstore_store = pytest.importorskip("obstore.store")
 s3fs = pytest.importorskip("s3fs")
@@ -93,13 +98,21 @@ def open_store(kind: str, proxy: LatencyProxy, prefix: str) -> Store:
     few and fast, so a persistent fault fails within a second or two."""
     if kind == "obstore":
         s3 = obstore_store.S3Store(
-            BUCKET, prefix=prefix, endpoint=proxy.endpoint, region=REGION,
-            access_key_id=ACCESS_KEY, secret_access_key=SECRET_KEY,
+            BUCKET,
+            prefix=prefix,
+            endpoint=proxy.endpoint,
+            region=REGION,
+            access_key_id=ACCESS_KEY,
+            secret_access_key=SECRET_KEY,
             client_options={"allow_http": True, "timeout": timedelta(seconds=30)},
-            retry_config={"max_retries": 2,
-                          "backoff": {"init_backoff": timedelta(milliseconds=10),
-                                      "max_backoff": timedelta(milliseconds=100)},
-                          "retry_timeout": timedelta(seconds=10)},
+            retry_config={
+                "max_retries": 2,
+                "backoff": {
+                    "init_backoff": timedelta(milliseconds=10),
+                    "max_backoff": timedelta(milliseconds=100),
+                },
+                "retry_timeout": timedelta(seconds=10),
+            },
         )
         return ObjectStore(s3)
     if kind == "s3fs":
@@ -108,7 +121,10 @@ def open_store(kind: str, proxy: LatencyProxy, prefix: str) -> Store:
         fs = _s3fs_cache.get(proxy.endpoint)
         if fs is None:
             fs = s3fs.S3FileSystem(
-                key=ACCESS_KEY, secret=SECRET_KEY, asynchronous=True, skip_instance_cache=True,
+                key=ACCESS_KEY,
+                secret=SECRET_KEY,
+                asynchronous=True,
+                skip_instance_cache=True,
                 client_kwargs={"endpoint_url": proxy.endpoint, "region_name": REGION},
                 config_kwargs={"retries": {"max_attempts": 3, "mode": "standard"}},
             )
@@ -141,11 +157,12 @@ def new_prefix() -> str:
 def stored(moto: MotoServer, prefix: str) -> dict[str, bytes]:
     """What is stored under ``prefix`` (read straight from moto, uncounted),
     keyed relative to it."""
-    return {k[len(prefix) + 1:]: v for k, v in moto.objects(BUCKET, prefix + "/").items()}
+    return {k[len(prefix) + 1 :]: v for k, v in moto.objects(BUCKET, prefix + "/").items()}
 
 
 def zarr_loop_tasks() -> set[asyncio.Task[Any]]:
     """The tasks alive on zarr's event loop (but the one asking)."""
+
     async def others() -> set[asyncio.Task[Any]]:
         return {t for t in asyncio.all_tasks() if t is not asyncio.current_task()}
 
@@ -185,14 +202,29 @@ class Layout:
     def create(self, store: Store, **kwargs: Any) -> zarr.Array:
         if self.sharded:
             codecs = [BytesCodec(), ZstdCodec(level=1)] + ([Crc32cCodec()] if self.crc else [])
-            serializer: Any = ShardingCodec(chunk_shape=self.inner, codecs=codecs,
-                                            index_location=self.location)
-            return zarr.create_array(store, shape=SHAPE, chunks=self.chunks, dtype="<u2",
-                                     serializer=serializer, compressors=None, fill_value=FILL,
-                                     **kwargs)
+            serializer: Any = ShardingCodec(
+                chunk_shape=self.inner, codecs=codecs, index_location=self.location
+            )
+            return zarr.create_array(
+                store,
+                shape=SHAPE,
+                chunks=self.chunks,
+                dtype="<u2",
+                serializer=serializer,
+                compressors=None,
+                fill_value=FILL,
+                **kwargs,
+            )
         compressors = [ZstdCodec(level=1)] + ([Crc32cCodec()] if self.crc else [])
-        return zarr.create_array(store, shape=SHAPE, chunks=self.chunks, dtype="<u2",
-                                 compressors=compressors, fill_value=FILL, **kwargs)
+        return zarr.create_array(
+            store,
+            shape=SHAPE,
+            chunks=self.chunks,
+            dtype="<u2",
+            compressors=compressors,
+            fill_value=FILL,
+            **kwargs,
+        )
 
 
 # 3 x 2 shards of 2 x 3 inner chunks; or 3 x 3 chunks
@@ -264,11 +296,18 @@ def written(moto: MotoServer, proxy: LatencyProxy) -> Callable[[str, str], str]:
     return get
 
 
-@pytest.mark.parametrize(("kind", "layout", "selection"), cases(
-    ("kind", "layout", "selection"), list(LAYOUTS), list(SELECTIONS),
-    s3fs=lambda layout, selection: selection in ("whole", "orthogonal", "coordinate")))
-def test_read_matches_zarr(proxy: LatencyProxy, written: Callable[[str, str], str], kind: str,
-                           layout: str, selection: str) -> None:
+@pytest.mark.parametrize(
+    ("kind", "layout", "selection"),
+    cases(
+        ("kind", "layout", "selection"),
+        list(LAYOUTS),
+        list(SELECTIONS),
+        s3fs=lambda layout, selection: selection in ("whole", "orthogonal", "coordinate"),
+    ),
+)
+def test_read_matches_zarr(
+    proxy: LatencyProxy, written: Callable[[str, str], str], kind: str, layout: str, selection: str
+) -> None:
     store = open_store(kind, proxy, written(kind, layout))
     sel = SELECTIONS[selection]
     with with_pipeline(BATCHED):
@@ -304,11 +343,18 @@ WRITES: dict[str, tuple[bool, Callable[[zarr.Array], None]]] = {
 }
 
 
-@pytest.mark.parametrize(("kind", "layout", "write"), cases(
-    ("kind", "layout", "write"), list(LAYOUTS), list(WRITES),
-    s3fs=lambda layout, write: layout != "shard-start-zstd" and write in ("all", "partial")))
-def test_write_matches_zarr_bytes(moto: MotoServer, proxy: LatencyProxy, kind: str, layout: str,
-                                  write: str) -> None:
+@pytest.mark.parametrize(
+    ("kind", "layout", "write"),
+    cases(
+        ("kind", "layout", "write"),
+        list(LAYOUTS),
+        list(WRITES),
+        s3fs=lambda layout, write: layout != "shard-start-zstd" and write in ("all", "partial"),
+    ),
+)
+def test_write_matches_zarr_bytes(
+    moto: MotoServer, proxy: LatencyProxy, kind: str, layout: str, write: str
+) -> None:
     first, op = WRITES[write]
     results = {}
     for pipeline in (BATCHED, FUSED):
@@ -338,7 +384,10 @@ OPERATIONS: dict[str, tuple[bool, Callable[[zarr.Array], Any]]] = {
     "read-slab": (True, lambda a: a[10:11, :]),
     "read-missing-shard": (True, lambda a: a[8:16, 15:30]),
     "write-all": (False, lambda a: a.__setitem__(Ellipsis, sample())),
-    "write-partial": (True, lambda a: a.__setitem__((slice(5, 19), slice(3, 22)), _partial_values())),
+    "write-partial": (
+        True,
+        lambda a: a.__setitem__((slice(5, 19), slice(3, 22)), _partial_values()),
+    ),
 }
 
 
@@ -355,17 +404,27 @@ def _count(proxy: LatencyProxy, kind: str, layout: str, pipeline: str, operation
     return proxy.reset()
 
 
-@pytest.mark.parametrize(("kind", "layout", "operation"), cases(
-    ("kind", "layout", "operation"), list(LAYOUTS), list(OPERATIONS),
-    s3fs=lambda layout, op: op in ("read-whole", "read-slab", "write-partial")))
-def test_requests_no_more_than_zarr(proxy: LatencyProxy, kind: str, layout: str,
-                                    operation: str) -> None:
+@pytest.mark.parametrize(
+    ("kind", "layout", "operation"),
+    cases(
+        ("kind", "layout", "operation"),
+        list(LAYOUTS),
+        list(OPERATIONS),
+        s3fs=lambda layout, op: op in ("read-whole", "read-slab", "write-partial"),
+    ),
+)
+def test_requests_no_more_than_zarr(
+    proxy: LatencyProxy, kind: str, layout: str, operation: str
+) -> None:
     theirs = _count(proxy, kind, layout, ZARR_FUSED, operation)
     ours = _count(proxy, kind, layout, FUSED, operation)
     assert ours.count("GET", "PUT", "HEAD", "DELETE") > 0
     for method in ("GET", "PUT", "HEAD"):
         assert ours.requests[method] <= theirs.requests[method], (
-            method, ours.summary(), theirs.summary())
+            method,
+            ours.summary(),
+            theirs.summary(),
+        )
 
 
 # -- the read-only HTTP server -----------------------------------------------------------
@@ -404,21 +463,26 @@ def test_http_read_matches_zarr(http_arrays: RangeServer, layout: str, selection
 
 @pytest.mark.parametrize("operation", ["read-whole", "read-slab"])
 @pytest.mark.parametrize("layout", list(LAYOUTS))
-def test_http_requests_no_more_than_zarr(http_arrays: RangeServer, layout: str,
-                                         operation: str) -> None:
+def test_http_requests_no_more_than_zarr(
+    http_arrays: RangeServer, layout: str, operation: str
+) -> None:
     pytest.importorskip("aiohttp")
     counts = {}
     for pipeline in (ZARR_FUSED, FUSED):
         with with_pipeline(pipeline):
-            arr = zarr.open_array(FsspecStore.from_url(f"{http_arrays.endpoint}/{layout}",
-                                                       read_only=True), mode="r")
+            arr = zarr.open_array(
+                FsspecStore.from_url(f"{http_arrays.endpoint}/{layout}", read_only=True), mode="r"
+            )
             http_arrays.reset()
             OPERATIONS[operation][1](arr)
             counts[pipeline] = http_arrays.reset()
     assert counts[FUSED].count("GET") > 0
     for method in ("GET", "HEAD"):
         assert counts[FUSED].requests[method] <= counts[ZARR_FUSED].requests[method], (
-            method, counts[FUSED].summary(), counts[ZARR_FUSED].summary())
+            method,
+            counts[FUSED].summary(),
+            counts[ZARR_FUSED].summary(),
+        )
 
 
 # -- crafted bad shards ------------------------------------------------------------------
@@ -452,8 +516,11 @@ def corrupt(shard: bytes, corruption: str, location: str) -> bytes:
     if corruption == "truncated":
         return shard[: size // 2]
     if corruption == "index-crc":
-        return shard[:-1] + bytes([shard[-1] ^ 1]) if location == "end" else \
-            bytes([shard[0] ^ 1]) + shard[1:]
+        return (
+            shard[:-1] + bytes([shard[-1] ^ 1])
+            if location == "end"
+            else bytes([shard[0] ^ 1]) + shard[1:]
+        )
     replace: dict[int, tuple[int, int]] = {
         "past-end": {first: (e[first][0], len(shard) * 2)},
         "huge-length": {first: (e[last][0], 2**40), last: (MAX, MAX)},
@@ -466,12 +533,27 @@ def corrupt(shard: bytes, corruption: str, location: str) -> bytes:
     return _reindexed(shard, [replace.get(i, x) for i, x in enumerate(e)], location)
 
 
-CORRUPTIONS = ["truncated", "index-crc", "past-end", "huge-length", "overflow", "half-missing",
-               "overlap", "into-index", "empty-entry"]
+CORRUPTIONS = [
+    "truncated",
+    "index-crc",
+    "past-end",
+    "huge-length",
+    "overflow",
+    "half-missing",
+    "overlap",
+    "into-index",
+    "empty-entry",
+]
 # a corrupt index every read must notice (the others may pass unnoticed by a
 # partial read that does not touch the bad entry, never with wrong values)
-ALWAYS_DETECTED = {"truncated", "index-crc", "overflow", "half-missing", "empty-entry",
-                   "huge-length"}
+ALWAYS_DETECTED = {
+    "truncated",
+    "index-crc",
+    "overflow",
+    "half-missing",
+    "empty-entry",
+    "huge-length",
+}
 BAD_SELECTIONS = {
     "whole": (lambda a: a[...], lambda d: d),
     "one-inner": (lambda a: a[0:4, 0:5], lambda d: d[0:4, 0:5]),
@@ -483,39 +565,60 @@ BAD_SELECTIONS = {
 # The native shard engine over async stores (issue 15, next phase) turns these
 # into CorruptChunkError naming the key; strict, so the marks go when it lands.
 _ASYNC_SHARD_ERRORS = pytest.mark.xfail(
-    strict=True, reason="issue 15: async-store shard reads go through zarr's sharding codec, "
-    "whose errors do not name the shard key")
+    strict=True,
+    reason="issue 15: async-store shard reads go through zarr's sharding codec, "
+    "whose errors do not name the shard key",
+)
 BAD_CASES = [
-    pytest.param(kind, location, corruption, selection,
-                 id=f"{kind}-{location}-{corruption}-{selection}",
-                 # the one case whose read never touches the bad entry
-                 marks=() if (corruption, selection) == ("overlap", "one-inner")
-                 else _ASYNC_SHARD_ERRORS)
+    pytest.param(
+        kind,
+        location,
+        corruption,
+        selection,
+        id=f"{kind}-{location}-{corruption}-{selection}",
+        # the one case whose read never touches the bad entry
+        marks=() if (corruption, selection) == ("overlap", "one-inner") else _ASYNC_SHARD_ERRORS,
+    )
     for kind in STORES
     for location in ("end", "start")
     for corruption in CORRUPTIONS
     for selection in BAD_SELECTIONS
     # s3fs: whole reads of shards indexed at the end, index and entry damage
-    if kind == "obstore" or (location == "end" and selection == "whole"
-                             and corruption in ("truncated", "index-crc", "past-end"))
+    if kind == "obstore"
+    or (
+        location == "end"
+        and selection == "whole"
+        and corruption in ("truncated", "index-crc", "past-end")
+    )
 ]
 
 
 @pytest.mark.parametrize(("kind", "location", "corruption", "selection"), BAD_CASES)
-def test_bad_shard_raises_naming_the_key(moto: MotoServer, proxy: LatencyProxy, kind: str,
-                                         location: str, corruption: str, selection: str) -> None:
+def test_bad_shard_raises_naming_the_key(
+    moto: MotoServer, proxy: LatencyProxy, kind: str, location: str, corruption: str, selection: str
+) -> None:
     prefix = new_prefix()
     store = open_store(kind, proxy, prefix)
     data = np.random.default_rng(18).integers(0, 1000, (16, 15)).astype("<u2")
     with with_pipeline(BATCHED):
         # 2 x 1 shards of 2 x 3 inner chunks
-        serializer = ShardingCodec(chunk_shape=(4, 5), codecs=[BytesCodec(), ZstdCodec(level=1)],
-                                   index_location=location)
-        zarr.create_array(store, shape=data.shape, chunks=(8, 15), dtype="<u2",
-                          serializer=serializer, compressors=None, fill_value=FILL)[...] = data
+        serializer = ShardingCodec(
+            chunk_shape=(4, 5), codecs=[BytesCodec(), ZstdCodec(level=1)], index_location=location
+        )
+        zarr.create_array(
+            store,
+            shape=data.shape,
+            chunks=(8, 15),
+            dtype="<u2",
+            serializer=serializer,
+            compressors=None,
+            fill_value=FILL,
+        )[...] = data
     client = moto.client()
     shard = client.get_object(Bucket=BUCKET, Key=f"{prefix}/c/0/0")["Body"].read()
-    client.put_object(Bucket=BUCKET, Key=f"{prefix}/c/0/0", Body=corrupt(shard, corruption, location))
+    client.put_object(
+        Bucket=BUCKET, Key=f"{prefix}/c/0/0", Body=corrupt(shard, corruption, location)
+    )
     read, expect = BAD_SELECTIONS[selection]
     with with_pipeline(FUSED):
         arr = zarr.open_array(store, mode="r")
@@ -559,19 +662,23 @@ FAULTS = {
 # errors and s3fs' OSErrors do not. Naming the key is the IO layer's job in
 # the async engine (issue 15, next phase).
 _STORE_ERRORS_UNNAMED = pytest.mark.xfail(
-    strict=True, reason="issue 15: a store error that does not name the key reaches the user "
-    "as is")
+    strict=True, reason="issue 15: a store error that does not name the key reaches the user as is"
+)
 
 
 def _fault_cases() -> list[Any]:
     out = []
-    for param in cases(("kind", "case", "layout"), list(FAULTS),
-                       ["shard-end-zstd-crc", "unsharded-zstd-crc"],
-                       s3fs=lambda case, layout: layout == "shard-end-zstd-crc"):
-        kind, case, layout = param.values
+    for param in cases(
+        ("kind", "case", "layout"),
+        list(FAULTS),
+        ["shard-end-zstd-crc", "unsharded-zstd-crc"],
+        s3fs=lambda case, layout: layout == "shard-end-zstd-crc",
+    ):
+        kind, case, _layout = param.values
         unnamed = case == "get-truncate-always" or (kind == "s3fs" and case.endswith("-500"))
-        out.append(pytest.param(*param.values, id=param.id,
-                                marks=_STORE_ERRORS_UNNAMED if unnamed else ()))
+        out.append(
+            pytest.param(*param.values, id=param.id, marks=_STORE_ERRORS_UNNAMED if unnamed else ())
+        )
     return out
 
 
@@ -601,7 +708,7 @@ def test_fault(moto: MotoServer, proxy: LatencyProxy, kind: str, case: str, layo
                 arr[...] = new
             else:
                 got = arr[...]
-        except Exception as exc:  # noqa: BLE001 - any store error is acceptable if it names the key
+        except Exception as exc:
             error = exc
     assert proxy.hits(fault) > 0, "the fault was never triggered"
     assert_no_task_left(before_tasks)

@@ -38,7 +38,7 @@ import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Self
 
 HOST = "127.0.0.1"
 ACCESS_KEY = "zarr-fused-test"
@@ -103,16 +103,21 @@ class MotoServer:
             raise ServerUnavailable(f"moto[server] is not installed: {exc}") from exc
         self.port = free_port()
         # werkzeug logs every request: to a file, never a pipe nobody drains
-        self._log = tempfile.TemporaryFile()
+        self._log = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as the server
         # through this file's entry point: the server exits when its stdin
         # closes, so it never outlives this process (even one killed hard)
         self._proc = subprocess.Popen(
             [sys.executable, __file__, "moto", str(self.port)],
-            stdin=subprocess.PIPE, stdout=self._log, stderr=subprocess.STDOUT,
+            stdin=subprocess.PIPE,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
         )
         try:
-            _wait_for_http(f"{self.endpoint}/moto-api/", time.monotonic() + START_TIMEOUT,
-                           alive=lambda: self._proc is not None and self._proc.poll() is None)
+            _wait_for_http(
+                f"{self.endpoint}/moto-api/",
+                time.monotonic() + START_TIMEOUT,
+                alive=lambda: self._proc is not None and self._proc.poll() is None,
+            )
         except ServerUnavailable as exc:
             tail = self.log_tail()
             self.stop()
@@ -147,8 +152,13 @@ class MotoServer:
         and for looking at what is stored without counting requests."""
         import boto3
 
-        return boto3.client("s3", endpoint_url=self.endpoint, aws_access_key_id=ACCESS_KEY,
-                            aws_secret_access_key=SECRET_KEY, region_name=REGION)
+        return boto3.client(
+            "s3",
+            endpoint_url=self.endpoint,
+            aws_access_key_id=ACCESS_KEY,
+            aws_secret_access_key=SECRET_KEY,
+            region_name=REGION,
+        )
 
     def create_bucket(self, name: str) -> str:
         self.client().create_bucket(Bucket=name)
@@ -163,7 +173,7 @@ class MotoServer:
                 out[item["Key"]] = client.get_object(Bucket=bucket, Key=item["Key"])["Body"].read()
         return out
 
-    def __enter__(self) -> MotoServer:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
@@ -230,19 +240,30 @@ class Stats:
         self.log.append(req)
 
     def to_json(self, faults: list[Fault] = ()) -> dict[str, Any]:
-        return {**self.summary(), "log": [dataclasses.asdict(r) for r in self.log],
-                "faults": [dataclasses.asdict(f) for f in faults]}
+        return {
+            **self.summary(),
+            "log": [dataclasses.asdict(r) for r in self.log],
+            "faults": [dataclasses.asdict(f) for f in faults],
+        }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Stats:
-        return cls(collections.Counter(data["requests"]), collections.Counter(data["bytes_sent"]),
-                   collections.Counter(data["bytes_received"]),
-                   [Request(**r) for r in data["log"]], data["max_in_flight"],
-                   [Fault(**f) for f in data["faults"]])
+        return cls(
+            collections.Counter(data["requests"]),
+            collections.Counter(data["bytes_sent"]),
+            collections.Counter(data["bytes_received"]),
+            [Request(**r) for r in data["log"]],
+            data["max_in_flight"],
+            [Fault(**f) for f in data["faults"]],
+        )
 
     def summary(self) -> dict[str, Any]:
-        return {"requests": dict(self.requests), "bytes_sent": dict(self.bytes_sent),
-                "bytes_received": dict(self.bytes_received), "max_in_flight": self.max_in_flight}
+        return {
+            "requests": dict(self.requests),
+            "bytes_sent": dict(self.bytes_sent),
+            "bytes_received": dict(self.bytes_received),
+            "max_in_flight": self.max_in_flight,
+        }
 
 
 class _BadRequest(Exception):
@@ -308,8 +329,10 @@ def _reset(writer: asyncio.StreamWriter) -> None:
     writer.transport.abort()
 
 
-_ERROR_BODY = ("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>{code}</Code>"
-               "<Message>injected by the test proxy</Message><Key>{key}</Key></Error>")
+_ERROR_BODY = (
+    '<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>{code}</Code>'
+    "<Message>injected by the test proxy</Message><Key>{key}</Key></Error>"
+)
 
 
 CONTROL = "/__proxy__/"  # the proxy's own control requests: never counted nor delayed
@@ -340,8 +363,11 @@ class LatencyProxy:
 
     def _control(self, action: str, payload: dict[str, Any] | None = None) -> Any:
         req = urllib.request.Request(
-            self.endpoint + CONTROL + action, method="POST",
-            data=json.dumps(payload or {}).encode(), headers={"Content-Type": "application/json"})
+            self.endpoint + CONTROL + action,
+            method="POST",
+            data=json.dumps(payload or {}).encode(),
+            headers={"Content-Type": "application/json"},
+        )
         with urllib.request.urlopen(req, timeout=IO_TIMEOUT) as resp:
             return json.loads(resp.read())
 
@@ -379,7 +405,9 @@ class LatencyProxy:
         # the child exits when its stdin closes: it never outlives this process
         self._proc = subprocess.Popen(
             [sys.executable, __file__, "proxy", self.upstream, str(self._latency)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
         )
         line = b""
         ready = threading.Event()
@@ -412,7 +440,7 @@ class LatencyProxy:
         if proc.stdout is not None:
             proc.stdout.close()
 
-    def __enter__(self) -> LatencyProxy:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
@@ -490,8 +518,9 @@ class _ProxyServer:
     def _record(self, req: Request) -> None:
         self.stats.add(req)
 
-    async def _request(self, head: bytes, reader: asyncio.StreamReader,
-                       writer: asyncio.StreamWriter) -> bool:
+    async def _request(
+        self, head: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> bool:
         """Serve one request; False when the client connection must end."""
         request_line, headers = _split_head(head)
         method, target, _version = request_line.split(" ", 2)
@@ -500,9 +529,14 @@ class _ProxyServer:
             await writer.drain()
         body = await asyncio.wait_for(_read_body(reader, headers), IO_TIMEOUT)
         if target.startswith(CONTROL):
-            answer = self._control(target[len(CONTROL):], json.loads(body or b"{}"))
-            await self._respond(writer, 200, [("Content-Type", "application/json")],
-                                json.dumps(answer).encode(), method)
+            answer = self._control(target[len(CONTROL) :], json.loads(body or b"{}"))
+            await self._respond(
+                writer,
+                200,
+                [("Content-Type", "application/json")],
+                json.dumps(answer).encode(),
+                method,
+            )
             return True
         kind, key = _classify(method, target)
         rng = _header(headers, "range")
@@ -518,8 +552,9 @@ class _ProxyServer:
                 status = int(fault.kind)
                 payload = _ERROR_BODY.format(code=code, key=key).encode()
                 self._record(Request(kind, key, rng, len(body), len(payload), status, fault.kind))
-                await self._respond(writer, status, [("Content-Type", "application/xml")],
-                                    payload, method)
+                await self._respond(
+                    writer, status, [("Content-Type", "application/xml")], payload, method
+                )
                 return True
             if fault is not None and fault.kind == "reset":
                 self._record(Request(kind, key, rng, len(body), 0, 0, "reset"))
@@ -532,32 +567,50 @@ class _ProxyServer:
                 await self._respond(writer, status, resp_headers, resp_body, method, cut=len(half))
                 _reset(writer)
                 return False
-            self._record(Request(kind, key, rng, len(body),
-                                 0 if method == "HEAD" else len(resp_body), status))
+            self._record(
+                Request(
+                    kind, key, rng, len(body), 0 if method == "HEAD" else len(resp_body), status
+                )
+            )
             await self._respond(writer, status, resp_headers, resp_body, method)
             return (_header(headers, "connection") or "").lower() != "close"
         finally:
             self._in_flight -= 1
 
-    async def _forward(self, request_line: str, headers: list[tuple[str, str]],
-                       body: bytes) -> tuple[int, list[tuple[str, str]], bytes]:
+    async def _forward(
+        self, request_line: str, headers: list[tuple[str, str]], body: bytes
+    ) -> tuple[int, list[tuple[str, str]], bytes]:
         up_reader, up_writer = await asyncio.wait_for(
-            asyncio.open_connection(*self.upstream, limit=1 << 20), IO_TIMEOUT)
+            asyncio.open_connection(*self.upstream, limit=1 << 20), IO_TIMEOUT
+        )
         try:
-            out = _without(headers, "connection", "keep-alive", "transfer-encoding",
-                           "content-length", "expect", "proxy-connection")
+            out = _without(
+                headers,
+                "connection",
+                "keep-alive",
+                "transfer-encoding",
+                "content-length",
+                "expect",
+                "proxy-connection",
+            )
             out += [("Content-Length", str(len(body))), ("Connection", "close")]
-            up_writer.write(("\r\n".join([request_line, *(f"{k}: {v}" for k, v in out)])
-                             + "\r\n\r\n").encode("latin-1") + body)
+            up_writer.write(
+                ("\r\n".join([request_line, *(f"{k}: {v}" for k, v in out)]) + "\r\n\r\n").encode(
+                    "latin-1"
+                )
+                + body
+            )
             await up_writer.drain()
             return await asyncio.wait_for(
-                self._read_response(up_reader, request_line.split(" ", 1)[0]), IO_TIMEOUT)
+                self._read_response(up_reader, request_line.split(" ", 1)[0]), IO_TIMEOUT
+            )
         finally:
             up_writer.close()
 
     @staticmethod
-    async def _read_response(reader: asyncio.StreamReader,
-                             method: str) -> tuple[int, list[tuple[str, str]], bytes]:
+    async def _read_response(
+        reader: asyncio.StreamReader, method: str
+    ) -> tuple[int, list[tuple[str, str]], bytes]:
         """One response, framed by its headers (a HEAD response has none, and
         werkzeug need not close the connection after one): by Content-Length,
         chunked coding, or else the end of the connection."""
@@ -566,14 +619,21 @@ class _ProxyServer:
         status = int(status_line.split(" ", 2)[1])
         if method == "HEAD" or status in (204, 304) or 100 <= status < 200:
             return status, headers, b""
-        if (_header(headers, "transfer-encoding") or "").lower() == "chunked" or \
-                _header(headers, "content-length") is not None:
+        if (_header(headers, "transfer-encoding") or "").lower() == "chunked" or _header(
+            headers, "content-length"
+        ) is not None:
             return status, headers, await _read_body(reader, headers)
         return status, headers, await reader.read()
 
-    async def _respond(self, writer: asyncio.StreamWriter, status: int,
-                       headers: list[tuple[str, str]], body: bytes, method: str,
-                       cut: int | None = None) -> None:
+    async def _respond(
+        self,
+        writer: asyncio.StreamWriter,
+        status: int,
+        headers: list[tuple[str, str]],
+        body: bytes,
+        method: str,
+        cut: int | None = None,
+    ) -> None:
         out = _without(headers, "connection", "keep-alive", "transfer-encoding")
         if method == "HEAD":
             if _header(out, "content-length") is None:
@@ -587,9 +647,14 @@ class _ProxyServer:
             reason = http.HTTPStatus(status).phrase
         except ValueError:
             reason = "Unknown"
-        writer.write((f"HTTP/1.1 {status} {reason}\r\n"
-                      + "".join(f"{k}: {v}\r\n" for k, v in out) + "\r\n").encode("latin-1")
-                     + payload)
+        writer.write(
+            (
+                f"HTTP/1.1 {status} {reason}\r\n"
+                + "".join(f"{k}: {v}\r\n" for k, v in out)
+                + "\r\n"
+            ).encode("latin-1")
+            + payload
+        )
         await writer.drain()
 
 
@@ -635,7 +700,7 @@ class RangeServer:
             protocol_version = "HTTP/1.1"
             timeout = IO_TIMEOUT
 
-            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+            def log_message(self, format: str, *args: Any) -> None:
                 pass  # quiet
 
             def _file(self) -> Path | None:
@@ -656,8 +721,16 @@ class RangeServer:
                 if not head:
                     self.wfile.write(body)
                 key = urllib.parse.unquote(urllib.parse.urlsplit(self.path).path).lstrip("/")
-                owner._record(Request(self.command, key, self.headers.get("Range"), 0,
-                                      0 if head else len(body), status))
+                owner._record(
+                    Request(
+                        self.command,
+                        key,
+                        self.headers.get("Range"),
+                        0,
+                        0 if head else len(body),
+                        status,
+                    )
+                )
 
             def _serve(self, head: bool) -> None:
                 path = self._file()
@@ -687,9 +760,12 @@ class RangeServer:
                 if start >= size or start >= stop:
                     self._send(416, b"", {"Content-Range": f"bytes */{size}"}, head)
                     return
-                self._send(206, data[start:stop],
-                           {"Content-Range": f"bytes {start}-{stop - 1}/{size}",
-                            "Last-Modified": stamp}, head)
+                self._send(
+                    206,
+                    data[start:stop],
+                    {"Content-Range": f"bytes {start}-{stop - 1}/{size}", "Last-Modified": stamp},
+                    head,
+                )
 
             def do_GET(self) -> None:
                 self._serve(head=False)
@@ -702,8 +778,12 @@ class RangeServer:
         except OSError as exc:
             raise ServerUnavailable(f"the HTTP range server did not start: {exc}") from exc
         self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.1},
-                                        name="http-range-server", daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever,
+            kwargs={"poll_interval": 0.1},
+            name="http-range-server",
+            daemon=True,
+        )
         self._thread.start()
         return self
 
@@ -716,7 +796,7 @@ class RangeServer:
             self._thread.join(IO_TIMEOUT)
             self._thread = None
 
-    def __enter__(self) -> RangeServer:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
@@ -743,6 +823,7 @@ def _proxy_main(upstream: str, latency: str) -> None:
 
 def _exit_with_stdin() -> None:
     """Exit this process when stdin reaches its end (the parent closed it or died)."""
+
     def watch() -> None:
         sys.stdin.buffer.read()
         os._exit(0)
