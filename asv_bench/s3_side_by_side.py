@@ -1,0 +1,411 @@
+#!/usr/bin/env python
+"""Side-by-side timings on S3 (issue 15): moto's S3 server on 127.0.0.1
+behind a proxy that adds a fixed latency per request and counts requests and
+bytes, for zarr_fused, zarr's two pipelines, zarrs and tensorstore.
+
+    python asv_bench/s3_side_by_side.py                      # 0 and 20 ms, every scenario
+    python asv_bench/s3_side_by_side.py --latency 20 --scenario sharded --repeat 5
+    python asv_bench/s3_side_by_side.py --json run.json
+
+zarr_fused and zarr's pipelines read through zarr's ``ObjectStore`` over
+obstore's ``S3Store`` (``--store s3fs``: ``FsspecStore`` over s3fs); zarrs
+through the same ``ObjectStore`` (its native object_store path; a fallback to
+zarr's Python pipeline is refused with ``codec_pipeline.strict``);
+tensorstore through its own ``s3`` kvstore with an ``endpoint`` override and
+credentials from the environment. Every peer reads the one array zarr's
+Batched pipeline wrote, and writes its own copy.
+
+Each peer's values are checked before anything is timed (reads against the
+data, writes read back by zarr's Batched pipeline). Timed calls run in
+interleaved rounds, the order rotating each round; the requests and bytes of
+each peer are those of its last timed call (they do not vary between calls).
+Without added latency moto itself (a few ms per request) dominates: compare
+peers at 20 ms, and only as ratios measured in one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+import warnings
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "tests"))
+
+from helpers.s3 import (
+    ACCESS_KEY,
+    REGION,
+    SECRET_KEY,
+    LatencyProxy,
+    MotoServer,
+    ServerUnavailable,
+    Stats,
+)
+
+BUCKET = "zarr-fused-bench"
+PIPELINES = {
+    "zarr_fused": "zarr_fused.FusedCodecPipeline",
+    "zarr-fused": "zarr.core.codec_pipeline.FusedCodecPipeline",
+    "zarr-batched": "zarr.core.codec_pipeline.BatchedCodecPipeline",
+    "zarrs": "zarrs.ZarrsCodecPipeline",
+}
+PEERS = [*PIPELINES, "tensorstore"]
+WRITER = "zarr-batched"  # writes the arrays every peer reads
+
+
+# -- scenarios ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    chunks: tuple[int, ...]  # the stored objects: shards when sharded
+    inner: tuple[int, ...] | None
+    operations: dict[str, Any]  # name -> a selection, or "write"
+
+    def data(self) -> np.ndarray:
+        """Smooth data with noise (compresses like measurements)."""
+        rng = np.random.default_rng(1234)
+        grids = np.meshgrid(
+            *(np.linspace(0, 8, s, dtype="f4") for s in self.shape), indexing="ij", sparse=True
+        )
+        values = sum(np.sin(g * (i + 1)) for i, g in enumerate(grids))
+        if np.dtype(self.dtype).kind == "f":
+            return (values + rng.normal(0, 0.05, self.shape).astype("f4")).astype(self.dtype)
+        scaled = (values - values.min()) / (np.ptp(values) or 1) * 4000
+        return (scaled + rng.integers(0, 16, self.shape)).astype(self.dtype)
+
+    def create(self, store: Any) -> Any:
+        import zarr
+
+        return zarr.create_array(
+            store,
+            shape=self.shape,
+            dtype=self.dtype,
+            chunks=self.inner or self.chunks,
+            shards=self.chunks if self.inner else None,
+            compressors=zarr.codecs.ZstdCodec(level=1),
+            fill_value=0,
+            overwrite=True,
+        )
+
+
+SCENARIOS = {
+    "sharded": Scenario(
+        "sharded",
+        (256, 256, 256),
+        "uint16",
+        (128, 128, 128),
+        (32, 32, 32),
+        {
+            "whole": Ellipsis,
+            "one-inner": (slice(0, 32),) * 3,
+            "slab": (slice(100, 101), slice(None), slice(None)),
+            "write-all": "write",
+        },
+    ),
+    "unsharded": Scenario(
+        "unsharded",
+        (2048, 2048),
+        "float32",
+        (64, 64),
+        None,
+        {"whole": Ellipsis, "write-all": "write"},
+    ),
+}
+
+
+# -- peers -------------------------------------------------------------------------------
+
+
+def zarr_store(kind: str, endpoint: str, prefix: str) -> Any:
+    from zarr.storage import FsspecStore, ObjectStore
+
+    if kind == "obstore":
+        from obstore.store import S3Store
+
+        return ObjectStore(
+            S3Store(
+                BUCKET,
+                prefix=prefix,
+                endpoint=endpoint,
+                region=REGION,
+                access_key_id=ACCESS_KEY,
+                secret_access_key=SECRET_KEY,
+                client_options={"allow_http": True},
+                # a failing peer fails in seconds, not after 3 minutes
+                retry_config={"max_retries": 2, "retry_timeout": timedelta(seconds=20)},
+            )
+        )
+    import s3fs
+
+    fs = s3fs.S3FileSystem(
+        key=ACCESS_KEY,
+        secret=SECRET_KEY,
+        asynchronous=True,
+        client_kwargs={"endpoint_url": endpoint, "region_name": REGION},
+    )
+    return FsspecStore(fs, path=f"{BUCKET}/{prefix}")
+
+
+def tensorstore_spec(endpoint: str, prefix: str) -> dict[str, Any]:
+    return {
+        "driver": "zarr3",
+        "kvstore": {
+            "driver": "s3",
+            "bucket": BUCKET,
+            "path": prefix + "/",
+            "endpoint": endpoint,
+            "aws_region": REGION,
+            "aws_credentials": {"type": "environment"},
+        },
+    }
+
+
+def zarr_config(peer: str) -> dict[str, Any]:
+    cfg: dict[str, Any] = {"codec_pipeline.path": PIPELINES[peer]}
+    if peer == "zarrs":
+        cfg["codec_pipeline.strict"] = True  # no silent fallback to zarr's pipeline
+    return cfg
+
+
+class Peer:
+    """One peer's handle on one array: ``prepare`` (untimed) opens it,
+    ``run`` does the operation."""
+
+    def __init__(self, peer: str, store_kind: str, endpoint: str, prefix: str) -> None:
+        self.peer, self.store_kind, self.endpoint, self.prefix = peer, store_kind, endpoint, prefix
+        self.handle: Any = None
+
+    def open(self, *, write: bool = False) -> None:
+        if self.peer == "tensorstore":
+            import tensorstore as ts
+
+            self.handle = ts.open(
+                tensorstore_spec(self.endpoint, self.prefix), read=True, write=write
+            ).result()
+            return
+        import zarr
+
+        with zarr.config.set(zarr_config(self.peer)):
+            self.handle = zarr.open_array(
+                zarr_store(self.store_kind, self.endpoint, self.prefix), mode="r+" if write else "r"
+            )
+        if (
+            self.peer == "zarrs"
+            and getattr(self.handle._async_array.codec_pipeline, "impl", None) is None
+        ):
+            raise RuntimeError("zarrs did not take this array (no native implementation)")
+
+    def read(self, selection: Any) -> np.ndarray:
+        if self.peer == "tensorstore":
+            return np.asarray(self.handle[selection].read().result())
+        import zarr
+
+        with zarr.config.set(zarr_config(self.peer)):
+            return np.asarray(self.handle[selection])
+
+    def write(self, data: np.ndarray) -> None:
+        if self.peer == "tensorstore":
+            self.handle[...].write(data).result()
+            return
+        import zarr
+
+        with zarr.config.set(zarr_config(self.peer)):
+            self.handle[...] = data
+
+
+def available(peer: str) -> str | None:
+    """None, or why ``peer`` cannot run here."""
+    module = {"zarrs": "zarrs", "tensorstore": "tensorstore"}.get(peer)
+    if module is None:
+        return None
+    try:
+        __import__(module)
+    except ImportError as exc:
+        return str(exc)
+    return None
+
+
+# -- measuring ---------------------------------------------------------------------------
+
+
+@dataclass
+class Result:
+    wall: list[float] = field(default_factory=list)
+    stats: Stats | None = None
+    error: str | None = None
+
+    def row(self) -> dict[str, Any]:
+        s = self.stats
+        return {
+            "median_s": statistics.median(self.wall) if self.wall else None,
+            "min_s": min(self.wall) if self.wall else None,
+            "requests": dict(s.requests) if s else {},
+            "bytes_received": sum(s.bytes_received.values()) if s else 0,
+            "bytes_sent": sum(s.bytes_sent.values()) if s else 0,
+            "max_in_flight": s.max_in_flight if s else 0,
+            "error": self.error,
+        }
+
+
+def measure(
+    scenario: Scenario,
+    operation: str,
+    peers: list[str],
+    proxy: LatencyProxy,
+    moto: MotoServer,
+    store_kind: str,
+    source: str,
+    repeat: int,
+) -> dict[str, Result]:
+    selection = scenario.operations[operation]
+    data = scenario.data()
+    expected = None if selection == "write" else data[selection]
+    results = {p: Result() for p in peers}
+    handles: dict[str, Peer] = {}
+    for peer in peers:
+        try:
+            if selection == "write":
+                prefix = f"{source}-{operation}-{peer}"
+                scenario.create(zarr_store(store_kind, moto.endpoint, prefix))
+                handle = Peer(peer, store_kind, proxy.endpoint, prefix)
+                handle.open(write=True)
+                handle.write(data)  # the check: read back by zarr's pipeline
+                check = Peer(WRITER, store_kind, moto.endpoint, prefix)
+                check.open()
+                if not np.array_equal(check.read(Ellipsis), data):
+                    raise AssertionError("wrong values written")
+            else:
+                handle = Peer(peer, store_kind, proxy.endpoint, source)
+                handle.open()
+                got = handle.read(selection)
+                if got.dtype != expected.dtype or not np.array_equal(got, expected):
+                    raise AssertionError("wrong values read")
+            handles[peer] = handle
+        except Exception as exc:
+            results[peer].error = f"{type(exc).__name__}: {exc}"[:200]
+            print(f"{peer}: {type(exc).__name__}: {exc}"[:3000], file=sys.stderr)
+    names = list(handles)
+    for r in range(repeat):
+        for peer in names[r % len(names) :] + names[: r % len(names)]:
+            handle = handles[peer]
+            proxy.reset()
+            t0 = time.perf_counter()
+            if selection == "write":
+                handle.write(data)
+            else:
+                handle.read(selection)
+            results[peer].wall.append(time.perf_counter() - t0)
+            results[peer].stats = proxy.reset()
+    return results
+
+
+def table(title: str, results: dict[str, Result], ours: str = "zarr_fused") -> list[str]:
+    lines = [
+        f"### {title}",
+        "",
+        "| peer | median s | vs zarr_fused | GET | PUT | HEAD | other | MB in | MB out | in flight |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    base = results.get(ours)
+    base_t = statistics.median(base.wall) if base and base.wall else None
+    for peer, res in results.items():
+        if res.error:
+            lines.append(f"| {peer} | error: {res.error} | | | | | | | | |")
+            continue
+        row = res.row()
+        req = row["requests"]
+        other = sum(v for k, v in req.items() if k not in ("GET", "PUT", "HEAD"))
+        ratio = f"{row['median_s'] / base_t:.2f}x" if base_t else ""
+        lines.append(
+            f"| {peer} | {row['median_s']:.3f} | {ratio} | {req.get('GET', 0)} | "
+            f"{req.get('PUT', 0)} | {req.get('HEAD', 0)} | {other} | "
+            f"{row['bytes_received'] / 1e6:.2f} | {row['bytes_sent'] / 1e6:.2f} | "
+            f"{row['max_in_flight']} |"
+        )
+    return lines + [""]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--scenario", choices=[*SCENARIOS, "all"], default="all")
+    parser.add_argument("--operation", action="append", help="only these operations")
+    parser.add_argument(
+        "--latency",
+        type=float,
+        action="append",
+        help="added ms per request (repeatable; default 0 and 20)",
+    )
+    parser.add_argument("--peer", action="append", choices=PEERS, help="only these peers")
+    parser.add_argument("--store", choices=["obstore", "s3fs"], default="obstore")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    args = parser.parse_args(argv)
+
+    # tensorstore's "environment" credentials; moto accepts any
+    os.environ.setdefault("AWS_ACCESS_KEY_ID", ACCESS_KEY)
+    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
+    os.environ.setdefault("AWS_REGION", REGION)
+    peers = []
+    for peer in args.peer or PEERS:
+        why = available(peer)
+        if why:
+            print(f"skipping {peer}: {why}", file=sys.stderr)
+        else:
+            peers.append(peer)
+    latencies = args.latency if args.latency is not None else [0.0, 20.0]
+    scenarios = list(SCENARIOS) if args.scenario == "all" else [args.scenario]
+    warnings.simplefilter("ignore")  # zarr's experimental-pipeline and numcodecs notices
+
+    out: dict[str, Any] = {"store": args.store, "repeat": args.repeat, "results": {}}
+    print(
+        f"## S3 side by side ({args.store}, moto behind the latency proxy, "
+        f"median of {args.repeat})\n",
+        flush=True,
+    )
+    try:
+        with MotoServer() as moto, LatencyProxy(moto.endpoint) as proxy:
+            moto.create_bucket(BUCKET)
+            for name in scenarios:
+                scenario = SCENARIOS[name]
+                source = f"{name}-source"
+                import zarr
+
+                with zarr.config.set(zarr_config(WRITER)):
+                    scenario.create(zarr_store(args.store, moto.endpoint, source))[...] = (
+                        scenario.data()
+                    )
+                for latency in latencies:
+                    proxy.reset(latency=latency / 1000)
+                    for operation in scenario.operations:
+                        if args.operation and operation not in args.operation:
+                            continue
+                        results = measure(
+                            scenario, operation, peers, proxy, moto, args.store, source, args.repeat
+                        )
+                        title = f"{name} {operation}, {latency:g} ms"
+                        print("\n".join(table(title, results)), flush=True)
+                        out["results"][title] = {p: r.row() for p, r in results.items()}
+    except ServerUnavailable as exc:
+        print(f"cannot run: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
