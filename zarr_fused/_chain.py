@@ -39,7 +39,7 @@ from zarr.core.dtype.npy.structured import Struct
 
 from zarr_fused._dtypes import empty
 from zarr_fused._native import codec_kernels, scatter_kernels
-from zarr_fused._output import scatter_array, scatter_chunk
+from zarr_fused._scatter_py import scatter_array, scatter_chunk
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -118,7 +118,7 @@ class TransformChain:
 def _describe(key: Any) -> str:
     if key is None:
         return "chunk"
-    from zarr_fused._read import describe_key
+    from zarr_fused.chunks.read import describe_key
 
     return f"chunk {describe_key(key)}"
 

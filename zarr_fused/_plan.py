@@ -20,10 +20,10 @@ from zarr.codecs.sharding import ShardingCodec
 from zarr.core.codec_pipeline import AsyncChunkTransform
 
 from zarr_fused._chain import NativeChain, build_chain
-from zarr_fused._read import ChunkReader, NativeChunkReader, PartialDecodeReader
-from zarr_fused._read_sharded import ShardReader, shard_reader_reason
-from zarr_fused._write_sharded import ShardWriter
-from zarr_fused._write import ChunkWriter, NativeChunkWriter, PartialEncodeWriter
+from zarr_fused.chunks.read import ChunkReader, NativeChunkReader, PartialDecodeReader
+from zarr_fused.shard.read import ShardReader, shard_reader_reason
+from zarr_fused.shard.write import ShardWriter
+from zarr_fused.chunks.write import ChunkWriter, NativeChunkWriter, PartialEncodeWriter
 from zarr_fused.errors import UnsupportedError
 
 if TYPE_CHECKING:

@@ -22,10 +22,10 @@ from zarr.abc.codec import ArrayBytesCodecPartialDecodeMixin
 from zarr.core.chunk_utils import _merge_chunk_array, chunk_is_empty
 from zarr.core.config import config as zarr_config
 
-from zarr_fused._output import fill_missing, scatter_chunk
+from zarr_fused._scatter_py import fill_missing, scatter_chunk
 from zarr_fused._pool import get_pool, resolve_max_workers
-from zarr_fused._read import MISSING, PRESENT
-from zarr_fused._write import merge_and_encode
+from zarr_fused.chunks.read import MISSING, PRESENT
+from zarr_fused.chunks.write import merge_and_encode
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -36,8 +36,8 @@ if TYPE_CHECKING:
 
     from zarr_fused._chain import Chain
     from zarr_fused._plan import PipelinePlan
-    from zarr_fused._read import ReadItem
-    from zarr_fused._write import WriteItem
+    from zarr_fused.chunks.read import ReadItem
+    from zarr_fused.chunks.write import WriteItem
 
 __all__ = ["read_async", "write_async"]
 

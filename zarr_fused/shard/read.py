@@ -40,9 +40,9 @@ from zarr.core.indexing import get_indexer
 
 from zarr_fused._chain import NativeChain, native_chain_params
 from zarr_fused._native import io_kernels, shard_kernels
-from zarr_fused._output import fill_missing, scatter_array
+from zarr_fused._scatter_py import fill_missing, scatter_array
 from zarr_fused._pool import partition, run_parallel
-from zarr_fused._read import MISSING, PRESENT, describe_key, fill_pattern, local_files
+from zarr_fused.chunks.read import MISSING, PRESENT, describe_key, fill_pattern, local_files
 from zarr_fused.errors import CorruptShardError
 
 if TYPE_CHECKING:
@@ -51,7 +51,7 @@ if TYPE_CHECKING:
     from zarr.core.array_spec import ArraySpec
     from zarr.core.buffer import NDBuffer
 
-    from zarr_fused._read import PartialDecodeReader, ReadItem
+    from zarr_fused.chunks.read import PartialDecodeReader, ReadItem
 
 __all__ = ["ShardReader", "shard_reader_reason"]
 

@@ -24,7 +24,7 @@ from zarr.core.indexing import is_scalar
 
 from zarr_fused._dtypes import empty, in_byte_order
 from zarr_fused._pool import partition, run_parallel
-from zarr_fused._read import fill_pattern, local_files
+from zarr_fused.chunks.read import fill_pattern, local_files
 
 if TYPE_CHECKING:
     from collections.abc import Sequence

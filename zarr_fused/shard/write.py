@@ -36,9 +36,9 @@ from zarr.storage import MemoryStore
 from zarr_fused._dtypes import empty, in_byte_order
 from zarr_fused._native import io_kernels, shard_kernels
 from zarr_fused._pool import partition, run_parallel
-from zarr_fused._read import describe_key, fill_pattern, local_files
-from zarr_fused._read_sharded import _buffers, _index_format, _inner_describer
-from zarr_fused._write import merge_owned
+from zarr_fused.chunks.read import describe_key, fill_pattern, local_files
+from zarr_fused.shard.read import _buffers, _index_format, _inner_describer
+from zarr_fused.chunks.write import merge_owned
 from zarr_fused.errors import CorruptShardError
 
 if TYPE_CHECKING:
@@ -49,7 +49,7 @@ if TYPE_CHECKING:
     from zarr.core.buffer import NDBuffer
 
     from zarr_fused._chain import NativeChain
-    from zarr_fused._write import PartialEncodeWriter, WriteItem
+    from zarr_fused.chunks.write import PartialEncodeWriter, WriteItem
 
 __all__ = ["ShardWriter"]
 

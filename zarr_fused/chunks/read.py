@@ -28,7 +28,7 @@ from zarr.storage import LocalStore
 from zarr.storage._common import StorePath
 
 from zarr_fused._dtypes import element_bytes
-from zarr_fused._output import fill_missing, scatter_chunk
+from zarr_fused._scatter_py import fill_missing, scatter_chunk
 from zarr_fused._pool import partition, run_parallel
 
 if TYPE_CHECKING:
