@@ -32,8 +32,8 @@ from zarr_fused._async_path import read_async, write_async
 from zarr_fused._native import note_missing_extensions
 from zarr_fused._plan import PipelinePlan, build_plan
 from zarr_fused._pool import off_loop, resolve_max_workers
-from zarr_fused.io.stores import with_local_files
 from zarr_fused.config import strict_mode
+from zarr_fused.io.stores import with_local_files
 
 if TYPE_CHECKING:
     from collections.abc import Iterable

@@ -17,57 +17,25 @@ partial decode.
 
 from __future__ import annotations
 
-import functools
 import os
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-import numpy as np
-from zarr.abc.codec import GetResult
-from zarr.core.chunk_utils import fill_value_or_default
-from zarr.storage import LocalStore
-from zarr.storage._common import StorePath
-
-from zarr_fused._dtypes import element_bytes
-from zarr_fused._scatter_py import fill_missing, scatter_chunk
+from zarr_fused._dtypes import fill_pattern
+from zarr_fused._items import MISSING, PRESENT
 from zarr_fused._pool import partition, run_parallel
+from zarr_fused._scatter_py import fill_missing, scatter_chunk
+from zarr_fused.io.local import local_files
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from zarr.abc.codec import ArrayBytesCodec
-    from zarr.core.array_spec import ArraySpec
-    from zarr.core.buffer import NDBuffer
-    from zarr.core.indexing import SelectorTuple
+    from zarr.abc.codec import ArrayBytesCodec, GetResult
+    from zarr.core.buffer import Buffer, NDBuffer
 
     from zarr_fused._chain import Chain, NativeChain
+    from zarr_fused._items import ReadItem
 
-    ReadItem = tuple[Any, ArraySpec, SelectorTuple, SelectorTuple, bool]
-
-__all__ = [
-    "MISSING",
-    "PRESENT",
-    "ChunkReader",
-    "NativeChunkReader",
-    "PartialDecodeReader",
-    "describe_key",
-    "fill_pattern",
-    "local_files",
-]
-
-PRESENT = GetResult(status="present")
-MISSING = GetResult(status="missing")
-
-
-def describe_key(getter: Any) -> str:
-    """A readable name of the store key behind a byte getter/setter."""
-    path = getattr(getter, "path", None)
-    if path is not None:
-        store = getattr(getter, "store", None)
-        return f"{path!r} in {store}" if store is not None else repr(path)
-    coords = getattr(getter, "chunk_coords", None)
-    if coords is not None:
-        return f"inner chunk {coords}"
-    return repr(getter)
+__all__ = ["ChunkReader", "NativeChunkReader", "PartialDecodeReader"]
 
 
 class ChunkReader:
@@ -97,40 +65,6 @@ class ChunkReader:
         return tuple(run_parallel(read_one, batch, max_workers))
 
 
-def local_files(batch: Sequence[tuple[Any, ...]], *, write: bool = False) -> bytes | None:
-    """The path prefix of the batch's keys when they all live in one
-    `zarr.storage.LocalStore` (exactly that class, so subclasses keep their
-    own IO); zarr_fused then does the file IO itself, inside its nogil
-    calls. None otherwise.
-
-    Performs the checks LocalStore's own sync methods start with.
-    """
-    first = batch[0][0]
-    if type(first) is not StorePath or type(first.store) is not LocalStore:
-        return None
-    store = first.store
-    for item in batch:
-        getter = item[0]
-        if type(getter) is not StorePath or getter.store is not store:
-            return None
-    store._ensure_open_sync()
-    if write:
-        store._check_writable()
-    return _root_prefix(store.root)
-
-
-@functools.lru_cache(maxsize=64)
-def _root_prefix(root: Any) -> bytes:
-    """``root`` (a LocalStore's path) as a bytes prefix for its keys."""
-    return os.fsencode(root) + b"/"
-
-
-def fill_pattern(spec: ArraySpec, dtype: np.dtype[Any]) -> bytes:
-    """The fill value of ``spec`` as one element of ``dtype`` (NumPy casting,
-    exactly as ``out[...] = fill_value`` would store it)."""
-    return element_bytes(fill_value_or_default(spec), dtype)
-
-
 class NativeChunkReader:
     """Whole-chunk reads through a native chain, one nogil call per group."""
 
@@ -145,57 +79,77 @@ class NativeChunkReader:
         drop_axes: tuple[int, ...],
         max_workers: int,
     ) -> tuple[GetResult, ...]:
-        chain = self.chain
         dst = out.as_ndarray_like()
-        if not chain.writes_into(dst, batch[0][1]):
+        _, spec0, *_ = batch[0]
+        if not self.chain.writes_into(dst, spec0):
             return self.generic.read(batch, out, drop_axes, max_workers)
-        pattern = fill_pattern(batch[0][1], dst.dtype)
-        statuses: list[GetResult] = [MISSING] * len(batch)
-        ndim = max(dst.ndim, len(batch[0][1].shape))
-        prefix = local_files(batch)
+        job = _ChunkRead(self.chain, batch, out, drop_axes)
+        run_parallel(job.read_group, partition(len(batch), max_workers), max_workers)
+        return tuple(job.statuses)
 
-        def read_group(indices: range) -> None:
-            group = chain.decode_batch(len(indices), ndim)
-            group.set_fill(pattern)
-            queued_items: list[int] = []
-            general = []
-            for i in indices:
-                getter, spec, chunk_selection, out_selection, _ = batch[i]
-                layout = chain.layout(spec.shape)
-                if prefix is not None:
-                    path = prefix + os.fsencode(getter.path)
-                    if group.add_file(path, layout, chunk_selection, dst, out_selection,
-                                      drop_axes, getter):
-                        statuses[i] = PRESENT
-                        queued_items.append(i)
-                    else:
-                        general.append((i, getter.get_sync(prototype=spec.prototype)))
-                    continue
-                raw = getter.get_sync(prototype=spec.prototype)
-                if raw is None:
-                    queued = group.add_missing(dst, out_selection, getter)
-                else:
-                    queued = group.add(raw.as_numpy_array(), layout, chunk_selection, dst,
-                                       out_selection, drop_axes, getter)
-                if queued:
-                    statuses[i] = PRESENT if raw is not None else MISSING
+
+class _ChunkRead:
+    """One `NativeChunkReader.read` call, group by group: fetch (or name the
+    files of) a group's chunks, decode them into ``out`` in one nogil call;
+    chunks the kernels do not take go through the chain one by one."""
+
+    def __init__(self, chain: NativeChain, batch: Sequence[ReadItem], out: NDBuffer,
+                 drop_axes: tuple[int, ...]) -> None:
+        self.chain = chain
+        self.batch = batch
+        self.out = out
+        self.dst = out.as_ndarray_like()
+        self.drop_axes = drop_axes
+        _, spec0, *_ = batch[0]
+        self.pattern = fill_pattern(spec0, self.dst.dtype)
+        self.ndim = max(self.dst.ndim, len(spec0.shape))
+        self.prefix = local_files(batch)
+        self.statuses: list[GetResult] = [MISSING] * len(batch)
+
+    def read_group(self, indices: range) -> None:
+        chain, dst, drop_axes, statuses = self.chain, self.dst, self.drop_axes, self.statuses
+        group = chain.decode_batch(len(indices), self.ndim)
+        group.set_fill(self.pattern)
+        queued_items: list[int] = []
+        general: list[tuple[int, Buffer | None]] = []
+        for i in indices:
+            getter, spec, chunk_selection, out_selection, _ = self.batch[i]
+            layout = chain.layout(spec.shape)
+            if self.prefix is not None:
+                path = self.prefix + os.fsencode(getter.path)
+                if group.add_file(path, layout, chunk_selection, dst, out_selection,
+                                  drop_axes, getter):
+                    statuses[i] = PRESENT
                     queued_items.append(i)
                 else:
-                    general.append((i, raw))
-            for position in group.run():
-                statuses[queued_items[position]] = MISSING
-            for i, raw in general:
-                getter, spec, chunk_selection, out_selection, _ = batch[i]
-                if raw is None:
-                    fill_missing(out, out_selection, spec)
-                else:
-                    statuses[i] = PRESENT
-                    chain.decode_into(
-                        raw, spec, chunk_selection, out, out_selection, drop_axes, getter
-                    )
+                    general.append((i, getter.get_sync(prototype=spec.prototype)))
+                continue
+            raw = getter.get_sync(prototype=spec.prototype)
+            if raw is None:
+                queued = group.add_missing(dst, out_selection, getter)
+            else:
+                queued = group.add(raw.as_numpy_array(), layout, chunk_selection, dst,
+                                   out_selection, drop_axes, getter)
+            if queued:
+                statuses[i] = PRESENT if raw is not None else MISSING
+                queued_items.append(i)
+            else:
+                general.append((i, raw))
+        for position in group.run():  # the files that were missing
+            statuses[queued_items[position]] = MISSING
+        self._read_general(general)
 
-        run_parallel(read_group, partition(len(batch), max_workers), max_workers)
-        return tuple(statuses)
+    def _read_general(self, general: list[tuple[int, Buffer | None]]) -> None:
+        """The chunks the kernels did not take, through the chain."""
+        for i, raw in general:
+            getter, spec, chunk_selection, out_selection, _ = self.batch[i]
+            if raw is None:
+                fill_missing(self.out, out_selection, spec)
+            else:
+                self.statuses[i] = PRESENT
+                self.chain.decode_into(
+                    raw, spec, chunk_selection, self.out, out_selection, self.drop_axes, getter
+                )
 
 
 class PartialDecodeReader:

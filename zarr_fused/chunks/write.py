@@ -19,12 +19,12 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from zarr.core.chunk_utils import _merge_chunk_array, chunk_is_empty, fill_value_or_default
-from zarr.core.indexing import is_scalar
+from zarr.core.chunk_utils import chunk_is_empty
 
-from zarr_fused._dtypes import empty, in_byte_order
+from zarr_fused._dtypes import empty, empty_rule_pattern
 from zarr_fused._pool import partition, run_parallel
-from zarr_fused.chunks.read import fill_pattern, local_files
+from zarr_fused.chunks.merge import merge_and_encode, merge_owned
+from zarr_fused.io.local import local_files, make_parents
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -32,31 +32,11 @@ if TYPE_CHECKING:
     from zarr.abc.codec import ArrayBytesCodec
     from zarr.core.array_spec import ArraySpec
     from zarr.core.buffer import Buffer, NDBuffer
-    from zarr.core.indexing import SelectorTuple
 
     from zarr_fused._chain import Chain, NativeChain
+    from zarr_fused._items import WriteItem
 
-    WriteItem = tuple[Any, ArraySpec, SelectorTuple, SelectorTuple, bool]
-
-__all__ = ["ChunkWriter", "NativeChunkWriter", "PartialEncodeWriter", "merge_and_encode"]
-
-
-def merge_and_encode(
-    chain: Chain,
-    existing: Buffer | None,
-    value: NDBuffer,
-    item: WriteItem,
-    drop_axes: tuple[int, ...],
-) -> Buffer | None:
-    """Bytes to store for one chunk, or None when it must not be stored."""
-    setter, spec, chunk_selection, out_selection, is_complete = item
-    existing_array = None if existing is None else chain.decode(existing, spec, setter)
-    merged = _merge_chunk_array(
-        existing_array, value, out_selection, spec, chunk_selection, is_complete, drop_axes
-    )
-    if chunk_is_empty(merged, spec):
-        return None
-    return chain.encode(merged, spec, setter)
+__all__ = ["ChunkWriter", "NativeChunkWriter", "PartialEncodeWriter"]
 
 
 class ChunkWriter:
@@ -111,42 +91,18 @@ class PartialEncodeWriter:
         run_parallel(write_one, batch, max_workers)
 
 
-def merge_owned(
-    existing: np.ndarray | None,
-    value: NDBuffer,
-    out_selection: SelectorTuple,
-    spec: ArraySpec,
-    chunk_selection: SelectorTuple,
-    is_complete: bool,
-    drop_axes: tuple[int, ...],
-) -> np.ndarray:
-    """zarr's `_merge_chunk_array`, for an ``existing`` array the caller owns
-    (freshly decoded), which is merged in place instead of copied first."""
-    if is_complete and value.shape != ():
-        selected = value[out_selection]
-        if selected.shape == spec.shape:
-            return selected.as_ndarray_like()  # type: ignore[return-value]
-    if existing is None:
-        chunk = spec.prototype.nd_buffer.create(
-            shape=spec.shape,
-            dtype=spec.dtype.to_native_dtype(),
-            order=spec.order,
-            fill_value=fill_value_or_default(spec),
-        ).as_ndarray_like()
-    else:
-        chunk = existing
-    if chunk_selection == () or is_scalar(value.as_ndarray_like(), spec.dtype.to_native_dtype()):
-        chunk_value = value
-    else:
-        chunk_value = value[out_selection]
-        if drop_axes:
-            item = tuple(None if i in drop_axes else slice(None) for i in range(spec.ndim))
-            chunk_value = chunk_value[item]
-    chunk[chunk_selection] = in_byte_order(chunk_value.as_ndarray_like(), chunk.dtype)
-    return chunk  # type: ignore[return-value]
+def _is_complete(item: WriteItem) -> bool:
+    _, _, _, _, is_complete = item
+    return is_complete
 
 
-_UNSET = object()
+def _hashable(key: Any) -> bool:
+    """Whether ``key`` can key a dict (a selection may hold arrays)."""
+    try:
+        hash(key)
+    except TypeError:
+        return False
+    return True
 
 
 class NativeChunkWriter:
@@ -164,130 +120,139 @@ class NativeChunkWriter:
         drop_axes: tuple[int, ...],
         max_workers: int,
     ) -> None:
-        chain = self.chain
-        if not chain.handles(batch[0][1]) or type(value.as_ndarray_like()) is not np.ndarray:
+        _, spec0, *_ = batch[0]
+        if not self.chain.handles(spec0) or type(value.as_ndarray_like()) is not np.ndarray:
             self.generic.write(batch, value, drop_axes, max_workers)
             return
-        scalar = value.shape == ()
-        ndim = max(len(batch[0][1].shape), 1)
-        spec0 = batch[0][1]
-        # The empty-chunk test runs in the encode kernel, as a bitwise scan,
-        # where that is exactly zarr's rule: not for NaN fill values (any NaN
-        # counts as equal there) nor complex ones (there 0j == -0j).
-        fill = fill_value_or_default(spec0)
-        native_empty_check = (
-            not spec0.config.write_empty_chunks
-            and fill is not None
-            and (
-                chain.dtype.kind in "biumM"
-                or (chain.dtype.kind == "f" and not np.isnan(fill))
-            )
-        )
-        fill_bytes = fill_pattern(spec0, chain.dtype) if native_empty_check else None
+        job = _ChunkWrite(self.chain, batch, value, drop_axes)
+        run_parallel(job.write_group, partition(len(batch), max_workers), max_workers)
+
+
+#: what one chunk of a write comes to before the encode kernel runs: bytes
+#: to store now (None: delete the chunk), or an array to queue for the kernel
+_Merged = tuple["Buffer | None", "np.ndarray | None"]
+
+
+class _ChunkWrite:
+    """One `NativeChunkWriter.write` call, group by group: decode the chunks
+    written in part, merge, encode the group in one nogil call, store."""
+
+    def __init__(self, chain: NativeChain, batch: Sequence[WriteItem], value: NDBuffer,
+                 drop_axes: tuple[int, ...]) -> None:
+        self.chain = chain
+        self.batch = batch
+        self.value = value
+        self.drop_axes = drop_axes
+        self.scalar = value.shape == ()
+        _, spec0, *_ = batch[0]
+        self.ndim = max(len(spec0.shape), 1)
+        # the fill pattern when the encode kernel runs zarr's empty-chunk
+        # test itself (see `empty_rule_pattern`), else None
+        self.empty_pattern = empty_rule_pattern(spec0, chain.dtype)
         # complete chunks of a scalar write: one outcome per chunk shape and selection
-        shared: dict[Any, Any] = {}
-        shared_lock = threading.Lock()
+        self._shared: dict[Any, Buffer | None] = {}
+        self._shared_lock = threading.Lock()
+        self.prefix = local_files(batch, write=True)
+        if self.prefix is not None:
+            make_parents(self.prefix, batch)
 
-        def outcome(merged: np.ndarray, spec: ArraySpec, key: Any, *, queued: bool = False) -> Any:
-            """None (store nothing), a Buffer, or an ndarray to queue (whose
-            empty-chunk test the kernel runs when ``queued`` allows it)."""
-            if not (queued and native_empty_check and merged.dtype == chain.dtype) and chunk_is_empty(
-                spec.prototype.nd_buffer.from_ndarray_like(merged), spec
-            ):
-                return None
-            if chain.encode_swap(merged) is None:
-                return chain.fallback.encode(spec.prototype.nd_buffer.from_ndarray_like(merged), spec)
-            return merged
+    def _path(self, key: Any) -> bytes | None:
+        return None if self.prefix is None else self.prefix + os.fsencode(key.path)
 
-        def scalar_outcome(spec: ArraySpec, item: WriteItem) -> Any:
-            # "complete" edge chunks cover only their in-bounds part, so the
-            # outcome depends on the chunk selection as well as the shape
-            _, _, chunk_selection, out_selection, _ = item
-            try:
-                memo_key = hash((spec.shape, chunk_selection)) and (spec.shape, chunk_selection)
-            except TypeError:  # an array in the selection
-                memo_key = None
-            with shared_lock:
-                result = shared.get(memo_key, _UNSET) if memo_key is not None else _UNSET
-                if result is _UNSET:
-                    merged = merge_owned(
-                        None, value, out_selection, spec, chunk_selection, True, drop_axes
-                    )
-                    result = outcome(merged, spec, item[0])
-                    if isinstance(result, np.ndarray):
-                        result = chain.encode(
-                            spec.prototype.nd_buffer.from_ndarray_like(result), spec, item[0]
-                        )
-                    if memo_key is not None:
-                        shared[memo_key] = result
-            return result
+    def _merged(self, merged: np.ndarray, spec: ArraySpec, *, queued: bool = False) -> _Merged:
+        """What to do with a merged chunk; with ``queued``, the kernel's
+        empty-chunk test replaces zarr's where it can run it."""
+        kernel_checks = queued and self.empty_pattern is not None and merged.dtype == self.chain.dtype
+        if not kernel_checks and chunk_is_empty(spec.prototype.nd_buffer.from_ndarray_like(merged), spec):
+            return None, None
+        if self.chain.encode_swap(merged) is None:
+            return self.chain.fallback.encode(spec.prototype.nd_buffer.from_ndarray_like(merged), spec), None
+        return None, merged
 
-        prefix = local_files(batch, write=True)
-        if prefix is not None:
-            # LocalStore creates a chunk's parent directories on every write;
-            # once per directory per batch does the same
-            for parent in {os.path.dirname(prefix + os.fsencode(item[0].path)) for item in batch}:
-                os.makedirs(parent, exist_ok=True)
+    def _scalar_chunk(self, item: WriteItem) -> Buffer | None:
+        """The bytes of a complete chunk of a scalar write (None: empty)."""
+        setter, spec, chunk_selection, out_selection, _ = item
+        # "complete" edge chunks cover only their in-bounds part, so the
+        # outcome depends on the chunk selection as well as the shape
+        memo_key = (spec.shape, chunk_selection)
+        memo = _hashable(memo_key)
+        with self._shared_lock:
+            if memo and memo_key in self._shared:
+                return self._shared[memo_key]
+            merged = merge_owned(None, self.value, out_selection, spec, chunk_selection, True,
+                                 self.drop_axes)
+            ready, array = self._merged(merged, spec)
+            if array is not None:
+                ready = self.chain.encode(spec.prototype.nd_buffer.from_ndarray_like(array), spec,
+                                          setter)
+            if memo:
+                self._shared[memo_key] = ready
+        return ready
 
-        def write_group(indices: range) -> None:
-            existing: dict[int, np.ndarray] = {}
-            partial = [i for i in indices if not batch[i][4]]
-            if partial:
-                decoding = chain.decode_batch(len(partial), ndim)
-                decoding.set_fill(b"\0" * chain.dtype.itemsize)
-                decoded_items = []
-                for i in partial:
-                    setter, spec, _, _, _ = batch[i]
-                    array = empty(spec.shape, chain.dtype)
-                    layout = chain.layout(spec.shape)
-                    if prefix is not None:
-                        decoding.add_file(prefix + os.fsencode(setter.path), layout, (), array,
-                                          (), (), setter)
-                    else:
-                        raw = setter.get_sync(prototype=spec.prototype)
-                        if raw is None:
-                            continue
-                        decoding.add(raw.as_numpy_array(), layout, (), array, (), (), setter)
-                    decoded_items.append(i)
-                    existing[i] = array
-                for position in decoding.run():
-                    del existing[decoded_items[position]]
-            encoding = chain.encode_batch(len(indices), ndim)
-            if fill_bytes is not None:
-                encoding.set_fill(fill_bytes)
-            results: list[tuple[int, Any]] = []
-            for i in indices:
-                setter, spec, chunk_selection, out_selection, is_complete = batch[i]
-                if scalar and is_complete:
-                    results.append((i, scalar_outcome(spec, batch[i])))
+    def _decode_existing(self, indices: range) -> dict[int, np.ndarray]:
+        """The stored chunks of the items the write covers in part, decoded
+        in one nogil call (missing ones are left out)."""
+        chain = self.chain
+        partial = [i for i in indices if not _is_complete(self.batch[i])]
+        existing: dict[int, np.ndarray] = {}
+        if not partial:
+            return existing
+        decoding = chain.decode_batch(len(partial), self.ndim)
+        decoding.set_fill(b"\0" * chain.dtype.itemsize)
+        decoded_items = []
+        for i in partial:
+            setter, spec, _, _, _ = self.batch[i]
+            array = empty(spec.shape, chain.dtype)
+            layout = chain.layout(spec.shape)
+            path = self._path(setter)
+            if path is not None:
+                decoding.add_file(path, layout, (), array, (), (), setter)
+            else:
+                raw = setter.get_sync(prototype=spec.prototype)
+                if raw is None:
                     continue
-                merged = merge_owned(
-                    existing.get(i), value, out_selection, spec, chunk_selection, is_complete,
-                    drop_axes,
-                )
-                result = outcome(merged, spec, setter, queued=True)
-                if isinstance(result, np.ndarray):
-                    swap = chain.encode_swap(result)
-                    path = None if prefix is None else prefix + os.fsencode(setter.path)
-                    result = encoding.add(
-                        result, chain.layout(spec.shape), swap, setter, path,
-                        native_empty_check and result.dtype == chain.dtype,
-                    )
-                results.append((i, result))
-            encoded = encoding.run() if len(encoding) else []
-            for i, result in results:
-                setter, spec, _, _, _ = batch[i]
-                if isinstance(result, int):
-                    result = encoded[result]
-                    if result is None:  # written to its file
-                        continue
-                    if result is False:  # all fill value
-                        result = None
-                    else:
-                        result = spec.prototype.buffer.from_array_like(result)
-                if result is None:
-                    setter.delete_sync()
-                else:
-                    setter.set_sync(result)
+                decoding.add(raw.as_numpy_array(), layout, (), array, (), (), setter)
+            decoded_items.append(i)
+            existing[i] = array
+        for position in decoding.run():  # the files that were missing
+            del existing[decoded_items[position]]
+        return existing
 
-        run_parallel(write_group, partition(len(batch), max_workers), max_workers)
+    def write_group(self, indices: range) -> None:
+        chain = self.chain
+        existing = self._decode_existing(indices)
+        encoding = chain.encode_batch(len(indices), self.ndim)
+        if self.empty_pattern is not None:
+            encoding.set_fill(self.empty_pattern)
+        # per item: bytes to store now, or (-1 if none) its place in `encoding`
+        results: list[tuple[int, Buffer | None, int]] = []
+        for i in indices:
+            setter, spec, chunk_selection, out_selection, is_complete = self.batch[i]
+            if self.scalar and is_complete:
+                results.append((i, self._scalar_chunk(self.batch[i]), -1))
+                continue
+            merged = merge_owned(existing.get(i), self.value, out_selection, spec,
+                                 chunk_selection, is_complete, self.drop_axes)
+            ready, array = self._merged(merged, spec, queued=True)
+            position = -1
+            if array is not None:
+                position = encoding.add(
+                    array, chain.layout(spec.shape), chain.encode_swap(array), setter,
+                    self._path(setter), self.empty_pattern is not None and array.dtype == chain.dtype,
+                )
+            results.append((i, ready, position))
+        self._store(results, encoding.run() if len(encoding) else [])
+
+    def _store(self, results: list[tuple[int, Buffer | None, int]], encoded: list[Any]) -> None:
+        for i, ready, position in results:
+            setter, spec, _, _, _ = self.batch[i]
+            if position >= 0:
+                result = encoded[position]
+                if result is None:  # written to its file
+                    continue
+                # False: all fill value
+                ready = None if result is False else spec.prototype.buffer.from_array_like(result)
+            if ready is None:
+                setter.delete_sync()
+            else:
+                setter.set_sync(ready)
