@@ -71,7 +71,8 @@ def _write_local(path: Path, data: np.ndarray) -> None:
 # install).
 
 def _install_counters() -> None:
-    from zarr_fused import _read_sharded, _write_sharded
+    from zarr_fused.shard import read as _read_sharded
+    from zarr_fused.shard import write as _write_sharded
 
     counts = {"read": 0, "write": 0}
     for name, cls in (("read", _read_sharded.ShardReader), ("write", _write_sharded.ShardWriter)):
@@ -88,7 +89,7 @@ def _install_counters() -> None:
 
 
 def _counts() -> dict[str, int]:
-    from zarr_fused import _read_sharded
+    from zarr_fused.shard import read as _read_sharded
 
     return dict(_read_sharded._zf_counts)  # type: ignore[attr-defined]
 

@@ -107,8 +107,8 @@ def test_native_compute_runs_off_the_event_loop(
     spies on ChunkTransform, which native chains never call)."""
     import asyncio
 
-    from zarr_fused._read import NativeChunkReader
-    from zarr_fused._write import NativeChunkWriter
+    from zarr_fused.chunks.read import NativeChunkReader
+    from zarr_fused.chunks.write import NativeChunkWriter
 
     seen: dict[str, list[bool]] = {"read": [], "write": []}
 

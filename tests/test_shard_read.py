@@ -20,7 +20,7 @@ from zarr.testing.strategies import basic_indices, orthogonal_indices
 
 from zarr_fused import _reference as reference
 from zarr_fused import _shard as shard_kernels
-from zarr_fused._read_sharded import ShardReader
+from zarr_fused.shard.read import ShardReader
 from zarr_fused.errors import CorruptChunkError, CorruptShardError
 
 from helpers import (
@@ -315,7 +315,7 @@ def test_local_partial_reads_fetch_and_decode_in_one_call(
     `read_shard_local` (fetch and decode in one nogil call), with zarr's
     values, missing inner chunks and missing shards included; in waves
     (several workers, few shards) it does not."""
-    from zarr_fused import _read_sharded
+    from zarr_fused.shard import read as _read_sharded
 
     calls: list[bytes] = []
     real = _read_sharded.shard_kernels.read_shard_local
@@ -410,7 +410,7 @@ def test_local_reads_never_read_wide_gaps(tmp_path: Path, monkeypatch: pytest.Mo
     """On LocalStore the native reader coalesces with zarr's settings, but a
     gap wider than LOCAL_MAX_GAP is skipped with a second pread rather than
     read and thrown away."""
-    from zarr_fused import _read_sharded
+    from zarr_fused.shard import read as _read_sharded
 
     seen: list[int] = []
     real = _read_sharded.shard_kernels.fetch_partial_local
@@ -432,7 +432,7 @@ def test_local_reads_never_read_wide_gaps(tmp_path: Path, monkeypatch: pytest.Mo
 def test_idle_shard_buffers_are_bounded() -> None:
     """The pool of reused shard buffers keeps at most ``keep`` buffers and
     ``max_bytes`` bytes while idle, dropping the smallest or the largest."""
-    from zarr_fused._read_sharded import _Buffers
+    from zarr_fused.shard.buffers import BufferPool as _Buffers
 
     pool = _Buffers(keep=2, max_bytes=1 << 20)
     small, medium, large = (np.empty(n, np.uint8) for n in (1 << 16, 1 << 18, 1 << 19))

@@ -23,7 +23,7 @@ from zarr.testing.strategies import basic_indices
 from zarr_fused import _reference as reference
 from zarr_fused import _shard as shard_kernels
 from zarr_fused._chain import byte_identical
-from zarr_fused._write_sharded import ShardWriter
+from zarr_fused.shard.write import ShardWriter
 from zarr_fused.errors import CorruptChunkError, ZarrFusedError
 
 from helpers import (
@@ -182,7 +182,7 @@ def test_zarr_memory_store_keeps_a_copy() -> None:
 def test_memory_store_shards_survive_reused_assembly_buffers(codecs: str) -> None:
     """Later shard writes reuse the buffers earlier shards were assembled
     in; what the store holds must not change."""
-    from zarr_fused._write_sharded import _keeps_a_copy
+    from zarr_fused.shard.write import _keeps_a_copy
 
     store = MemoryStore()
     rng = np.random.default_rng(6)

@@ -1,4 +1,4 @@
-"""zarr_fused._stores: fsspec's local filesystem served as a LocalStore."""
+"""zarr_fused.io.stores: fsspec's local filesystem served as a LocalStore."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import zarr
 from zarr.storage import FsspecStore, LocalStore
 
 from helpers import BATCHED, FUSED, assert_same_values, chunk_items, with_pipeline
-from zarr_fused._stores import local_store_for
+from zarr_fused.io.stores import local_store_for
 
 fsspec = pytest.importorskip("fsspec")
 from fsspec.implementations.local import LocalFileSystem  # noqa: E402
@@ -71,7 +71,8 @@ def test_reads_and_writes_match_zarr_through_fsspec(
         stores[name] = store
     assert chunk_items(stores["ours"]) == chunk_items(stores["zarr"])
     # the native engine served it: its reader sees a LocalStore
-    from zarr_fused import _read_sharded, _read
+    from zarr_fused.chunks import read as _read
+    from zarr_fused.shard import read as _read_sharded
 
     seen: list[Any] = []
     for module, cls in ((_read, "NativeChunkReader"), (_read_sharded, "ShardReader")):

@@ -38,8 +38,9 @@ from zarr.core.dtype.common import HasEndianness
 from zarr.core.dtype.npy.structured import Struct
 
 from zarr_fused._dtypes import empty
+from zarr_fused._items import describe_chunk
 from zarr_fused._native import codec_kernels, scatter_kernels
-from zarr_fused._output import scatter_array, scatter_chunk
+from zarr_fused._scatter_py import scatter_array, scatter_chunk
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -115,14 +116,6 @@ class TransformChain:
         return self.transform.encode_chunk(array, spec)
 
 
-def _describe(key: Any) -> str:
-    if key is None:
-        return "chunk"
-    from zarr_fused._read import describe_key
-
-    return f"chunk {describe_key(key)}"
-
-
 class NativeChain:
     """A codec chain run by `zarr_fused._codecs.ChainKernel`."""
 
@@ -160,13 +153,13 @@ class NativeChain:
         return layout
 
     def decode_batch(self, capacity: int, ndim: int) -> Any:
-        return codec_kernels.DecodeBatch(self.kernel, capacity, ndim, _describe)  # type: ignore[union-attr]
+        return codec_kernels.DecodeBatch(self.kernel, capacity, ndim, describe_chunk)  # type: ignore[union-attr]
 
     def kernel_batch(self, capacity: int, ndim: int, describe: Any) -> Any:
         """A `DecodeBatch` whose errors name chunks with ``describe``."""
         return codec_kernels.DecodeBatch(self.kernel, capacity, ndim, describe)  # type: ignore[union-attr]
 
-    def encode_batch(self, capacity: int, ndim: int, describe: Any = _describe,
+    def encode_batch(self, capacity: int, ndim: int, describe: Any = describe_chunk,
                      arena: np.ndarray | None = None) -> Any:
         """An `EncodeBatch`; its results are views into ``arena`` (see there)."""
         return codec_kernels.EncodeBatch(self.kernel, capacity, ndim, describe, arena)  # type: ignore[union-attr]

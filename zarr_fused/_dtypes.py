@@ -1,5 +1,5 @@
-"""NumPy data types as the kernels see them: one element's bytes, fresh
-arrays, and values converted to another byte order.
+"""NumPy data types as the kernels see them: one element's bytes (and a
+fill value's), fresh arrays, and values converted to another byte order.
 
 NumPy mishandles the byte order of ``datetime64`` / ``timedelta64`` without
 a unit (``>M8``, ``>m8``): ``np.empty(shape, ">M8")`` returns a native
@@ -12,11 +12,15 @@ native byte order and swap explicitly.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from zarr.core.chunk_utils import fill_value_or_default
 
-__all__ = ["element_bytes", "empty", "in_byte_order"]
+if TYPE_CHECKING:
+    from zarr.core.array_spec import ArraySpec
+
+__all__ = ["element_bytes", "empty", "empty_rule_pattern", "fill_pattern", "in_byte_order"]
 
 # dtype kinds whose byte order NumPy's byteswap reverses per element (per
 # component for complex, per code point for unicode)
@@ -56,3 +60,28 @@ def in_byte_order(values: np.ndarray, dtype: np.dtype[Any]) -> np.ndarray:
     ):
         return values.byteswap().view(dtype)
     return values
+
+
+def fill_pattern(spec: ArraySpec, dtype: np.dtype[Any]) -> bytes:
+    """The fill value of ``spec`` as one element of ``dtype`` (NumPy casting,
+    exactly as ``out[...] = fill_value`` would store it)."""
+    return element_bytes(fill_value_or_default(spec), dtype)
+
+
+def empty_rule_pattern(spec: ArraySpec, dtype: np.dtype[Any]) -> bytes | None:
+    """The fill pattern the encode kernels compare chunks of ``dtype``
+    against to skip empty chunks (``write_empty_chunks=False``), or None
+    when that test must stay zarr's (`chunk_is_empty`).
+
+    The kernels scan bytes, which is exactly zarr's rule except for NaN
+    fill values (zarr counts any NaN as equal) and complex ones (there
+    ``0j == -0j``).
+    """
+    if spec.config.write_empty_chunks:
+        return None
+    fill = fill_value_or_default(spec)
+    if fill is None:
+        return None
+    if dtype.kind in "biumM" or (dtype.kind == "f" and not np.isnan(fill)):
+        return fill_pattern(spec, dtype)
+    return None

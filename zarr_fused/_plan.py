@@ -13,28 +13,32 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from zarr.abc.codec import _codec_supports_sync
 from zarr.codecs.sharding import ShardingCodec
+from zarr.core.chunk_utils import ChunkTransform, evolve_codecs
 from zarr.core.codec_pipeline import AsyncChunkTransform
 
-from zarr_fused._chain import NativeChain, build_chain
-from zarr_fused._read import ChunkReader, NativeChunkReader, PartialDecodeReader
-from zarr_fused._read_sharded import ShardReader, shard_reader_reason
-from zarr_fused._write_sharded import ShardWriter
-from zarr_fused._write import ChunkWriter, NativeChunkWriter, PartialEncodeWriter
+from zarr_fused._chain import NativeChain, TransformChain, build_chain, native_chain_params
+from zarr_fused._native import shard_kernels
+from zarr_fused.chunks.read import ChunkReader, NativeChunkReader, PartialDecodeReader
+from zarr_fused.chunks.write import ChunkWriter, NativeChunkWriter, PartialEncodeWriter
 from zarr_fused.errors import UnsupportedError
+from zarr_fused.shard.index import index_format
+from zarr_fused.shard.read import ShardReader
+from zarr_fused.shard.write import ShardWriter
 
 if TYPE_CHECKING:
-    from zarr.abc.codec import ArrayBytesCodec, Codec
-    from zarr.abc.codec import CodecPipeline
+    from zarr.abc.codec import ArrayBytesCodec, Codec, CodecPipeline
     from zarr.core.array_spec import ArraySpec
-    from zarr.core.chunk_utils import ChunkTransform
 
     from zarr_fused._chain import Chain
 
-__all__ = ["PipelinePlan", "build_plan"]
+__all__ = ["PipelinePlan", "build_plan", "shard_chain_reason"]
+
+Reader = ChunkReader | NativeChunkReader | PartialDecodeReader | ShardReader
+Writer = ChunkWriter | NativeChunkWriter | PartialEncodeWriter | ShardWriter
 
 logger = logging.getLogger("zarr_fused")
 
@@ -49,8 +53,8 @@ class PipelinePlan:
     #: the async path lets the array->bytes codec read partially (sharding)
     partial_decode: bool
     #: the synchronous path (None when ``chain`` is None)
-    reader: ChunkReader | NativeChunkReader | PartialDecodeReader | ShardReader | None
-    writer: ChunkWriter | NativeChunkWriter | PartialEncodeWriter | ShardWriter | None
+    reader: Reader | None
+    writer: Writer | None
     #: why some of the reading runs on zarr's own code ("" when none does)
     read_fallback: str
     #: why some of the writing runs on zarr's own code ("" when none does)
@@ -118,6 +122,26 @@ def _pin_inner_pipeline(
     return tuple(pinned)
 
 
+def shard_chain_reason(codec: Any, spec: ArraySpec) -> tuple[str, NativeChain | None]:
+    """("", inner chain) when the shard engine (`ShardReader`,
+    `ShardWriter`) can read and write ``codec``'s shards, else (why not,
+    None)."""
+    if shard_kernels is None:
+        return "the compiled extensions are missing", None
+    if type(codec) is not ShardingCodec:
+        return f"{type(codec).__name__} reads with zarr's code", None
+    if index_format(codec) is None:
+        names = " -> ".join(type(c).__name__ for c in codec.index_codecs)
+        return f"no native reader for the shard index codecs {names}", None
+    inner_spec = codec._get_chunk_spec(spec)
+    inner_codecs = evolve_codecs(codec.codecs, inner_spec)
+    reason, params = native_chain_params(inner_codecs, inner_spec)
+    if reason:
+        return f"inner chunks: {reason}", None
+    fallback = TransformChain(ChunkTransform(codecs=inner_codecs), "")
+    return "", NativeChain(inner_spec, params, fallback)
+
+
 def build_plan(
     codecs: tuple[Codec, ...],
     array_bytes_codec: ArrayBytesCodec,
@@ -153,31 +177,41 @@ def build_plan(
         )
 
     chain = build_chain(codecs, spec, sync_transform)
-    read_fallback = write_fallback = chain.reason
-    reader: ChunkReader | NativeChunkReader | PartialDecodeReader | ShardReader
-    writer: ChunkWriter | NativeChunkWriter | PartialEncodeWriter | ShardWriter
-    # Same dispatch as zarr's FusedCodecPipeline: a codec that implements
-    # the partial mixins but only their async methods takes the whole-chunk
-    # path.
-    if partial_decode and hasattr(array_bytes_codec, "_decode_partial_sync"):
-        reader = PartialDecodeReader(array_bytes_codec)
-        read_fallback, inner = shard_reader_reason(array_bytes_codec, spec)
-        if inner is not None:
-            reader = ShardReader(array_bytes_codec, inner, reader)  # type: ignore[arg-type]
-    elif isinstance(chain, NativeChain):
-        reader = NativeChunkReader(chain)
-    else:
-        reader = ChunkReader(chain)
-    if partial_encode and hasattr(array_bytes_codec, "_encode_partial_sync"):
-        writer = PartialEncodeWriter(array_bytes_codec)
-        write_fallback, inner = shard_reader_reason(array_bytes_codec, spec)
-        if inner is not None:
-            writer = ShardWriter(array_bytes_codec, inner, writer)  # type: ignore[arg-type]
-    elif isinstance(chain, NativeChain):
-        writer = NativeChunkWriter(chain)
-    else:
-        writer = ChunkWriter(chain)
+    reader, read_fallback = _reader(chain, array_bytes_codec, spec, partial_decode)
+    writer, write_fallback = _writer(chain, array_bytes_codec, spec, partial_encode)
     return PipelinePlan(
         async_array_bytes_codec, chain, async_transform, partial_decode, reader, writer,
         read_fallback, write_fallback,
     )
+
+
+# Same dispatch as zarr's FusedCodecPipeline: a codec that implements the
+# partial mixins but only their async methods takes the whole-chunk path.
+
+
+def _reader(chain: Chain, array_bytes_codec: ArrayBytesCodec, spec: ArraySpec,
+            partial_decode: bool) -> tuple[Reader, str]:
+    """The synchronous reader, and why any reading falls back ("" if none)."""
+    if partial_decode and hasattr(array_bytes_codec, "_decode_partial_sync"):
+        reader = PartialDecodeReader(array_bytes_codec)
+        reason, inner = shard_chain_reason(array_bytes_codec, spec)
+        if inner is None:
+            return reader, reason
+        return ShardReader(array_bytes_codec, inner, reader), reason  # type: ignore[arg-type]
+    if isinstance(chain, NativeChain):
+        return NativeChunkReader(chain), chain.reason
+    return ChunkReader(chain), chain.reason
+
+
+def _writer(chain: Chain, array_bytes_codec: ArrayBytesCodec, spec: ArraySpec,
+            partial_encode: bool) -> tuple[Writer, str]:
+    """The synchronous writer, and why any writing falls back ("" if none)."""
+    if partial_encode and hasattr(array_bytes_codec, "_encode_partial_sync"):
+        writer = PartialEncodeWriter(array_bytes_codec)
+        reason, inner = shard_chain_reason(array_bytes_codec, spec)
+        if inner is None:
+            return writer, reason
+        return ShardWriter(array_bytes_codec, inner, writer), reason  # type: ignore[arg-type]
+    if isinstance(chain, NativeChain):
+        return NativeChunkWriter(chain), chain.reason
+    return ChunkWriter(chain), chain.reason

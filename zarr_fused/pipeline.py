@@ -28,13 +28,13 @@ from zarr.core.config import config as zarr_config
 from zarr.registry import register_pipeline
 from zarr.storage._common import StorePath
 
+from zarr_fused._async_path import read_async, write_async
 from zarr_fused._cpus import resolve_max_workers
-from zarr_fused._fallback import read_async, write_async
 from zarr_fused._native import note_missing_extensions
 from zarr_fused._plan import PipelinePlan, build_plan
 from zarr_fused._pool import off_loop
-from zarr_fused._stores import with_local_files
 from zarr_fused.config import strict_mode
+from zarr_fused.io.stores import with_local_files
 
 if TYPE_CHECKING:
     from collections.abc import Iterable

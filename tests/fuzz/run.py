@@ -129,7 +129,7 @@ def atheris_run(name: str, seconds: float, seed: int, extra: list[str]) -> int:
     # atheris instruments modules as they are first imported.
     with atheris.instrument_imports(include=["zarr_fused", "targets"]):
         import targets
-        import zarr_fused._read_sharded  # noqa: F401  (the sharded read path)
+        import zarr_fused.shard.read  # noqa: F401  (the sharded read path)
         import zarr_fused.pipeline  # noqa: F401
     if name not in targets.TARGETS:
         sys.exit(f"unknown target {name!r}; targets: {sorted(targets.TARGETS)}")

@@ -20,7 +20,7 @@ from zarr.core.dtype import Int32
 from zarr.registry import register_codec
 
 import zarr_fused
-from zarr_fused._fallback import read_async, write_async
+from zarr_fused._async_path import read_async, write_async
 from zarr_fused.errors import CorruptChunkError
 
 from helpers import BATCHED, FUSED, assert_same_values, chunk_items, make_store, with_pipeline

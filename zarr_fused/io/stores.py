@@ -85,7 +85,7 @@ def with_local_files(
     """``batch`` with its getters/setters moved to the equivalent
     `LocalStore` when they address an `FsspecStore` on local files (see
     `local_store_for`); otherwise ``batch`` itself."""
-    first = batch[0][0]
+    first, *_ = batch[0]
     if type(first) is not StorePath:
         return batch
     local = local_store_for(first.store, write=write)

@@ -23,10 +23,10 @@ from zarr.core.chunk_utils import _merge_chunk_array, chunk_is_empty
 from zarr.core.config import config as zarr_config
 
 from zarr_fused._cpus import resolve_max_workers
-from zarr_fused._output import fill_missing, scatter_chunk
+from zarr_fused._items import MISSING, PRESENT
 from zarr_fused._pool import get_pool
-from zarr_fused._read import MISSING, PRESENT
-from zarr_fused._write import merge_and_encode
+from zarr_fused._scatter_py import fill_missing, scatter_chunk
+from zarr_fused.chunks.merge import merge_and_encode
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -36,9 +36,8 @@ if TYPE_CHECKING:
     from zarr.core.buffer import Buffer, NDBuffer
 
     from zarr_fused._chain import Chain
+    from zarr_fused._items import ReadItem, WriteItem
     from zarr_fused._plan import PipelinePlan
-    from zarr_fused._read import ReadItem
-    from zarr_fused._write import WriteItem
 
 __all__ = ["read_async", "write_async"]
 
@@ -63,7 +62,7 @@ class _Tracker:
             fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
             try:
                 fut.set_result(fn(*args))
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001  (handed to the awaiting task)
                 fut.set_exception(exc)
             self.tasks.append(fut)
             return fut

@@ -1,0 +1,180 @@
+"""The synchronous read path: fetch, decode, scatter.
+
+A reader serves one batch of ``(byte_getter, chunk_spec, chunk_selection,
+out_selection, is_complete)`` items, spreading the items over the thread
+pool; each item runs its whole life (fetch, decode, scatter) in one worker,
+so the IO of one chunk overlaps the decoding of another. Chunks have
+disjoint output selections, so workers write into ``out`` without locks.
+
+`NativeChunkReader` serves chunks whose codec chain runs natively: each
+worker fetches a group of chunks, then decodes the whole group straight
+into ``out`` in one ``nogil`` call. `ChunkReader` fetches each chunk whole
+and decodes it through the plan's chain (zarr's code for chains without a
+kernel). `PartialDecodeReader` lets the array->bytes codec (sharding) fetch
+only the byte ranges a selection needs, through its own synchronous
+partial decode.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+from zarr_fused._dtypes import fill_pattern
+from zarr_fused._items import MISSING, PRESENT
+from zarr_fused._pool import partition, run_parallel
+from zarr_fused._scatter_py import fill_missing, scatter_chunk
+from zarr_fused.io.local import local_files
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from zarr.abc.codec import ArrayBytesCodec, GetResult
+    from zarr.core.buffer import Buffer, NDBuffer
+
+    from zarr_fused._chain import Chain, NativeChain
+    from zarr_fused._items import ReadItem
+
+__all__ = ["ChunkReader", "NativeChunkReader", "PartialDecodeReader"]
+
+
+class ChunkReader:
+    """Whole-chunk reads through a chain."""
+
+    def __init__(self, chain: Chain) -> None:
+        self.chain = chain
+
+    def read(
+        self,
+        batch: Sequence[ReadItem],
+        out: NDBuffer,
+        drop_axes: tuple[int, ...],
+        max_workers: int,
+    ) -> tuple[GetResult, ...]:
+        chain = self.chain
+
+        def read_one(item: ReadItem) -> GetResult:
+            getter, spec, chunk_selection, out_selection, _ = item
+            raw = getter.get_sync(prototype=spec.prototype)
+            if raw is None:
+                fill_missing(out, out_selection, spec)
+                return MISSING
+            chain.decode_into(raw, spec, chunk_selection, out, out_selection, drop_axes, getter)
+            return PRESENT
+
+        return tuple(run_parallel(read_one, batch, max_workers))
+
+
+class NativeChunkReader:
+    """Whole-chunk reads through a native chain, one nogil call per group."""
+
+    def __init__(self, chain: NativeChain) -> None:
+        self.chain = chain
+        self.generic = ChunkReader(chain)
+
+    def read(
+        self,
+        batch: Sequence[ReadItem],
+        out: NDBuffer,
+        drop_axes: tuple[int, ...],
+        max_workers: int,
+    ) -> tuple[GetResult, ...]:
+        dst = out.as_ndarray_like()
+        _, spec0, *_ = batch[0]
+        if not self.chain.writes_into(dst, spec0):
+            return self.generic.read(batch, out, drop_axes, max_workers)
+        job = _ChunkRead(self.chain, batch, out, drop_axes)
+        run_parallel(job.read_group, partition(len(batch), max_workers), max_workers)
+        return tuple(job.statuses)
+
+
+class _ChunkRead:
+    """One `NativeChunkReader.read` call, group by group: fetch (or name the
+    files of) a group's chunks, decode them into ``out`` in one nogil call;
+    chunks the kernels do not take go through the chain one by one."""
+
+    def __init__(self, chain: NativeChain, batch: Sequence[ReadItem], out: NDBuffer,
+                 drop_axes: tuple[int, ...]) -> None:
+        self.chain = chain
+        self.batch = batch
+        self.out = out
+        self.dst = out.as_ndarray_like()
+        self.drop_axes = drop_axes
+        _, spec0, *_ = batch[0]
+        self.pattern = fill_pattern(spec0, self.dst.dtype)
+        self.ndim = max(self.dst.ndim, len(spec0.shape))
+        self.prefix = local_files(batch)
+        self.statuses: list[GetResult] = [MISSING] * len(batch)
+
+    def read_group(self, indices: range) -> None:
+        chain, dst, drop_axes, statuses = self.chain, self.dst, self.drop_axes, self.statuses
+        group = chain.decode_batch(len(indices), self.ndim)
+        group.set_fill(self.pattern)
+        queued_items: list[int] = []
+        general: list[tuple[int, Buffer | None]] = []
+        for i in indices:
+            getter, spec, chunk_selection, out_selection, _ = self.batch[i]
+            layout = chain.layout(spec.shape)
+            if self.prefix is not None:
+                path = self.prefix + os.fsencode(getter.path)
+                if group.add_file(path, layout, chunk_selection, dst, out_selection,
+                                  drop_axes, getter):
+                    statuses[i] = PRESENT
+                    queued_items.append(i)
+                else:
+                    general.append((i, getter.get_sync(prototype=spec.prototype)))
+                continue
+            raw = getter.get_sync(prototype=spec.prototype)
+            if raw is None:
+                queued = group.add_missing(dst, out_selection, getter)
+            else:
+                queued = group.add(raw.as_numpy_array(), layout, chunk_selection, dst,
+                                   out_selection, drop_axes, getter)
+            if queued:
+                statuses[i] = PRESENT if raw is not None else MISSING
+                queued_items.append(i)
+            else:
+                general.append((i, raw))
+        for position in group.run():  # the files that were missing
+            statuses[queued_items[position]] = MISSING
+        self._read_general(general)
+
+    def _read_general(self, general: list[tuple[int, Buffer | None]]) -> None:
+        """The chunks the kernels did not take, through the chain."""
+        for i, raw in general:
+            getter, spec, chunk_selection, out_selection, _ = self.batch[i]
+            if raw is None:
+                fill_missing(self.out, out_selection, spec)
+            else:
+                self.statuses[i] = PRESENT
+                self.chain.decode_into(
+                    raw, spec, chunk_selection, self.out, out_selection, self.drop_axes, getter
+                )
+
+
+class PartialDecodeReader:
+    """Reads through the array->bytes codec's synchronous partial decode,
+    which fetches the shard index and then only the needed inner chunks."""
+
+    def __init__(self, codec: ArrayBytesCodec) -> None:
+        self.codec = codec
+
+    def read(
+        self,
+        batch: Sequence[ReadItem],
+        out: NDBuffer,
+        drop_axes: tuple[int, ...],
+        max_workers: int,
+    ) -> tuple[GetResult, ...]:
+        decode_partial = self.codec._decode_partial_sync  # type: ignore[attr-defined]
+
+        def read_one(item: ReadItem) -> GetResult:
+            getter, spec, chunk_selection, out_selection, _ = item
+            selected = decode_partial(getter, chunk_selection, spec)
+            if selected is None:
+                fill_missing(out, out_selection, spec)
+                return MISSING
+            scatter_chunk(out, out_selection, selected, drop_axes)
+            return PRESENT
+
+        return tuple(run_parallel(read_one, batch, max_workers))

@@ -1,0 +1,258 @@
+"""The synchronous write path: fetch existing, merge, encode, store.
+
+Like the read path, each item of a batch runs its whole life in one pool
+worker. The merge and empty-chunk rules are zarr's own
+(`zarr.core.chunk_utils`), so ``write_empty_chunks`` behaves exactly as
+with zarr's pipelines.
+
+`NativeChunkWriter` serves native chains group by group: fetch the stored
+bytes of the chunks the write covers only partly, decode them in one nogil
+call, merge with NumPy, encode the group in one nogil call, store. A scalar
+written over whole chunks (``a[...] = 5``) is merged and encoded once per
+chunk shape, not once per chunk.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from zarr.core.chunk_utils import chunk_is_empty
+
+from zarr_fused._dtypes import empty, empty_rule_pattern
+from zarr_fused._pool import partition, run_parallel
+from zarr_fused.chunks.merge import merge_and_encode, merge_owned
+from zarr_fused.io.local import local_files, make_parents
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from zarr.abc.codec import ArrayBytesCodec
+    from zarr.core.array_spec import ArraySpec
+    from zarr.core.buffer import Buffer, NDBuffer
+
+    from zarr_fused._chain import Chain, NativeChain
+    from zarr_fused._items import WriteItem
+
+__all__ = ["ChunkWriter", "NativeChunkWriter", "PartialEncodeWriter"]
+
+
+class ChunkWriter:
+    """Whole-chunk writes through a chain."""
+
+    def __init__(self, chain: Chain) -> None:
+        self.chain = chain
+
+    def write(
+        self,
+        batch: Sequence[WriteItem],
+        value: NDBuffer,
+        drop_axes: tuple[int, ...],
+        max_workers: int,
+    ) -> None:
+        chain = self.chain
+
+        def write_one(item: WriteItem) -> None:
+            setter, spec, _, _, is_complete = item
+            existing = None if is_complete else setter.get_sync(prototype=spec.prototype)
+            encoded = merge_and_encode(chain, existing, value, item, drop_axes)
+            if encoded is None:
+                setter.delete_sync()
+            else:
+                setter.set_sync(encoded)
+
+        run_parallel(write_one, batch, max_workers)
+
+
+class PartialEncodeWriter:
+    """Writes through the array->bytes codec's synchronous partial encode,
+    which reads the existing shard, merges and rewrites it."""
+
+    def __init__(self, codec: ArrayBytesCodec) -> None:
+        self.codec = codec
+
+    def write(
+        self,
+        batch: Sequence[WriteItem],
+        value: NDBuffer,
+        drop_axes: tuple[int, ...],
+        max_workers: int,
+    ) -> None:
+        encode_partial = self.codec._encode_partial_sync  # type: ignore[attr-defined]
+        scalar = len(value.shape) == 0
+
+        def write_one(item: WriteItem) -> None:
+            setter, spec, chunk_selection, out_selection, _ = item
+            chunk_value = value if scalar else value[out_selection]
+            encode_partial(setter, chunk_value, chunk_selection, spec)
+
+        run_parallel(write_one, batch, max_workers)
+
+
+def _is_complete(item: WriteItem) -> bool:
+    _, _, _, _, is_complete = item
+    return is_complete
+
+
+def _hashable(key: Any) -> bool:
+    """Whether ``key`` can key a dict (a selection may hold arrays)."""
+    try:
+        hash(key)
+    except TypeError:
+        return False
+    return True
+
+
+class NativeChunkWriter:
+    """Whole-chunk writes through a native chain, one nogil call per group
+    for decoding the existing chunks and one for encoding."""
+
+    def __init__(self, chain: NativeChain) -> None:
+        self.chain = chain
+        self.generic = ChunkWriter(chain)
+
+    def write(
+        self,
+        batch: Sequence[WriteItem],
+        value: NDBuffer,
+        drop_axes: tuple[int, ...],
+        max_workers: int,
+    ) -> None:
+        _, spec0, *_ = batch[0]
+        if not self.chain.handles(spec0) or type(value.as_ndarray_like()) is not np.ndarray:
+            self.generic.write(batch, value, drop_axes, max_workers)
+            return
+        job = _ChunkWrite(self.chain, batch, value, drop_axes)
+        run_parallel(job.write_group, partition(len(batch), max_workers), max_workers)
+
+
+#: what one chunk of a write comes to before the encode kernel runs: bytes
+#: to store now (None: delete the chunk), or an array to queue for the kernel
+_Merged = tuple["Buffer | None", "np.ndarray | None"]
+
+
+class _ChunkWrite:
+    """One `NativeChunkWriter.write` call, group by group: decode the chunks
+    written in part, merge, encode the group in one nogil call, store."""
+
+    def __init__(self, chain: NativeChain, batch: Sequence[WriteItem], value: NDBuffer,
+                 drop_axes: tuple[int, ...]) -> None:
+        self.chain = chain
+        self.batch = batch
+        self.value = value
+        self.drop_axes = drop_axes
+        self.scalar = value.shape == ()
+        _, spec0, *_ = batch[0]
+        self.ndim = max(len(spec0.shape), 1)
+        # the fill pattern when the encode kernel runs zarr's empty-chunk
+        # test itself (see `empty_rule_pattern`), else None
+        self.empty_pattern = empty_rule_pattern(spec0, chain.dtype)
+        # complete chunks of a scalar write: one outcome per chunk shape and selection
+        self._shared: dict[Any, Buffer | None] = {}
+        self._shared_lock = threading.Lock()
+        self.prefix = local_files(batch, write=True)
+        if self.prefix is not None:
+            make_parents(self.prefix, batch)
+
+    def _path(self, key: Any) -> bytes | None:
+        return None if self.prefix is None else self.prefix + os.fsencode(key.path)
+
+    def _merged(self, merged: np.ndarray, spec: ArraySpec, *, queued: bool = False) -> _Merged:
+        """What to do with a merged chunk; with ``queued``, the kernel's
+        empty-chunk test replaces zarr's where it can run it."""
+        kernel_checks = queued and self.empty_pattern is not None and merged.dtype == self.chain.dtype
+        if not kernel_checks and chunk_is_empty(spec.prototype.nd_buffer.from_ndarray_like(merged), spec):
+            return None, None
+        if self.chain.encode_swap(merged) is None:
+            return self.chain.fallback.encode(spec.prototype.nd_buffer.from_ndarray_like(merged), spec), None
+        return None, merged
+
+    def _scalar_chunk(self, item: WriteItem) -> Buffer | None:
+        """The bytes of a complete chunk of a scalar write (None: empty)."""
+        setter, spec, chunk_selection, out_selection, _ = item
+        # "complete" edge chunks cover only their in-bounds part, so the
+        # outcome depends on the chunk selection as well as the shape
+        memo_key = (spec.shape, chunk_selection)
+        memo = _hashable(memo_key)
+        with self._shared_lock:
+            if memo and memo_key in self._shared:
+                return self._shared[memo_key]
+            merged = merge_owned(None, self.value, out_selection, spec, chunk_selection, True,
+                                 self.drop_axes)
+            ready, array = self._merged(merged, spec)
+            if array is not None:
+                ready = self.chain.encode(spec.prototype.nd_buffer.from_ndarray_like(array), spec,
+                                          setter)
+            if memo:
+                self._shared[memo_key] = ready
+        return ready
+
+    def _decode_existing(self, indices: range) -> dict[int, np.ndarray]:
+        """The stored chunks of the items the write covers in part, decoded
+        in one nogil call (missing ones are left out)."""
+        chain = self.chain
+        partial = [i for i in indices if not _is_complete(self.batch[i])]
+        existing: dict[int, np.ndarray] = {}
+        if not partial:
+            return existing
+        decoding = chain.decode_batch(len(partial), self.ndim)
+        decoding.set_fill(b"\0" * chain.dtype.itemsize)
+        decoded_items = []
+        for i in partial:
+            setter, spec, _, _, _ = self.batch[i]
+            array = empty(spec.shape, chain.dtype)
+            layout = chain.layout(spec.shape)
+            path = self._path(setter)
+            if path is not None:
+                decoding.add_file(path, layout, (), array, (), (), setter)
+            else:
+                raw = setter.get_sync(prototype=spec.prototype)
+                if raw is None:
+                    continue
+                decoding.add(raw.as_numpy_array(), layout, (), array, (), (), setter)
+            decoded_items.append(i)
+            existing[i] = array
+        for position in decoding.run():  # the files that were missing
+            del existing[decoded_items[position]]
+        return existing
+
+    def write_group(self, indices: range) -> None:
+        chain = self.chain
+        existing = self._decode_existing(indices)
+        encoding = chain.encode_batch(len(indices), self.ndim)
+        if self.empty_pattern is not None:
+            encoding.set_fill(self.empty_pattern)
+        # per item: bytes to store now, or (-1 if none) its place in `encoding`
+        results: list[tuple[int, Buffer | None, int]] = []
+        for i in indices:
+            setter, spec, chunk_selection, out_selection, is_complete = self.batch[i]
+            if self.scalar and is_complete:
+                results.append((i, self._scalar_chunk(self.batch[i]), -1))
+                continue
+            merged = merge_owned(existing.get(i), self.value, out_selection, spec,
+                                 chunk_selection, is_complete, self.drop_axes)
+            ready, array = self._merged(merged, spec, queued=True)
+            position = -1
+            if array is not None:
+                position = encoding.add(
+                    array, chain.layout(spec.shape), chain.encode_swap(array), setter,
+                    self._path(setter), self.empty_pattern is not None and array.dtype == chain.dtype,
+                )
+            results.append((i, ready, position))
+        self._store(results, encoding.run() if len(encoding) else [])
+
+    def _store(self, results: list[tuple[int, Buffer | None, int]], encoded: list[Any]) -> None:
+        for i, ready, position in results:
+            setter, spec, _, _, _ = self.batch[i]
+            if position >= 0:
+                result = encoded[position]
+                if result is None:  # written to its file
+                    continue
+                # False: all fill value
+                ready = None if result is False else spec.prototype.buffer.from_array_like(result)
+            if ready is None:
+                setter.delete_sync()
+            else:
+                setter.set_sync(ready)

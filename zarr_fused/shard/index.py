@@ -1,0 +1,160 @@
+"""The shard index as zarr's sharding codec stores it, and reading a whole
+shard through it.
+
+The index holds one ``(offset, nbytes)`` pair of little- or big-endian
+uint64 per inner chunk (16 bytes each), optionally followed by a crc32c
+of those bytes (4), at the start or the end of the shard. An inner chunk
+that is not stored has `MISSING_OFFSET` in both fields. Decoding and
+checking the entries against the shard is native
+(`zarr_fused._shard.parse_index`); this module is the one Python home of
+the format's facts and of loading a shard with its index checked, which
+the read and the write side share.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from zarr.codecs.bytes import BytesCodec
+from zarr.codecs.crc32c_ import Crc32cCodec
+
+from zarr_fused._items import describe_chunk, describe_key
+from zarr_fused._native import io_kernels, shard_kernels
+from zarr_fused.errors import CorruptShardError
+from zarr_fused.shard.buffers import buffers
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from zarr.codecs.sharding import ShardingCodec
+    from zarr.core.array_spec import ArraySpec
+
+__all__ = ["MISSING_OFFSET", "IndexFormat", "WholeShard", "index_format", "index_size",
+           "inner_describer", "inner_grid", "read_whole_shard"]
+
+#: the offset (and length) of an inner chunk that is not stored
+MISSING_OFFSET = np.uint64(2**64 - 1)
+#: bytes per index entry: offset and length, uint64 each
+ENTRY_SIZE = 16
+#: bytes of the crc32c after the entries, when the index codecs have one
+CHECKSUM_SIZE = 4
+
+
+def index_size(n_chunks: int, checksum: bool) -> int:
+    """Bytes of the index of a shard of ``n_chunks`` inner chunks."""
+    return ENTRY_SIZE * n_chunks + (CHECKSUM_SIZE if checksum else 0)
+
+
+def inner_grid(spec: ArraySpec, inner_shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Inner chunks per dimension of a shard of ``spec``."""
+    return tuple(s // c for s, c in zip(spec.shape, inner_shape))
+
+
+@functools.lru_cache(maxsize=64)
+def inner_describer(grid: tuple[int, ...]) -> Callable[[Any], str]:
+    """Names ``(shard key, linear inner chunk index)`` keys in errors."""
+
+    def describe(key: Any) -> str:
+        if isinstance(key, tuple) and len(key) == 2:
+            getter, lin = key
+            coords = tuple(int(c) for c in np.unravel_index(lin, grid))
+            return f"inner chunk {coords} of shard {describe_key(getter)}"
+        return describe_chunk(key)
+
+    return describe
+
+
+@dataclass(frozen=True)
+class IndexFormat:
+    """How one sharding codec stores its index."""
+
+    checksum: bool
+    big_endian: bool
+    at_start: bool
+
+    def size(self, n_chunks: int) -> int:
+        return index_size(n_chunks, self.checksum)
+
+    def parse(self, raw: Any, n_chunks: int, grid: tuple[int, ...], key: Any,
+              shard_len: int = -1, index_start: int = 0) -> np.ndarray:
+        """The checked ``(n_chunks, 2)`` entries of the index bytes ``raw``
+        (checked against the shard's length when it is known); errors name
+        ``key``."""
+        return shard_kernels.parse_index(  # type: ignore[union-attr]
+            raw, n_chunks, checksum=self.checksum, big_endian=self.big_endian,
+            shard_len=shard_len, index_start=index_start, grid=grid,
+            where=lambda: describe_key(key),
+        )
+
+
+def index_format(codec: ShardingCodec) -> IndexFormat | None:
+    """The index format of ``codec``, None when the native kernels do not
+    read its index codecs (only bytes, optionally then crc32c)."""
+    codecs = codec.index_codecs
+    if not codecs or type(codecs[0]) is not BytesCodec:
+        return None
+    if len(codecs) == 2 and type(codecs[1]) is not Crc32cCodec or len(codecs) > 2:
+        return None
+    return IndexFormat(checksum=len(codecs) == 2, big_endian=codecs[0].endian == "big",
+                       at_start=codec.index_location == "start")
+
+
+@dataclass
+class WholeShard:
+    """A shard read whole, its index checked."""
+
+    #: the shard's bytes
+    data: np.ndarray
+    #: ``(n_chunks, 2)`` offsets into ``data`` and lengths
+    entries: np.ndarray
+    #: the pooled buffer ``data`` lives in (give it back when done), if any
+    buffer: np.ndarray | None
+
+
+def read_whole_shard(key: Any, spec: ArraySpec, fmt: IndexFormat, grid: tuple[int, ...],
+                     prefix: bytes | None) -> WholeShard | None:
+    """Read the shard at ``key`` in one get and check its index; None when
+    it is not stored. ``prefix`` (see `zarr_fused.io.local.local_files`)
+    reads the file natively into a pooled buffer."""
+    n = math.prod(grid)
+    size = fmt.size(n)
+    buffer = None
+    if prefix is not None:
+        # a first guess of the shard's size; a bigger shard is read again
+        buffer, length = _read_file(prefix + os.fsencode(key.path), 4 * size)
+        if length == -1:
+            buffers.give(buffer)
+            return None
+        data = buffer[:length]
+    else:
+        raw = key.get_sync(prototype=spec.prototype)
+        if raw is None:
+            return None
+        data = raw.as_numpy_array()
+    length = len(data)
+    if length < size:
+        buffers.give(buffer)
+        raise CorruptShardError.truncated(describe_key(key), length, size)
+    start = 0 if fmt.at_start else length - size
+    entries = fmt.parse(data[start:start + size], n, grid, key, length, start)
+    return WholeShard(data, entries, buffer)
+
+
+def _read_file(path: bytes, size_hint: int) -> tuple[np.ndarray, int]:
+    """Read the whole file at ``path`` into a pooled buffer (first one of
+    ``size_hint`` bytes, then one of the file's size if that was too small).
+
+    Returns the buffer and the file's length, -1 when the file is missing.
+    """
+    buffer = buffers.take(size_hint)
+    length = io_kernels.read_into(path, buffer)  # type: ignore[union-attr]
+    while length < -1:  # too small: -2 - length is the size needed
+        buffers.give(buffer)
+        buffer = buffers.take(-2 - length)
+        length = io_kernels.read_into(path, buffer)  # type: ignore[union-attr]
+    return buffer, length

@@ -1,0 +1,371 @@
+"""The sharded write path: inner chunks encoded in parallel nogil calls,
+shards assembled natively.
+
+For each shard a write touches, `ShardWriter` follows zarr's sharding codec
+step by step (``ShardingCodec._encode_partial_sync``), so stored shards are
+byte-identical to zarr's wherever the inner codecs are
+(`zarr_fused._chain.byte_identical`):
+
+1. a write that covers every inner chunk whole does not read the shard;
+   any other reads the stored shard once (its index checked natively);
+2. inner chunks the write covers whole are encoded straight from the value
+   being written (a scalar written over whole chunks is merged and encoded
+   once for the batch); inner chunks it covers in part are decoded, merged
+   with NumPy and encoded; untouched inner chunks keep their stored bytes;
+3. chunks left equal to the fill value are dropped
+   (``write_empty_chunks=False``), a shard left with none is deleted;
+4. the new shard is laid out in the codec's ``subchunk_write_order`` with
+   its index, complete in memory, before it replaces the old one (with an
+   atomic file write on LocalStore), so a failure leaves the old shard.
+
+Selections other than slices and integers fall back to zarr's sharding
+codec for the shards they touch.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from zarr.core.chunk_utils import chunk_is_empty, fill_value_or_default
+from zarr.storage import MemoryStore
+
+from zarr_fused._dtypes import empty, empty_rule_pattern, in_byte_order
+from zarr_fused._native import shard_kernels
+from zarr_fused._pool import partition, run_parallel
+from zarr_fused.chunks.merge import merge_owned
+from zarr_fused.io.local import local_files, make_parents, write_parts
+from zarr_fused.shard.buffers import buffers
+from zarr_fused.shard.index import (
+    MISSING_OFFSET,
+    index_format,
+    inner_describer,
+    inner_grid,
+    read_whole_shard,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from zarr.codecs.sharding import ShardingCodec
+    from zarr.core.array_spec import ArraySpec
+    from zarr.core.buffer import NDBuffer
+
+    from zarr_fused._chain import NativeChain
+    from zarr_fused._items import WriteItem
+    from zarr_fused.chunks.write import PartialEncodeWriter
+
+__all__ = ["ShardWriter"]
+
+
+def _keeps_a_copy(setter: Any) -> bool:
+    """Whether the store keeps a copy of what it is given, not the buffer
+    itself: zarr's `MemoryStore` (that exact class) copies every value it
+    stores, so a shard can be assembled in reused memory for it."""
+    return type(getattr(setter, "store", None)) is MemoryStore
+
+
+@dataclass
+class _Write:
+    """What every shard of one `ShardWriter.write` call shares."""
+
+    value: NDBuffer
+    #: the value as a NumPy array (0-d for a scalar write)
+    data: np.ndarray
+    drop_axes: tuple[int, ...]
+    inner_spec: ArraySpec
+    #: whether encoding ``data`` swaps its bytes
+    swap: bool
+    layout: Any
+    #: the fill pattern when the encode kernel tests for empty chunks, else
+    #: None (zarr's `chunk_is_empty` decides, in Python)
+    empty_pattern: bytes | None
+    describe: Any
+    #: the LocalStore path prefix when the shards are local files
+    prefix: bytes | None
+    #: a scalar write: the encoded inner chunk (None when it is empty)
+    scalar_payload: np.ndarray | None = None
+
+    @property
+    def scalar(self) -> bool:
+        return self.value.shape == ()
+
+
+@dataclass
+class _ShardJob:
+    """One shard on its way from the stored bytes to the new ones."""
+
+    item: WriteItem
+    plan: Any
+    grid: tuple[int, ...]
+    #: the encoded bytes of every inner chunk by linear index, None for none
+    payloads: list[Any]
+    #: the pooled buffer the stored shard was read into, if any
+    buffer: np.ndarray | None
+    #: the pooled buffer the new inner chunks are encoded into
+    arena: np.ndarray
+    encoding: Any
+    #: linear indices of the inner chunks queued in ``encoding``, in order
+    queued: list[int] = field(default_factory=list)
+
+    def release(self) -> None:
+        self.payloads = []
+        self.encoding = None
+        buffers.give(self.buffer)
+        buffers.give(self.arena)
+        self.buffer = None
+
+
+class ShardWriter:
+    """Native writes of whole and partial shards (see the module docstring)."""
+
+    def __init__(self, codec: ShardingCodec, chain: NativeChain, fallback: PartialEncodeWriter) -> None:
+        self.codec = codec
+        self.chain = chain
+        self.fallback = fallback
+        self.inner_shape = tuple(codec.chunk_shape)
+        fmt = index_format(codec)
+        assert fmt is not None, "the plan admits only native index formats"
+        self.fmt = fmt
+        self._orders: dict[tuple[int, ...], np.ndarray] = {}
+        self._lock = threading.Lock()
+
+    def _order(self, grid: tuple[int, ...]) -> np.ndarray:
+        """Linear indices of the inner chunks in the codec's write order."""
+        order = self._orders.get(grid)
+        if order is None:
+            coords = list(self.codec._subchunk_order_iter(grid, self.codec.subchunk_write_order))
+            order = np.array([np.ravel_multi_index(tuple(c), grid) for c in coords], dtype=np.intp)
+            with self._lock:
+                self._orders[grid] = order
+        return order
+
+    # -- the batch --------------------------------------------------------------------------
+
+    def write(
+        self,
+        batch: Sequence[WriteItem],
+        value: NDBuffer,
+        drop_axes: tuple[int, ...],
+        max_workers: int,
+    ) -> None:
+        chain = self.chain
+        _, spec0, *_ = batch[0]
+        inner_spec = self.codec._get_chunk_spec(spec0)
+        data = value.as_ndarray_like()
+        if (type(data) is not np.ndarray or drop_axes or not chain.handles(inner_spec)
+                or chain.encode_swap(data) is None):
+            self.fallback.write(batch, value, drop_axes, max_workers)
+            return
+        plan_selection = shard_kernels.plan_selection  # type: ignore[union-attr]
+        plans = [plan_selection(spec.shape, self.inner_shape, chunk_selection)
+                 for _, spec, chunk_selection, _, _ in batch]
+        general = [item for item, plan in zip(batch, plans) if plan is None]
+        native = [(item, plan) for item, plan in zip(batch, plans) if plan is not None]
+        ctx = self._context(batch, value, data, drop_axes, inner_spec)
+        if ctx.scalar and native:
+            ctx.scalar_payload = self._encode_scalar(ctx)
+
+        def one_shard(job: tuple[WriteItem, Any]) -> None:
+            state = self._prepare(ctx, *job)
+            if state is not None:
+                state.encoding.run_range()
+                self._finish(ctx, state)
+
+        if len(native) >= 2 * max_workers or max_workers <= 1:
+            run_parallel(one_shard, native, max_workers)
+        else:
+            for job in native:
+                self._encode_spread(ctx, job, max_workers)
+        if general:
+            self.fallback.write(general, value, drop_axes, max_workers)
+
+    def _context(self, batch: Sequence[WriteItem], value: NDBuffer, data: np.ndarray,
+                 drop_axes: tuple[int, ...], inner_spec: ArraySpec) -> _Write:
+        chain = self.chain
+        _, spec0, *_ = batch[0]
+        prefix = local_files(batch, write=True, shard_io=True)
+        if prefix is not None:
+            make_parents(prefix, batch)
+        return _Write(
+            value=value, data=data, drop_axes=drop_axes, inner_spec=inner_spec,
+            swap=bool(chain.encode_swap(data)), layout=chain.layout(self.inner_shape),
+            empty_pattern=(empty_rule_pattern(inner_spec, chain.dtype)
+                           if data.dtype == chain.dtype else None),
+            describe=inner_describer(inner_grid(spec0, self.inner_shape)), prefix=prefix,
+        )
+
+    def _encode_scalar(self, ctx: _Write) -> np.ndarray | None:
+        """A scalar over whole inner chunks: one encoded chunk for the batch,
+        None when it is empty."""
+        inner_spec = ctx.inner_spec
+        nd_buffer = inner_spec.prototype.nd_buffer
+        merged = merge_owned(None, ctx.value, (), inner_spec, (), True, ())
+        if chunk_is_empty(nd_buffer.from_ndarray_like(merged), inner_spec):
+            return None
+        encoded = self.chain.encode(nd_buffer.from_ndarray_like(merged), inner_spec)
+        return encoded.as_numpy_array() if encoded is not None else None
+
+    def _encode_spread(self, ctx: _Write, job: tuple[WriteItem, Any], max_workers: int) -> None:
+        """One shard, its inner chunks' encodes spread over the workers."""
+        state = self._prepare(ctx, *job)
+        if state is None:
+            return
+        encoding = state.encoding
+        n = len(encoding)
+        parts = partition(n, max_workers, max_group=max(1, -(-n // (2 * max_workers))))
+        run_parallel(lambda r: encoding.run_range(r.start, r.stop), parts, max_workers)
+        self._finish(ctx, state)
+
+    # -- one shard ----------------------------------------------------------------------------
+
+    def _load(self, setter: Any, spec: ArraySpec, grid: tuple[int, ...],
+              prefix: bytes | None) -> tuple[list[Any], np.ndarray | None]:
+        """The stored payload of every inner chunk by linear index (views,
+        None for none), and the pooled buffer they live in."""
+        payloads: list[Any] = [None] * math.prod(grid)
+        whole = read_whole_shard(setter, spec, self.fmt, grid, prefix)
+        if whole is None:
+            return payloads, None
+        entries, data = whole.entries, whole.data
+        for lin in np.flatnonzero(entries[:, 0] != MISSING_OFFSET):
+            off, length = int(entries[lin, 0]), int(entries[lin, 1])
+            payloads[lin] = data[off:off + length]
+        return payloads, whole.buffer
+
+    def _prepare(self, ctx: _Write, item: WriteItem, plan: Any) -> _ShardJob | None:
+        """Load what the shard keeps and queue the encodes of its new inner
+        chunks; None when the write went to zarr's code instead."""
+        setter, spec, _, _, _ = item
+        chain = self.chain
+        grid = inner_grid(spec, self.inner_shape)
+        items = plan.items()
+        whole_shard = plan.all_touched and all(whole for *_, whole in items)
+        if whole_shard:
+            payloads: list[Any] = [None] * math.prod(grid)
+            buffer = None
+        else:
+            payloads, buffer = self._load(setter, spec, grid, ctx.prefix)
+        # the encoded inner chunks live in a reused buffer until `_finish`
+        # has written the shard (its results are views into it)
+        arena = buffers.take(len(items) * chain.encode_bound(ctx.layout.nbytes))
+        encoding = chain.encode_batch(len(items), len(self.inner_shape), ctx.describe, arena)
+        if ctx.empty_pattern is not None:
+            encoding.set_fill(ctx.empty_pattern)
+        state = _ShardJob(item, plan, grid, payloads, buffer, arena, encoding)
+        if not self._queue_whole(ctx, state, items):
+            # the value does not fit the selection: zarr's path raises the
+            # error zarr users expect
+            state.release()
+            self.fallback.write([item], ctx.value, ctx.drop_axes, 1)
+            return None
+        partial = [(lin, sel, block_sel) for lin, sel, block_sel, whole in items if not whole]
+        if partial:
+            self._queue_partial(ctx, state, partial)
+        return state
+
+    def _queue_whole(self, ctx: _Write, state: _ShardJob, items: list[Any]) -> bool:
+        """Queue the inner chunks the write covers whole; False when the
+        kernel finds the value does not fit the selection."""
+        setter, _, _, out_selection, _ = state.item
+        payloads = state.payloads
+        if ctx.scalar:
+            for lin, _, _, whole in items:
+                if whole:
+                    payloads[lin] = ctx.scalar_payload
+            return True
+        if ctx.empty_pattern is not None or not any(whole for *_, whole in items):
+            done = shard_kernels.add_shard_encode(  # type: ignore[union-attr]
+                state.encoding, ctx.data, out_selection, state.plan, ctx.layout, setter,
+                ctx.swap, ctx.empty_pattern is not None)
+            if done is None:
+                return False
+            state.queued.extend(int(lin) for lin in done)
+            return True
+        # zarr's empty rule needs Python (NaN or complex fill values)
+        inner_spec = ctx.inner_spec
+        data = ctx.data
+        block = data[(*out_selection, Ellipsis)] if out_selection != () else data
+        for lin, _, block_selection, whole in items:
+            if not whole:
+                continue
+            region = np.asarray(block[block_selection]).reshape(self.inner_shape)
+            if chunk_is_empty(inner_spec.prototype.nd_buffer.from_ndarray_like(region), inner_spec):
+                payloads[lin] = None
+            else:
+                state.encoding.add(region, ctx.layout, ctx.swap, (setter, lin))
+                state.queued.append(lin)
+        return True
+
+    def _queue_partial(self, ctx: _Write, state: _ShardJob, partial: list[Any]) -> None:
+        """Inner chunks covered in part: decode what is stored, merge, queue
+        the encode."""
+        chain = self.chain
+        inner_spec = ctx.inner_spec
+        setter, _, _, out_selection, _ = state.item
+        payloads = state.payloads
+        existing: dict[int, np.ndarray] = {}
+        decoding = chain.kernel_batch(len(partial), len(self.inner_shape), ctx.describe)
+        for lin, _, _ in partial:
+            if payloads[lin] is not None:
+                existing[lin] = empty(self.inner_shape, chain.dtype)
+                decoding.add(payloads[lin], ctx.layout, (), existing[lin], (), (), (setter, lin))
+        decoding.run()
+        data = ctx.data
+        block = None if ctx.scalar else data[(*out_selection, Ellipsis)]
+        checks_empty = ctx.empty_pattern is not None
+        for lin, sel, block_sel in partial:
+            chunk = existing.get(lin)
+            if chunk is None:
+                chunk = inner_spec.prototype.nd_buffer.create(
+                    shape=self.inner_shape, dtype=chain.dtype, order=inner_spec.order,
+                    fill_value=fill_value_or_default(inner_spec),
+                ).as_ndarray_like()
+            chunk[sel] = in_byte_order(data if block is None else block[block_sel], chunk.dtype)
+            if not checks_empty and chunk_is_empty(
+                inner_spec.prototype.nd_buffer.from_ndarray_like(chunk), inner_spec
+            ):
+                payloads[lin] = None
+                continue
+            state.encoding.add(chunk, ctx.layout, bool(chain.encode_swap(chunk)), (setter, lin),
+                               None, checks_empty)
+            state.queued.append(lin)
+
+    def _finish(self, ctx: _Write, state: _ShardJob) -> None:
+        """Take the encoded inner chunks and store the new shard (or delete
+        it, when no inner chunk is left)."""
+        setter, spec, _, _, _ = state.item
+        payloads = state.payloads
+        for lin, result in zip(state.queued, state.encoding.results()):
+            payloads[lin] = None if result is False else result  # False: all fill value
+        fmt = self.fmt
+        layout_args = {"at_start": fmt.at_start, "checksum": fmt.checksum,
+                       "big_endian": fmt.big_endian}
+        try:
+            if ctx.prefix is not None:
+                # straight from the payloads to the file (writev), no copy
+                parts = shard_kernels.shard_parts(  # type: ignore[union-attr]
+                    self._order(state.grid), payloads, **layout_args)
+                if parts is None:
+                    setter.delete_sync()
+                else:
+                    write_parts(ctx.prefix + os.fsencode(setter.path), parts)
+                return
+            reuse = _keeps_a_copy(setter)
+            blob = shard_kernels.assemble_shard(  # type: ignore[union-attr]
+                self._order(state.grid), payloads, **layout_args,
+                take=buffers.take if reuse else None)
+            try:
+                if blob is None:
+                    setter.delete_sync()
+                else:
+                    setter.set_sync(spec.prototype.buffer.from_array_like(blob))
+            finally:
+                if reuse and blob is not None:
+                    buffers.give(blob.base)  # the reused buffer, of which blob is a view
+        finally:
+            state.release()
