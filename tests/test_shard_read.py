@@ -235,7 +235,7 @@ def test_local_partial_fetch_with_any_size_hint(tmp_path: Path, hint: int) -> No
     """The native partial fetch sizes its buffer from a hint; when the
     touched chunks outgrow it, the small buffer is handed back and the chunks
     are read into a bigger one, with the same result."""
-    from zarr_fused import _shard
+    from zarr_fused import _shard_index, _shard_local
 
     with with_pipeline(FUSED):
         arr = _sharded(LocalStore(tmp_path / "a"), shape=(64, 64), shards=(64, 64), inner=(16, 16))
@@ -249,11 +249,11 @@ def test_local_partial_fetch_with_any_size_hint(tmp_path: Path, hint: int) -> No
         return np.empty(n, np.uint8)
 
     touched = np.array([0, 5, 15], dtype=np.intp)
-    entries, payload, _ = _shard.fetch_partial_local(
+    entries, payload, _ = _shard_local.fetch_partial_local(
         path, 16, touched, take, checksum=True, big_endian=False, at_start=False,
         size_hint=hint, give=lambda b: given.append(len(b)))
     whole = (tmp_path / "a" / "c" / "0" / "0").read_bytes()
-    reference = _shard.parse_index(whole[-(16 * 16 + 4):], 16, checksum=True, big_endian=False)
+    reference = _shard_index.parse_index(whole[-(16 * 16 + 4):], 16, checksum=True, big_endian=False)
     for i in touched:
         off, size = (int(v) for v in entries[i])
         ref_off, ref_size = (int(v) for v in reference[i])
@@ -316,13 +316,13 @@ def test_local_partial_reads_fetch_and_decode_in_one_call(
     from zarr_fused import _read_sharded
 
     calls: list[bytes] = []
-    real = _read_sharded.shard_kernels.read_shard_local
+    real = _read_sharded.shard_local_kernels.read_shard_local
 
     def spy(batch: Any, first: int, path: bytes, *args: Any, **kwargs: Any) -> Any:
         calls.append(path)
         return real(batch, first, path, *args, **kwargs)
 
-    monkeypatch.setattr(_read_sharded.shard_kernels, "read_shard_local", spy)
+    monkeypatch.setattr(_read_sharded.shard_local_kernels, "read_shard_local", spy)
     data = _data()
     data[4:8, 0:3] = -1  # one inner chunk of shard (0, 0) is all fill: not stored
     data[8:16, 6:12] = -1  # shard (1, 1) is all fill: no file
@@ -411,13 +411,13 @@ def test_local_reads_never_read_wide_gaps(tmp_path: Path, monkeypatch: pytest.Mo
     from zarr_fused import _read_sharded
 
     seen: list[int] = []
-    real = _read_sharded.shard_kernels.fetch_partial_local
+    real = _read_sharded.shard_local_kernels.fetch_partial_local
 
     def spy(*args: Any, **kwargs: Any) -> Any:
         seen.append(kwargs["max_gap"])
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(_read_sharded.shard_kernels, "fetch_partial_local", spy)
+    monkeypatch.setattr(_read_sharded.shard_local_kernels, "fetch_partial_local", spy)
     data = np.arange(4096, dtype="<i4")
     with with_pipeline(FUSED), zarr.config.set({"array.sharding_coalesce_max_gap_bytes": gap}):
         arr = _sharded(LocalStore(tmp_path / "a"), shape=(4096,), shards=(4096,), inner=(16,))

@@ -19,7 +19,9 @@ from zarr_fused.errors import NativeExtensionError, ZarrFusedWarning
 
 logger = logging.getLogger("zarr_fused")
 
-_EXTENSIONS = ("_scatter", "_localio", "_codecs", "_shard")
+_EXTENSIONS = (
+    "_scatter", "_localio", "_codecs", "_codec_batch", "_shard_index", "_shard", "_shard_local",
+)
 
 _modules: dict[str, ModuleType] = {}
 _errors: dict[str, ImportError] = {}
@@ -31,7 +33,10 @@ for _name in _EXTENSIONS:
 
 scatter_kernels: ModuleType | None = _modules.get("_scatter")
 codec_kernels: ModuleType | None = _modules.get("_codecs")
+batch_kernels: ModuleType | None = _modules.get("_codec_batch")
+index_kernels: ModuleType | None = _modules.get("_shard_index")
 shard_kernels: ModuleType | None = _modules.get("_shard")
+shard_local_kernels: ModuleType | None = _modules.get("_shard_local")
 io_kernels: ModuleType | None = _modules.get("_localio")
 
 _warned = False

@@ -39,7 +39,7 @@ from zarr.core.chunk_utils import evolve_codecs
 from zarr.core.indexing import get_indexer
 
 from zarr_fused._chain import NativeChain, native_chain_params
-from zarr_fused._native import io_kernels, shard_kernels
+from zarr_fused._native import index_kernels, io_kernels, shard_kernels, shard_local_kernels
 from zarr_fused._output import fill_missing, scatter_array
 from zarr_fused._pool import partition, run_parallel
 from zarr_fused._read import MISSING, PRESENT, describe_key, fill_pattern, local_files
@@ -194,7 +194,7 @@ class ShardReader:
 
     def _parse(self, raw: Any, n: int, grid: tuple[int, ...], key: Any,
                shard_len: int = -1, index_start: int = 0) -> np.ndarray:
-        return shard_kernels.parse_index(  # type: ignore[union-attr]
+        return index_kernels.parse_index(  # type: ignore[union-attr]
             raw, n, checksum=self.checksum, big_endian=self.big_endian, shard_len=shard_len,
             index_start=index_start, grid=grid, where=lambda: describe_key(key),
         )
@@ -271,12 +271,12 @@ class ShardReader:
         if touched is None:
             buf = _buffers.take(4 * size)
             length = io_kernels.read_into(path, buf)  # type: ignore[union-attr]
-            while length < -1:  # the buffer is too small
+            while length is not None and length > len(buf):  # the buffer is too small
                 _buffers.give(buf)
-                buf = _buffers.take(-2 - length)
+                buf = _buffers.take(length)
                 length = io_kernels.read_into(path, buf)  # type: ignore[union-attr]
             shard.buffer = buf
-            if length == -1:
+            if length is None:
                 shard.missing = True
                 return
             if length < size:
@@ -286,7 +286,7 @@ class ShardReader:
             shard.entries = self._parse(index, n, grid, getter, length, 0 if at_start else length - size)
             shard.payload = data
             return
-        fetched = shard_kernels.fetch_partial_local(  # type: ignore[union-attr]
+        fetched = shard_local_kernels.fetch_partial_local(  # type: ignore[union-attr]
             path, n, np.ascontiguousarray(touched, dtype=np.intp), _buffers.take,
             give=_buffers.give, **self._partial_local_args(getter, spec, grid, len(touched)),
         )
@@ -413,7 +413,7 @@ class ShardReader:
                 return False
             grid = tuple(s // c for s, c in zip(spec.shape, self.inner_shape))
             touched = np.ascontiguousarray(plan.touched(), dtype=np.intp)
-            found = shard_kernels.read_shard_local(  # type: ignore[union-attr]
+            found = shard_local_kernels.read_shard_local(  # type: ignore[union-attr]
                 group, 0, prefix + os.fsencode(getter.path), math.prod(grid), touched,
                 _buffers.take, _buffers.give,
                 **self._partial_local_args(getter, spec, grid, len(touched)),
@@ -455,7 +455,7 @@ class ShardReader:
             n = len(group)
             if n:
                 parts = partition(n, max_workers, max_group=max(1, -(-n // (2 * max_workers))))
-                run_parallel(lambda r: group.run(r.start, r.stop), parts, max_workers)
+                run_parallel(lambda r: group.run_range(r.start, r.stop), parts, max_workers)
             run_parallel(finish_general, general, max_workers)
             del group
             for shard in wave:

@@ -34,7 +34,7 @@ from zarr.core.chunk_utils import chunk_is_empty, fill_value_or_default
 from zarr.storage import MemoryStore
 
 from zarr_fused._dtypes import empty, in_byte_order
-from zarr_fused._native import io_kernels, shard_kernels
+from zarr_fused._native import index_kernels, io_kernels, shard_kernels
 from zarr_fused._pool import partition, run_parallel
 from zarr_fused._read import describe_key, fill_pattern, local_files
 from zarr_fused._read_sharded import _buffers, _index_format, _inner_describer
@@ -98,11 +98,11 @@ class ShardWriter:
             path = prefix + os.fsencode(setter.path)
             buffer = _buffers.take(4 * size)
             length = io_kernels.read_into(path, buffer)  # type: ignore[union-attr]
-            while length < -1:
+            while length is not None and length > len(buffer):  # the buffer is too small
                 _buffers.give(buffer)
-                buffer = _buffers.take(-2 - length)
+                buffer = _buffers.take(length)
                 length = io_kernels.read_into(path, buffer)  # type: ignore[union-attr]
-            if length == -1:
+            if length is None:
                 return None, buffer, None
             data = buffer[:length]
         else:
@@ -114,7 +114,7 @@ class ShardWriter:
         if len(data) < size:
             raise CorruptShardError.truncated(describe_key(setter), len(data), size)
         index = data[:size] if at_start else data[len(data) - size:]
-        entries = shard_kernels.parse_index(  # type: ignore[union-attr]
+        entries = index_kernels.parse_index(  # type: ignore[union-attr]
             index, n, checksum=self.checksum, big_endian=self.big_endian, shard_len=len(data),
             index_start=0 if at_start else len(data) - size, grid=grid,
             where=lambda: describe_key(setter))
@@ -261,7 +261,7 @@ class ShardWriter:
                                checksum=self.checksum, big_endian=self.big_endian)
             if prefix is not None:
                 # straight from the payloads to the file (writev), no copy
-                parts = shard_kernels.shard_parts(  # type: ignore[union-attr]
+                parts = index_kernels.shard_parts(  # type: ignore[union-attr]
                     self._order(state["grid"]), payloads, **layout_args)
                 if parts is None:
                     setter.delete_sync()
@@ -269,7 +269,7 @@ class ShardWriter:
                     io_kernels.write_parts(prefix + os.fsencode(setter.path), parts)  # type: ignore[union-attr]
             else:
                 reuse = _keeps_a_copy(setter)
-                blob = shard_kernels.assemble_shard(  # type: ignore[union-attr]
+                blob = index_kernels.assemble_shard(  # type: ignore[union-attr]
                     self._order(state["grid"]), payloads, **layout_args,
                     take=_buffers.take if reuse else None)
                 try:
