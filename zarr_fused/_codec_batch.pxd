@@ -31,8 +31,8 @@ cdef class TaskBatch:
     cdef object describe
     cdef int allocate(self, ChainKernel kernel, Py_ssize_t capacity, int max_ndim, describe,
                       size_t task_size, int dims_per_task) except -1
-    cdef Py_ssize_t* task_dims(self, Py_ssize_t i) noexcept
-    cdef const char* fill_ptr(self)
+    cdef Py_ssize_t* task_dims(self, Py_ssize_t i) noexcept nogil
+    cdef const char* fill_ptr(self) noexcept
     cdef object fail(self, Status* status, Py_ssize_t failed)
 
 cdef class DecodeBatch(TaskBatch):

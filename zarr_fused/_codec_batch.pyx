@@ -51,7 +51,7 @@ cnp.import_array()
 
 
 cdef Py_ssize_t contiguous_run(int ndim, const Py_ssize_t* shape, const Py_ssize_t* strides,
-                                Py_ssize_t itemsize) noexcept nogil:
+                               Py_ssize_t itemsize) noexcept nogil:
     """Number of elements when the block is one forward C-order run, else -1."""
     cdef int i
     cdef Py_ssize_t expect = itemsize
@@ -167,7 +167,7 @@ cdef class ChunkLayout:
 # are neighbours along the array's last axis, a read decodes them side by
 # side into one scratch (small enough to stay in L2) and scatters them
 # together, each row of the output in one run; a write gathers them the
-# same way before encoding each. docs/performance.md has the measurements.
+# same way before encoding each. docs/changelog.md records the gain.
 cdef enum:
     _SIDE_MAX = 8
     _SIDE_MAX_BYTES = 1 << 20
@@ -218,7 +218,7 @@ cdef Py_ssize_t _decode_side_by_side(ChainKernel kernel, Workspace ws, DecodeTas
     cdef DecodeTask* t0 = &tasks[0]
     cdef Py_ssize_t j
     if kernel.compressor != COMP_NONE:
-        # decoded straight into the slots (no inner checksums: see run)
+        # decoded straight into the slots (no inner checksums: see decode_range)
         slots = ws.reserve(<size_t>(count * t0.nbytes))
         if slots == NULL:
             t0.status.code = ZF_ERR_NOMEM
@@ -350,7 +350,7 @@ cdef class TaskBatch:
         self.describe = describe
         return 0
 
-    cdef Py_ssize_t* task_dims(self, Py_ssize_t i) noexcept:
+    cdef Py_ssize_t* task_dims(self, Py_ssize_t i) noexcept nogil:
         """The shape and stride arrays of task ``i``, back to back."""
         return self.dims + self.dims_per_task * i * self.max_ndim
 
@@ -361,7 +361,7 @@ cdef class TaskBatch:
             raise ValueError("fill pattern must be one element")
         self.fill = pattern
 
-    cdef const char* fill_ptr(self):
+    cdef const char* fill_ptr(self) noexcept:
         return <const char*>self.fill if self.fill is not None else NULL
 
     cdef object fail(self, Status* status, Py_ssize_t failed):

@@ -51,7 +51,6 @@ COMPRESSORS = {None: COMP_NONE, "zstd": COMP_ZSTD, "gzip": COMP_GZIP, "blosc": C
 BLOSC_SHUFFLES = {"noshuffle": 0, "shuffle": 1, "bitshuffle": 2}
 
 
-
 # -- crc32c ------------------------------------------------------------------------
 
 
@@ -218,11 +217,12 @@ cdef int _zstd_claim(const uint8_t* src, size_t n, unsigned long long* total,
     """The content size the zstd frames in ``src[:n]`` declare together.
 
     ``src`` must be whole frames, back to back, at least one of them a zstd
-    frame (skippable frames count 0 bytes). ``*total`` is ZSTD_CONTENTSIZE_UNKNOWN when a frame declares no
-    size. Returns -1 (``st`` set) for bytes that are not whole frames, a
-    sum too large to count, or a frame whose 8-byte size field holds
-    2**64-1 or 2**64-2: libzstd reports those as "unknown" and "error",
-    but the field is there and claims that many bytes.
+    frame (skippable frames count 0 bytes). ``*total`` is
+    ZSTD_CONTENTSIZE_UNKNOWN when a frame declares no size. Returns -1
+    (``st`` set) for bytes that are not whole frames, a sum too large to
+    count, or a frame whose 8-byte size field holds 2**64-1 or 2**64-2:
+    libzstd reports those as "unknown" and "error", but the field is there
+    and claims that many bytes.
     """
     cdef size_t pos = 0
     cdef size_t size
@@ -531,8 +531,8 @@ cdef class ChainKernel:
         cdef Py_ssize_t target, produced
         cdef const uint8_t* data = src
         cdef uint8_t* buf
-        cdef int i
-        for i in range(self.outer_crcs):
+        cdef int _i
+        for _i in range(self.outer_crcs):
             if _check_crc(data, length, st) < 0:
                 return -1
             length -= 4
@@ -555,7 +555,7 @@ cdef class ChainKernel:
                 return -1
             data = buf
             length = produced
-            for i in range(self.inner_crcs):
+            for _i in range(self.inner_crcs):
                 if _check_crc(data, length, st) < 0:
                     return -1
                 length -= 4
@@ -639,12 +639,12 @@ cdef class ChainKernel:
         for a file-bound task, the write."""
         cdef Py_ssize_t length, produced
         cdef Py_ssize_t inner = t.nbytes + 4 * self.inner_crcs
-        cdef int i, err = 0
+        cdef int _i, err = 0
         if self.compressor == COMP_NONE:
             produced = t.nbytes
         else:
             length = t.nbytes
-            for i in range(self.inner_crcs):
+            for _i in range(self.inner_crcs):
                 _store_le32(data + length, zf_crc32c(data, <size_t>length))
                 length += 4
             if self.compressor == COMP_ZSTD:
@@ -658,7 +658,7 @@ cdef class ChainKernel:
                                            t.dst_cap - 4 * self.outer_crcs, &t.status)
             if produced < 0:
                 return
-        for i in range(self.outer_crcs):
+        for _i in range(self.outer_crcs):
             _store_le32(t.dst + produced, zf_crc32c(t.dst, <size_t>produced))
             produced += 4
         t.out_len = produced

@@ -145,7 +145,8 @@ cdef FileStatus write_file_atomic(const char* path, const unsigned char* data, P
 
 
 cdef FileStatus write_parts_atomic(const char* path, const unsigned char** parts,
-                                   const Py_ssize_t* lengths, Py_ssize_t n, int* err) noexcept nogil:
+                                   const Py_ssize_t* lengths, Py_ssize_t n,
+                                   int* err) noexcept nogil:
     """Write the concatenation of ``n`` parts to a temporary file (writev, so
     a shard's payloads and index go out without being copied together
     first), then rename it over ``path``: readers see the old file or the

@@ -87,7 +87,7 @@ cdef class ShardPlan:
         block, whether the chunk is covered whole)."""
         cdef Py_ssize_t idx[ZF_MAX_DIMS]
         cdef Py_ssize_t strides[ZF_MAX_DIMS]
-        cdef Py_ssize_t d, k, j, lin
+        cdef Py_ssize_t d, _k, j, lin
         cdef bint whole
         result = []
         if self.n_touched == 0:
@@ -97,7 +97,7 @@ cdef class ShardPlan:
             strides[d] = strides[d + 1] * self.grid[d + 1]
         for d in range(self.ndim):
             idx[d] = 0
-        for k in range(self.n_touched):
+        for _k in range(self.n_touched):
             lin = 0
             inner = []
             block = []
@@ -252,7 +252,7 @@ def add_shard(DecodeBatch batch, payload, cnp.ndarray entries, ShardPlan plan,
     cdef Py_ssize_t grid_strides[ZF_MAX_DIMS]
     cdef Py_ssize_t idx[ZF_MAX_DIMS]
     cdef Py_ssize_t base = 0
-    cdef Py_ssize_t d, k, j, lin, n, payload_len = 0
+    cdef Py_ssize_t d, k, j, lin, _n, payload_len = 0
     cdef uint64_t off, size
     cdef int nd
     cdef DecodeTask* t
@@ -279,8 +279,9 @@ def add_shard(DecodeBatch batch, payload, cnp.ndarray entries, ShardPlan plan,
     if defer:
         if batch.fill is None:
             raise ValueError("set_fill() first")
-    elif entries is None or entries.dtype != np.uint64 or entries.ndim != 2 or entries.shape[0] != plan.n_total \
-            or entries.shape[1] != 2 or not entries.flags.c_contiguous:
+    elif (entries is None or entries.dtype != np.uint64 or entries.ndim != 2
+          or entries.shape[0] != plan.n_total or entries.shape[1] != 2
+          or not entries.flags.c_contiguous):
         raise ValueError("entries must be the shard's (n, 2) uint64 index")
     if payload is not None and not defer:
         view = memoryview(payload).cast("B")
@@ -296,7 +297,7 @@ def add_shard(DecodeBatch batch, payload, cnp.ndarray entries, ShardPlan plan,
         grid_strides[d] = grid_strides[d + 1] * plan.grid[d + 1]
     for d in range(plan.ndim):
         idx[d] = 0
-    for n in range(plan.n_touched):
+    for _n in range(plan.n_touched):
         t = batch.next_task()
         lin = 0
         k = 0
@@ -343,7 +344,6 @@ def add_shard(DecodeBatch batch, payload, cnp.ndarray entries, ShardPlan plan,
     return True
 
 
-
 def add_shard_encode(EncodeBatch batch, cnp.ndarray value, value_selection, ShardPlan plan,
                      ChunkLayout layout, key, bint swap, bint skip_fill):
     """Queue the encodes of the touched inner chunks that the write covers
@@ -362,7 +362,7 @@ def add_shard_encode(EncodeBatch batch, cnp.ndarray value, value_selection, Shar
     cdef Py_ssize_t grid_strides[ZF_MAX_DIMS]
     cdef Py_ssize_t idx[ZF_MAX_DIMS]
     cdef Py_ssize_t base = 0
-    cdef Py_ssize_t d, k, j, lin, n
+    cdef Py_ssize_t d, k, j, lin, _n
     cdef int nd
     cdef bint whole
     cdef char* src
@@ -389,7 +389,7 @@ def add_shard_encode(EncodeBatch batch, cnp.ndarray value, value_selection, Shar
         grid_strides[d] = grid_strides[d + 1] * plan.grid[d + 1]
     for d in range(plan.ndim):
         idx[d] = 0
-    for n in range(plan.n_touched):
+    for _n in range(plan.n_touched):
         lin = 0
         k = 0
         whole = True

@@ -94,7 +94,8 @@ cdef int _validate(const uint64_t* entries, Py_ssize_t n, Py_ssize_t shard_len,
             if shard_len >= 0:
                 if end > <uint64_t>shard_len:
                     return INDEX_PAST_END
-                if size and off < <uint64_t>(index_start + index_len) and end > <uint64_t>index_start:
+                if (size and off < <uint64_t>(index_start + index_len)
+                        and end > <uint64_t>index_start):
                     return INDEX_INTO_INDEX
             if size:
                 spans[m].start = off
@@ -113,9 +114,9 @@ cdef int _validate(const uint64_t* entries, Py_ssize_t n, Py_ssize_t shard_len,
 
 
 cdef int decode_index(const uint8_t* raw, Py_ssize_t n_chunks, bint checksum, bint big_endian,
-                       Py_ssize_t shard_len, Py_ssize_t index_start, uint64_t* entries,
-                       Py_ssize_t* bad, Py_ssize_t* other, uint32_t* stored,
-                       uint32_t* computed) noexcept nogil:
+                      Py_ssize_t shard_len, Py_ssize_t index_start, uint64_t* entries,
+                      Py_ssize_t* bad, Py_ssize_t* other, uint32_t* stored,
+                      uint32_t* computed) noexcept nogil:
     """Decode the ``index_size(n_chunks, checksum)`` bytes at ``raw`` into native
     (offset, nbytes) pairs at ``entries`` and check them (`_validate`):
     INDEX_OK or the problem, with ``bad``/``other`` (or, for INDEX_CRC, the
@@ -143,8 +144,8 @@ cdef int decode_index(const uint8_t* raw, Py_ssize_t n_chunks, bint checksum, bi
 
 
 cdef object index_error(int problem, cnp.ndarray entries, Py_ssize_t bad, Py_ssize_t other,
-                  uint32_t stored, uint32_t computed, Py_ssize_t shard_len, grid, where):
-    """The exception for a `_decode_index` problem."""
+                        uint32_t stored, uint32_t computed, Py_ssize_t shard_len, grid, where):
+    """The exception for a `decode_index` problem."""
     if problem == INDEX_NOMEM:
         return MemoryError()
     where = where() if callable(where) else where
@@ -212,10 +213,10 @@ def parse_index(index, Py_ssize_t n_chunks, *, bint checksum, bint big_endian,
     if expected >= _NOGIL_MIN_BYTES:
         with nogil:
             problem = decode_index(rp, n_chunks, checksum, big_endian, shard_len, index_start,
-                                    ep, &bad, &other, &stored, &computed)
+                                   ep, &bad, &other, &stored, &computed)
     else:
         problem = decode_index(rp, n_chunks, checksum, big_endian, shard_len, index_start,
-                                ep, &bad, &other, &stored, &computed)
+                               ep, &bad, &other, &stored, &computed)
     if problem != INDEX_OK:
         raise index_error(problem, entries, bad, other, stored, computed, shard_len, grid, where)
     return entries

@@ -122,7 +122,7 @@ cdef int _fetch_setup(PartialFetch* f, bytes path, Py_ssize_t n_chunks, cnp.ndar
     return 0
 
 
-cdef void _fetch_free(PartialFetch* f) noexcept:
+cdef void _fetch_free(PartialFetch* f) noexcept nogil:
     if f.fd >= 0:
         close(f.fd)
         f.fd = -1
@@ -154,7 +154,7 @@ cdef void _fetch_index(PartialFetch* f) noexcept nogil:
     if f.rc != FILE_OK:
         return
     f.problem = decode_index(f.raw, f.n_chunks, f.checksum, f.big_endian, f.size, f.index_at,
-                              ep, &f.bad, &f.other, &f.stored, &f.computed)
+                             ep, &f.bad, &f.other, &f.stored, &f.computed)
     if f.problem != INDEX_OK:
         return
     for i in range(f.k):
@@ -204,8 +204,9 @@ cdef int _fetch_check(PartialFetch* f, bytes path, cnp.ndarray entries, grid, wh
         raise CorruptShardError.truncated(w, None, f.isize)
     if f.problem != INDEX_OK:
         raise index_error(f.problem, entries, f.bad, f.other, f.stored, f.computed, f.size,
-                           grid, where)
-    if f.ranges_rc == FILE_SHORT:  # cannot happen for ranges checked against the size, unless it shrank
+                          grid, where)
+    # ranges checked against the file's size end short only when the file shrank
+    if f.ranges_rc == FILE_SHORT:
         w = where() if callable(where) else where
         raise CorruptShardError(f"{w}: the shard changed size while it was read")
     return 0
