@@ -29,43 +29,47 @@ cdef enum StatusCode:
     ZF_ERR_IO = 11
     ZF_ERR_MORE = 12
 
+# How a task failed: a StatusCode, two numbers and a static message that
+# status_error() turns into the exception (their meaning depends on the code).
 cdef struct Status:
     int code
     Py_ssize_t a
     Py_ssize_t b
     const char* msg
 
+# One chunk to decode into (a region of) the output.
 cdef struct DecodeTask:
-    const char* path
-    const uint8_t* src
+    const char* path  # read the payload from this file (NULL: ``src``)
+    const uint8_t* src  # the payload, ``src_len`` bytes
     Py_ssize_t src_len
-    Py_ssize_t nbytes
-    char* dst
-    Py_ssize_t src_offset
-    Py_ssize_t* shape
+    Py_ssize_t nbytes  # the decoded chunk's size
+    char* dst  # the first output element of the region
+    Py_ssize_t src_offset  # the first selected element in the decoded chunk
+    Py_ssize_t* shape  # ndim entries each: the region, in the batch's dims
     Py_ssize_t* src_strides
     Py_ssize_t* dst_strides
     int ndim
-    bint direct
-    bint missing
-    bint was_missing
-    Py_ssize_t chunk
+    bint direct  # the decompressor may write into ``dst`` itself
+    bint missing  # fill the region instead
+    bint was_missing  # out: the file was missing, the region filled
+    Py_ssize_t chunk  # the inner chunk (shards): linear index in the shard
     Status status
 
+# One chunk to encode from the value written.
 cdef struct EncodeTask:
-    const char* path
-    const char* src
+    const char* path  # also write the result to this file (atomically)
+    const char* src  # the chunk's first element, in stored (transposed) order
     Py_ssize_t* shape
     Py_ssize_t* src_strides
     int ndim
     Py_ssize_t nbytes
-    Py_ssize_t swap_unit
-    bint contiguous
-    bint check_fill
-    bint was_fill
-    uint8_t* dst
+    Py_ssize_t swap_unit  # reverse bytes in units of this size (0: none)
+    bint contiguous  # ``src`` is the stored bytes as they are
+    bint check_fill  # skip the chunk when it is all fill value
+    bint was_fill  # out: it was, nothing encoded
+    uint8_t* dst  # ``dst_cap`` bytes for the result (NULL: the thread's IO buffer)
     Py_ssize_t dst_cap
-    Py_ssize_t out_len
+    Py_ssize_t out_len  # out: the encoded length
     Status status
 
 cdef class Workspace:

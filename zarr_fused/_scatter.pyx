@@ -332,7 +332,7 @@ cdef int _rows_side_by_side(
     cdef Py_ssize_t ahead_idx[ZF_MAX_DIMS]
     cdef Py_ssize_t n, row, span, boff = 0, poff = 0, ahead = 0, unused = 0
     cdef bint more = True
-    cdef int d, _k, outer
+    cdef int d, k, _k, outer
     if ndim < 1 or ndim > ZF_MAX_DIMS or count < 1:
         return -1
     if big_strides[ndim - 1] != itemsize or part_strides[ndim - 1] != itemsize:
