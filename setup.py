@@ -29,7 +29,9 @@ from Cython.Build import cythonize
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
-# name, sources, extra .pxd dependencies, C libraries to link
+# name, sources, extra .pxd dependencies, C libraries to link. Each module
+# depends on its own .pxd (Cython reads it implicitly) and on the .pxd files
+# of the modules it cimports; listing them rebuilds it when they change.
 EXTENSIONS: list[dict] = [
     {
         "name": "zarr_fused._scatter",
@@ -53,18 +55,57 @@ EXTENSIONS: list[dict] = [
             "zarr_fused/_zstd.pxd",
             "zarr_fused/_zlib.pxd",
             "zarr_fused/_blosc.pxd",
+            "zarr_fused/_crc32c.pxd",
             "zarr_fused/_crc32c.h",
         ],
         "libraries": ["zstd", "z", "blosc"],
     },
     {
+        "name": "zarr_fused._codec_batch",
+        "sources": ["zarr_fused/_codec_batch.pyx"],
+        "depends": [
+            "zarr_fused/_codec_batch.pxd",
+            "zarr_fused/_codecs.pxd",
+            "zarr_fused/_scatter.pxd",
+            "zarr_fused/_zstd.pxd",
+            "zarr_fused/_zlib.pxd",
+        ],
+        "libraries": [],
+    },
+    {
+        "name": "zarr_fused._shard_index",
+        "sources": ["zarr_fused/_shard_index.pyx"],
+        "depends": [
+            "zarr_fused/_shard_index.pxd",
+            "zarr_fused/_crc32c.pxd",
+            "zarr_fused/_crc32c.h",
+        ],
+        "libraries": [],
+    },
+    {
         "name": "zarr_fused._shard",
         "sources": ["zarr_fused/_shard.pyx"],
         "depends": [
+            "zarr_fused/_codec_batch.pxd",
+            "zarr_fused/_codecs.pxd",
+            "zarr_fused/_scatter.pxd",
+            "zarr_fused/_shard_index.pxd",
+            "zarr_fused/_zstd.pxd",
+            "zarr_fused/_zlib.pxd",
+        ],
+        "libraries": [],
+    },
+    {
+        "name": "zarr_fused._shard_local",
+        "sources": ["zarr_fused/_shard_local.pyx"],
+        "depends": [
+            "zarr_fused/_codec_batch.pxd",
             "zarr_fused/_codecs.pxd",
             "zarr_fused/_localio.pxd",
             "zarr_fused/_scatter.pxd",
-            "zarr_fused/_crc32c.h",
+            "zarr_fused/_shard_index.pxd",
+            "zarr_fused/_zstd.pxd",
+            "zarr_fused/_zlib.pxd",
         ],
         "libraries": [],
     },

@@ -248,6 +248,7 @@ def scenario_codecs(repeat: int) -> list[str]:
     import numcodecs.blosc
     import numpy as np
 
+    from zarr_fused import _codec_batch as kb
     from zarr_fused import _codecs as kc
 
     numcodecs.blosc.use_threads = False  # as zarr sets it
@@ -270,19 +271,19 @@ def scenario_codecs(repeat: int) -> list[str]:
         payloads = [nc.encode(r) for r in raw]
         assert all(bytes(kernel.decode(p, chunk_bytes)) == r for p, r in zip(payloads, raw))
         dest = np.empty(n_chunks * items, dtype="<f4")
-        layout = kc.ChunkLayout((items,), 4, None)
+        layout = kb.ChunkLayout((items,), 4, None)
         # encoded chunks go to a reused buffer, as the sharded writer does
         bound = kernel.max_encoded_size(chunk_bytes)
         arena = np.empty(n_chunks * bound, dtype=np.uint8)
 
         def native_decode(lo: int, hi: int) -> None:
-            batch = kc.DecodeBatch(kernel, hi - lo, 1)
+            batch = kb.DecodeBatch(kernel, hi - lo, 1)
             for i in range(lo, hi):
                 batch.add(payloads[i], layout, (), dest, (slice(i * items, (i + 1) * items),), (), i)
             batch.run()
 
         def native_encode(lo: int, hi: int) -> list[Any]:
-            batch = kc.EncodeBatch(kernel, hi - lo, 1, repr, arena[lo * bound:hi * bound])
+            batch = kb.EncodeBatch(kernel, hi - lo, 1, repr, arena[lo * bound:hi * bound])
             for i in range(lo, hi):
                 batch.add(data[i * items:(i + 1) * items], layout, False, i)
             return batch.run()
@@ -350,7 +351,7 @@ def scenario_ceiling(repeat: int) -> list[str]:
     sys.path.insert(0, str(HERE))
     from benchmarks._peers import LAYOUTS, Reader, data_dir, write_reference
     from zarr_fused import _codecs as kc
-    from zarr_fused import _shard
+    from zarr_fused import _shard_index
 
     name = "sharded-zstd"
     layout = LAYOUTS[name]
@@ -361,7 +362,7 @@ def scenario_ceiling(repeat: int) -> list[str]:
     payloads = []
     for key in sorted(p for p in (path / "c").rglob("*") if p.is_file()):
         shard = key.read_bytes()
-        entries = _shard.parse_index(shard[-(16 * n + 4):], n, checksum=True, big_endian=False)
+        entries = _shard_index.parse_index(shard[-(16 * n + 4):], n, checksum=True, big_endian=False)
         payloads += [shard[int(o):int(o + s)] for o, s in entries]
     nbytes = int(np.prod(layout.chunks)) * 2
     kernel = kc.ChainKernel(compressor="zstd", itemsize=2)

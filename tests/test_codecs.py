@@ -59,6 +59,7 @@ from zarr.core.chunk_utils import ChunkTransform, evolve_codecs
 from zarr.core.dtype import get_data_type_from_native_dtype
 from zarr.storage import MemoryStore
 
+from zarr_fused import _codec_batch as batches
 from zarr_fused import _codecs as native
 from zarr_fused._chain import _versions as chain_versions
 from zarr_fused._chain import byte_identical, native_chain_params
@@ -1444,7 +1445,7 @@ class Chain:
                 probe = probe.transpose(o)
             assert probe.shape == tuple(shape[i] for i in order)
         self.kernel = native.ChainKernel(**params)
-        self.layout = native.ChunkLayout(shape, self.dtype.itemsize, order)
+        self.layout = batches.ChunkLayout(shape, self.dtype.itemsize, order)
         self.transform = ChunkTransform(codecs=self.codecs)
         assert self.dtype == dtype
 
@@ -1464,7 +1465,7 @@ def _encode_ours(chain: Chain, chunk: np.ndarray, given: str) -> bytes:
         swap = False
     else:
         swap = chain.kernel.swap_unit != 0
-    batch = native.EncodeBatch(chain.kernel, 1, chunk.ndim)
+    batch = batches.EncodeBatch(chain.kernel, 1, chunk.ndim)
     assert batch.add(chunk, chain.layout, swap, "key") == 0
     (encoded,) = batch.run()
     assert encoded.dtype == np.uint8
@@ -1554,7 +1555,7 @@ def test_decode_batch_matches_numpy(
     expected = out.copy()
     value = chunk[chunk_sel]
     expected[out_sel] = np.squeeze(value, axis=drop) if drop else value
-    batch = native.DecodeBatch(chain.kernel, 1, 3)
+    batch = batches.DecodeBatch(chain.kernel, 1, 3)
     assert batch.add(payload, chain.layout, chunk_sel, out, out_sel, drop, "key") is True
     assert len(batch) == 1
     batch.run()
@@ -1578,7 +1579,7 @@ def test_decode_batch_0d_chunk(
     out_sel = (1,) if target == "1d" else ()
     expected = out.copy()
     expected[out_sel] = chunk
-    batch = native.DecodeBatch(chain.kernel, 1, 1)
+    batch = batches.DecodeBatch(chain.kernel, 1, 1)
     assert batch.add(payload, chain.layout, (), out, out_sel, (), "key") is True
     batch.run()
     assert out.tobytes() == expected.tobytes()
@@ -1595,7 +1596,7 @@ def test_add_missing_fills_the_selection(
     out = _sentinel_array(out_shape, dtype)
     expected = out.copy()
     expected[out_sel] = fill
-    batch = native.DecodeBatch(chain.kernel, 1, 3)
+    batch = batches.DecodeBatch(chain.kernel, 1, 3)
     batch.set_fill(fill.tobytes())
     assert batch.add_missing(out, out_sel, "key") is True
     batch.run()
@@ -1603,7 +1604,7 @@ def test_add_missing_fills_the_selection(
 
 
 def test_set_fill_needs_one_element() -> None:
-    batch = native.DecodeBatch(native.ChainKernel(itemsize=4), 1, 1)
+    batch = batches.DecodeBatch(native.ChainKernel(itemsize=4), 1, 1)
     with pytest.raises(ValueError, match="one element"):
         batch.set_fill(b"\x00" * 3)
     with pytest.raises(ValueError, match="set_fill"):
@@ -1631,7 +1632,7 @@ def test_add_declines_advanced_selections(case: str) -> None:
     payload = np.frombuffer(chain.zarr_encode(chunk), np.uint8)
     out = _sentinel_array((4, 5, 6), chain.dtype)
     chunk_sel, out_sel = ADVANCED[case]
-    batch = native.DecodeBatch(chain.kernel, 1, 3)
+    batch = batches.DecodeBatch(chain.kernel, 1, 3)
     assert batch.add(payload, chain.layout, chunk_sel, out, out_sel, (), "key") is False
     assert len(batch) == 0
     batch.run()
@@ -1641,7 +1642,7 @@ def test_add_declines_advanced_selections(case: str) -> None:
 def test_add_declines_another_itemsize() -> None:
     chain = Chain(CHUNK_SHAPE, np.dtype("<f8"), "little", (), [])
     payload = np.frombuffer(chain.zarr_encode(np.zeros(CHUNK_SHAPE)), np.uint8)
-    batch = native.DecodeBatch(chain.kernel, 1, 3)
+    batch = batches.DecodeBatch(chain.kernel, 1, 3)
     assert batch.add(payload, chain.layout, (), np.zeros(CHUNK_SHAPE, "<f4"), (), (), "k") is False
     batch.set_fill(b"\x00" * 8)
     assert batch.add_missing(np.zeros(CHUNK_SHAPE, "<f4"), (), "k") is False
@@ -1670,7 +1671,7 @@ def test_decode_batch_error_names_the_key(corrupt: Callable[[bytes], bytes], err
         described.append(key)
         return f"chunk {key}"
 
-    batch = native.DecodeBatch(chain.kernel, 3, 3, describe)
+    batch = batches.DecodeBatch(chain.kernel, 3, 3, describe)
     for i, payload in enumerate(payloads):
         assert batch.add(payload, chain.layout, (), out, (i,), (), ("c", i, 0))
     with pytest.raises(error, match=r"^chunk \('c', 1, 0\): ") as excinfo:
@@ -1683,13 +1684,14 @@ def test_decode_batch_error_names_the_key(corrupt: Callable[[bytes], bytes], err
 
 _DECLINED_TARGETS = """
 import numpy as np
+from zarr_fused import _codec_batch as batches
 from zarr_fused import _codecs as native
 
 kernel = native.ChainKernel(itemsize=1)
-layout = native.ChunkLayout((1,), 1)
+layout = batches.ChunkLayout((1,), 1)
 out = np.zeros((1,) * 8, np.uint8)
 for _ in range(2000):
-    batch = native.DecodeBatch(kernel, 1, 1)
+    batch = batches.DecodeBatch(kernel, 1, 1)
     batch.set_fill(b"\\x01")
     assert batch.add(b"a", layout, (), out, (), (), "k") is False
     assert batch.add_missing(out, (), "k") is False
@@ -1716,9 +1718,9 @@ def test_declined_targets_write_nothing_past_the_batch() -> None:
 
 def test_decode_batch_capacity() -> None:
     kernel = native.ChainKernel(itemsize=1)
-    layout = native.ChunkLayout((4,), 1)
+    layout = batches.ChunkLayout((4,), 1)
     out = np.zeros(4, np.uint8)
-    batch = native.DecodeBatch(kernel, 2, 1)
+    batch = batches.DecodeBatch(kernel, 2, 1)
     batch.set_fill(b"\x07")
     assert batch.add(b"abcd", layout, (), out, (), (), "a")
     assert batch.add_missing(out, (slice(0, 2),), "b")
@@ -1732,16 +1734,16 @@ def test_decode_batch_capacity() -> None:
 
 
 def test_decode_batch_capacity_zero() -> None:
-    batch = native.DecodeBatch(native.ChainKernel(), 0, 1)
+    batch = batches.DecodeBatch(native.ChainKernel(), 0, 1)
     with pytest.raises(IndexError):
-        batch.add(b"a", native.ChunkLayout((1,), 1), (), np.zeros(1, np.uint8), (), (), "a")
+        batch.add(b"a", batches.ChunkLayout((1,), 1), (), np.zeros(1, np.uint8), (), (), "a")
     batch.run()
 
 
 def test_encode_batch_capacity() -> None:
     kernel = native.ChainKernel(compressor="zstd", itemsize=2)
-    layout = native.ChunkLayout((3, 2), 2)
-    batch = native.EncodeBatch(kernel, 1, 2)
+    layout = batches.ChunkLayout((3, 2), 2)
+    batch = batches.EncodeBatch(kernel, 1, 2)
     chunk = np.arange(6, dtype="<u2").reshape(3, 2)
     assert batch.add(chunk, layout, False, "a") == 0
     with pytest.raises(IndexError):
@@ -1755,11 +1757,11 @@ def test_encode_batch_arena(compressor: str | None) -> None:
     """Encoded chunks land in the caller's arena while it has room (the
     results are views into it), in fresh arrays after that; both decode."""
     kernel = native.ChainKernel(compressor=compressor, itemsize=4)
-    layout = native.ChunkLayout((8, 8), 4)
+    layout = batches.ChunkLayout((8, 8), 4)
     bound = kernel.max_encoded_size(256)
     assert bound >= 256
     arena = np.zeros(2 * bound + bound // 2, dtype=np.uint8)  # room for two
-    batch = native.EncodeBatch(kernel, 3, 2, repr, arena)
+    batch = batches.EncodeBatch(kernel, 3, 2, repr, arena)
     chunks = [np.arange(64, dtype="<i4").reshape(8, 8) * k for k in (1, 2, 3)]
     for k, chunk in enumerate(chunks):
         batch.add(chunk, layout, False, k)
@@ -1774,15 +1776,15 @@ def test_encode_batch_arena(compressor: str | None) -> None:
 def test_encode_batch_rejects_unusable_arenas(arena: Any) -> None:
     kernel = native.ChainKernel(compressor="zstd", itemsize=1)
     with pytest.raises(TypeError, match="arena"):
-        native.EncodeBatch(kernel, 1, 1, repr, arena)
+        batches.EncodeBatch(kernel, 1, 1, repr, arena)
 
 
 def test_encode_batch_writes_files_from_the_thread_buffer(tmp_path: Any) -> None:
     """Chunks bound for files need no output array of their own; a worker's
     IO buffer carries each to its file, and the next reuses it."""
     kernel = native.ChainKernel(compressor="zstd", itemsize=2)
-    layout = native.ChunkLayout((100,), 2)
-    batch = native.EncodeBatch(kernel, 3, 1)
+    layout = batches.ChunkLayout((100,), 2)
+    batch = batches.EncodeBatch(kernel, 3, 1)
     chunks = [np.full(100, k, dtype="<u2") + np.arange(100, dtype="<u2") for k in range(3)]
     paths = [tmp_path / f"c{k}" for k in range(3)]
     for k, (chunk, path) in enumerate(zip(chunks, paths)):
@@ -1805,9 +1807,9 @@ def test_encode_batch_rejects_mismatched_chunks(
     chunk: np.ndarray, itemsize: int, error: type
 ) -> None:
     kernel = native.ChainKernel(compressor="zstd", itemsize=itemsize)
-    batch = native.EncodeBatch(kernel, 1, 2)
+    batch = batches.EncodeBatch(kernel, 1, 2)
     with pytest.raises(error):
-        batch.add(chunk, native.ChunkLayout((3, 2), itemsize), False, "a")
+        batch.add(chunk, batches.ChunkLayout((3, 2), itemsize), False, "a")
     assert len(batch) == 0
 
 
@@ -1836,7 +1838,7 @@ class _ThreadCase:
         self.kernel = native.ChainKernel(**conf)
         dtype = np.dtype(_THREAD_DTYPES[conf["itemsize"]])
         self.stored = dtype.newbyteorder(">") if conf.get("swap_unit") else dtype
-        self.layout = native.ChunkLayout((32, 64), dtype.itemsize, (1, 0))
+        self.layout = batches.ChunkLayout((32, 64), dtype.itemsize, (1, 0))
         rng = _rng(13, index)
         self.chunk = np.cumsum(rng.integers(-2, 3, (32, 64)), axis=1).astype(dtype)
         self.payload = self.encode()
@@ -1844,14 +1846,14 @@ class _ThreadCase:
         self.expected = np.ascontiguousarray(self.chunk[1::3, ::-2])
 
     def encode(self) -> bytes:
-        batch = native.EncodeBatch(self.kernel, 1, 2)
+        batch = batches.EncodeBatch(self.kernel, 1, 2)
         batch.add(self.chunk, self.layout, self.kernel.swap_unit != 0, "k")
         (payload,) = batch.run()
         return payload.tobytes()
 
     def decode(self) -> np.ndarray:
         out = np.zeros((11, 32), self.chunk.dtype)
-        batch = native.DecodeBatch(self.kernel, 1, 2)
+        batch = batches.DecodeBatch(self.kernel, 1, 2)
         assert batch.add(self.payload, self.layout, (slice(1, None, 3), slice(None, None, -2)),
                          out, (), (), "k")
         batch.run()
@@ -1911,16 +1913,16 @@ def large_zstd() -> tuple[Any, np.ndarray, bytes]:
 def test_decode_batch_run_releases_the_gil(large_zstd: tuple[Any, np.ndarray, bytes]) -> None:
     kernel, chunk, payload = large_zstd
     out = np.zeros_like(chunk)
-    batch = native.DecodeBatch(kernel, 1, 1)
-    assert batch.add(payload, native.ChunkLayout(chunk.shape, 8), (), out, (), (), "large")
+    batch = batches.DecodeBatch(kernel, 1, 1)
+    assert batch.add(payload, batches.ChunkLayout(chunk.shape, 8), (), out, (), (), "large")
     assert spins_during(batch.run, attempts=5) > 1000
     np.testing.assert_array_equal(out, chunk)
 
 
 def test_encode_batch_run_releases_the_gil(large_zstd: tuple[Any, np.ndarray, bytes]) -> None:
     kernel, chunk, payload = large_zstd
-    batch = native.EncodeBatch(kernel, 1, 1)
-    batch.add(chunk, native.ChunkLayout(chunk.shape, 8), False, "large")
+    batch = batches.EncodeBatch(kernel, 1, 1)
+    batch.add(chunk, batches.ChunkLayout(chunk.shape, 8), False, "large")
     assert spins_during(batch.run, attempts=5) > 1000
     assert batch.run()[0].tobytes() == payload
 

@@ -19,7 +19,7 @@ from zarr.storage import LocalStore, MemoryStore, WrapperStore
 from zarr.testing.strategies import basic_indices, orthogonal_indices
 
 from zarr_fused import _reference as reference
-from zarr_fused import _shard as shard_kernels
+from zarr_fused import _shard_index as index_kernels
 from zarr_fused.shard.read import ShardReader
 from zarr_fused.errors import CorruptChunkError, CorruptShardError
 
@@ -237,7 +237,7 @@ def test_local_partial_fetch_with_any_size_hint(tmp_path: Path, hint: int) -> No
     """The native partial fetch sizes its buffer from a hint; when the
     touched chunks outgrow it, the small buffer is handed back and the chunks
     are read into a bigger one, with the same result."""
-    from zarr_fused import _shard
+    from zarr_fused import _shard_index, _shard_local
 
     with with_pipeline(FUSED):
         arr = _sharded(LocalStore(tmp_path / "a"), shape=(64, 64), shards=(64, 64), inner=(16, 16))
@@ -251,11 +251,11 @@ def test_local_partial_fetch_with_any_size_hint(tmp_path: Path, hint: int) -> No
         return np.empty(n, np.uint8)
 
     touched = np.array([0, 5, 15], dtype=np.intp)
-    entries, payload, _ = _shard.fetch_partial_local(
+    entries, payload, _ = _shard_local.fetch_partial_local(
         path, 16, touched, take, checksum=True, big_endian=False, at_start=False,
         size_hint=hint, give=lambda b: given.append(len(b)))
     whole = (tmp_path / "a" / "c" / "0" / "0").read_bytes()
-    reference = _shard.parse_index(whole[-(16 * 16 + 4):], 16, checksum=True, big_endian=False)
+    reference = _shard_index.parse_index(whole[-(16 * 16 + 4):], 16, checksum=True, big_endian=False)
     for i in touched:
         off, size = (int(v) for v in entries[i])
         ref_off, ref_size = (int(v) for v in reference[i])
@@ -315,16 +315,16 @@ def test_local_partial_reads_fetch_and_decode_in_one_call(
     `read_shard_local` (fetch and decode in one nogil call), with zarr's
     values, missing inner chunks and missing shards included; in waves
     (several workers, few shards) it does not."""
-    from zarr_fused.shard import read as _read_sharded
+    from zarr_fused.io import local as _local_io
 
     calls: list[bytes] = []
-    real = _read_sharded.shard_kernels.read_shard_local
+    real = _local_io.shard_local_kernels.read_shard_local
 
     def spy(batch: Any, first: int, path: bytes, *args: Any, **kwargs: Any) -> Any:
         calls.append(path)
         return real(batch, first, path, *args, **kwargs)
 
-    monkeypatch.setattr(_read_sharded.shard_kernels, "read_shard_local", spy)
+    monkeypatch.setattr(_local_io.shard_local_kernels, "read_shard_local", spy)
     data = _data()
     data[4:8, 0:3] = -1  # one inner chunk of shard (0, 0) is all fill: not stored
     data[8:16, 6:12] = -1  # shard (1, 1) is all fill: no file
@@ -410,16 +410,17 @@ def test_local_reads_never_read_wide_gaps(tmp_path: Path, monkeypatch: pytest.Mo
     """On LocalStore the native reader coalesces with zarr's settings, but a
     gap wider than LOCAL_MAX_GAP is skipped with a second pread rather than
     read and thrown away."""
+    from zarr_fused.io import local as _local_io
     from zarr_fused.shard import read as _read_sharded
 
     seen: list[int] = []
-    real = _read_sharded.shard_kernels.fetch_partial_local
+    real = _local_io.shard_local_kernels.fetch_partial_local
 
     def spy(*args: Any, **kwargs: Any) -> Any:
         seen.append(kwargs["max_gap"])
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(_read_sharded.shard_kernels, "fetch_partial_local", spy)
+    monkeypatch.setattr(_local_io.shard_local_kernels, "fetch_partial_local", spy)
     data = np.arange(4096, dtype="<i4")
     with with_pipeline(FUSED), zarr.config.set({"array.sharding_coalesce_max_gap_bytes": gap}):
         arr = _sharded(LocalStore(tmp_path / "a"), shape=(4096,), shards=(4096,), inner=(16,))
@@ -692,7 +693,7 @@ def _native_index(shard: bytes, grid: tuple[int, ...], *, at_start: bool, checks
     n = int(np.prod(grid))
     size = 16 * n + (4 if checksum else 0)
     start = 0 if at_start else len(shard) - size
-    return shard_kernels.parse_index(shard[start : start + size], n, checksum=checksum,
+    return index_kernels.parse_index(shard[start : start + size], n, checksum=checksum,
                                      big_endian=big_endian, shard_len=len(shard),
                                      index_start=start, grid=grid, where="c/0/0")
 
@@ -779,7 +780,7 @@ def test_bad_index_fails_like_reference(at_start: bool, kind: str, checksum: boo
     args = {"checksum": checksum, "big_endian": big_endian, "shard_len": len(shard),
             "index_start": start, "grid": grid, "where": "c/0/0"}
     outcomes = []
-    for parse in (shard_kernels.parse_index, reference.parse_index):
+    for parse in (index_kernels.parse_index, reference.parse_index):
         try:
             outcomes.append(("ok", parse(index, n, **args).tolist()))
         except CorruptShardError as exc:
@@ -814,7 +815,7 @@ def test_property_parse_index_matches_reference(case: dict[str, Any]) -> None:
                          big_endian=case["big_endian"])
     args = {k: case[k] for k in ("checksum", "big_endian", "shard_len", "index_start", "grid")}
     outcomes = []
-    for parse in (shard_kernels.parse_index, reference.parse_index):
+    for parse in (index_kernels.parse_index, reference.parse_index):
         try:
             outcomes.append(("ok", parse(index, n, **args).tolist()))
         except CorruptShardError as exc:

@@ -21,7 +21,7 @@ from zarr.storage import LocalStore, MemoryStore, WrapperStore
 from zarr.testing.strategies import basic_indices
 
 from zarr_fused import _reference as reference
-from zarr_fused import _shard as shard_kernels
+from zarr_fused import _shard_index as index_kernels
 from zarr_fused._chain import byte_identical
 from zarr_fused.shard.write import ShardWriter
 from zarr_fused.errors import CorruptChunkError, ZarrFusedError
@@ -402,7 +402,7 @@ def test_assemble_shard_matches_reference(grid: tuple[int, ...], at_start: bool,
     ordering, chunks = _assembly_case(grid, payloads, order, seed=31)
     kw = {"at_start": at_start, "checksum": checksum, "big_endian": big_endian}
     expected = reference.assemble_shard(ordering, chunks, **kw)
-    ours = shard_kernels.assemble_shard(ordering, chunks, **kw)
+    ours = index_kernels.assemble_shard(ordering, chunks, **kw)
     if payloads == "none":
         assert ours is None and expected is None
         return
@@ -420,7 +420,7 @@ def test_property_assemble_shard_matches_reference(data: st.DataObject) -> None:
               for p in data.draw(st.lists(payload, min_size=n, max_size=n), label="payloads")]
     kw = {k: data.draw(st.booleans(), label=k) for k in ("at_start", "checksum", "big_endian")}
     expected = reference.assemble_shard(ordering, chunks, **kw)
-    ours = shard_kernels.assemble_shard(ordering, chunks, **kw)
+    ours = index_kernels.assemble_shard(ordering, chunks, **kw)
     assert (None if ours is None else ours.tobytes()) == expected
 
 

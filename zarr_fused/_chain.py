@@ -39,7 +39,7 @@ from zarr.core.dtype.npy.structured import Struct
 
 from zarr_fused._dtypes import empty
 from zarr_fused._items import describe_chunk
-from zarr_fused._native import codec_kernels, scatter_kernels
+from zarr_fused._native import batch_kernels, codec_kernels, scatter_kernels
 from zarr_fused._scatter_py import scatter_array, scatter_chunk
 
 if TYPE_CHECKING:
@@ -147,22 +147,22 @@ class NativeChain:
         """The element layout of a chunk of ``shape`` (cached per shape)."""
         layout = self._layouts.get(shape)
         if layout is None:
-            layout = codec_kernels.ChunkLayout(shape, self.dtype.itemsize, self.order)  # type: ignore[union-attr]
+            layout = batch_kernels.ChunkLayout(shape, self.dtype.itemsize, self.order)  # type: ignore[union-attr]
             with self._lock:
                 self._layouts[shape] = layout
         return layout
 
     def decode_batch(self, capacity: int, ndim: int) -> Any:
-        return codec_kernels.DecodeBatch(self.kernel, capacity, ndim, describe_chunk)  # type: ignore[union-attr]
+        return batch_kernels.DecodeBatch(self.kernel, capacity, ndim, describe_chunk)  # type: ignore[union-attr]
 
     def kernel_batch(self, capacity: int, ndim: int, describe: Any) -> Any:
         """A `DecodeBatch` whose errors name chunks with ``describe``."""
-        return codec_kernels.DecodeBatch(self.kernel, capacity, ndim, describe)  # type: ignore[union-attr]
+        return batch_kernels.DecodeBatch(self.kernel, capacity, ndim, describe)  # type: ignore[union-attr]
 
     def encode_batch(self, capacity: int, ndim: int, describe: Any = describe_chunk,
                      arena: np.ndarray | None = None) -> Any:
         """An `EncodeBatch`; its results are views into ``arena`` (see there)."""
-        return codec_kernels.EncodeBatch(self.kernel, capacity, ndim, describe, arena)  # type: ignore[union-attr]
+        return batch_kernels.EncodeBatch(self.kernel, capacity, ndim, describe, arena)  # type: ignore[union-attr]
 
     def encode_bound(self, nbytes: int) -> int:
         """The most bytes a chunk of ``nbytes`` can encode to."""

@@ -1,14 +1,12 @@
 # cython: language_level=3
-# Shared declarations of the codec-chain kernels (the sharded read engine
-# drives the same tasks over the inner chunks of a shard).
+# The codec-chain kernel (_codecs.pyx) as the batch and shard modules see it:
+# the status a failed task leaves, the decode and encode tasks, the per-thread
+# workspace and the chain kernel that runs one task.
 
 from libc.stdint cimport uint8_t
 
-cimport numpy as cnp
-
 from zarr_fused cimport _zlib as zl
 from zarr_fused cimport _zstd as zs
-from zarr_fused._scatter cimport ZF_MAX_DIMS
 
 cdef enum CompressorKind:
     COMP_NONE = 0
@@ -31,43 +29,47 @@ cdef enum StatusCode:
     ZF_ERR_IO = 11
     ZF_ERR_MORE = 12
 
+# How a task failed: a StatusCode, two numbers and a static message that
+# status_error() turns into the exception (their meaning depends on the code).
 cdef struct Status:
     int code
     Py_ssize_t a
     Py_ssize_t b
     const char* msg
 
+# One chunk to decode into (a region of) the output.
 cdef struct DecodeTask:
-    const char* path
-    const uint8_t* src
+    const char* path  # read the payload from this file (NULL: ``src``)
+    const uint8_t* src  # the payload, ``src_len`` bytes
     Py_ssize_t src_len
-    Py_ssize_t nbytes
-    char* dst
-    Py_ssize_t src_offset
-    Py_ssize_t* shape
+    Py_ssize_t nbytes  # the decoded chunk's size
+    char* dst  # the first output element of the region
+    Py_ssize_t src_offset  # the first selected element in the decoded chunk
+    Py_ssize_t* shape  # ndim entries each: the region, in the batch's dims
     Py_ssize_t* src_strides
     Py_ssize_t* dst_strides
     int ndim
-    bint direct
-    bint missing
-    bint was_missing
-    Py_ssize_t chunk
+    bint direct  # the decompressor may write into ``dst`` itself
+    bint missing  # fill the region instead
+    bint was_missing  # out: the file was missing, the region filled
+    Py_ssize_t chunk  # the inner chunk (shards): linear index in the shard
     Status status
 
+# One chunk to encode from the value written.
 cdef struct EncodeTask:
-    const char* path
-    const char* src
+    const char* path  # also write the result to this file (atomically)
+    const char* src  # the chunk's first element, in stored (transposed) order
     Py_ssize_t* shape
     Py_ssize_t* src_strides
     int ndim
     Py_ssize_t nbytes
-    Py_ssize_t swap_unit
-    bint contiguous
-    bint check_fill
-    bint was_fill
-    uint8_t* dst
+    Py_ssize_t swap_unit  # reverse bytes in units of this size (0: none)
+    bint contiguous  # ``src`` is the stored bytes as they are
+    bint check_fill  # skip the chunk when it is all fill value
+    bint was_fill  # out: it was, nothing encoded
+    uint8_t* dst  # ``dst_cap`` bytes for the result (NULL: the thread's IO buffer)
     Py_ssize_t dst_cap
-    Py_ssize_t out_len
+    Py_ssize_t out_len  # out: the encoded length
     Status status
 
 cdef class Workspace:
@@ -106,64 +108,21 @@ cdef class ChainKernel:
                             const uint8_t** out, Status* st) noexcept nogil
     cdef void run_decode(self, Workspace ws, DecodeTask* task, const char* fill) noexcept nogil
     cdef void run_encode(self, Workspace ws, EncodeTask* task, const char* fill) noexcept nogil
-    cdef int _reserve_output(self, Workspace ws, EncodeTask* task) noexcept nogil
+    cdef int reserve_output(self, Workspace ws, EncodeTask* task) noexcept nogil
     cdef void finish_encode(self, Workspace ws, EncodeTask* task, uint8_t* data) noexcept nogil
     cdef Py_ssize_t encode_bound(self, Py_ssize_t nbytes) noexcept nogil
 
 
-cdef class ChunkLayout:
-    cdef readonly int ndim
-    cdef readonly Py_ssize_t nbytes
-    cdef readonly bint transposed
-    cdef Py_ssize_t shape[ZF_MAX_DIMS]
-    cdef Py_ssize_t strides[ZF_MAX_DIMS]
-    cdef Py_ssize_t stored_shape[ZF_MAX_DIMS]
-    cdef Py_ssize_t perm[ZF_MAX_DIMS]
-
-cdef class DecodeBatch:
-    cdef ChainKernel kernel
-    cdef DecodeTask* tasks
-    cdef Py_ssize_t* dims
-    cdef Py_ssize_t n
-    cdef Py_ssize_t cap
-    cdef int max_ndim
-    cdef list refs
-    cdef list keys
-    cdef bytes fill
-    cdef object describe
-    cdef DecodeTask* _next(self) except NULL
-    cdef bint is_direct(self, DecodeTask* t, ChunkLayout layout) noexcept
-    cdef int _target(self, DecodeTask* t, cnp.ndarray out, object out_selection,
-                     Py_ssize_t* shape) except -2
-    cdef object _add(self, payload, bytes path, ChunkLayout layout, chunk_selection,
-                     cnp.ndarray out, out_selection, tuple drop_axes, key)
-    cdef const char* fill_ptr(self)
-    cdef Py_ssize_t run_range(self, Workspace ws, Py_ssize_t start, Py_ssize_t stop,
-                              const char* fill) noexcept nogil
-    cdef object raise_failed(self, Py_ssize_t failed)
-
-cdef class EncodeBatch:
-    cdef ChainKernel kernel
-    cdef EncodeTask* tasks
-    cdef Py_ssize_t* dims
-    cdef Py_ssize_t n
-    cdef Py_ssize_t cap
-    cdef int max_ndim
-    cdef list refs
-    cdef list outputs
-    cdef list keys
-    cdef object describe
-    cdef bytes fill
-    cdef object arena
-    cdef Py_ssize_t arena_used
-
-cdef Py_ssize_t contiguous_run(int ndim, const Py_ssize_t* shape, const Py_ssize_t* strides,
-                               Py_ssize_t itemsize) noexcept nogil
-
-cdef tuple as_selection_tuple(selection)
-
-cdef int select_basic(int ndim, const Py_ssize_t* shape, const Py_ssize_t* strides,
-                      object selection, Py_ssize_t* offset, Py_ssize_t* out_shape,
-                      Py_ssize_t* out_strides) except -2
-
 cdef object status_error(Status* st, object where)
+
+cdef const uint8_t[::1] as_bytes_view(obj)
+
+
+cdef inline void c_strides(int ndim, const Py_ssize_t* shape, Py_ssize_t itemsize,
+                           Py_ssize_t* out) noexcept nogil:
+    """The byte strides of a C-contiguous block of ``shape``."""
+    cdef int i
+    cdef Py_ssize_t s = itemsize
+    for i in range(ndim - 1, -1, -1):
+        out[i] = s
+        s *= shape[i]

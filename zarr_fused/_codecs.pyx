@@ -1,9 +1,10 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
-"""Codec-chain kernels: zarr v3 chunk codecs in C, the GIL released.
+"""The codec-chain kernel: zarr v3 chunk codecs in C, the GIL released.
 
 A `ChainKernel` runs one chain ``[transpose] -> bytes -> [compressor] ->
-[crc32c]`` (crc32c may also sit inside the compressor). The compressor is
-zstd (libzstd), gzip (zlib) or blosc (c-blosc), linked from the system.
+[crc32c]`` (crc32c may also sit inside the compressor) over one chunk, a
+`DecodeTask` or an `EncodeTask`. The compressor is zstd (libzstd), gzip
+(zlib) or blosc (c-blosc), linked from the system.
 
 Decoding undoes the bytes->bytes codecs into a buffer of exactly the size
 the chunk's shape and data type need (a frame that claims or yields any
@@ -13,44 +14,32 @@ while writing straight into the caller's output. When the destination is
 the whole chunk, contiguous, in stored order, the decompressor writes into
 it directly.
 
-`DecodeBatch` / `EncodeBatch` collect the chunks of a batch as C structs,
-so a pool worker decodes or encodes its whole share in one ``nogil`` call.
 Per-thread state (zstd contexts, zlib streams, scratch memory) lives in a
-`Workspace` per thread and is reused across calls.
+`Workspace` per thread and is reused across calls. The batches of tasks
+that a pool worker runs in one ``nogil`` call are in `_codec_batch`.
 
-Errors leave the ``nogil`` sections as status codes and become one typed
-exception (`zarr_fused.errors`) naming the chunk's key afterwards.
+Errors leave the ``nogil`` sections as a `Status` and become one typed
+exception (`zarr_fused.errors`) naming the chunk's key afterwards
+(`status_error`).
 """
 
-from cpython.slice cimport PySlice_GetIndicesEx
 from libc.stdint cimport uint8_t, uint32_t
-from libc.stdlib cimport free, malloc, realloc
+from libc.stdlib cimport free, realloc
 from libc.string cimport memcpy, memset
 
-cimport numpy as cnp
 import os
 import threading
 
 import numpy as np
 
 from zarr_fused cimport _blosc as bl
+from zarr_fused._crc32c cimport zf_crc32c, zf_crc32c_init, zf_crc32c_name, zf_crc32c_with
 from zarr_fused._localio cimport FILE_ERROR, FILE_MISSING, read_file, write_file_atomic
 from zarr_fused cimport _zlib as zl
 from zarr_fused cimport _zstd as zs
-from zarr_fused._scatter cimport (
-    ZF_MAX_DIMS, copy_rows_side_by_side, copy_strided, equal_strided, fill_strided,
-    gather_rows_side_by_side,
-)
+from zarr_fused._scatter cimport ZF_MAX_DIMS, copy_strided, equal_strided, fill_strided
 
 from zarr_fused.errors import ChecksumError, ChunkSizeError, DecompressionError, ZarrFusedError
-
-cnp.import_array()
-
-cdef extern from "_crc32c.h" nogil:
-    void zf_crc32c_init()
-    uint32_t zf_crc32c(const uint8_t* p, size_t n)
-    uint32_t zf_crc32c_with(int force, const uint8_t* p, size_t n)
-    const char* zf_crc32c_name()
 
 cdef extern from "limits.h":
     unsigned int UINT_MAX
@@ -228,11 +217,12 @@ cdef int _zstd_claim(const uint8_t* src, size_t n, unsigned long long* total,
     """The content size the zstd frames in ``src[:n]`` declare together.
 
     ``src`` must be whole frames, back to back, at least one of them a zstd
-    frame (skippable frames count 0 bytes). ``*total`` is ZSTD_CONTENTSIZE_UNKNOWN when a frame declares no
-    size. Returns -1 (``st`` set) for bytes that are not whole frames, a
-    sum too large to count, or a frame whose 8-byte size field holds
-    2**64-1 or 2**64-2: libzstd reports those as "unknown" and "error",
-    but the field is there and claims that many bytes.
+    frame (skippable frames count 0 bytes). ``*total`` is
+    ZSTD_CONTENTSIZE_UNKNOWN when a frame declares no size. Returns -1
+    (``st`` set) for bytes that are not whole frames, a sum too large to
+    count, or a frame whose 8-byte size field holds 2**64-1 or 2**64-2:
+    libzstd reports those as "unknown" and "error", but the field is there
+    and claims that many bytes.
     """
     cdef size_t pos = 0
     cdef size_t size
@@ -465,126 +455,6 @@ cdef Py_ssize_t _blosc_compress(ChainKernel k, const uint8_t* src, Py_ssize_t n,
     return r
 
 
-# -- layout helpers -----------------------------------------------------------------------
-
-
-cdef inline void _c_strides(int ndim, const Py_ssize_t* shape, Py_ssize_t itemsize,
-                            Py_ssize_t* out) noexcept nogil:
-    cdef int i
-    cdef Py_ssize_t s = itemsize
-    for i in range(ndim - 1, -1, -1):
-        out[i] = s
-        s *= shape[i]
-
-
-cdef Py_ssize_t contiguous_run(int ndim, const Py_ssize_t* shape, const Py_ssize_t* strides,
-                                Py_ssize_t itemsize) noexcept nogil:
-    """Number of elements when the block is one forward C-order run, else -1."""
-    cdef int i
-    cdef Py_ssize_t expect = itemsize
-    cdef Py_ssize_t count = 1
-    for i in range(ndim - 1, -1, -1):
-        if shape[i] == 0:
-            return 0
-        if shape[i] == 1:
-            continue
-        if strides[i] != expect:
-            return -1
-        expect *= shape[i]
-        count *= shape[i]
-    return count
-
-
-cdef tuple as_selection_tuple(selection):
-    """A selection as a tuple of per-axis selectors (``...`` alone is ``()``)."""
-    if selection is Ellipsis:
-        return ()
-    if isinstance(selection, tuple):
-        return selection
-    return (selection,)
-
-
-cdef int select_basic(int ndim, const Py_ssize_t* shape, const Py_ssize_t* strides,
-                      object selection, Py_ssize_t* offset, Py_ssize_t* out_shape,
-                      Py_ssize_t* out_strides) except -2:
-    """Apply a basic selection (slices and integers) to a strided block.
-
-    Returns the resulting ndim and adds the byte offset of the first
-    selected element to ``offset[0]``; returns -1 when the selection is not
-    basic or an index is out of range (the caller takes the general path,
-    which raises NumPy's error).
-    """
-    cdef Py_ssize_t start, stop, step, length, idx
-    cdef int i = 0
-    cdef int k = 0
-    sel = as_selection_tuple(selection)
-    if len(sel) > ndim:
-        return -1
-    for s in sel:
-        if type(s) is slice:
-            PySlice_GetIndicesEx(s, shape[i], &start, &stop, &step, &length)
-            if length > 0:
-                offset[0] += start * strides[i]
-            out_shape[k] = length
-            out_strides[k] = step * strides[i]
-            k += 1
-        elif isinstance(s, (int, np.integer)) and not isinstance(s, (bool, np.bool_)):
-            idx = s
-            if idx < 0:
-                idx += shape[i]
-            if idx < 0 or idx >= shape[i]:
-                return -1
-            offset[0] += idx * strides[i]
-        else:
-            return -1
-        i += 1
-    while i < ndim:
-        out_shape[k] = shape[i]
-        out_strides[k] = strides[i]
-        k += 1
-        i += 1
-    return k
-
-
-cdef class ChunkLayout:
-    """Where each element of a chunk sits in its stored (decoded) bytes.
-
-    The stored bytes are the C-order image of the chunk transposed by
-    ``order`` (the transpose codec); ``strides`` are the chunk's logical
-    strides into them.
-    """
-
-    def __init__(self, tuple shape, Py_ssize_t itemsize, order=None):
-        cdef Py_ssize_t stored_strides[ZF_MAX_DIMS]
-        cdef int i
-        self.ndim = len(shape)
-        if self.ndim > ZF_MAX_DIMS:
-            raise ValueError(f"chunks with {self.ndim} dimensions are not supported")
-        order = tuple(range(self.ndim)) if order is None else tuple(order)
-        if sorted(order) != list(range(self.ndim)):
-            raise ValueError(f"invalid transpose order {order} for {self.ndim} dimensions")
-        self.transposed = order != tuple(range(self.ndim))
-        self.nbytes = itemsize
-        for i in range(self.ndim):
-            if shape[i] < 0:
-                raise ValueError(f"invalid chunk shape {shape}")
-            self.shape[i] = shape[i]
-            self.nbytes *= shape[i]
-            self.perm[i] = order[i]
-            self.stored_shape[i] = shape[order[i]]
-        _c_strides(self.ndim, self.stored_shape, itemsize, stored_strides)
-        for i in range(self.ndim):
-            self.strides[self.perm[i]] = stored_strides[i]
-
-    @property
-    def shape(self):
-        return tuple(self.shape[i] for i in range(self.ndim))
-
-    @property
-    def strides(self):
-        return tuple(self.strides[i] for i in range(self.ndim))
-
-
 # -- the chain ------------------------------------------------------------------------------
 
 
@@ -661,8 +531,8 @@ cdef class ChainKernel:
         cdef Py_ssize_t target, produced
         cdef const uint8_t* data = src
         cdef uint8_t* buf
-        cdef int i
-        for i in range(self.outer_crcs):
+        cdef int _i
+        for _i in range(self.outer_crcs):
             if _check_crc(data, length, st) < 0:
                 return -1
             length -= 4
@@ -685,7 +555,7 @@ cdef class ChainKernel:
                 return -1
             data = buf
             length = produced
-            for i in range(self.inner_crcs):
+            for _i in range(self.inner_crcs):
                 if _check_crc(data, length, st) < 0:
                     return -1
                 length -= 4
@@ -730,9 +600,9 @@ cdef class ChainKernel:
         ):
             t.was_fill = True
             return
-        if self._reserve_output(ws, t) < 0:
+        if self.reserve_output(ws, t) < 0:
             return
-        _c_strides(t.ndim, t.shape, self.itemsize, cstr)
+        c_strides(t.ndim, t.shape, self.itemsize, cstr)
         if self.compressor == COMP_NONE:  # stored as is: straight into the output
             copy_strided(t.src, t.src_strides, <char*>t.dst, cstr, t.shape, t.ndim,
                          self.itemsize, t.swap_unit)
@@ -748,7 +618,7 @@ cdef class ChainKernel:
                          self.itemsize, t.swap_unit)
             self.finish_encode(ws, t, buf)
 
-    cdef int _reserve_output(self, Workspace ws, EncodeTask* t) noexcept nogil:
+    cdef int reserve_output(self, Workspace ws, EncodeTask* t) noexcept nogil:
         """Point a file-bound task at this thread's IO buffer; check that an
         uncompressed chunk fits its output. -1 (status set) on failure."""
         if t.dst == NULL:  # bound for its file: encode into this thread's IO buffer
@@ -769,12 +639,12 @@ cdef class ChainKernel:
         for a file-bound task, the write."""
         cdef Py_ssize_t length, produced
         cdef Py_ssize_t inner = t.nbytes + 4 * self.inner_crcs
-        cdef int i, err = 0
+        cdef int _i, err = 0
         if self.compressor == COMP_NONE:
             produced = t.nbytes
         else:
             length = t.nbytes
-            for i in range(self.inner_crcs):
+            for _i in range(self.inner_crcs):
                 _store_le32(data + length, zf_crc32c(data, <size_t>length))
                 length += 4
             if self.compressor == COMP_ZSTD:
@@ -788,7 +658,7 @@ cdef class ChainKernel:
                                            t.dst_cap - 4 * self.outer_crcs, &t.status)
             if produced < 0:
                 return
-        for i in range(self.outer_crcs):
+        for _i in range(self.outer_crcs):
             _store_le32(t.dst + produced, zf_crc32c(t.dst, <size_t>produced))
             produced += 4
         t.out_len = produced
@@ -818,7 +688,7 @@ cdef class ChainKernel:
         numpy.ndarray
             ``nbytes`` uint8, a view of ``out`` when given.
         """
-        cdef const uint8_t[::1] src = _as_bytes_view(payload)
+        cdef const uint8_t[::1] src = as_bytes_view(payload)
         cdef uint8_t[::1] dst
         cdef Status st
         cdef const uint8_t* data
@@ -858,7 +728,7 @@ cdef class ChainKernel:
         numpy.ndarray
             The encoded payload, uint8.
         """
-        cdef const uint8_t[::1] src = _as_bytes_view(data)
+        cdef const uint8_t[::1] src = as_bytes_view(data)
         cdef EncodeTask t
         cdef Py_ssize_t shape[1]
         cdef Py_ssize_t strides[1]
@@ -892,7 +762,7 @@ def _rebuild_kernel(kwargs):
     return ChainKernel(**kwargs)
 
 
-cdef const uint8_t[::1] _as_bytes_view(obj):
+cdef const uint8_t[::1] as_bytes_view(obj):
     if isinstance(obj, np.ndarray):
         arr = obj
         if not arr.flags.c_contiguous:
@@ -938,561 +808,3 @@ cdef object status_error(Status* st, object where):
     if code == ZF_ERR_IO:
         return OSError(st.a, f"{where}: {os.strerror(st.a)}")
     return ZarrFusedError(f"{where}: codec error {code}")
-
-
-# -- batches ----------------------------------------------------------------------------------
-
-
-# -- chunks side by side ----------------------------------------------------------------
-#
-# Chunks whose rows are short (a 32-element row of an inner chunk) sit in a
-# large array as short runs far apart, and copying them one chunk at a time
-# touches every cache line of the array several times, at different times
-# (an x-neighbour copies the rest of the line later). When consecutive tasks
-# are neighbours along the array's last axis, a read decodes them side by
-# side into one scratch (small enough to stay in L2) and scatters them
-# together, each row of the output in one run; a write gathers them the
-# same way before encoding each. On this project's benchmark machine, one
-# thread, 32^3 chunks of a 512^3 uint16 array: a whole read of sharded zstd
-# ~0.44 -> ~0.39 s, uncompressed ~0.18 -> ~0.14 s; a whole write of
-# uncompressed shards ~0.15 -> ~0.13 s.
-cdef enum:
-    _SIDE_MAX = 8
-    _SIDE_MAX_BYTES = 1 << 20
-    _SIDE_MAX_ROW = 512
-
-
-cdef bint _can_lead(const DecodeTask* t, Py_ssize_t itemsize) noexcept nogil:
-    cdef int nd = t.ndim
-    return (t.path == NULL and not t.missing and not t.direct and nd >= 1
-            and t.src_strides[nd - 1] == itemsize and t.dst_strides[nd - 1] == itemsize
-            and t.shape[nd - 1] * itemsize < _SIDE_MAX_ROW)
-
-
-cdef Py_ssize_t _side_by_side(const DecodeTask* tasks, Py_ssize_t count,
-                              Py_ssize_t itemsize) noexcept nogil:
-    """How many of the ``count`` tasks from ``tasks[0]`` on can be decoded
-    side by side: same block geometry, each one row's width after the one
-    before in the output."""
-    cdef const DecodeTask* t0 = &tasks[0]
-    cdef const DecodeTask* t
-    cdef Py_ssize_t k, row
-    cdef int d
-    if count < 2 or not _can_lead(t0, itemsize):
-        return 1
-    row = t0.shape[t0.ndim - 1] * itemsize
-    k = 1
-    while k < count and k < _SIDE_MAX and (k + 1) * t0.nbytes <= _SIDE_MAX_BYTES:
-        t = &tasks[k]
-        if (t.path != NULL or t.missing or t.direct or t.ndim != t0.ndim
-                or t.nbytes != t0.nbytes or t.src_offset != t0.src_offset
-                or t.dst != t0.dst + k * row):
-            break
-        for d in range(t0.ndim):
-            if (t.shape[d] != t0.shape[d] or t.src_strides[d] != t0.src_strides[d]
-                    or t.dst_strides[d] != t0.dst_strides[d]):
-                return k
-        k += 1
-    return k
-
-
-cdef Py_ssize_t _decode_side_by_side(ChainKernel kernel, Workspace ws, DecodeTask* tasks,
-                                     Py_ssize_t count) noexcept nogil:
-    """Decode ``count`` tasks found by `_side_by_side` and scatter them
-    together. Returns -1, or the position of the task that failed."""
-    cdef const char* srcs[_SIDE_MAX]
-    cdef uint8_t* slots = NULL
-    cdef const uint8_t* data
-    cdef DecodeTask* t0 = &tasks[0]
-    cdef Py_ssize_t j
-    if kernel.compressor != COMP_NONE:
-        # decoded straight into the slots (no inner checksums: see run)
-        slots = ws.reserve(<size_t>(count * t0.nbytes))
-        if slots == NULL:
-            t0.status.code = ZF_ERR_NOMEM
-            return 0
-    for j in range(count):
-        if kernel.decode_payload(ws, tasks[j].src, tasks[j].src_len, tasks[j].nbytes,
-                                 slots + j * t0.nbytes if slots != NULL else NULL,
-                                 &data, &tasks[j].status) < 0:
-            return j
-        srcs[j] = <const char*>data + t0.src_offset
-    copy_rows_side_by_side(srcs, <int>count, t0.src_strides, t0.dst, t0.dst_strides,
-                           t0.shape, t0.ndim, kernel.itemsize, kernel.swap_unit)
-    return -1
-
-
-cdef Py_ssize_t _encode_side_by_side(const EncodeTask* tasks, Py_ssize_t count,
-                                     ChainKernel kernel) noexcept nogil:
-    """How many of the ``count`` encode tasks from ``tasks[0]`` on can be
-    gathered side by side from the source (the mirror of `_side_by_side`)."""
-    cdef const EncodeTask* t0 = &tasks[0]
-    cdef const EncodeTask* t
-    cdef Py_ssize_t k, row, slot
-    cdef int d, nd = t0.ndim
-    cdef Py_ssize_t itemsize = kernel.itemsize
-    # uncompressed chunks are gathered straight into their outputs, which
-    # file-bound tasks do not have yet (the thread's one IO buffer)
-    cdef bint into_outputs = kernel.compressor == COMP_NONE
-    if (count < 2 or t0.contiguous or nd < 1 or t0.src_strides[nd - 1] != itemsize
-            or t0.shape[nd - 1] * itemsize >= _SIDE_MAX_ROW
-            or (into_outputs and t0.path != NULL)):
-        return 1
-    row = t0.shape[nd - 1] * itemsize
-    slot = t0.nbytes + 4 * kernel.inner_crcs
-    k = 1
-    while k < count and k < _SIDE_MAX and (k + 1) * slot <= _SIDE_MAX_BYTES:
-        t = &tasks[k]
-        if (t.contiguous or t.ndim != nd or t.nbytes != t0.nbytes
-                or t.swap_unit != t0.swap_unit or t.check_fill != t0.check_fill
-                or (into_outputs and t.path != NULL) or t.src != t0.src + k * row):
-            break
-        for d in range(nd):
-            if t.shape[d] != t0.shape[d] or t.src_strides[d] != t0.src_strides[d]:
-                return k
-        k += 1
-    return k
-
-
-cdef Py_ssize_t _encode_group(ChainKernel kernel, Workspace ws, EncodeTask* tasks,
-                              Py_ssize_t count, const char* fill) noexcept nogil:
-    """Gather ``count`` tasks found by `_encode_side_by_side` in one pass
-    over the source, then encode each. Returns -1, or the position of the
-    task that failed."""
-    cdef char* parts[_SIDE_MAX]
-    cdef Py_ssize_t cstr[ZF_MAX_DIMS]
-    cdef EncodeTask* t0 = &tasks[0]
-    cdef EncodeTask* t
-    cdef Py_ssize_t j, slot = t0.nbytes + 4 * kernel.inner_crcs
-    cdef uint8_t* slots = NULL
-    if kernel.compressor == COMP_NONE:
-        for j in range(count):
-            if kernel._reserve_output(ws, &tasks[j]) < 0:
-                return j
-            parts[j] = <char*>tasks[j].dst
-    else:
-        slots = ws.reserve(<size_t>(count * slot))
-        if slots == NULL:
-            t0.status.code = ZF_ERR_NOMEM
-            return 0
-        for j in range(count):
-            parts[j] = <char*>slots + j * slot
-    _c_strides(t0.ndim, t0.shape, kernel.itemsize, cstr)
-    gather_rows_side_by_side(t0.src, t0.src_strides, parts, <int>count, cstr, t0.shape, t0.ndim,
-                             kernel.itemsize, t0.swap_unit)
-    for j in range(count):
-        t = &tasks[j]
-        # the fill test reads the source, in its own byte order, as run_encode's
-        if t.check_fill and fill != NULL and equal_strided(
-            t.src, t.src_strides, t.shape, t.ndim, fill, kernel.itemsize
-        ):
-            t.was_fill = True
-            continue
-        if kernel.compressor != COMP_NONE and kernel._reserve_output(ws, t) < 0:
-            return j
-        kernel.finish_encode(ws, t, <uint8_t*>parts[j])
-        if t.status.code != ZF_OK:
-            return j
-    return -1
-
-
-cdef class DecodeBatch:
-    """The decode work of a group of chunks, as C tasks, run in one nogil call.
-
-    ``add`` describes one chunk (payload, where its selection lands in
-    ``out``); ``add_missing`` a chunk to fill. Both return False when the
-    selection is not a basic one (the caller decodes that chunk another way).
-    ``run`` executes the tasks in order and stops at the first one that
-    fails, raising for it (the tasks before it have been applied). Several
-    threads may run disjoint ranges of one batch at once.
-    """
-
-    def __cinit__(self, ChainKernel kernel, Py_ssize_t capacity, int max_ndim, describe=repr):
-        if capacity < 0 or max_ndim < 0 or max_ndim > ZF_MAX_DIMS:
-            raise ValueError("invalid batch size")
-        self.kernel = kernel
-        self.cap = capacity
-        self.max_ndim = max_ndim
-        self.n = 0
-        self.tasks = <DecodeTask*>malloc(sizeof(DecodeTask) * (capacity if capacity else 1))
-        self.dims = <Py_ssize_t*>malloc(
-            sizeof(Py_ssize_t) * 3 * (capacity if capacity else 1) * (max_ndim if max_ndim else 1))
-        if self.tasks == NULL or self.dims == NULL:
-            raise MemoryError()
-        self.refs = []
-        self.keys = []
-        self.fill = None
-        self.describe = describe
-
-    def __dealloc__(self):
-        free(self.tasks)
-        free(self.dims)
-
-    def __len__(self):
-        return self.n
-
-    def set_fill(self, bytes pattern):
-        """The element written into missing chunks (``itemsize`` bytes)."""
-        if len(pattern) != self.kernel.itemsize:
-            raise ValueError("fill pattern must be one element")
-        self.fill = pattern
-
-    cdef DecodeTask* _next(self) except NULL:
-        cdef DecodeTask* t
-        if self.n >= self.cap:
-            raise IndexError("decode batch is full")
-        t = &self.tasks[self.n]
-        memset(t, 0, sizeof(DecodeTask))
-        t.shape = self.dims + 3 * self.n * self.max_ndim
-        t.src_strides = t.shape + self.max_ndim
-        t.dst_strides = t.src_strides + self.max_ndim
-        return t
-
-    cdef int _target(self, DecodeTask* t, cnp.ndarray out, object out_selection,
-                     Py_ssize_t* shape) except -2:
-        """Point ``t.dst`` at ``out[out_selection]``; returns its ndim or -1.
-
-        ``shape`` (ZF_MAX_DIMS entries) receives the target's shape. The
-        strides are selected into a local array first: ``t.dst_strides`` has
-        room for ``max_ndim`` entries only, and a target with more
-        dimensions (declined here) must not write past them.
-        """
-        cdef Py_ssize_t offset = 0
-        cdef Py_ssize_t strides[ZF_MAX_DIMS]
-        cdef int nd, i
-        if out.ndim > ZF_MAX_DIMS or not out.flags.writeable:
-            return -1
-        nd = select_basic(out.ndim, <Py_ssize_t*>cnp.PyArray_DIMS(out),
-                     <Py_ssize_t*>cnp.PyArray_STRIDES(out), out_selection, &offset,
-                     shape, strides)
-        if nd < 0 or nd > self.max_ndim:
-            return -1
-        for i in range(nd):
-            t.dst_strides[i] = strides[i]
-        t.dst = <char*>cnp.PyArray_DATA(out) + offset
-        return nd
-
-    cdef bint is_direct(self, DecodeTask* t, ChunkLayout layout) noexcept:
-        """Whole chunk, stored order, no swap, contiguous destination: the
-        decompressor can write into the output itself."""
-        return (
-            not layout.transposed
-            and self.kernel.swap_unit == 0
-            and t.src_offset == 0
-            and contiguous_run(t.ndim, t.shape, t.src_strides, self.kernel.itemsize)
-            * self.kernel.itemsize == layout.nbytes
-            and contiguous_run(t.ndim, t.shape, t.dst_strides, self.kernel.itemsize)
-            * self.kernel.itemsize == layout.nbytes
-        )
-
-    def add(self, payload, ChunkLayout layout, chunk_selection, cnp.ndarray out, out_selection,
-            tuple drop_axes, key):
-        """Queue the decode of ``payload`` (a chunk laid out as ``layout``)
-        into ``out[out_selection] = chunk[chunk_selection]``."""
-        return self._add(payload, None, layout, chunk_selection, out, out_selection, drop_axes, key)
-
-    def add_file(self, bytes path, ChunkLayout layout, chunk_selection, cnp.ndarray out,
-                 out_selection, tuple drop_axes, key):
-        """Like `add`, reading the payload from the file at ``path`` (with
-        the GIL released, in `run`); a missing file fills the region and is
-        reported by `run`."""
-        if self.fill is None:
-            raise ValueError("set_fill() first")
-        return self._add(None, path, layout, chunk_selection, out, out_selection, drop_axes, key)
-
-    cdef object _add(self, payload, bytes path, ChunkLayout layout, chunk_selection,
-                     cnp.ndarray out, out_selection, tuple drop_axes, key):
-        cdef DecodeTask* t = self._next()
-        cdef Py_ssize_t src_shape[ZF_MAX_DIMS]
-        cdef Py_ssize_t src_strides[ZF_MAX_DIMS]
-        cdef Py_ssize_t dst_shape[ZF_MAX_DIMS]
-        cdef Py_ssize_t offset = 0
-        cdef int nd_src, nd_dst, i, k
-        cdef const uint8_t[::1] view
-        if out.dtype.itemsize != self.kernel.itemsize:
-            return False
-        nd_dst = self._target(t, out, out_selection, dst_shape)
-        if nd_dst < 0:
-            return False
-        nd_src = select_basic(layout.ndim, layout.shape, layout.strides, chunk_selection, &offset,
-                         src_shape, src_strides)
-        if nd_src < 0:
-            return False
-        if drop_axes:
-            k = 0
-            for i in range(nd_src):
-                if i in drop_axes:
-                    if src_shape[i] != 1:
-                        return False
-                    continue
-                src_shape[k] = src_shape[i]
-                src_strides[k] = src_strides[i]
-                k += 1
-            nd_src = k
-        if nd_src != nd_dst:
-            return False
-        for i in range(nd_dst):
-            if src_shape[i] != dst_shape[i]:
-                return False
-            t.shape[i] = dst_shape[i]
-            t.src_strides[i] = src_strides[i]
-        if path is not None:
-            t.path = path
-            self.refs.append(path)
-        else:
-            view = _as_bytes_view(payload)
-            t.src = &view[0] if view.shape[0] else <const uint8_t*>b""
-            t.src_len = view.shape[0]
-            self.refs.append(view)
-        t.nbytes = layout.nbytes
-        t.src_offset = offset
-        t.ndim = nd_dst
-        t.direct = self.is_direct(t, layout)
-        self.keys.append(key)
-        self.n += 1
-        return True
-
-    def add_missing(self, cnp.ndarray out, out_selection, key):
-        """Queue a fill of ``out[out_selection]`` with the fill pattern."""
-        cdef DecodeTask* t = self._next()
-        cdef Py_ssize_t shape[ZF_MAX_DIMS]
-        cdef int nd, i
-        if self.fill is None:
-            raise ValueError("set_fill() first")
-        if out.dtype.itemsize != self.kernel.itemsize:
-            return False
-        nd = self._target(t, out, out_selection, shape)
-        if nd < 0:
-            return False
-        for i in range(nd):
-            t.shape[i] = shape[i]
-        t.ndim = nd
-        t.missing = True
-        self.keys.append(key)
-        self.n += 1
-        return True
-
-    def run(self, Py_ssize_t start=0, Py_ssize_t stop=-1):
-        """Decode the queued chunks ``start:stop`` (all by default) with the
-        GIL released; raise for the first one that failed.
-
-        Returns
-        -------
-        list of int
-            Positions (in order of adding) of the chunks in the range whose
-            file was missing (`add_file`); their regions hold the fill value.
-        """
-        cdef Workspace ws = workspace()
-        cdef const char* fill = self.fill_ptr()
-        cdef Py_ssize_t failed
-        if stop < 0 or stop > self.n:
-            stop = self.n
-        if start < 0:
-            start = 0
-        with nogil:
-            failed = self.run_range(ws, start, stop, fill)
-        if failed >= 0:
-            self.raise_failed(failed)
-        return [i for i in range(start, stop) if self.tasks[i].was_missing]
-
-    cdef const char* fill_ptr(self):
-        return <const char*>self.fill if self.fill is not None else NULL
-
-    cdef Py_ssize_t run_range(self, Workspace ws, Py_ssize_t start, Py_ssize_t stop,
-                              const char* fill) noexcept nogil:
-        """Decode tasks ``start:stop`` (a valid range) with ``fill`` for
-        missing chunks; the first failed task's position, or -1."""
-        # side by side only where every payload decodes into its own slot:
-        # not with inner checksums (decoded through the shared scratch)
-        cdef bint side = (self.kernel.compressor == COMP_NONE or self.kernel.inner_crcs == 0)
-        cdef Py_ssize_t g, bad, i = start
-        while i < stop:
-            g = _side_by_side(&self.tasks[i], stop - i, self.kernel.itemsize) if side else 1
-            if g > 1:
-                bad = _decode_side_by_side(self.kernel, ws, &self.tasks[i], g)
-                if bad >= 0:
-                    return i + bad
-            else:
-                self.kernel.run_decode(ws, &self.tasks[i], fill)
-                if self.tasks[i].status.code != ZF_OK:
-                    return i
-            i += g
-        return -1
-
-    cdef object raise_failed(self, Py_ssize_t failed):
-        raise status_error(&self.tasks[failed].status, self.describe(self.keys[failed]))
-
-
-cdef class EncodeBatch:
-    """The encode work of a group of chunks, run in one nogil call.
-
-    With a fill pattern set (`set_fill`), chunks added with ``skip_fill``
-    are first scanned: one whose every element equals the fill value is
-    neither encoded nor written (`run` reports it as False).
-
-    Where the encoded chunks go: chunks added with a ``path`` are encoded
-    into the running thread's reused IO buffer and written from there.
-    Others get a slice of ``arena`` (a uint8 buffer the caller owns and may
-    reuse once done with the results, which are then views into it) while
-    it has room, else a fresh array each. Reusing memory matters: fresh
-    multi-megabyte allocations are returned to the system when freed and
-    fault in every page again on the next batch.
-    """
-
-    def __cinit__(self, ChainKernel kernel, Py_ssize_t capacity, int max_ndim, describe=repr,
-                  arena=None):
-        if capacity < 0 or max_ndim < 0 or max_ndim > ZF_MAX_DIMS:
-            raise ValueError("invalid batch size")
-        if arena is not None and (
-            not isinstance(arena, np.ndarray) or arena.dtype != np.uint8 or arena.ndim != 1
-            or not arena.flags.c_contiguous or not arena.flags.writeable
-        ):
-            raise TypeError("arena must be a writeable contiguous 1-d uint8 array")
-        self.kernel = kernel
-        self.cap = capacity
-        self.max_ndim = max_ndim
-        self.n = 0
-        self.fill = None
-        self.arena = arena
-        self.arena_used = 0
-        self.tasks = <EncodeTask*>malloc(sizeof(EncodeTask) * (capacity if capacity else 1))
-        self.dims = <Py_ssize_t*>malloc(
-            sizeof(Py_ssize_t) * 2 * (capacity if capacity else 1) * (max_ndim if max_ndim else 1))
-        if self.tasks == NULL or self.dims == NULL:
-            raise MemoryError()
-        self.refs = []
-        self.outputs = []
-        self.keys = []
-        self.describe = describe
-
-    def __dealloc__(self):
-        free(self.tasks)
-        free(self.dims)
-
-    def __len__(self):
-        return self.n
-
-    def set_fill(self, bytes pattern):
-        """The fill value as one element in the chunks' own byte order."""
-        if len(pattern) != self.kernel.itemsize:
-            raise ValueError("fill pattern must be one element")
-        self.fill = pattern
-
-    def add(self, cnp.ndarray chunk, ChunkLayout layout, bint swap, key, bytes path=None,
-            bint skip_fill=False):
-        """Queue the encode of ``chunk`` (shape ``layout.shape``); ``swap``
-        reverses the byte order on the way (stored order differs). With
-        ``path``, `run` also writes the result to that file (atomically).
-        With ``skip_fill``, a chunk equal to the fill value throughout is
-        skipped (see the class docstring)."""
-        if skip_fill and self.fill is None:
-            raise ValueError("set_fill() first")
-        cdef EncodeTask* t
-        cdef int i
-        if self.n >= self.cap:
-            raise IndexError("encode batch is full")
-        if chunk.ndim != layout.ndim or chunk.ndim > self.max_ndim:
-            raise ValueError("chunk does not match its layout")
-        if chunk.dtype.itemsize != self.kernel.itemsize or chunk.dtype.hasobject:
-            raise TypeError(f"cannot encode {chunk.dtype} with this chain")
-        for i in range(layout.ndim):
-            if cnp.PyArray_DIMS(chunk)[i] != layout.shape[i]:
-                raise ValueError("chunk does not match its layout")
-        t = &self.tasks[self.n]
-        memset(t, 0, sizeof(EncodeTask))
-        t.shape = self.dims + 2 * self.n * self.max_ndim
-        t.src_strides = t.shape + self.max_ndim
-        for i in range(layout.ndim):
-            t.shape[i] = layout.stored_shape[i]
-            t.src_strides[i] = cnp.PyArray_STRIDES(chunk)[layout.perm[i]]
-        t.ndim = layout.ndim
-        t.src = <const char*>cnp.PyArray_DATA(chunk)
-        t.nbytes = layout.nbytes
-        t.swap_unit = self.kernel.swap_unit if swap else 0
-        t.contiguous = (
-            contiguous_run(t.ndim, t.shape, t.src_strides, self.kernel.itemsize)
-            * self.kernel.itemsize == layout.nbytes
-        )
-        bound = self.kernel.encode_bound(layout.nbytes)
-        if path is not None:  # encoded into the running thread's IO buffer
-            out = None
-            t.dst = NULL
-            t.path = path
-            self.refs.append(path)
-        elif self.arena is not None and self.arena_used + bound <= self.arena.shape[0]:
-            out = self.arena[self.arena_used:self.arena_used + bound]
-            self.arena_used += bound
-            t.dst = <uint8_t*>cnp.PyArray_DATA(out)
-        else:
-            out = np.empty(bound, dtype=np.uint8)
-            t.dst = <uint8_t*>cnp.PyArray_DATA(out)
-        t.dst_cap = bound
-        t.check_fill = skip_fill
-        self.refs.append(chunk)
-        self.outputs.append(out)
-        self.keys.append(key)
-        self.n += 1
-        return self.n - 1
-
-    def run_range(self, Py_ssize_t start=0, Py_ssize_t stop=-1):
-        """Encode the queued chunks ``start:stop`` with the GIL released
-        (several threads may run disjoint ranges at once); raise for the
-        first that failed."""
-        cdef Workspace ws = workspace()
-        cdef Py_ssize_t i
-        cdef Py_ssize_t failed = -1
-        cdef const char* fill = <const char*>self.fill if self.fill is not None else NULL
-        if stop < 0 or stop > self.n:
-            stop = self.n
-        if start < 0:
-            start = 0
-        cdef Py_ssize_t g, bad
-        with nogil:
-            i = start
-            while i < stop:
-                g = _encode_side_by_side(&self.tasks[i], stop - i, self.kernel)
-                if g > 1:
-                    bad = _encode_group(self.kernel, ws, &self.tasks[i], g, fill)
-                    if bad >= 0:
-                        failed = i + bad
-                        break
-                else:
-                    self.kernel.run_encode(ws, &self.tasks[i], fill)
-                    if self.tasks[i].status.code != ZF_OK:
-                        failed = i
-                        break
-                i += g
-        if failed >= 0:
-            raise status_error(&self.tasks[failed].status, self.describe(self.keys[failed]))
-
-    def results(self):
-        """The outcome of every task, once all have run (see `run`)."""
-        cdef Py_ssize_t i
-        result = []
-        for i in range(self.n):
-            if self.tasks[i].was_fill:
-                result.append(False)  # all fill value: store nothing
-                continue
-            if self.tasks[i].path != NULL:
-                result.append(None)  # written to its file
-                continue
-            out = self.outputs[i]
-            length = self.tasks[i].out_len
-            # keep a view when little is wasted or the caller owns the arena
-            # (and its lifetime), else copy to the exact size
-            result.append(out[:length] if self.arena is not None or 4 * length >= 3 * out.shape[0]
-                          else out[:length].copy())
-        return result
-
-    def run(self):
-        """Encode every queued chunk with the GIL released.
-
-        Returns
-        -------
-        list of numpy.ndarray, None or False
-            The encoded payloads (uint8), in the order they were added;
-            None for those written to their file; False for chunks skipped
-            because they hold only the fill value.
-        """
-        self.run_range()
-        return self.results()

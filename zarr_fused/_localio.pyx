@@ -66,7 +66,7 @@ cdef enum:
     GROUP_MAX = 512  # iovecs per preadv/writev call (Linux allows 1024)
 
 
-cdef int open_regular(const char* path, int* fd, Py_ssize_t* size, int* err) noexcept nogil:
+cdef FileStatus open_regular(const char* path, int* fd, Py_ssize_t* size, int* err) noexcept nogil:
     """Open a file for reading as LocalStore sees files: FILE_OK (``*fd``
     open, ``*size`` its length), FILE_MISSING (absent, a directory, or a
     path running through a file), FILE_ERROR (errno in ``*err``)."""
@@ -93,10 +93,11 @@ cdef int open_regular(const char* path, int* fd, Py_ssize_t* size, int* err) noe
     return FILE_OK
 
 
-cdef int read_file(const char* path, unsigned char** buf, size_t* cap,
-                   Py_ssize_t* length, int* err) noexcept nogil:
+cdef FileStatus read_file(const char* path, unsigned char** buf, size_t* cap,
+                          Py_ssize_t* length, int* err) noexcept nogil:
     """Read the whole file at ``path`` into ``*buf`` (grown as needed)."""
-    cdef int fd, rc
+    cdef int fd
+    cdef FileStatus rc
     cdef Py_ssize_t size = 0, done
     cdef Py_ssize_t got
     cdef unsigned char* grown
@@ -137,14 +138,15 @@ cdef int read_file(const char* path, unsigned char** buf, size_t* cap,
     return FILE_OK
 
 
-cdef int write_file_atomic(const char* path, const unsigned char* data, Py_ssize_t n,
-                           int* err) noexcept nogil:
+cdef FileStatus write_file_atomic(const char* path, const unsigned char* data, Py_ssize_t n,
+                                  int* err) noexcept nogil:
     """Write ``data`` to a temporary file, then rename it over ``path``."""
     return write_parts_atomic(path, &data, &n, 1, err)
 
 
-cdef int write_parts_atomic(const char* path, const unsigned char** parts,
-                            const Py_ssize_t* lengths, Py_ssize_t n, int* err) noexcept nogil:
+cdef FileStatus write_parts_atomic(const char* path, const unsigned char** parts,
+                                   const Py_ssize_t* lengths, Py_ssize_t n,
+                                   int* err) noexcept nogil:
     """Write the concatenation of ``n`` parts to a temporary file (writev, so
     a shard's payloads and index go out without being copied together
     first), then rename it over ``path``: readers see the old file or the
@@ -211,7 +213,7 @@ def read_whole(path):
     cdef size_t cap = 0
     cdef Py_ssize_t n = 0
     cdef int err = 0
-    cdef int rc
+    cdef FileStatus rc
     try:
         with nogil:
             rc = read_file(cp, &buf, &cap, &n, &err)
@@ -234,7 +236,7 @@ def write_parts(path, parts):
     cdef const unsigned char** ptrs = NULL
     cdef Py_ssize_t* lengths = NULL
     cdef int err = 0
-    cdef int rc
+    cdef FileStatus rc
     views = [memoryview(part).cast("B") for part in parts]  # holds the buffers
     ptrs = <const unsigned char**>malloc(sizeof(unsigned char*) * (n if n else 1))
     lengths = <Py_ssize_t*>malloc(sizeof(Py_ssize_t) * (n if n else 1))
@@ -260,7 +262,7 @@ def write_whole(path, data):
     cdef const unsigned char[::1] view = memoryview(data).cast("B")
     cdef const char* cp = p
     cdef int err = 0
-    cdef int rc
+    cdef FileStatus rc
     cdef Py_ssize_t n = view.shape[0]
     cdef const unsigned char* dp = &view[0] if n else <const unsigned char*>b""
     with nogil:
@@ -271,9 +273,10 @@ def write_whole(path, data):
 
 # -- ranges of one file, for shards -------------------------------------------------
 
-cdef int pread_full(int fd, unsigned char* dst, Py_ssize_t n, Py_ssize_t offset,
-                    int* err) noexcept nogil:
-    """Read exactly n bytes at offset: 0, 1 when the file ends first, -1 on error."""
+cdef FileStatus pread_full(int fd, unsigned char* dst, Py_ssize_t n, Py_ssize_t offset,
+                           int* err) noexcept nogil:
+    """Read exactly n bytes at offset: FILE_OK, FILE_SHORT when the file
+    ends first, FILE_ERROR."""
     cdef Py_ssize_t done = 0, got
     while done < n:
         got = pread(fd, dst + done, <size_t>(n - done), offset + done)
@@ -281,23 +284,25 @@ cdef int pread_full(int fd, unsigned char* dst, Py_ssize_t n, Py_ssize_t offset,
             if errno == EINTR:
                 continue
             err[0] = errno
-            return -1
+            return FILE_ERROR
         if got == 0:
-            return 1
+            return FILE_SHORT
         done += got
-    return 0
+    return FILE_OK
 
 
-cdef int read_ranges_fd(int fd, Py_ssize_t n, const Py_ssize_t* starts,
-                        const Py_ssize_t* lengths, unsigned char* out,
-                        const Py_ssize_t* offsets, Py_ssize_t max_gap,
-                        Py_ssize_t max_coalesced, unsigned char* gap, int* err,
-                        Py_ssize_t* bad) noexcept nogil:
+cdef FileStatus read_ranges_fd(int fd, Py_ssize_t n, const Py_ssize_t* starts,
+                               const Py_ssize_t* lengths, unsigned char* out,
+                               const Py_ssize_t* offsets, Py_ssize_t max_gap,
+                               Py_ssize_t max_coalesced, unsigned char* gap, int* err,
+                               Py_ssize_t* bad) noexcept nogil:
     """Read sorted, non-overlapping ranges; neighbours no further apart than
-    max_gap (and spanning at most max_coalesced) share one preadv."""
+    max_gap (and spanning at most max_coalesced) share one preadv. FILE_OK,
+    or FILE_SHORT / FILE_ERROR with the failed range's position in ``*bad``."""
     cdef iovec iov[2 * GROUP_MAX]
     cdef Py_ssize_t i = 0, j, k, end, span, got
-    cdef int cnt, rc
+    cdef int cnt
+    cdef FileStatus rc
     while i < n:
         end = starts[i] + lengths[i]
         j = i + 1
@@ -308,7 +313,7 @@ cdef int read_ranges_fd(int fd, Py_ssize_t n, const Py_ssize_t* starts,
             j += 1
         if j == i + 1:
             rc = pread_full(fd, out + offsets[i], lengths[i], starts[i], err)
-            if rc != 0:
+            if rc != FILE_OK:
                 bad[0] = i
                 return rc
             i = j
@@ -332,127 +337,47 @@ cdef int read_ranges_fd(int fd, Py_ssize_t n, const Py_ssize_t* starts,
         if got < 0:
             err[0] = errno
             bad[0] = i
-            return -1
+            return FILE_ERROR
         if got < span:
             # short: finish range by range, which finds where the file ends
             for k in range(i, j):
                 rc = pread_full(fd, out + offsets[k], lengths[k], starts[k], err)
-                if rc != 0:
+                if rc != FILE_OK:
                     bad[0] = k
                     return rc
         i = j
-    return 0
-
-
-def read_ranges(path, cnp.ndarray starts, cnp.ndarray lengths, cnp.ndarray out,
-                cnp.ndarray offsets, Py_ssize_t max_gap=1 << 20, Py_ssize_t max_coalesced=16 << 20):
-    """Read byte ranges of one file into ``out``, with the GIL released.
-
-    ``starts``/``lengths``/``offsets`` are intp arrays, sorted by start,
-    ranges not overlapping; range i lands at ``out[offsets[i]:]``. A start
-    of -1 means the last ``lengths[i]`` bytes of the file (a suffix; then
-    it must be the only range). Neighbouring ranges share one read when
-    they are at most ``max_gap`` bytes apart and together span at most
-    ``max_coalesced`` (zarr's ``sharding_coalesce_*`` settings).
-
-    Returns
-    -------
-    int
-        -1 when the file is missing (as LocalStore sees it), else the index
-        of the first range that runs past the end of the file, or ``len``
-        of the ranges when all were read. Other failures raise ``OSError``.
-    """
-    cdef bytes p = os.fsencode(path)
-    cdef const char* cp = p
-    cdef Py_ssize_t n = starts.shape[0]
-    cdef Py_ssize_t i, biggest_gap = 0, bad = -1, size = 0
-    cdef int fd, rc = 0, err = 0
-    cdef unsigned char* gap = NULL
-    cdef Py_ssize_t* sp
-    cdef Py_ssize_t* lp
-    cdef Py_ssize_t* op
-    if (starts.dtype != np.intp or lengths.dtype != np.intp or offsets.dtype != np.intp
-            or lengths.shape[0] != n or offsets.shape[0] != n or out.dtype != np.uint8
-            or not (starts.flags.c_contiguous and lengths.flags.c_contiguous
-                    and offsets.flags.c_contiguous and out.flags.c_contiguous)
-            or not out.flags.writeable):
-        raise TypeError("read_ranges needs intp ranges and a writeable contiguous uint8 out")
-    sp = <Py_ssize_t*>cnp.PyArray_DATA(starts)
-    lp = <Py_ssize_t*>cnp.PyArray_DATA(lengths)
-    op = <Py_ssize_t*>cnp.PyArray_DATA(offsets)
-    for i in range(n):
-        if lp[i] < 0 or op[i] < 0 or op[i] + lp[i] > out.shape[0] or (sp[i] < 0 and (sp[i] != -1 or n != 1)):
-            raise ValueError("ranges do not fit the output")
-        if i and sp[i] >= 0 and sp[i] < sp[i - 1] + lp[i - 1]:
-            raise ValueError("ranges must be sorted and must not overlap")
-        if i and sp[i] - sp[i - 1] - lp[i - 1] > biggest_gap:
-            biggest_gap = sp[i] - sp[i - 1] - lp[i - 1]
-    if biggest_gap > max_gap:
-        biggest_gap = max_gap
-    with nogil:
-        rc = open_regular(cp, &fd, &size, &err)
-        if rc == FILE_OK:
-            if n == 1 and sp[0] == -1:
-                if lp[0] > size:
-                    bad = 0
-                    rc = 2
-                else:
-                    rc = pread_full(fd, <unsigned char*>cnp.PyArray_DATA(out) + op[0], lp[0],
-                                    size - lp[0], &err)
-                    if rc == 1:
-                        bad = 0
-                        rc = 2
-            else:
-                gap = <unsigned char*>malloc(<size_t>(biggest_gap if biggest_gap else 1))
-                if gap == NULL:
-                    err = 12
-                    rc = -1
-                else:
-                    rc = read_ranges_fd(fd, n, sp, lp, <unsigned char*>cnp.PyArray_DATA(out), op,
-                                        max_gap, max_coalesced, gap, &err, &bad)
-                    if rc == 1:
-                        rc = 2
-                    free(gap)
-            close(fd)
-    if rc == 1:
-        return -1
-    if rc == -1:
-        raise OSError(err, os.strerror(err), os.fsdecode(path))
-    if rc == 2:
-        return bad
-    return n
+    return FILE_OK
 
 
 def read_into(path, cnp.ndarray out):
-    """Read the whole file into ``out`` (writeable contiguous uint8).
+    """Read the whole file at ``path`` into ``out`` (writeable contiguous
+    uint8), with the GIL released.
 
     Returns
     -------
-    int
-        The file's length; -1 when it is missing (as LocalStore sees it);
-        ``-2 - length`` when ``out`` is too small for it.
+    int or None
+        The file's length; None when it is missing (as LocalStore sees it).
+        A length over ``len(out)`` means nothing was read: ``out`` is too
+        small, and a buffer of that length holds the file.
     """
     cdef bytes p = os.fsencode(path)
     cdef const char* cp = p
-    cdef int fd, err = 0, rc = 0
+    cdef int fd, err = 0
+    cdef FileStatus rc
     cdef Py_ssize_t size = 0
     if out.dtype != np.uint8 or not out.flags.c_contiguous or not out.flags.writeable:
         raise TypeError("read_into needs a writeable contiguous uint8 array")
     with nogil:
         rc = open_regular(cp, &fd, &size, &err)
         if rc == FILE_OK:
-            if size > out.shape[0]:
-                rc = 3
-            else:
+            if size <= out.shape[0]:
                 rc = pread_full(fd, <unsigned char*>cnp.PyArray_DATA(out), size, 0, &err)
-                if rc == 1:  # shrank while reading: a writer not replacing atomically
+                if rc == FILE_SHORT:  # shrank while reading: a writer not replacing atomically
                     err = 5  # EIO
-                    rc = -1
+                    rc = FILE_ERROR
             close(fd)
-    if rc == 1:
-        return -1
-    if rc == -1:
+    if rc == FILE_MISSING:
+        return None
+    if rc == FILE_ERROR:
         raise OSError(err, os.strerror(err), os.fsdecode(path))
-    if rc == 3:
-        return -2 - size
     return size

@@ -13,13 +13,16 @@ from __future__ import annotations
 import logging
 import threading
 from types import ModuleType
+from typing import TYPE_CHECKING
 from warnings import warn
 
 from zarr_fused.errors import NativeExtensionError, ZarrFusedWarning
 
 logger = logging.getLogger("zarr_fused")
 
-_EXTENSIONS = ("_scatter", "_localio", "_codecs", "_shard")
+_EXTENSIONS = (
+    "_scatter", "_localio", "_codecs", "_codec_batch", "_shard_index", "_shard", "_shard_local",
+)
 
 _modules: dict[str, ModuleType] = {}
 _errors: dict[str, ImportError] = {}
@@ -29,10 +32,25 @@ for _name in _EXTENSIONS:
     except ImportError as _exc:  # missing or built for another interpreter
         _errors[_name] = _exc
 
-scatter_kernels: ModuleType | None = _modules.get("_scatter")
-codec_kernels: ModuleType | None = _modules.get("_codecs")
-shard_kernels: ModuleType | None = _modules.get("_shard")
-io_kernels: ModuleType | None = _modules.get("_localio")
+if TYPE_CHECKING:
+    # mypy checks the calls into each extension against its .pyi stub; at
+    # run time a handle is None when its extension did not import, which
+    # the callers test before using it
+    from zarr_fused import _codec_batch as batch_kernels
+    from zarr_fused import _codecs as codec_kernels
+    from zarr_fused import _localio as io_kernels
+    from zarr_fused import _scatter as scatter_kernels
+    from zarr_fused import _shard as shard_kernels
+    from zarr_fused import _shard_index as index_kernels
+    from zarr_fused import _shard_local as shard_local_kernels
+else:
+    scatter_kernels = _modules.get("_scatter")
+    codec_kernels = _modules.get("_codecs")
+    batch_kernels = _modules.get("_codec_batch")
+    index_kernels = _modules.get("_shard_index")
+    shard_kernels = _modules.get("_shard")
+    shard_local_kernels = _modules.get("_shard_local")
+    io_kernels = _modules.get("_localio")
 
 _warned = False
 _warn_lock = threading.Lock()

@@ -15,7 +15,7 @@ byte orders, writeability, overlap) before the kernels run; the kernels
 themselves trust their arguments and never touch the Python API.
 """
 
-from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t
+from libc.stdint cimport uint16_t, uint32_t, uint64_t
 from libc.string cimport memcmp, memcpy, memset
 
 cimport numpy as cnp
@@ -64,9 +64,9 @@ cdef extern from *:
 # array) defeat the hardware prefetchers: every row's first store waits for
 # its cache lines to be read from memory, one row at a time. The kernels
 # below ask for the lines of the row ``_PREFETCH_ROWS`` ahead while copying
-# the current one, so those reads overlap (2-3x faster scatters into large
-# arrays on this project's benchmark machine). Rows longer than
-# ``_PREFETCH_MAX_SPAN`` bytes are left to the hardware prefetchers.
+# the current one, so those reads overlap instead of queueing (the gain is
+# in docs/changelog.md). Rows longer than ``_PREFETCH_MAX_SPAN`` bytes are
+# left to the hardware prefetchers, which follow them well.
 cdef enum:
     _PREFETCH_ROWS = 4
     _PREFETCH_MAX_SPAN = 1024
@@ -74,7 +74,8 @@ cdef enum:
     _SHORT_ROW = 512
 
 
-cdef inline Py_ssize_t _row_span(Py_ssize_t n, Py_ssize_t stride, Py_ssize_t itemsize) noexcept nogil:
+cdef inline Py_ssize_t _row_span(Py_ssize_t n, Py_ssize_t stride,
+                                 Py_ssize_t itemsize) noexcept nogil:
     """Bytes covered by a row of ``n`` elements ``stride`` apart; 0 when the
     row is not worth prefetching (too long, or running backwards)."""
     cdef Py_ssize_t span
@@ -226,8 +227,8 @@ cdef inline void _copy_row(
 
 
 cdef inline bint _next_row(Py_ssize_t* idx, const Py_ssize_t* shape, const Py_ssize_t* s1,
-                            const Py_ssize_t* s2, int outer, Py_ssize_t* o1,
-                            Py_ssize_t* o2) noexcept nogil:
+                           const Py_ssize_t* s2, int outer, Py_ssize_t* o1,
+                           Py_ssize_t* o2) noexcept nogil:
     """Advance two offsets (strides ``s1``, ``s2``) to the next row of an
     ``outer``-d grid of rows (C order); False past the last row."""
     cdef int d = outer - 1
@@ -286,12 +287,12 @@ cdef int copy_strided(
     # the rows ``_PREFETCH_ROWS`` rows ahead, into the next plane too
     cdef Py_ssize_t ahead_idx[ZF_MAX_DIMS]
     cdef Py_ssize_t dahead = 0, sahead = 0
-    cdef Py_ssize_t k
+    cdef Py_ssize_t _k
     cdef bint more = dspan != 0 or sspan != 0
     if more:
         for d in range(inner):
             ahead_idx[d] = 0
-        for k in range(_PREFETCH_ROWS):
+        for _k in range(_PREFETCH_ROWS):
             if more:
                 more = _next_row(ahead_idx, shp, ss, ds, inner, &sahead, &dahead)
     while True:
@@ -331,7 +332,7 @@ cdef int _rows_side_by_side(
     cdef Py_ssize_t ahead_idx[ZF_MAX_DIMS]
     cdef Py_ssize_t n, row, span, boff = 0, poff = 0, ahead = 0, unused = 0
     cdef bint more = True
-    cdef int d, k, outer
+    cdef int d, k, _k, outer
     if ndim < 1 or ndim > ZF_MAX_DIMS or count < 1:
         return -1
     if big_strides[ndim - 1] != itemsize or part_strides[ndim - 1] != itemsize:
@@ -348,7 +349,7 @@ cdef int _rows_side_by_side(
     span = count * row
     if outer == 0 or span > _PREFETCH_MAX_SPAN or big_strides[outer - 1] <= span:
         span = 0
-    for k in range(_PREFETCH_ROWS):
+    for _k in range(_PREFETCH_ROWS):
         if span and more:
             more = _next_row(ahead_idx, shape, big_strides, part_strides, outer, &ahead, &unused)
     while True:
@@ -399,7 +400,6 @@ cdef int gather_rows_side_by_side(
     ``src`` into ``dsts`` (see `_rows_side_by_side`)."""
     return _rows_side_by_side(<char*>src, src_strides, dsts, dst_strides, count, shape, ndim,
                               itemsize, swap_unit, False)
-
 
 
 cdef void _fill_row(
@@ -710,40 +710,3 @@ def fill(out, value, selection=None):
     if rc < 0:
         raise ValueError(f"arrays with {ndim} dimensions are not supported")
     return out
-
-
-def all_equal(src, value):
-    """Whether every element of ``src`` has the bytes ``value`` takes in
-    ``src.dtype`` (NumPy casting), scanning with the GIL released.
-
-    A bitwise test: for floating-point data it differs from ``==`` on NaN
-    (every NaN payload compares unequal but one) and on signed zero.
-    """
-    cdef cnp.ndarray s
-    cdef bytes pattern
-    cdef const char* pp
-    cdef const char* sp
-    cdef Py_ssize_t* sstr
-    cdef Py_ssize_t* shp
-    cdef int ndim
-    cdef Py_ssize_t itemsize
-    cdef bint result
-    if not isinstance(src, np.ndarray):
-        raise TypeError(f"src must be a numpy.ndarray, got {type(src).__name__}")
-    s = <cnp.ndarray>src
-    if src.dtype.hasobject:
-        raise TypeError("all_equal cannot compare object arrays")
-    pattern = element_bytes(value, src.dtype)
-    itemsize = len(pattern)
-    if itemsize == 0:
-        return True
-    pp = pattern
-    sp = <const char*>cnp.PyArray_DATA(s)
-    sstr = <Py_ssize_t*>cnp.PyArray_STRIDES(s)
-    shp = <Py_ssize_t*>cnp.PyArray_DIMS(s)
-    ndim = s.ndim
-    if ndim > ZF_MAX_DIMS:
-        raise ValueError(f"arrays with {ndim} dimensions are not supported")
-    with nogil:
-        result = equal_strided(sp, sstr, shp, ndim, pp, itemsize)
-    return result

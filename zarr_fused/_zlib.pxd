@@ -44,7 +44,8 @@ cdef extern from "zlib.h" nogil:
     int inflate(z_stream* strm, int flush)
     int inflateReset(z_stream* strm)
     int inflateEnd(z_stream* strm)
-    int deflateInit2(z_stream* strm, int level, int method, int windowBits, int memLevel, int strategy)
+    int deflateInit2(z_stream* strm, int level, int method, int windowBits, int memLevel,
+                     int strategy)
     int deflate(z_stream* strm, int flush)
     int deflateReset(z_stream* strm)
     int deflateEnd(z_stream* strm)

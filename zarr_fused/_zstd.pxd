@@ -29,8 +29,10 @@ cdef extern from "zstd.h" nogil:
     size_t ZSTD_freeDCtx(ZSTD_DCtx* dctx)
     size_t ZSTD_CCtx_setParameter(ZSTD_CCtx* cctx, ZSTD_cParameter param, int value)
     size_t ZSTD_CCtx_reset(ZSTD_CCtx* cctx, ZSTD_ResetDirective reset)
-    size_t ZSTD_compress2(ZSTD_CCtx* cctx, void* dst, size_t dstCapacity, const void* src, size_t srcSize)
-    size_t ZSTD_decompressDCtx(ZSTD_DCtx* dctx, void* dst, size_t dstCapacity, const void* src, size_t srcSize)
+    size_t ZSTD_compress2(ZSTD_CCtx* cctx, void* dst, size_t dstCapacity,
+                          const void* src, size_t srcSize)
+    size_t ZSTD_decompressDCtx(ZSTD_DCtx* dctx, void* dst, size_t dstCapacity,
+                               const void* src, size_t srcSize)
     unsigned long long ZSTD_getFrameContentSize(const void* src, size_t srcSize)
     size_t ZSTD_findFrameCompressedSize(const void* src, size_t srcSize)
 

@@ -49,7 +49,10 @@ class CodecKernels:
     param_names = ["codec", "implementation", "threads"]
 
     def setup(self, codec: str, implementation: str, threads: int) -> None:
-        from zarr_fused import _codecs as kc
+        try:
+            from zarr_fused import _codec_batch as kc
+        except ImportError:  # commits before the batches had their own module
+            from zarr_fused import _codecs as kc
 
         self.nc, self.kernel, self.raw, self.encoded, self.data = _payloads(codec)
         self.items = CHUNK_BYTES // 4

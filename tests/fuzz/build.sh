@@ -35,11 +35,14 @@ case $variant in
 esac
 
 mkdir -p "$out/zarr_fused"
-# sources only: never the checkout's .so or generated .c files
+# sources only, subpackages included: never the checkout's .so or generated
+# .c files (setup.py's EXTENSIONS says what to compile)
 cp -p setup.py pyproject.toml README.md "$out/"
-for f in zarr_fused/*.py zarr_fused/*.pyx zarr_fused/*.pxd zarr_fused/*.h; do
+while IFS= read -r f; do
+  mkdir -p "$out/$(dirname "$f")"
   cmp -s "$f" "$out/$f" || cp -p "$f" "$out/$f"
-done
+done < <(find zarr_fused -path '*/__pycache__' -prune -o -type f \
+           \( -name '*.py' -o -name '*.pyx' -o -name '*.pxd' -o -name '*.h' \) -print)
 (
   cd "$out"
   CC=$cc ZARR_FUSED_EXTRA_CFLAGS="$cflags" ZARR_FUSED_EXTRA_LDFLAGS="$ldflags" \

@@ -18,7 +18,7 @@ an allocation sized from a corrupt length field stands out at once.
 Targets
 -------
 ``index``
-    `zarr_fused._shard.parse_index` on its own, checked against a
+    `zarr_fused._shard_index.parse_index` on its own, checked against a
     pure-Python reading of the shard index rules (`reference_index`).
 ``chunk-<codecs>``
     The stored bytes of one chunk of an unsharded array whose codecs are
@@ -55,7 +55,7 @@ from zarr.codecs import (
 from zarr.core.buffer import cpu
 from zarr.storage import MemoryStore
 
-from zarr_fused._shard import parse_index
+from zarr_fused._shard_index import parse_index
 from zarr_fused.errors import CorruptShardError, ZarrFusedError
 
 FUSED = "zarr_fused.FusedCodecPipeline"

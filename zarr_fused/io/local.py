@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from zarr.storage import LocalStore
 from zarr.storage._common import StorePath
 
-from zarr_fused._native import io_kernels, shard_kernels
+from zarr_fused._native import io_kernels, shard_local_kernels
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -92,9 +92,9 @@ def read_shard_part(
     release of the GIL) and return whether the shard exists.
     """
     if decode_into is None:
-        return shard_kernels.fetch_partial_local(  # type: ignore[union-attr]
+        return shard_local_kernels.fetch_partial_local(  # type: ignore[union-attr]
             path, n_chunks, touched, take, give=give, **settings)
-    return shard_kernels.read_shard_local(  # type: ignore[union-attr]
+    return shard_local_kernels.read_shard_local(  # type: ignore[union-attr]
         decode_into, 0, path, n_chunks, touched, take, give, **settings)
 
 

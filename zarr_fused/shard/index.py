@@ -24,7 +24,7 @@ from zarr.codecs.bytes import BytesCodec
 from zarr.codecs.crc32c_ import Crc32cCodec
 
 from zarr_fused._items import describe_chunk, describe_key
-from zarr_fused._native import io_kernels, shard_kernels
+from zarr_fused._native import index_kernels, io_kernels
 from zarr_fused.errors import CorruptShardError
 from zarr_fused.shard.buffers import buffers
 
@@ -37,17 +37,15 @@ if TYPE_CHECKING:
 __all__ = ["MISSING_OFFSET", "IndexFormat", "WholeShard", "index_format", "index_size",
            "inner_describer", "inner_grid", "read_whole_shard"]
 
+# The index format's facts have one home, the index kernel (`_shard_index`):
+# the sentinel a missing inner chunk has in both fields, and the index size.
 #: the offset (and length) of an inner chunk that is not stored
-MISSING_OFFSET = np.uint64(2**64 - 1)
-#: bytes per index entry: offset and length, uint64 each
-ENTRY_SIZE = 16
-#: bytes of the crc32c after the entries, when the index codecs have one
-CHECKSUM_SIZE = 4
+MISSING_OFFSET = np.uint64(index_kernels.MISSING_ENTRY)  # type: ignore[union-attr]
 
 
 def index_size(n_chunks: int, checksum: bool) -> int:
     """Bytes of the index of a shard of ``n_chunks`` inner chunks."""
-    return ENTRY_SIZE * n_chunks + (CHECKSUM_SIZE if checksum else 0)
+    return index_kernels.index_nbytes(n_chunks, checksum)  # type: ignore[union-attr,no-any-return]
 
 
 def inner_grid(spec: ArraySpec, inner_shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -85,7 +83,7 @@ class IndexFormat:
         """The checked ``(n_chunks, 2)`` entries of the index bytes ``raw``
         (checked against the shard's length when it is known); errors name
         ``key``."""
-        return shard_kernels.parse_index(  # type: ignore[union-attr]
+        return index_kernels.parse_index(  # type: ignore[union-attr]
             raw, n_chunks, checksum=self.checksum, big_endian=self.big_endian,
             shard_len=shard_len, index_start=index_start, grid=grid,
             where=lambda: describe_key(key),
@@ -153,8 +151,8 @@ def _read_file(path: bytes, size_hint: int) -> tuple[np.ndarray, int]:
     """
     buffer = buffers.take(size_hint)
     length = io_kernels.read_into(path, buffer)  # type: ignore[union-attr]
-    while length < -1:  # too small: -2 - length is the size needed
+    while length is not None and length > len(buffer):  # too small: length is the size
         buffers.give(buffer)
-        buffer = buffers.take(-2 - length)
+        buffer = buffers.take(length)
         length = io_kernels.read_into(path, buffer)  # type: ignore[union-attr]
-    return buffer, length
+    return buffer, -1 if length is None else length

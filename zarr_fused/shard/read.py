@@ -425,7 +425,7 @@ class _ReadBatch:
         n = len(group)
         if n:
             parts = partition(n, max_workers, max_group=max(1, -(-n // (2 * max_workers))))
-            run_parallel(lambda r: group.run(r.start, r.stop), parts, max_workers)
+            run_parallel(lambda r: group.run_range(r.start, r.stop), parts, max_workers)
         run_parallel(self.finish_general, general, max_workers)
         group = None  # its views into the shards go before the shards do
         for shard in wave:

@@ -35,7 +35,7 @@ from zarr.core.chunk_utils import chunk_is_empty, fill_value_or_default
 from zarr.storage import MemoryStore
 
 from zarr_fused._dtypes import empty, empty_rule_pattern, in_byte_order
-from zarr_fused._native import shard_kernels
+from zarr_fused._native import index_kernels, shard_kernels
 from zarr_fused._pool import partition, run_parallel
 from zarr_fused.chunks.merge import merge_owned
 from zarr_fused.io.local import local_files, make_parents, write_parts
@@ -348,7 +348,7 @@ class ShardWriter:
         try:
             if ctx.prefix is not None:
                 # straight from the payloads to the file (writev), no copy
-                parts = shard_kernels.shard_parts(  # type: ignore[union-attr]
+                parts = index_kernels.shard_parts(  # type: ignore[union-attr]
                     self._order(state.grid), payloads, **layout_args)
                 if parts is None:
                     setter.delete_sync()
@@ -356,7 +356,7 @@ class ShardWriter:
                     write_parts(ctx.prefix + os.fsencode(setter.path), parts)
                 return
             reuse = _keeps_a_copy(setter)
-            blob = shard_kernels.assemble_shard(  # type: ignore[union-attr]
+            blob = index_kernels.assemble_shard(  # type: ignore[union-attr]
                 self._order(state.grid), payloads, **layout_args,
                 take=buffers.take if reuse else None)
             try:
