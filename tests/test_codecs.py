@@ -61,8 +61,9 @@ from zarr.storage import MemoryStore
 
 from zarr_fused import _codec_batch as batches
 from zarr_fused import _codecs as native
-from zarr_fused._chain import _versions as chain_versions
-from zarr_fused._chain import byte_identical, native_chain_params
+from zarr_fused._chain import native_chain_params
+from zarr_fused._identity import _versions as chain_versions
+from zarr_fused._identity import byte_identical
 from zarr_fused.errors import (
     ChecksumError,
     ChunkSizeError,
@@ -440,7 +441,7 @@ def test_byte_identical_with_equal_library_versions(monkeypatch: pytest.MonkeyPa
     # (at zarr's MTIME 0); blosc stays unclaimed without its measurements
     versions = {**chain_versions(), "numcodecs": "0.0.0"}
     versions.update(numcodecs_zstd=versions["zstd"], python_zlib=versions["zlib"])
-    monkeypatch.setattr("zarr_fused._chain._versions", lambda: versions)
+    monkeypatch.setattr("zarr_fused._identity._versions", lambda: versions)
     assert all(byte_identical([BytesCodec(), ZstdCodec(level=lv)]) for lv in (-50, 3, 9, 22))
     assert all(byte_identical([BytesCodec(), GzipCodec(level=lv)], gzip_mtime_zero=True)
                for lv in range(1, 10))
@@ -451,7 +452,7 @@ def test_byte_identical_with_equal_library_versions(monkeypatch: pytest.MonkeyPa
 def test_byte_identical_with_other_library_versions(monkeypatch: pytest.MonkeyPatch) -> None:
     # versions nobody measured: no compressor is claimed
     versions = {**chain_versions(), "zstd": "0.0.1", "zlib": "0.0.1"}
-    monkeypatch.setattr("zarr_fused._chain._versions", lambda: versions)
+    monkeypatch.setattr("zarr_fused._identity._versions", lambda: versions)
     assert not byte_identical([BytesCodec(), ZstdCodec(level=1)])
     assert not byte_identical([BytesCodec(), GzipCodec(level=6)], gzip_mtime_zero=True)
     assert not byte_identical([BytesCodec(), BloscCodec(cname="lz4", clevel=5)])

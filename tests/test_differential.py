@@ -55,7 +55,7 @@ from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec, GzipCodec, Sharding
 from zarr.core.buffer import default_buffer_prototype
 from zarr.storage import LocalStore, MemoryStore
 
-from zarr_fused._chain import byte_identical
+from zarr_fused._identity import byte_identical
 
 # -- profiles ----------------------------------------------------------------------------
 
@@ -94,7 +94,7 @@ FUZZ = settings(_profile())
 
 def bytes_must_match(spec: ArraySpec) -> bool:
     """Whether stored chunks must equal zarr's byte for byte: exactly where
-    zarr_fused claims it (`zarr_fused._chain.byte_identical`, which depends on
+    zarr_fused claims it (`zarr_fused._identity.byte_identical`, which depends on
     the compression libraries at hand). Zarr format 2 chunks go through
     numcodecs in both pipelines; only gzip differs there (its header holds
     the time of writing, so two zarr runs differ too)."""

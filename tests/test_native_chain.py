@@ -23,7 +23,8 @@ from zarr.core.buffer.cpu import NDBuffer
 from zarr.core.chunk_utils import ChunkTransform, evolve_codecs
 
 from zarr_fused import _reference as reference
-from zarr_fused._chain import build_chain, byte_identical
+from zarr_fused._chain import build_chain
+from zarr_fused._identity import byte_identical
 from zarr_fused.errors import ChecksumError, ChunkSizeError, CorruptChunkError, DecompressionError
 
 from helpers import (

@@ -22,7 +22,7 @@ from zarr.testing.strategies import basic_indices
 
 from zarr_fused import _reference as reference
 from zarr_fused import _shard_index as index_kernels
-from zarr_fused._chain import byte_identical
+from zarr_fused._identity import byte_identical
 from zarr_fused.shard.write import ShardWriter
 from zarr_fused.errors import CorruptChunkError, ZarrFusedError
 

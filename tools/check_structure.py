@@ -26,8 +26,10 @@ What counts (standard library ``ast`` only, nothing is imported):
   Python initialises before a submodule are left out too: they are not a
   dependency the code chose, and counting them would make every
   ``__init__`` that imports its own submodules a cycle.
-- **Depth** is the number of modules on the longest import chain (a
-  module that imports none of the package has depth 1). With cycles, each
+- **Depth** is the number of modules on the longest chain of imports that
+  run (a module that imports none of the package has depth 1): an import
+  under ``if TYPE_CHECKING:`` names a type and loads nothing, so it takes
+  part in the cycle check but not in the depth. With cycles, each
   strongly connected component counts with all its modules.
 - **Function length** is from the ``def`` line to the last line of the
   body, docstring and nested functions included, decorators excluded.
@@ -332,7 +334,7 @@ def analyze(
     modules, _ = find_modules(package_dir)
     graph = import_graph(package_dir, type_checking)
     cycles = [find_cycle(graph, comp) for comp in components(graph) if len(comp) > 1]
-    depth, chain = longest_chain(graph)
+    depth, chain = longest_chain(import_graph(package_dir, False))
     root = package_dir.parent
     long = [f for m, p in modules.items() for f in long_functions(m, p, max_lines, root)]
     return Report(

@@ -4,21 +4,16 @@ zarr loads every ``zarr.codec_pipeline`` entry point when it first looks a
 pipeline up, so an ImportError escaping from here would break every zarr
 array in the process, including those that never use zarr_fused. The
 extensions are therefore imported defensively: without them zarr_fused keeps
-working on zarr's pure-Python code, says so once with a `ZarrFusedWarning`
-when it is first used, and raises `NativeExtensionError` in strict mode.
+working on zarr's pure-Python code. This module only reports what imported;
+what to do about a missing extension (warn once, or raise in strict mode)
+is the pipeline's decision (`zarr_fused.pipeline`). It imports nothing else
+of zarr_fused, so every module can sit above it.
 """
 
 from __future__ import annotations
 
-import logging
-import threading
 from types import ModuleType
 from typing import TYPE_CHECKING
-from warnings import warn
-
-from zarr_fused.errors import NativeExtensionError, ZarrFusedWarning
-
-logger = logging.getLogger("zarr_fused")
 
 _EXTENSIONS = (
     "_scatter", "_localio", "_codecs", "_codec_batch", "_shard_index", "_shard", "_shard_local",
@@ -52,10 +47,6 @@ else:
     shard_local_kernels = _modules.get("_shard_local")
     io_kernels = _modules.get("_localio")
 
-_warned = False
-_warn_lock = threading.Lock()
-
-
 def missing_message() -> str:
     """Why the extensions are unusable and how to fix it ('' when they are fine)."""
     if not _errors:
@@ -68,21 +59,6 @@ def missing_message() -> str:
         "checkout, or reinstall with `pip install --force-reinstall --no-binary "
         "zarr-fused zarr-fused` (needs a C compiler and the Python headers)."
     )
-
-
-def note_missing_extensions(strict: bool) -> None:
-    """Tell the user, once, that the native code is missing; raise in strict mode."""
-    global _warned
-    if not _errors:
-        return
-    if strict:
-        raise NativeExtensionError(missing_message())
-    if not _warned:
-        with _warn_lock:
-            if not _warned:
-                _warned = True
-                warn(missing_message(), ZarrFusedWarning, stacklevel=3)
-    logger.debug("native extensions missing: %s", missing_message())
 
 
 def native_info() -> dict[str, object]:

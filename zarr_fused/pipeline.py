@@ -17,8 +17,10 @@ inspects their source.
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+from warnings import warn
 
 from zarr.abc.store import SyncByteGetter, SyncByteSetter, _store_supports_sync_io
 from zarr.core import codec_pipeline as _zarr_pipeline
@@ -30,10 +32,11 @@ from zarr.storage._common import StorePath
 
 from zarr_fused._async_path import read_async, write_async
 from zarr_fused._cpus import resolve_max_workers
-from zarr_fused._native import note_missing_extensions
+from zarr_fused._native import missing_message
 from zarr_fused._plan import PipelinePlan, build_plan
 from zarr_fused._pool import off_loop
 from zarr_fused.config import strict_mode
+from zarr_fused.errors import NativeExtensionError, ZarrFusedWarning
 from zarr_fused.io.stores import with_local_files
 
 if TYPE_CHECKING:
@@ -49,6 +52,25 @@ if TYPE_CHECKING:
 __all__ = ["FusedCodecPipeline"]
 
 logger = logging.getLogger("zarr_fused")
+
+_warned_missing = False
+_warn_lock = threading.Lock()
+
+
+def note_missing_extensions(strict: bool) -> None:
+    """Tell the user, once, that the native code is missing; raise in strict mode."""
+    global _warned_missing
+    message = missing_message()
+    if not message:
+        return
+    if strict:
+        raise NativeExtensionError(message)
+    if not _warned_missing:
+        with _warn_lock:
+            if not _warned_missing:
+                _warned_missing = True
+                warn(message, ZarrFusedWarning, stacklevel=3)
+    logger.debug("native extensions missing: %s", message)
 
 
 def _has_sync_io(target: Any, *, write: bool) -> bool:

@@ -1,0 +1,138 @@
+"""Which stored bytes equal zarr's: the one statement of zarr_fused's
+byte-identity claim, `byte_identical` (the docs and the tests follow it).
+
+zarr encodes with numcodecs, which bundles its own libzstd and c-blosc
+(with its own lz4, zlib and zstd inside); zarr_fused links the system's.
+The same call with the same parameters on the same library version gives
+the same bytes, so where the versions match, every level is identical.
+Where they differ, compressors still agree at the levels whose code did
+not change between the two versions; those were found by comparing every
+level on varied data, and are claimed only for the exact set of versions
+they were measured on (`_MEASURED_ON`). tests/test_codecs.py checks every
+claim on every run. gzip: see `byte_identical`.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import TYPE_CHECKING, Any
+
+from zarr.codecs.blosc import BloscCodec
+from zarr.codecs.gzip import GzipCodec
+from zarr.codecs.zstd import ZstdCodec
+
+from zarr_fused._native import codec_kernels
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from zarr.abc.codec import Codec
+
+__all__ = ["byte_identical"]
+
+#: the library versions the tables below were measured with: ours, then numcodecs'
+_MEASURED_ON = {
+    "zstd": "1.5.4",
+    "blosc": "1.21.3",
+    "blosc_complibs": {"blosclz": "2.5.1", "lz4": "1.9.4", "lz4hc": "1.9.4", "zlib": "1.2.13",
+                       "zstd": "1.5.2"},
+    "numcodecs": "0.17.1",
+    "numcodecs_zstd": "1.5.6",
+    "numcodecs_blosc": "1.21.7.dev",
+}
+#: zstd levels whose frames match across libzstd 1.5.4 and 1.5.6: those that
+#: use the "fast" and "dfast" strategies at every input size (level 0 is 3)
+_MEASURED_ZSTD_LEVELS = range(-(2**17), 4)
+#: blosc clevels whose frames match, per cname (clevel 0 stores the data as
+#: is): lz4 1.10 changed lz4hc levels 1 and 2; blosc's zstd clevel c runs
+#: zstd level 2c-1, so clevel 3 and up is zstd level 5 and up
+_MEASURED_BLOSC_CLEVELS = {
+    "blosclz": range(10),
+    "lz4": range(10),
+    "lz4hc": (0, *range(3, 10)),
+    "zlib": range(10),
+    "zstd": range(3),
+}
+
+
+@cache
+def _versions() -> dict[str, Any]:
+    """Our library versions and numcodecs', keyed as `_MEASURED_ON` (fixed
+    for the life of the process)."""
+    import zlib
+
+    import numcodecs
+    import numcodecs.blosc
+    import numcodecs.zstd
+
+    ours = codec_kernels.library_versions()  # type: ignore[union-attr]
+    return {
+        "zstd": ours["zstd"],
+        "zlib": ours["zlib"],
+        "blosc": ours["blosc"],
+        "blosc_complibs": {k: ours["blosc_complibs"][k] for k in _MEASURED_ON["blosc_complibs"]
+                           if k in ours["blosc_complibs"]},
+        "blosc_compressors": ours["blosc_compressors"],
+        "numcodecs": numcodecs.__version__,
+        "numcodecs_zstd": numcodecs.zstd.__version__,
+        "numcodecs_blosc": numcodecs.blosc.VERSION_STRING,
+        # numcodecs' GZip is Python's gzip module, on Python's zlib
+        "python_zlib": zlib.ZLIB_RUNTIME_VERSION,
+    }
+
+
+def _codec_identical(codec: Codec, versions: dict[str, Any], measured: bool,
+                     gzip_mtime_zero: bool) -> bool:
+    from zarr.codecs.sharding import ShardingCodec
+
+    if isinstance(codec, ShardingCodec):
+        return all(
+            _codec_identical(c, versions, measured, gzip_mtime_zero)
+            for c in (*codec.codecs, *codec.index_codecs)
+        )
+    if type(codec) is ZstdCodec:
+        level = codec.level
+        return versions["zstd"] == versions["numcodecs_zstd"] or (
+            measured and level in _MEASURED_ZSTD_LEVELS)
+    if type(codec) is GzipCodec:
+        # levels 1-9 only: at level 0 the stored blocks follow the size of
+        # the output buffer, which Python's zlib module grows in steps
+        return (gzip_mtime_zero and versions["zlib"] == versions["python_zlib"]
+                and 1 <= codec.level <= 9)
+    if type(codec) is BloscCodec:
+        if codec.cname not in versions["blosc_compressors"]:
+            return True  # zarr's own code encodes it
+        return measured and codec.clevel in _MEASURED_BLOSC_CLEVELS.get(codec.cname, ())
+    return True  # bytes, transpose, crc32c, and codecs zarr's own code runs
+
+
+def byte_identical(codecs: Iterable[Codec], *, gzip_mtime_zero: bool = False) -> bool:
+    """Whether zarr_fused stores exactly the bytes zarr does for ``codecs``.
+
+    The one statement of zarr_fused's byte-identity claim (the docs and the
+    tests follow it). True for chains without a compressor; for zstd, blosc
+    and gzip it depends on the library versions at hand (see the comment
+    above this function and docs/limitations.md). A sharding codec is
+    identical when its inner and index codecs are.
+
+    Parameters
+    ----------
+    codecs : iterable of zarr codecs
+        A chain as configured on an array (array->array, array->bytes,
+        bytes->bytes codecs; a `ShardingCodec` is looked into).
+    gzip_mtime_zero : bool
+        zarr writes the current time into every gzip header (MTIME, bytes
+        4-7), zarr_fused writes 0, so gzip chunks are never identical as
+        stored. With True, answer for zarr's bytes written at MTIME 0 (as
+        with its clock at 0): then gzip at levels 1-9 is identical when
+        both use the same zlib.
+
+    Returns
+    -------
+    bool
+        True where identity is claimed. False does not mean the bytes
+        differ, only that zarr_fused does not promise they are the same.
+    """
+    versions = _versions()
+    measured = {k: versions[k] for k in _MEASURED_ON} == _MEASURED_ON
+    return all(_codec_identical(c, versions, measured, gzip_mtime_zero) for c in codecs)
