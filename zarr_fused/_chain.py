@@ -40,6 +40,7 @@ from zarr.core.dtype.npy.structured import Struct
 from zarr_fused._dtypes import empty
 from zarr_fused._native import codec_kernels, scatter_kernels
 from zarr_fused._output import scatter_array, scatter_chunk
+from zarr_fused._v2 import V2Codec, v2_byte_identical, v2_chain_params
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -249,6 +250,8 @@ def native_chain_params(codecs: tuple[Codec, ...], spec: ArraySpec) -> tuple[str
     for ``spec``, else ``(why not, {})``."""
     if scatter_kernels is None or codec_kernels is None:
         return "the compiled extensions are missing", {}
+    if len(codecs) == 1 and type(codecs[0]) is V2Codec:  # zarr format 2
+        return v2_chain_params(codecs[0], spec, native_chain_params)
     names = " -> ".join(type(c).__name__ for c in codecs)
     order: tuple[int, ...] | None = None
     index = 0
@@ -390,6 +393,9 @@ def _codec_identical(codec: Codec, versions: dict[str, Any], measured: bool,
             _codec_identical(c, versions, measured, gzip_mtime_zero)
             for c in (*codec.codecs, *codec.index_codecs)
         )
+    if type(codec) is V2Codec:  # zarr format 2
+        return v2_byte_identical(codec, versions, lambda c: _codec_identical(
+            c, versions, measured, gzip_mtime_zero))
     if type(codec) is ZstdCodec:
         level = codec.level
         return versions["zstd"] == versions["numcodecs_zstd"] or (
