@@ -40,6 +40,7 @@ from zarr_fused._dtypes import empty
 from zarr_fused._items import describe_chunk
 from zarr_fused._native import batch_kernels, codec_kernels, scatter_kernels
 from zarr_fused._scatter_py import scatter_array, scatter_chunk
+from zarr_fused._v2 import V2Codec, v2_chain_params
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -240,6 +241,8 @@ def native_chain_params(codecs: tuple[Codec, ...], spec: ArraySpec) -> tuple[str
     for ``spec``, else ``(why not, {})``."""
     if scatter_kernels is None or codec_kernels is None:
         return "the compiled extensions are missing", {}
+    if len(codecs) == 1 and type(codecs[0]) is V2Codec:  # zarr format 2
+        return v2_chain_params(codecs[0], spec, native_chain_params)
     names = " -> ".join(type(c).__name__ for c in codecs)
     order: tuple[int, ...] | None = None
     index = 0

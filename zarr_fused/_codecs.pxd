@@ -13,6 +13,7 @@ cdef enum CompressorKind:
     COMP_ZSTD = 1
     COMP_GZIP = 2
     COMP_BLOSC = 3
+    COMP_ZLIB = 4
 
 cdef enum StatusCode:
     ZF_OK = 0
@@ -79,6 +80,7 @@ cdef class Workspace:
     cdef bint inflater_ready
     cdef zl.z_stream deflater
     cdef int deflater_level
+    cdef int deflater_wbits
     cdef bint deflater_ready
     cdef uint8_t* scratch
     cdef size_t scratch_cap

@@ -47,7 +47,8 @@ cdef extern from "limits.h":
 
 zf_crc32c_init()
 
-COMPRESSORS = {None: COMP_NONE, "zstd": COMP_ZSTD, "gzip": COMP_GZIP, "blosc": COMP_BLOSC}
+COMPRESSORS = {None: COMP_NONE, "zstd": COMP_ZSTD, "gzip": COMP_GZIP, "blosc": COMP_BLOSC,
+               "zlib": COMP_ZLIB}
 BLOSC_SHUFFLES = {"noshuffle": 0, "shuffle": 1, "bitshuffle": 2}
 
 
@@ -147,6 +148,7 @@ cdef class Workspace:
         self.inflater_ready = False
         self.deflater_ready = False
         self.deflater_level = -100
+        self.deflater_wbits = 0
         self.scratch = NULL
         self.scratch_cap = 0
         self.io_buf = NULL
@@ -294,20 +296,25 @@ cdef Py_ssize_t _zstd_decompress(Workspace ws, const uint8_t* src, Py_ssize_t n,
     return <Py_ssize_t>r
 
 
+# gzip streams (RFC 1952) and, with ``zlib_format``, zlib streams (RFC 1950:
+# numcodecs' Zlib, Python's zlib.compress). Both take the thread's one
+# inflater; inflateReset2 switches its format and keeps its window.
 cdef Py_ssize_t _gzip_decompress(Workspace ws, const uint8_t* src, Py_ssize_t n,
-                                 uint8_t* dst, Py_ssize_t cap, Status* st) noexcept nogil:
+                                 uint8_t* dst, Py_ssize_t cap, Status* st,
+                                 bint zlib_format) noexcept nogil:
     cdef int rc
     cdef zl.z_stream* z = &ws.inflater
+    cdef int wbits = zl.MAX_WBITS if zlib_format else 16 + zl.MAX_WBITS
     if n > UINT_MAX or cap > UINT_MAX:
         st.code = ZF_ERR_TOO_LARGE
         return -1
     if not ws.inflater_ready:
         memset(z, 0, sizeof(zl.z_stream))
-        if zl.inflateInit2(z, 16 + zl.MAX_WBITS) != zl.Z_OK:
+        if zl.inflateInit2(z, wbits) != zl.Z_OK:
             st.code = ZF_ERR_NOMEM
             return -1
         ws.inflater_ready = True
-    elif zl.inflateReset(z) != zl.Z_OK:
+    elif zl.inflateReset2(z, wbits) != zl.Z_OK:
         st.code = ZF_ERR_GZIP
         st.msg = "inflateReset failed"
         return -1
@@ -317,6 +324,8 @@ cdef Py_ssize_t _gzip_decompress(Workspace ws, const uint8_t* src, Py_ssize_t n,
     z.avail_out = <unsigned int>cap
     while True:
         rc = zl.inflate(z, zl.Z_FINISH)
+        if rc == zl.Z_STREAM_END and zlib_format:
+            break  # Python's zlib.decompress ignores bytes after the stream
         if rc == zl.Z_STREAM_END:
             # Like Python's gzip module: zero padding may follow a member,
             # and further members continue the stream.
@@ -343,9 +352,9 @@ cdef Py_ssize_t _gzip_decompress(Workspace ws, const uint8_t* src, Py_ssize_t n,
         if z.msg != NULL:
             st.msg = z.msg
         elif rc == zl.Z_BUF_ERROR:
-            st.msg = "truncated gzip stream"
+            st.msg = "truncated zlib stream" if zlib_format else "truncated gzip stream"
         else:
-            st.msg = "corrupt gzip stream"
+            st.msg = "corrupt zlib stream" if zlib_format else "corrupt gzip stream"
         return -1
     return cap - <Py_ssize_t>z.avail_out
 
@@ -407,27 +416,32 @@ _GZIP_HEADER.os = 255
 
 cdef Py_ssize_t _gzip_compress(ChainKernel k, Workspace ws, const uint8_t* src, Py_ssize_t n,
                                uint8_t* dst, Py_ssize_t cap, Status* st) noexcept nogil:
+    # COMP_ZLIB writes a zlib stream as Python's zlib.compress does
+    # (deflateInit's window and memLevel, no gzip header)
     cdef int rc
     cdef zl.z_stream* z = &ws.deflater
+    cdef bint zlib_format = k.compressor == COMP_ZLIB
+    cdef int wbits = zl.MAX_WBITS if zlib_format else 16 + zl.MAX_WBITS
     if n > UINT_MAX or cap > UINT_MAX:
         st.code = ZF_ERR_TOO_LARGE
         return -1
-    if ws.deflater_ready and ws.deflater_level != k.level:
+    if ws.deflater_ready and (ws.deflater_level != k.level or ws.deflater_wbits != wbits):
         zl.deflateEnd(z)
         ws.deflater_ready = False
     if not ws.deflater_ready:
         memset(z, 0, sizeof(zl.z_stream))
-        if zl.deflateInit2(z, k.level, zl.Z_DEFLATED, 16 + zl.MAX_WBITS, 8,
+        if zl.deflateInit2(z, k.level, zl.Z_DEFLATED, wbits, 8,
                            zl.Z_DEFAULT_STRATEGY) != zl.Z_OK:
             st.code = ZF_ERR_NOMEM
             return -1
         ws.deflater_ready = True
         ws.deflater_level = k.level
+        ws.deflater_wbits = wbits
     elif zl.deflateReset(z) != zl.Z_OK:
         st.code = ZF_ERR_ENCODE
         st.msg = "deflateReset failed"
         return -1
-    if zl.deflateSetHeader(z, &_GZIP_HEADER) != zl.Z_OK:  # reset by deflateReset
+    if not zlib_format and zl.deflateSetHeader(z, &_GZIP_HEADER) != zl.Z_OK:  # reset by deflateReset
         st.code = ZF_ERR_ENCODE
         st.msg = "deflateSetHeader failed"
         return -1
@@ -512,7 +526,7 @@ cdef class ChainKernel:
         cdef Py_ssize_t bound
         if self.compressor == COMP_ZSTD:
             bound = <Py_ssize_t>zs.ZSTD_compressBound(<size_t>inner)
-        elif self.compressor == COMP_GZIP:
+        elif self.compressor == COMP_GZIP or self.compressor == COMP_ZLIB:
             bound = <Py_ssize_t>zl.compressBound(<unsigned long>inner) + 32
         elif self.compressor == COMP_BLOSC:
             bound = inner + bl.BLOSC_MAX_OVERHEAD
@@ -547,8 +561,9 @@ cdef class ChainKernel:
                     return -1
             if self.compressor == COMP_ZSTD:
                 produced = _zstd_decompress(ws, data, length, buf, target, st)
-            elif self.compressor == COMP_GZIP:
-                produced = _gzip_decompress(ws, data, length, buf, target, st)
+            elif self.compressor == COMP_GZIP or self.compressor == COMP_ZLIB:
+                produced = _gzip_decompress(ws, data, length, buf, target, st,
+                                            self.compressor == COMP_ZLIB)
             else:
                 produced = _blosc_decompress(data, length, buf, target, st)
             if produced < 0:
@@ -650,7 +665,7 @@ cdef class ChainKernel:
             if self.compressor == COMP_ZSTD:
                 produced = _zstd_compress(self, ws, data, inner, t.dst,
                                           t.dst_cap - 4 * self.outer_crcs, &t.status)
-            elif self.compressor == COMP_GZIP:
+            elif self.compressor == COMP_GZIP or self.compressor == COMP_ZLIB:
                 produced = _gzip_compress(self, ws, data, inner, t.dst,
                                           t.dst_cap - 4 * self.outer_crcs, &t.status)
             else:

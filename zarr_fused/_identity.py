@@ -22,6 +22,7 @@ from zarr.codecs.gzip import GzipCodec
 from zarr.codecs.zstd import ZstdCodec
 
 from zarr_fused._native import codec_kernels
+from zarr_fused._v2 import V2Codec, v2_byte_identical
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -90,6 +91,9 @@ def _codec_identical(codec: Codec, versions: dict[str, Any], measured: bool,
             _codec_identical(c, versions, measured, gzip_mtime_zero)
             for c in (*codec.codecs, *codec.index_codecs)
         )
+    if type(codec) is V2Codec:  # zarr format 2
+        return v2_byte_identical(codec, versions, lambda c: _codec_identical(
+            c, versions, measured, gzip_mtime_zero))
     if type(codec) is ZstdCodec:
         level = codec.level
         return versions["zstd"] == versions["numcodecs_zstd"] or (

@@ -43,6 +43,7 @@ cdef extern from "zlib.h" nogil:
     int inflateInit2(z_stream* strm, int windowBits)
     int inflate(z_stream* strm, int flush)
     int inflateReset(z_stream* strm)
+    int inflateReset2(z_stream* strm, int windowBits)
     int inflateEnd(z_stream* strm)
     int deflateInit2(z_stream* strm, int level, int method, int windowBits, int memLevel,
                      int strategy)

@@ -71,6 +71,9 @@ class Layout:
     chunks: tuple[int, ...]
     shards: tuple[int, ...] | None = None
     compressors: Callable[[], Any] = field(default=lambda: None)
+    #: zarr format 2 layouts take numcodecs compressors and an ``order``
+    zarr_format: int = 3
+    order: str = "C"
 
     @property
     def inner(self) -> tuple[int, ...]:
@@ -78,9 +81,10 @@ class Layout:
         return self.chunks
 
     def create(self, store: Any) -> zarr.Array:
+        extra = {"zarr_format": 2, "order": self.order} if self.zarr_format == 2 else {}
         return zarr.create_array(
             store, shape=self.shape, dtype=self.dtype, chunks=self.chunks, shards=self.shards,
-            compressors=self.compressors(), fill_value=0, overwrite=True,
+            compressors=self.compressors(), fill_value=0, overwrite=True, **extra,
         )
 
     def sample(self) -> np.ndarray:
@@ -108,6 +112,18 @@ def _zstd1_crc() -> Any:
     return [zarr.codecs.ZstdCodec(level=1), zarr.codecs.Crc32cCodec()]
 
 
+def _v2_blosc_lz4() -> Any:
+    import numcodecs
+
+    return numcodecs.Blosc(cname="lz4", clevel=5, shuffle=numcodecs.Blosc.SHUFFLE)
+
+
+def _v2_zstd1() -> Any:
+    import numcodecs
+
+    return numcodecs.Zstd(level=1)
+
+
 def scale() -> str:
     """``full`` (the sizes the issues name) or ``small`` (for quick runs):
     ``ZARR_FUSED_BENCH_SCALE``."""
@@ -128,7 +144,16 @@ def _layouts(size: str) -> dict[str, Layout]:
         "unsharded-blosc": Layout("unsharded-blosc", compressors=_blosc_lz4, **flat),
         "unsharded-zstd": Layout("unsharded-zstd", compressors=_zstd1, **flat),
         "unsharded-raw": Layout("unsharded-raw", **flat),
+        "v2-blosc": Layout("v2-blosc", compressors=_v2_blosc_lz4, zarr_format=2, **flat),
+        "v2-zstd": Layout("v2-zstd", compressors=_v2_zstd1, zarr_format=2, **flat),
+        "v2-blosc-F": Layout("v2-blosc-F", compressors=_v2_blosc_lz4, zarr_format=2, order="F",
+                             **flat),
     }
+
+
+def ts_driver(path: Path) -> str:
+    """tensorstore's driver for the array at ``path``: ``zarr`` (format 2) or ``zarr3``."""
+    return "zarr" if (path / ".zarray").exists() else "zarr3"
 
 
 LAYOUTS = _layouts(scale())
@@ -169,11 +194,12 @@ class Reader:
         if peer == "tensorstore":
             import tensorstore as ts
 
-            spec: dict[str, Any] = {"driver": "zarr3", "kvstore": {"driver": "file", "path": str(path)}}
+            driver = ts_driver(path)
+            spec: dict[str, Any] = {"driver": driver, "kvstore": {"driver": "file", "path": str(path)}}
             if store_kind == "memory":
                 # load the files into tensorstore's memory kvstore
                 src = ts.open(spec).result()
-                mem = ts.open({"driver": "zarr3", "kvstore": {"driver": "memory"}},
+                mem = ts.open({"driver": driver, "kvstore": {"driver": "memory"}},
                               create=True, schema=src.schema,
                               codec=src.codec).result()
                 mem.write(src.read().result()).result()
@@ -220,12 +246,16 @@ class Writer:
         if self.peer == "tensorstore":
             import tensorstore as ts
 
+            driver = "zarr" if self.layout.zarr_format == 2 else "zarr3"
             if self.store_kind == "memory":
+                metadata = arr.metadata.to_dict()
+                if driver == "zarr":  # the .zarray document, as tensorstore reads it
+                    metadata = {k: v for k, v in metadata.items() if k != "attributes"}
                 self.handle = ts.open(
-                    {"driver": "zarr3", "kvstore": {"driver": "memory"},
-                     "metadata": arr.metadata.to_dict()}, create=True).result()
+                    {"driver": driver, "kvstore": {"driver": "memory"},
+                     "metadata": metadata}, create=True).result()
             else:
-                self.handle = ts.open({"driver": "zarr3", "kvstore": {"driver": "file", "path": str(self.path)}}).result()
+                self.handle = ts.open({"driver": driver, "kvstore": {"driver": "file", "path": str(self.path)}}).result()
         else:
             with pipeline(self.peer):
                 self.handle = zarr.open_array(store, mode="r+")

@@ -1,0 +1,169 @@
+"""Zarr format 2 chunks on the native kernels.
+
+zarr 3 reads and writes a format-2 array through one codec, `V2Codec`: an
+optional chain of numcodecs filters, then an optional numcodecs compressor,
+over the chunk's bytes in the array's ``order`` ("C" or "F") and in the byte
+order of its data type. That is the same stored layout a format-3 chain
+``[transpose] -> bytes -> [compressor]`` describes, so this module turns a
+`V2Codec` into the kernel parameters `zarr_fused._chain.native_chain_params`
+makes for such a chain:
+
+- ``order`` "F" is a transpose that reverses the axes (an F-order chunk's
+  bytes are the C-order bytes of its transpose);
+- the bytes are stored in the data type's own byte order (a ``>f4`` array
+  stores big-endian values and holds them big-endian in memory);
+- numcodecs' ``Blosc``, ``Zstd`` and ``GZip`` are the kernels the format-3
+  codecs of the same names use (zarr's format-3 codecs call the same
+  numcodecs classes); ``Zlib`` is the zlib-format mode of the gzip kernel.
+
+What stays on zarr's code, per array, with the reason recorded in the plan:
+
+- every filter. The format-2 data in the wild (OME-Zarr 0.4 images, xarray's
+  climate stores) is a compressor over plain chunks; filters are rare there,
+  and the common ones either need Python objects (``VLenUTF8`` for object
+  strings) or are lossy transforms (``Quantize``, ``BitRound``,
+  ``FixedScaleOffset``) whose NumPy rounding a kernel would have to copy
+  bit for bit. They are not worth a kernel each;
+- ``LZ4`` (numcodecs' own framing of an LZ4 block): zarr_fused is not linked
+  with liblz4 (it reaches the process only inside c-blosc, without headers);
+- every other compressor (``BZ2``, ``LZMA``, ``Zfpy``, ...), subclasses of
+  the numcodecs classes, and what `native_chain_params` refuses for format 3
+  too (object and structured data types, non-CPU buffers, blosc compressors
+  missing from either c-blosc).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from numcodecs.blosc import Blosc
+from numcodecs.gzip import GZip
+from numcodecs.zlib import Zlib
+from numcodecs.zstd import Zstd
+from zarr.codecs._v2 import V2Codec
+from zarr.codecs.blosc import BloscCodec
+from zarr.codecs.bytes import BytesCodec
+from zarr.codecs.gzip import GzipCodec
+from zarr.codecs.transpose import TransposeCodec
+from zarr.codecs.zstd import ZstdCodec
+from zarr.core.dtype.common import HasEndianness
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from zarr.abc.codec import Codec
+    from zarr.core.array_spec import ArraySpec
+
+__all__ = ["V2Codec", "v2_byte_identical", "v2_chain_params"]
+
+#: numcodecs Blosc's shuffle numbers as the kernel names them (AUTOSHUFFLE,
+#: -1, is resolved per item size first, as numcodecs does)
+_BLOSC_SHUFFLES = {0: "noshuffle", 1: "shuffle", 2: "bitshuffle"}
+
+
+def _codec_id(codec: Any) -> str:
+    return str(getattr(codec, "codec_id", type(codec).__name__))
+
+
+def _blosc_params(compressor: Blosc, itemsize: int) -> tuple[str, dict[str, Any]]:
+    """numcodecs' ``blosc.compress`` settings: the type size is the
+    codec's own, else the item size of the array; AUTOSHUFFLE is bitshuffle
+    for one-byte items and byte shuffle otherwise."""
+    typesize = compressor._typesize if getattr(compressor, "_typesize", None) else itemsize
+    shuffle = compressor.shuffle
+    if shuffle == Blosc.AUTOSHUFFLE:
+        shuffle = Blosc.BITSHUFFLE if typesize == 1 else Blosc.SHUFFLE
+    if shuffle not in _BLOSC_SHUFFLES:
+        return f"zarr format 2 Blosc with shuffle {shuffle} is run by zarr", {}
+    return "", {
+        "compressor": "blosc", "cname": compressor.cname, "clevel": compressor.clevel,
+        "shuffle": _BLOSC_SHUFFLES[shuffle], "typesize": typesize,
+        "blocksize": compressor.blocksize,
+    }
+
+
+def _compressor_params(compressor: Any, itemsize: int) -> tuple[str, dict[str, Any]]:
+    """("", the kernel's compressor settings) or (why not, {})."""
+    kind = type(compressor)
+    if compressor is None:
+        return "", {"compressor": None}
+    if kind is Zstd:
+        return "", {"compressor": "zstd", "level": compressor.level,
+                    "checksum": bool(compressor.checksum)}
+    if kind is GZip:
+        return "", {"compressor": "gzip", "level": compressor.level}
+    if kind is Zlib:
+        return "", {"compressor": "zlib", "level": compressor.level}
+    if kind is Blosc:
+        return _blosc_params(compressor, itemsize)
+    if _codec_id(compressor) == "lz4":
+        return ("zarr format 2 LZ4 is run by zarr: zarr_fused is built without liblz4 "
+                "(it reaches the process only inside c-blosc)"), {}
+    return f"no native kernel for the zarr format 2 compressor {_codec_id(compressor)!r}", {}
+
+
+def layout_codecs(spec: ArraySpec) -> tuple[Codec, ...]:
+    """The format-3 array->bytes codecs that store a chunk of ``spec`` as
+    `V2Codec` does: a reversing transpose for order "F", then bytes in the
+    data type's own byte order."""
+    ndim = len(spec.shape)
+    codecs: list[Codec] = []
+    if spec.order == "F" and ndim > 1:
+        codecs.append(TransposeCodec(order=tuple(range(ndim - 1, -1, -1))))
+    endian = spec.dtype.endianness if isinstance(spec.dtype, HasEndianness) else None
+    codecs.append(BytesCodec(endian=endian))
+    return tuple(codecs)
+
+
+def v2_chain_params(
+    codec: V2Codec,
+    spec: ArraySpec,
+    layout_params: Callable[[tuple[Codec, ...], ArraySpec], tuple[str, dict[str, Any]]],
+) -> tuple[str, dict[str, Any]]:
+    """``("", kernel parameters)`` when the native kernels cover ``codec``
+    for ``spec``, else ``(why not, {})``. ``layout_params`` is
+    `native_chain_params`, which checks the data type and buffers and lays
+    out the chunk for the format-3 codecs of `layout_codecs`."""
+    if codec.filters:
+        names = ", ".join(_codec_id(f) for f in codec.filters)
+        return f"zarr format 2 filters ({names}) are applied by zarr", {}
+    reason, params = layout_params(layout_codecs(spec), spec)
+    if reason:
+        return reason, {}
+    reason, compressor = _compressor_params(codec.compressor, params["itemsize"])
+    if reason:
+        return reason, {}
+    if compressor["compressor"] == "blosc":
+        # the same checks as a format-3 blosc codec: both c-blosc builds
+        stand_in = (*layout_codecs(spec), BloscCodec(
+            cname=compressor["cname"], clevel=compressor["clevel"],
+            shuffle=compressor["shuffle"], typesize=compressor["typesize"],
+            blocksize=compressor["blocksize"]))
+        reason, _ = layout_params(stand_in, spec)
+        if reason:
+            return reason, {}
+    params.update(compressor)
+    return "", params
+
+
+def v2_byte_identical(
+    codec: V2Codec, versions: dict[str, Any], identical: Callable[[Codec], bool]
+) -> bool:
+    """`byte_identical` for a `V2Codec`: its compressor judged as the
+    format-3 codec that runs the same kernel (``identical``); Zlib as gzip
+    without the header's time stamp. Filters, and compressors zarr's code
+    runs, are zarr's own bytes."""
+    compressor = codec.compressor
+    if codec.filters or compressor is None:
+        return True
+    kind = type(compressor)
+    if kind is Zstd:
+        return identical(ZstdCodec(level=compressor.level, checksum=bool(compressor.checksum)))
+    if kind is GZip:
+        return identical(GzipCodec(level=compressor.level))
+    if kind is Zlib:
+        # levels 1-9 only, as for gzip (see `_codec_identical`)
+        return versions["zlib"] == versions["python_zlib"] and 1 <= compressor.level <= 9
+    if kind is Blosc:
+        return identical(BloscCodec(cname=compressor.cname, clevel=compressor.clevel))
+    return True
