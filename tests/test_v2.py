@@ -23,15 +23,15 @@ import numcodecs
 import numpy as np
 import pytest
 import zarr
-from conftest import BATCHED, FUSED, assert_same_values, chunk_items, make_store, with_pipeline
-from helpers_differential import Value
+from helpers import BATCHED, FUSED, assert_same_values, chunk_items, make_store, with_pipeline
+from helpers.differential import Value
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from zarr.codecs._v2 import V2Codec
 from zarr.core.buffer import default_buffer_prototype
 from zarr.storage import LocalStore, MemoryStore
 
-from zarr_fused._chain import byte_identical
+from zarr_fused._identity import byte_identical
 from zarr_fused.errors import ChunkSizeError, CorruptChunkError, DecompressionError, UnsupportedError
 
 STRICT = {"codec_pipeline.path": FUSED, "codec_pipeline.strict": True}

@@ -236,25 +236,11 @@ def _zarr_blosc_compressors() -> frozenset[str]:
     return frozenset(blosc.list_compressors())
 
 
-def native_chain_params(codecs: tuple[Codec, ...], spec: ArraySpec) -> tuple[str, dict[str, Any]]:
-    """``("", kernel parameters)`` when the native kernels cover ``codecs``
-    for ``spec``, else ``(why not, {})``."""
-    if scatter_kernels is None or codec_kernels is None:
-        return "the compiled extensions are missing", {}
-    if len(codecs) == 1 and type(codecs[0]) is V2Codec:  # zarr format 2
-        return v2_chain_params(codecs[0], spec, native_chain_params)
-    names = " -> ".join(type(c).__name__ for c in codecs)
-    order: tuple[int, ...] | None = None
-    index = 0
-    while index < len(codecs) and type(codecs[index]) is TransposeCodec:
-        step = codecs[index].order  # type: ignore[attr-defined]
-        order = step if order is None else tuple(order[i] for i in step)
-        index += 1
-    if index >= len(codecs) or type(codecs[index]) is not BytesCodec:
-        return f"no native kernel for the codec chain {names}", {}
-    bytes_codec: BytesCodec = codecs[index]  # type: ignore[assignment]
+def _bytes_to_bytes_params(codecs: tuple[Codec, ...], names: str) -> tuple[str, dict[str, Any]]:
+    """The kernel parameters of the codecs after ``bytes``: at most one
+    compressor, crc32c before and/or after it; ``(why not, {})`` otherwise."""
     params: dict[str, Any] = {"compressor": None, "outer_crcs": 0, "inner_crcs": 0}
-    for codec in codecs[index + 1 :]:
+    for codec in codecs:
         kind = type(codec)
         if kind is Crc32cCodec:
             params["outer_crcs" if params["compressor"] else "inner_crcs"] += 1
@@ -281,6 +267,29 @@ def native_chain_params(codecs: tuple[Codec, ...], spec: ArraySpec) -> tuple[str
     if params["compressor"] is None:
         # a crc32c without a compressor protects the stored bytes directly
         params["outer_crcs"], params["inner_crcs"] = params["inner_crcs"], 0
+    return "", params
+
+
+def native_chain_params(codecs: tuple[Codec, ...], spec: ArraySpec) -> tuple[str, dict[str, Any]]:
+    """``("", kernel parameters)`` when the native kernels cover ``codecs``
+    for ``spec``, else ``(why not, {})``."""
+    if scatter_kernels is None or codec_kernels is None:
+        return "the compiled extensions are missing", {}
+    if len(codecs) == 1 and type(codecs[0]) is V2Codec:  # zarr format 2
+        return v2_chain_params(codecs[0], spec, native_chain_params)
+    names = " -> ".join(type(c).__name__ for c in codecs)
+    order: tuple[int, ...] | None = None
+    index = 0
+    while index < len(codecs) and type(codecs[index]) is TransposeCodec:
+        step = codecs[index].order  # type: ignore[attr-defined]
+        order = step if order is None else tuple(order[i] for i in step)
+        index += 1
+    if index >= len(codecs) or type(codecs[index]) is not BytesCodec:
+        return f"no native kernel for the codec chain {names}", {}
+    bytes_codec: BytesCodec = codecs[index]  # type: ignore[assignment]
+    reason, params = _bytes_to_bytes_params(codecs[index + 1 :], names)
+    if reason:
+        return reason, {}
     if isinstance(spec.dtype, Struct):
         return "structured data types are decoded by zarr", {}
     dtype = spec.dtype.to_native_dtype()
