@@ -21,6 +21,7 @@ from zarr.core.codec_pipeline import AsyncChunkTransform
 
 from zarr_fused._chain import NativeChain, build_chain
 from zarr_fused._read import ChunkReader, NativeChunkReader, PartialDecodeReader
+from zarr_fused._read_pipelined import PipelinedChunkReader
 from zarr_fused._read_sharded import ShardReader, shard_reader_reason
 from zarr_fused._write_sharded import ShardWriter
 from zarr_fused._write import ChunkWriter, NativeChunkWriter, PartialEncodeWriter
@@ -49,7 +50,8 @@ class PipelinePlan:
     #: the async path lets the array->bytes codec read partially (sharding)
     partial_decode: bool
     #: the synchronous path (None when ``chain`` is None)
-    reader: ChunkReader | NativeChunkReader | PartialDecodeReader | ShardReader | None
+    reader: (ChunkReader | NativeChunkReader | PipelinedChunkReader | PartialDecodeReader
+             | ShardReader | None)
     writer: ChunkWriter | NativeChunkWriter | PartialEncodeWriter | ShardWriter | None
     #: why some of the reading runs on zarr's own code ("" when none does)
     read_fallback: str
@@ -154,7 +156,8 @@ def build_plan(
 
     chain = build_chain(codecs, spec, sync_transform)
     read_fallback = write_fallback = chain.reason
-    reader: ChunkReader | NativeChunkReader | PartialDecodeReader | ShardReader
+    reader: (ChunkReader | NativeChunkReader | PipelinedChunkReader | PartialDecodeReader
+             | ShardReader)
     writer: ChunkWriter | NativeChunkWriter | PartialEncodeWriter | ShardWriter
     # Same dispatch as zarr's FusedCodecPipeline: a codec that implements
     # the partial mixins but only their async methods takes the whole-chunk
@@ -165,7 +168,9 @@ def build_plan(
         if inner is not None:
             reader = ShardReader(array_bytes_codec, inner, reader)  # type: ignore[arg-type]
     elif isinstance(chain, NativeChain):
-        reader = NativeChunkReader(chain)
+        # LocalStore chunk files go through the IO threads; any other store
+        # through NativeChunkReader, which the pipelined reader wraps
+        reader = PipelinedChunkReader(chain)
     else:
         reader = ChunkReader(chain)
     if partial_encode and hasattr(array_bytes_codec, "_encode_partial_sync"):
