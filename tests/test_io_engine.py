@@ -35,7 +35,7 @@ from zarr_fused._io_engine import (
     resolve_io_concurrency,
     run_pipelined,
 )
-from zarr_fused._read_pipelined import MAX_GROUP, group_size
+from zarr_fused._read_pipelined import FAST_FILE, MAX_GROUP, group_size
 
 TIMEOUT = 120.0
 WAIT = 30.0  # how long an event may take before a test calls it lost (never a timing claim)
@@ -237,21 +237,29 @@ config = {"codec_pipeline.path": "zarr_fused.FusedCodecPipeline",
           "codec_pipeline.io_concurrency": args["io"]}
 with zarr.config.set(config):
     arr = zarr.open_array(LocalStore(args["root"]), mode="r")
-    reader = type(arr._async_array.codec_pipeline.plan.reader).__name__
+    plan_reader = arr._async_array.codec_pipeline.plan.reader
+    reader = type(plan_reader).__name__
     arr[0:1, 0:1]
     fill(_io_engine.io_threads(args["io"]), _io_engine._io_size)
     if args["workers"] > 1:
         fill(_pool.get_pool(args["workers"] - 1), _pool.pool_size())
+    hop = _pool._hop_executor()  # the hop off zarr's event loop (its own bounded pool)
+    fill(hop, hop._max_workers)
     before = snapshot()
     sels = [tuple(slice(a, b, s) for a, b, s in sel) for sel in args["selections"]]
     outcome = None
     try:
         for k in range(args["repeat"]):
             for i, sel in enumerate(sels):
+                # each read through the IO threads, however fast the files
+                # answer (the reader otherwise reads fast files directly)
+                plan_reader.seconds_per_file = None
                 np.save(args["result"] + f"-{i}.npy", arr[sel])
+        arr[...]  # once more, as the reader chooses
     except OSError as e:
         outcome = {"errno": e.errno, "message": str(e)}
-    result = {"reader": reader, "before": before, "after": snapshot(), "error": outcome,
+    result = {"reader": reader, "seconds_per_file": plan_reader.seconds_per_file,
+              "before": before, "after": snapshot(), "error": outcome,
               "io_threads": sum(t.name.startswith("zarr_fused-fileio")
                                 for t in threading.enumerate())}
 """
@@ -328,6 +336,18 @@ def test_values_under_latency_equal_zarrs(
     assert result["error"] is None, result["error"]
     np.testing.assert_array_equal(np.load(tmp_path / "result-0.npy"), oracle(root, selection))
     assert_nothing_left(result)
+
+
+def test_slow_files_keep_the_reads_on_the_io_threads(
+    tmp_path: Path, shim_child: FaultyChild
+) -> None:
+    root = tmp_path / "arr"
+    make_array(root, "blosc", seed=25)
+    result = run_reads(shim_child, tmp_path, root, [WHOLE], marker=root, ops="open,read",
+                       mode="delay", delay_us=200)
+    assert result["error"] is None, result["error"]
+    # every file waited 2 x 200 us (open, pread): far above FAST_FILE
+    assert result["seconds_per_file"] >= FAST_FILE
 
 
 @pytest.mark.parametrize("workers", [pytest.param(1, id="1-worker"),

@@ -217,6 +217,9 @@ class Batch[R, F]:
     errors: list[tuple[int, BaseException]] = field(default_factory=list)
     #: set at the first failure; fetches check it between files
     stopped: bool = False
+    #: the same as one byte (1 once stopped), for native fetch loops that
+    #: run without the GIL
+    stop_flag: bytearray = field(default_factory=lambda: bytearray(1))
 
     def admit(self) -> None:
         """Submit requests while the count and byte bounds allow (lock held)."""
@@ -238,6 +241,7 @@ class Batch[R, F]:
         self.errors.append((index, exc))
         if not self.stopped:
             self.stopped = True
+            self.stop_flag[0] = 1
             for future in self.futures.values():
                 future.cancel()  # only those still queued; their callbacks deliver them
 

@@ -16,6 +16,8 @@ directly, ``io_concurrency`` of 1) goes to `NativeChunkReader` unchanged.
 from __future__ import annotations
 
 import os
+import threading
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +27,11 @@ from zarr_fused._io_engine import Batch, resolve_io_concurrency, run_pipelined
 from zarr_fused._native import io_kernels
 from zarr_fused._output import fill_missing
 from zarr_fused._read import MISSING, PRESENT, NativeChunkReader, fill_pattern, local_files
+
+try:
+    from zarr_fused._fileio import read_files_into
+except ImportError:  # not built: the compute threads read their own files
+    read_files_into = None
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -67,12 +74,29 @@ class _Fetched:
     oversize: dict[int, bytes]
 
 
+#: a chunk file that answers faster than this (seconds) is in the page cache
+#: or on a fast local disk: the compute threads read it themselves
+FAST_FILE = 50e-6
+
+
 class PipelinedChunkReader:
-    """Whole-chunk reads of LocalStore chunk files, IO apart from decoding."""
+    """Whole-chunk reads of LocalStore chunk files, IO apart from decoding.
+
+    Which threads read the files follows how fast they answer. Handing
+    each group of files from an IO thread to a compute thread costs thread
+    wake-ups, which a file served from the page cache in a few microseconds
+    does not repay: while files answer within `FAST_FILE`, the compute
+    threads read them inside their decode calls (`NativeChunkReader`), and
+    the time each file took is watched. Slower files (a network
+    filesystem, a cold cache) go to the IO threads. The first read of a
+    plan, and any read after a slow one, is pipelined.
+    """
 
     def __init__(self, chain: NativeChain) -> None:
         self.chain = chain
         self.direct = NativeChunkReader(chain)
+        #: seconds per chunk file seen by the last read; None before the first
+        self.seconds_per_file: float | None = None
 
     def read(
         self,
@@ -84,10 +108,20 @@ class PipelinedChunkReader:
         chain = self.chain
         dst = out.as_ndarray_like()
         io_concurrency = resolve_io_concurrency()
-        prefix = local_files(batch) if io_concurrency > 1 and io_kernels is not None else None
+        prefix = None
+        if io_concurrency > 1 and read_files_into is not None and io_kernels is not None:
+            prefix = local_files(batch)
         if prefix is None or not chain.writes_into(dst, batch[0][1]):
             return self.direct.read(batch, out, drop_axes, max_workers)
-        read_into = io_kernels.read_into  # type: ignore[union-attr]
+        seen = self.seconds_per_file
+        if seen is not None and seen < FAST_FILE:
+            # a file's time in the direct path includes its decoding: an
+            # upper bound of its IO, so slow files are still noticed
+            start = time.perf_counter()
+            result = self.direct.read(batch, out, drop_axes, max_workers)
+            self.seconds_per_file = (
+                (time.perf_counter() - start) * min(max_workers, len(batch)) / len(batch))
+            return result
         pattern = fill_pattern(batch[0][1], dst.dtype)
         ndim = max(dst.ndim, len(batch[0][1].shape))
         statuses: list[GetResult] = [MISSING] * len(batch)
@@ -97,23 +131,39 @@ class PipelinedChunkReader:
         groups = [range(s, min(len(batch), s + size)) for s in range(0, len(batch), size)]
         costs = [sum(bounds[i] for i in g) for g in groups]
 
+        # Buffers of consumed requests are handed to the next ones: fresh
+        # memory costs a page fault per page (large allocations are mmapped),
+        # and a reused buffer is still in the CPU's cache.
+        spare: list[np.ndarray] = []
+        spare_lock = threading.Lock()
+        io_time = [0.0, 0]  # seconds in read_files_into, files read
+
         def fetch(group: range, state: Batch[range, _Fetched]) -> _Fetched:
-            arena = np.empty(sum(bounds[i] for i in group), dtype=np.uint8)
-            lengths: list[int] = []
+            need = costs[group.start // size]
+            arena = None
+            with spare_lock:
+                if spare and spare[-1].shape[0] >= need:
+                    arena = spare.pop()
+            if arena is None:
+                arena = np.empty(need, dtype=np.uint8)
+            caps = np.array(bounds[group.start:group.stop], dtype=np.intp)
+            offsets = np.zeros(len(group), dtype=np.intp)
+            np.cumsum(caps[:-1], out=offsets[1:])
+            lengths = np.empty(len(group), dtype=np.intp)
+            start = time.perf_counter()
+            done = read_files_into(paths[group.start:group.stop], arena, offsets, caps, lengths,
+                                   state.stop_flag)
+            with spare_lock:
+                io_time[0] += time.perf_counter() - start
+                io_time[1] += done
             oversize: dict[int, bytes] = {}
-            offset = 0
-            for i in group:
-                if state.stopped:
-                    break
-                got = read_into(paths[i], arena[offset:offset + bounds[i]])
-                if got < -1:  # larger than any chunk we would write: read it whole
-                    whole = io_kernels.read_whole(paths[i])  # type: ignore[union-attr]
-                    got = -1 if whole is None else len(whole)
-                    if whole is not None:
-                        oversize[i] = whole
-                lengths.append(got)
-                offset += bounds[i]
-            return _Fetched(arena, lengths, oversize)
+            for k in np.flatnonzero(lengths[:done] < -1).tolist():
+                # larger than any chunk we would write: read it whole
+                whole = io_kernels.read_whole(paths[group.start + k])  # type: ignore[union-attr]
+                lengths[k] = -1 if whole is None else len(whole)
+                if whole is not None:
+                    oversize[group.start + k] = whole
+            return _Fetched(arena, lengths[:done].tolist(), oversize)
 
         def consume(group: range, fetched: _Fetched) -> None:
             decode = chain.decode_batch(len(group), ndim)
@@ -144,7 +194,11 @@ class PipelinedChunkReader:
                     raw = spec.prototype.buffer.from_bytes(bytes(payload))
                     chain.decode_into(raw, spec, chunk_selection, out, out_selection, drop_axes,
                                       getter)
+            with spare_lock:
+                spare.append(fetched.arena)
 
         run_pipelined(groups, costs, fetch, consume, io_concurrency=io_concurrency,
                       max_workers=max_workers)
+        if io_time[1]:
+            self.seconds_per_file = io_time[0] / io_time[1]
         return tuple(statuses)
