@@ -75,12 +75,16 @@ def drop_page_cache() -> str | None:
     return None
 
 
+#: the peers of this run (``--peers``); all by default
+SELECTED: list[str] = []
+
+
 def _peers() -> list[str]:
     from benchmarks._peers import PEERS, available
 
     names = [p for p in PEERS if available(p)]
     names.insert(names.index("zarr_fused") + 1, BASELINE)
-    return names
+    return [p for p in names if not SELECTED or p in SELECTED or p == "zarr_fused"]
 
 
 class _Peer:
@@ -120,6 +124,13 @@ def _summary(results: dict[str, dict[str, float]]) -> str:
     ) + " (>1: zarr_fused faster)"
 
 
+def _flush(lines: list[str]) -> None:
+    """Print ``lines`` now (a run takes minutes) and empty the list."""
+    if lines:
+        print("\n".join(lines), flush=True)
+    lines.clear()
+
+
 def read_scenarios(repeat: int, cold: bool) -> list[str]:
     import numpy as np
 
@@ -147,6 +158,7 @@ def read_scenarios(repeat: int, cold: bool) -> list[str]:
                           for p, r in readers.items()}, repeat)
         out += table(f"{what}: {name}{' (cold cache)' if cold else ''}", results)
         out.append(_summary(results))
+        _flush(out)
     return out
 
 
@@ -170,6 +182,7 @@ def write_scenarios(repeat: int) -> list[str]:
                           for p, w in writers.items()}, repeat)
         out += table(f"write all: {name}", results)
         out.append(_summary(results))
+        _flush(out)
     return out
 
 
@@ -179,13 +192,12 @@ def child(args: argparse.Namespace) -> int:
     cpus = sorted(os.sched_getaffinity(0))
     label = "cold page cache" if args.cold else (
         f"{args.latency_us[0]} us per call" if args.latency_us[0] else "hot page cache")
-    lines = [f"# {label}, CPUs {cpus} ({'pinned' if args.pin == 'on' else 'unpinned'}), "
-             f"{args.repeat} rounds"]
+    _flush([f"# {label}, CPUs {cpus} ({'pinned' if args.pin == 'on' else 'unpinned'}), "
+            f"{args.repeat} rounds"])
     if "read" in args.ops:
-        lines += read_scenarios(args.repeat, args.cold)
+        _flush(read_scenarios(args.repeat, args.cold))
     if "write" in args.ops and not args.cold:
-        lines += write_scenarios(args.repeat)
-    print("\n".join(lines), flush=True)
+        _flush(write_scenarios(args.repeat))
     return 0
 
 
@@ -197,8 +209,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ops", nargs="+", choices=["read", "write"], default=["read", "write"])
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--pin", choices=["off", "on", "both"], default="both")
+    parser.add_argument("--peers", nargs="+", default=[],
+                        help="peers to compare with zarr_fused (default: all); zarr's own "
+                             "pipelines take minutes per round at 1 ms")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    SELECTED[:] = args.peers
     if args.child:
         return child(args)
 
@@ -226,11 +242,11 @@ def main(argv: list[str] | None = None) -> int:
                    str(args.repeat), "--latency-us", str(latency), "--ops", *args.ops]
             if args.cold:
                 cmd.append("--cold")
-            res = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
-            sys.stdout.write(res.stdout)
+            if args.peers:
+                cmd += ["--peers", *args.peers]
             sys.stdout.flush()
+            res = subprocess.run(cmd, env=env, check=False)
             if res.returncode:
-                sys.stderr.write(res.stderr)
                 return res.returncode
     return 0
 
