@@ -34,13 +34,14 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 SHIM_SOURCE = HERE.parent / "tests" / "shims" / "faultfs.c"
 sys.path.insert(0, str(HERE))
 
-from side_by_side import rounds, table  # noqa: E402
+from side_by_side import rounds, table
 
 #: the calls the shim delays (faultfs' call groups)
 DELAYED_OPS = "open,create,read,write,rename,fsync"
@@ -154,7 +155,7 @@ def read_scenarios(repeat: int, cold: bool) -> list[str]:
         for p, reader in readers.items():
             if not np.array_equal(reader.call("read", selection), data[selection]):
                 raise SystemExit(f"{p} read wrong data from {name} ({what})")
-        results = rounds({p: ((lambda r=r: r.call("read", selection)), prepare)
+        results = rounds({p: ((lambda r=r, s=selection: r.call("read", s)), prepare)
                           for p, r in readers.items()}, repeat)
         out += table(f"{what}: {name}{' (cold cache)' if cold else ''}", results)
         out.append(_summary(results))
@@ -178,7 +179,8 @@ def write_scenarios(repeat: int) -> list[str]:
             writer.call("write", data)
             if not np.array_equal(writer.call("read_back"), data):
                 raise SystemExit(f"{p} wrote wrong data to {name}")
-        results = rounds({p: ((lambda w=w: w.call("write", data)), (lambda w=w: w.call("prepare")))
+        results = rounds({p: ((lambda w=w, d=data: w.call("write", d)),
+                              (lambda w=w: w.call("prepare")))
                           for p, w in writers.items()}, repeat)
         out += table(f"write all: {name}", results)
         out.append(_summary(results))

@@ -48,6 +48,7 @@ survive ``fork``), like the compute pool in `zarr_fused._pool`.
 
 from __future__ import annotations
 
+import functools
 import operator
 import os
 import queue
@@ -61,6 +62,7 @@ from zarr.core.config import config as zarr_config
 from zarr.errors import ZarrUserWarning
 
 from zarr_fused._pool import get_pool, in_worker_thread
+from zarr_fused.config import IO_CONCURRENCY_KEY
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -75,8 +77,6 @@ __all__ = [
     "resolve_io_concurrency",
     "run_pipelined",
 ]
-
-IO_CONCURRENCY_KEY: Final = "codec_pipeline.io_concurrency"
 
 #: Default IO requests in flight per process.
 #:
@@ -234,7 +234,11 @@ class Batch[R, F]:
             self.admitted_cost += cost
             future = self.pool.submit(self.fetch, self.requests[index], self)
             self.futures[index] = future
-            future.add_done_callback(lambda f, i=index: self.done.put((i, f)))
+            future.add_done_callback(functools.partial(self.deliver, index))
+
+    def deliver(self, index: int, future: Future[F]) -> None:
+        """Queue a finished (or cancelled) request for the compute threads."""
+        self.done.put((index, future))
 
     def fail(self, index: int, exc: BaseException) -> None:
         """Record a failure and cancel what has not started (lock held)."""

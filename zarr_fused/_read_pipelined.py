@@ -29,9 +29,9 @@ from zarr_fused._output import fill_missing
 from zarr_fused._read import MISSING, PRESENT, NativeChunkReader, fill_pattern, local_files
 
 try:
-    from zarr_fused._fileio import read_files_into
+    from zarr_fused import _fileio
 except ImportError:  # not built: the compute threads read their own files
-    read_files_into = None
+    _fileio = None  # type: ignore[assignment]
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -109,7 +109,7 @@ class PipelinedChunkReader:
         dst = out.as_ndarray_like()
         io_concurrency = resolve_io_concurrency()
         prefix = None
-        if io_concurrency > 1 and read_files_into is not None and io_kernels is not None:
+        if io_concurrency > 1 and _fileio is not None and io_kernels is not None:
             prefix = local_files(batch)
         if prefix is None or not chain.writes_into(dst, batch[0][1]):
             return self.direct.read(batch, out, drop_axes, max_workers)
@@ -151,7 +151,7 @@ class PipelinedChunkReader:
             np.cumsum(caps[:-1], out=offsets[1:])
             lengths = np.empty(len(group), dtype=np.intp)
             start = time.perf_counter()
-            done = read_files_into(paths[group.start:group.stop], arena, offsets, caps, lengths,
+            done = _fileio.read_files_into(paths[group.start:group.stop], arena, offsets, caps, lengths,
                                    state.stop_flag)
             with spare_lock:
                 io_time[0] += time.perf_counter() - start
@@ -172,7 +172,7 @@ class PipelinedChunkReader:
             offset = 0
             for i, length in zip(group, fetched.lengths, strict=True):
                 getter, spec, chunk_selection, out_selection, _ = batch[i]
-                payload = None
+                payload: bytes | np.ndarray | None = None
                 if length < 0:
                     queued = decode.add_missing(dst, out_selection, getter)
                 else:
