@@ -412,3 +412,36 @@ def test_stress_thousands_of_reads_under_latency_leave_nothing(
     for i, sel in enumerate(selections):
         np.testing.assert_array_equal(np.load(tmp_path / f"result-{i}.npy"), data[sel])
     assert_nothing_left(result)
+
+
+def test_forked_child_gets_fresh_io_threads() -> None:
+    import os
+    import signal
+    import time
+    import warnings
+
+    run_pipelined(list(range(20)), [1] * 20, lambda i, b: i, lambda i, f: None,
+                  io_concurrency=4, max_workers=1)  # the parent's IO pool exists
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # fork of a threaded process
+        pid = os.fork()
+    if pid == 0:  # the child: the inherited pool has no threads
+        code = 2
+        try:
+            got: list[int] = []
+            run_pipelined(list(range(20)), [1] * 20, lambda i, b: i,
+                          lambda i, f: got.append(f), io_concurrency=4, max_workers=1)
+            code = 0 if sorted(got) == list(range(20)) else 1
+        finally:
+            os._exit(code)
+    deadline = time.monotonic() + WAIT
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            pytest.fail("the forked child hung on the inherited IO pool")
+        time.sleep(0.05)
+    assert os.waitstatus_to_exitcode(status) == 0
