@@ -77,6 +77,12 @@ class _Fetched:
 #: a chunk file that answers faster than this (seconds) is in the page cache
 #: or on a fast local disk: the compute threads read it themselves
 FAST_FILE = 50e-6
+#: a direct read slower than this per file and compute thread (decoding
+#: included) goes back to the IO threads at once
+SLOW_DIRECT = 4 * FAST_FILE
+#: seconds after which a direct read is pipelined again, to look afresh at
+#: how fast the files answer (a cache that went cold, a slower filesystem)
+PROBE_INTERVAL = 1.0
 
 
 class PipelinedChunkReader:
@@ -86,17 +92,22 @@ class PipelinedChunkReader:
     each group of files from an IO thread to a compute thread costs thread
     wake-ups, which a file served from the page cache in a few microseconds
     does not repay: while files answer within `FAST_FILE`, the compute
-    threads read them inside their decode calls (`NativeChunkReader`), and
-    the time each file took is watched. Slower files (a network
-    filesystem, a cold cache) go to the IO threads. The first read of a
-    plan, and any read after a slow one, is pipelined.
+    threads read them inside their decode calls (`NativeChunkReader`).
+    Slower files (a network filesystem, a cold cache) go to the IO threads.
+    The first read of a plan is pipelined, and so is a read after a direct
+    one that took more than `SLOW_DIRECT` per file, or `PROBE_INTERVAL`
+    after the last pipelined read (a direct read's time includes decoding
+    and waiting for a CPU, so only a pipelined read measures the files).
     """
 
     def __init__(self, chain: NativeChain) -> None:
         self.chain = chain
         self.direct = NativeChunkReader(chain)
-        #: seconds per chunk file seen by the last read; None before the first
+        #: seconds per chunk file seen by the last pipelined read; None
+        #: before the first, or when a direct read was slow
         self.seconds_per_file: float | None = None
+        #: when the last pipelined read ended (time.monotonic)
+        self.probed = 0.0
 
     def read(
         self,
@@ -114,13 +125,13 @@ class PipelinedChunkReader:
         if prefix is None or not chain.writes_into(dst, batch[0][1]):
             return self.direct.read(batch, out, drop_axes, max_workers)
         seen = self.seconds_per_file
-        if seen is not None and seen < FAST_FILE:
-            # a file's time in the direct path includes its decoding: an
-            # upper bound of its IO, so slow files are still noticed
+        if (seen is not None and seen < FAST_FILE
+                and time.monotonic() - self.probed < PROBE_INTERVAL):
             start = time.perf_counter()
             result = self.direct.read(batch, out, drop_axes, max_workers)
-            self.seconds_per_file = (
-                (time.perf_counter() - start) * min(max_workers, len(batch)) / len(batch))
+            took = (time.perf_counter() - start) * min(max_workers, len(batch)) / len(batch)
+            if took > SLOW_DIRECT:
+                self.seconds_per_file = None
             return result
         pattern = fill_pattern(batch[0][1], dst.dtype)
         ndim = max(dst.ndim, len(batch[0][1].shape))
@@ -205,4 +216,5 @@ class PipelinedChunkReader:
                       max_workers=max_workers)
         if fastest[0] != float("inf"):
             self.seconds_per_file = fastest[0]
+            self.probed = time.monotonic()
         return tuple(statuses)
