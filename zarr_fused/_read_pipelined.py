@@ -94,9 +94,10 @@ class PipelinedChunkReader:
     does not repay: while files answer within `FAST_FILE`, the compute
     threads read them inside their decode calls (`NativeChunkReader`).
     Slower files (a network filesystem, a cold cache) go to the IO threads.
-    The first read of a plan is pipelined, and so is a read after a direct
-    one that took more than `SLOW_DIRECT` per file, or `PROBE_INTERVAL`
-    after the last pipelined read (a direct read's time includes decoding
+    The first read of a plan is pipelined, and so are the reads of the next
+    ``10 * PROBE_INTERVAL`` seconds after a direct one that took more than
+    `SLOW_DIRECT` per file, and a read `PROBE_INTERVAL` after the last
+    pipelined one (a direct read's time includes decoding
     and waiting for a CPU, so only a pipelined read measures the files).
     """
 
@@ -108,6 +109,10 @@ class PipelinedChunkReader:
         self.seconds_per_file: float | None = None
         #: when the last pipelined read ended (time.monotonic)
         self.probed = 0.0
+        #: until when reads stay pipelined after a slow direct one: a few
+        #: fast groups (blocks a disk or a VM host still caches) must not
+        #: send every other read of a cold array back to the compute threads
+        self.slow_until = 0.0
 
     def read(
         self,
@@ -125,13 +130,15 @@ class PipelinedChunkReader:
         if prefix is None or not chain.writes_into(dst, batch[0][1]):
             return self.direct.read(batch, out, drop_axes, max_workers)
         seen = self.seconds_per_file
-        if (seen is not None and seen < FAST_FILE
-                and time.monotonic() - self.probed < PROBE_INTERVAL):
+        now = time.monotonic()
+        if (seen is not None and seen < FAST_FILE and now >= self.slow_until
+                and now - self.probed < PROBE_INTERVAL):
             start = time.perf_counter()
             result = self.direct.read(batch, out, drop_axes, max_workers)
             took = (time.perf_counter() - start) * min(max_workers, len(batch)) / len(batch)
             if took > SLOW_DIRECT:
                 self.seconds_per_file = None
+                self.slow_until = time.monotonic() + 10 * PROBE_INTERVAL
             return result
         pattern = fill_pattern(batch[0][1], dst.dtype)
         ndim = max(dst.ndim, len(batch[0][1].shape))
