@@ -46,6 +46,12 @@ EXTENSIONS: list[dict] = [
         "libraries": [],
     },
     {
+        "name": "zarr_fused._fileio",
+        "sources": ["zarr_fused/_fileio.pyx"],
+        "depends": ["zarr_fused/_localio.pxd"],
+        "libraries": [],
+    },
+    {
         "name": "zarr_fused._codecs",
         "sources": ["zarr_fused/_codecs.pyx"],
         "depends": [

@@ -139,7 +139,8 @@ def test_native_compute_runs_off_the_event_loop(
 def test_native_info_reports_codecs() -> None:
     info = zarr_fused.native_info()
     assert info["extensions"] == {
-        "zarr_fused._scatter": True, "zarr_fused._localio": True, "zarr_fused._codecs": True,
+        "zarr_fused._scatter": True, "zarr_fused._localio": True, "zarr_fused._fileio": True,
+        "zarr_fused._codecs": True,
         "zarr_fused._codec_batch": True, "zarr_fused._shard_index": True,
         "zarr_fused._shard": True, "zarr_fused._shard_local": True,
     }

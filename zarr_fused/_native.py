@@ -16,7 +16,8 @@ from types import ModuleType
 from typing import TYPE_CHECKING
 
 _EXTENSIONS = (
-    "_scatter", "_localio", "_codecs", "_codec_batch", "_shard_index", "_shard", "_shard_local",
+    "_scatter", "_localio", "_fileio", "_codecs", "_codec_batch", "_shard_index", "_shard",
+    "_shard_local",
 )
 
 _modules: dict[str, ModuleType] = {}
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
     # the callers test before using it
     from zarr_fused import _codec_batch as batch_kernels
     from zarr_fused import _codecs as codec_kernels
+    from zarr_fused import _fileio as fileio_kernels
     from zarr_fused import _localio as io_kernels
     from zarr_fused import _scatter as scatter_kernels
     from zarr_fused import _shard as shard_kernels
@@ -46,6 +48,7 @@ else:
     shard_kernels = _modules.get("_shard")
     shard_local_kernels = _modules.get("_shard_local")
     io_kernels = _modules.get("_localio")
+    fileio_kernels = _modules.get("_fileio")
 
 def missing_message() -> str:
     """Why the extensions are unusable and how to fix it ('' when they are fine)."""

@@ -22,6 +22,7 @@ from zarr.core.codec_pipeline import AsyncChunkTransform
 
 from zarr_fused._chain import NativeChain, TransformChain, build_chain, native_chain_params
 from zarr_fused._native import shard_kernels
+from zarr_fused.chunks.pipelined import PipelinedChunkReader
 from zarr_fused.chunks.read import ChunkReader, NativeChunkReader, PartialDecodeReader
 from zarr_fused.chunks.write import ChunkWriter, NativeChunkWriter, PartialEncodeWriter
 from zarr_fused.errors import UnsupportedError
@@ -37,7 +38,8 @@ if TYPE_CHECKING:
 
 __all__ = ["PipelinePlan", "build_plan", "shard_chain_reason"]
 
-Reader = ChunkReader | NativeChunkReader | PartialDecodeReader | ShardReader
+Reader = (ChunkReader | NativeChunkReader | PipelinedChunkReader | PartialDecodeReader
+          | ShardReader)
 Writer = ChunkWriter | NativeChunkWriter | PartialEncodeWriter | ShardWriter
 
 logger = logging.getLogger("zarr_fused")
@@ -199,7 +201,9 @@ def _reader(chain: Chain, array_bytes_codec: ArrayBytesCodec, spec: ArraySpec,
             return reader, reason
         return ShardReader(array_bytes_codec, inner, reader), reason  # type: ignore[arg-type]
     if isinstance(chain, NativeChain):
-        return NativeChunkReader(chain), chain.reason
+        # LocalStore chunk files go through the IO threads; any other store
+        # through the NativeChunkReader the pipelined reader wraps
+        return PipelinedChunkReader(chain), chain.reason
     return ChunkReader(chain), chain.reason
 
 

@@ -14,6 +14,15 @@ zarr_fused is configured through zarr's own configuration object
     thread, no pool. An invalid value (not an integer, or < 1) warns with
     `zarr.errors.ZarrUserWarning` and uses the default; values above
     `MAX_WORKERS_CAP` warn and are clamped.
+``codec_pipeline.io_concurrency``
+    File requests (open, read) one process keeps in flight, on IO threads
+    apart from the ``max_workers`` compute threads, for chunk files of a
+    `zarr.storage.LocalStore` on a filesystem whose every call is a round
+    trip (Lustre, GPFS, NFS, a cold disk). ``None`` (default): 32, whatever
+    the CPU count (reasoning in `zarr_fused.io.engine`); raise it for
+    latencies above ~1 ms. ``1``: no IO threads, the compute threads read
+    their own files. Invalid values warn and use the default, as for
+    ``max_workers``; values above 1024 are clamped.
 ``codec_pipeline.strict``
     ``False`` (default): where a native path does not apply (a codec chain
     zarr_fused has no kernel for, missing compiled extensions), fall back to
@@ -37,8 +46,10 @@ from warnings import warn
 from zarr.core.config import config as zarr_config
 from zarr.errors import ZarrUserWarning
 
-__all__ = ["MAX_WORKERS_CAP", "MAX_WORKERS_KEY", "STRICT_KEY", "strict_mode"]
+__all__ = ["IO_CONCURRENCY_KEY", "MAX_WORKERS_CAP", "MAX_WORKERS_KEY", "STRICT_KEY",
+           "strict_mode"]
 
+IO_CONCURRENCY_KEY: Final = "codec_pipeline.io_concurrency"
 MAX_WORKERS_KEY: Final = "codec_pipeline.max_workers"
 STRICT_KEY: Final = "codec_pipeline.strict"
 MAX_WORKERS_CAP: Final = 256

@@ -19,13 +19,19 @@
  *                   short: move at most FAULTFS_SHORT bytes per read/write;
  *                   crash: SIGKILL the process at the triggering call (a
  *                   write first moves half of its bytes, like a crash in
- *                   the middle of it)
+ *                   the middle of it);
+ *                   delay: sleep FAULTFS_DELAY_US microseconds, then make
+ *                   the call (a network filesystem's round trip: see
+ *                   asv_bench/latency_side_by_side.py)
  *   FAULTFS_ERRNO   EIO, EACCES, ENOSPC, EINTR, EROFS or a number (EIO)
  *   FAULTFS_SKIP    matching calls let through before the first fault (0)
  *   FAULTFS_EVERY   from then on, act on every k-th matching call (1): with
  *                   EINTR and 2, each failed call's retry goes through
  *   FAULTFS_COUNT   faults to inject, -1 for no limit (-1)
  *   FAULTFS_SHORT   byte limit of the short mode (1)
+ *   FAULTFS_DELAY_US  microseconds each acted-on call waits in the delay
+ *                   mode (1000); threads wait independently, so N calls in
+ *                   flight take one delay, not N
  *   FAULTFS_LOG     file that gets one line per injected fault (or short
  *                   transfer), so a test can tell its fault happened
  *
@@ -48,11 +54,12 @@
 #include <sys/syscall.h>
 #include <sys/types.h>
 #include <sys/uio.h>
+#include <time.h>
 #include <unistd.h>
 
 enum { G_OPEN = 1, G_CREATE = 2, G_READ = 4, G_WRITE = 8, G_RENAME = 16, G_CLOSE = 32,
        G_FSYNC = 64 };
-enum { M_ERROR, M_SHORT, M_CRASH };
+enum { M_ERROR, M_SHORT, M_CRASH, M_DELAY };
 enum { MAX_FD = 1 << 16 };
 
 static const char* marker = NULL;
@@ -63,6 +70,7 @@ static long skip = 0;
 static long count = -1;
 static long every = 1;
 static size_t short_limit = 1;
+static long delay_us = 1000;
 static int log_fd = -1;
 static long seen = 0;
 static long injected = 0;
@@ -109,6 +117,7 @@ int faultfs_reload(void) {
     count = -1;
     every = 1;
     short_limit = 1;
+    delay_us = 1000;
     __atomic_store_n(&seen, 0, __ATOMIC_RELAXED);
     __atomic_store_n(&injected, 0, __ATOMIC_RELAXED);
     memset(marked, 0, sizeof(marked));
@@ -122,11 +131,13 @@ int faultfs_reload(void) {
     v = getenv("FAULTFS_MODE");
     if (v && !strcmp(v, "short")) mode = M_SHORT;
     if (v && !strcmp(v, "crash")) mode = M_CRASH;
+    if (v && !strcmp(v, "delay")) mode = M_DELAY;
     fault_errno = parse_errno(getenv("FAULTFS_ERRNO"));
     if ((v = getenv("FAULTFS_SKIP"))) skip = atol(v);
     if ((v = getenv("FAULTFS_COUNT"))) count = atol(v);
     if ((v = getenv("FAULTFS_EVERY")) && atol(v) > 0) every = atol(v);
     if ((v = getenv("FAULTFS_SHORT")) && atol(v) > 0) short_limit = (size_t)atol(v);
+    if ((v = getenv("FAULTFS_DELAY_US")) && atol(v) >= 0) delay_us = atol(v);
     if ((v = getenv("FAULTFS_LOG")) && *v) {
         log_fd = (int)syscall(SYS_openat, AT_FDCWD, v, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC,
                               0644);
@@ -174,6 +185,23 @@ static int trigger(int group, const char* what, const char* path) {
     return 1;
 }
 
+/* The delay mode's wait: nanosleep, resumed after a signal, so the call
+   always waits its full delay (a signal does not shorten a round trip). */
+static void pause_for_delay(void) {
+    struct timespec left = {delay_us / 1000000, (delay_us % 1000000) * 1000};
+    while (nanosleep(&left, &left) != 0 && errno == EINTR) {
+    }
+}
+
+/* Acts on a triggered call in the delay mode: waits, keeps errno, and
+   tells the caller to make the real call (0). */
+static int delayed(void) {
+    int saved = errno;
+    pause_for_delay();
+    errno = saved;
+    return 0;
+}
+
 static void crash(void) {
     kill(getpid(), SIGKILL);
     for (;;) pause();
@@ -190,6 +218,7 @@ static int opened(int fd, const char* path) {
 
 static int open_fault(int flags, const char* what, const char* path) {
     if (!path_marked(path) || !trigger(open_group(flags), what, path)) return 0;
+    if (mode == M_DELAY) return delayed();
     if (mode == M_CRASH) crash();
     return mode == M_ERROR;
 }
@@ -248,6 +277,7 @@ static int io_action(int group, int fd, const char* what) {
         return 2;
     }
     if (!trigger(group, what, "fd")) return 0;
+    if (mode == M_DELAY) return delayed();
     return mode == M_CRASH ? 3 : 1;
 }
 
@@ -360,6 +390,7 @@ ssize_t pwritev(int fd, const struct iovec* iov, int cnt, off_t off) {
 static int rename_fault(const char* what, const char* old, const char* new) {
     const char* hit = path_marked(old) ? old : (path_marked(new) ? new : NULL);
     if (hit == NULL || mode == M_SHORT || !trigger(G_RENAME, what, hit)) return 0;
+    if (mode == M_DELAY) return delayed();
     if (mode == M_CRASH) crash();
     return 1;
 }
@@ -389,6 +420,7 @@ int close(int fd) {
     r = real_close(fd);  /* the descriptor is released even when close reports an error */
     remember(fd, 0);
     if (was && mode != M_SHORT && trigger(G_CLOSE, "close", "fd")) {
+        if (mode == M_DELAY) { delayed(); return r; }
         if (mode == M_CRASH) crash();
         errno = fault_errno;
         return -1;
@@ -399,6 +431,7 @@ int close(int fd) {
 int fsync(int fd) {
     REAL(fsync);
     if (fd_marked(fd) && mode != M_SHORT && trigger(G_FSYNC, "fsync", "fd")) {
+        if (mode == M_DELAY) { delayed(); return real_fsync(fd); }
         if (mode == M_CRASH) crash();
         errno = fault_errno;
         return -1;
@@ -409,6 +442,7 @@ int fsync(int fd) {
 int fdatasync(int fd) {
     REAL(fdatasync);
     if (fd_marked(fd) && mode != M_SHORT && trigger(G_FSYNC, "fdatasync", "fd")) {
+        if (mode == M_DELAY) { delayed(); return real_fdatasync(fd); }
         if (mode == M_CRASH) crash();
         errno = fault_errno;
         return -1;

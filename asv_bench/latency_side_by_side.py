@@ -1,0 +1,257 @@
+#!/usr/bin/env python
+"""Side-by-side timings under filesystem latency and with a cold page cache.
+
+Models the storage of an HPC batch job (Lustre, GPFS, NFS: every ``open``,
+``read``, ``write`` and ``rename`` a round trip of 0.2-2 ms) on a local
+disk: the faultfs shim (``tests/shims/faultfs.c``, built here with the
+system C compiler) is preloaded into a child process in its delay mode and
+makes every such call on the benchmark's files wait ``--latency-us``
+microseconds first. Calls in different threads wait independently, as
+requests in flight on a network filesystem do. ``--latency-us 0`` runs
+without the shim (hot page cache: the regression check); ``--cold`` drops
+the page cache (``/proc/sys/vm/drop_caches``, root only; skipped with a
+message otherwise) before every timed read, without latency.
+
+    python asv_bench/latency_side_by_side.py --latency-us 1000 200 --pin both
+    python asv_bench/latency_side_by_side.py --latency-us 0 --cold --pin both
+
+Peers: zarr's two pipelines, zarr_fused, zarr_fused with
+``codec_pipeline.io_concurrency=1`` (its IO in the compute threads: the path
+before the IO layer), zarrs and tensorstore. Each is checked to return the
+written data before it is timed; rounds are interleaved (see
+``side_by_side.py``) and the results are reported as ratios.
+
+To model your own filesystem, measure its round trip (e.g. the median
+``open`` + ``pread`` time of a small file with ``strace -T``, or
+``ioping -c 20 DIR``) and pass it as ``--latency-us``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from collections.abc import Callable
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+SHIM_SOURCE = HERE.parent / "tests" / "shims" / "faultfs.c"
+sys.path.insert(0, str(HERE))
+
+from side_by_side import rounds, table
+
+#: the calls the shim delays (faultfs' call groups)
+DELAYED_OPS = "open,create,read,write,rename,fsync"
+BASELINE = "zarr_fused-io1"
+
+
+def build_shim(directory: Path) -> Path | None:
+    """faultfs compiled into ``directory`` (None when no compiler works)."""
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        return None
+    directory.mkdir(parents=True, exist_ok=True)
+    target = directory / "faultfs.so"
+    result = subprocess.run(
+        [compiler, "-shared", "-fPIC", "-O2", "-o", str(target), str(SHIM_SOURCE), "-ldl"],
+        capture_output=True, text=True, check=False,
+    )
+    if result.returncode != 0:
+        sys.stderr.write(result.stderr)
+        return None
+    return target
+
+
+def drop_page_cache() -> str | None:
+    """Drop the page cache; None on success, else why it cannot be."""
+    try:
+        os.sync()
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+    except OSError as e:
+        return f"cannot drop the page cache ({e}); the cold-cache scenario needs root"
+    return None
+
+
+#: the peers of this run (``--peers``); all by default
+SELECTED: list[str] = []
+
+
+def _peers() -> list[str]:
+    from benchmarks._peers import PEERS, available
+
+    names = [p for p in PEERS if available(p)]
+    names.insert(names.index("zarr_fused") + 1, BASELINE)
+    return [p for p in names if not SELECTED or p in SELECTED or p == "zarr_fused"]
+
+
+class _Peer:
+    """A reader or writer of one peer; the baseline is zarr_fused with
+    ``codec_pipeline.io_concurrency`` = 1."""
+
+    def __init__(self, inner: Any, baseline: bool) -> None:
+        self.inner, self.baseline = inner, baseline
+
+    def call(self, method: str, *args: Any) -> Any:
+        import zarr
+
+        fn = getattr(self.inner, method)
+        if self.baseline:
+            with zarr.config.set({"codec_pipeline.io_concurrency": 1}):
+                return fn(*args)
+        return fn(*args)
+
+
+def _reader(peer: str, path: Path) -> _Peer:
+    from benchmarks._peers import Reader
+
+    return _Peer(Reader("zarr_fused" if peer == BASELINE else peer, path), peer == BASELINE)
+
+
+def _writer(peer: str, layout: Any, path: Path) -> _Peer:
+    from benchmarks._peers import Writer
+
+    return _Peer(Writer("zarr_fused" if peer == BASELINE else peer, layout, path),
+                 peer == BASELINE)
+
+
+def _summary(results: dict[str, dict[str, float]]) -> str:
+    ours = results["zarr_fused"]["median"]
+    return "zarr_fused is " + ", ".join(
+        f"{r['median'] / ours:.2f}x {p}" for p, r in results.items() if p != "zarr_fused"
+    ) + " (>1: zarr_fused faster)"
+
+
+def _flush(lines: list[str]) -> None:
+    """Print ``lines`` now (a run takes minutes) and empty the list."""
+    if lines:
+        print("\n".join(lines), flush=True)
+    lines.clear()
+
+
+def read_scenarios(repeat: int, cold: bool) -> list[str]:
+    import numpy as np
+
+    from benchmarks._peers import LAYOUTS, data_dir, write_reference
+
+    prepare: Callable[[], Any] | None = None
+    if cold:
+        why = drop_page_cache()
+        if why is not None:
+            return [f"## cold cache: skipped: {why}"]
+        prepare = drop_page_cache
+    out: list[str] = []
+    row = 100 % LAYOUTS["sharded-zstd"].shape[0]  # 100, or a row of the small scale
+    cases = [("unsharded-blosc", Ellipsis, "read all"),
+             ("sharded-zstd", (slice(row, row + 1),), f"thin slab a[{row}:{row + 1}]"),
+             ("sharded-zstd", Ellipsis, "read all")]
+    for name, selection, what in cases:
+        path = data_dir() / name
+        data = write_reference(LAYOUTS[name], path)
+        readers = {p: _reader(p, path) for p in _peers()}
+        for p, reader in readers.items():
+            if not np.array_equal(reader.call("read", selection), data[selection]):
+                raise SystemExit(f"{p} read wrong data from {name} ({what})")
+        results = rounds({p: ((lambda r=r, s=selection: r.call("read", s)), prepare)
+                          for p, r in readers.items()}, repeat)
+        out += table(f"{what}: {name}{' (cold cache)' if cold else ''}", results)
+        out.append(_summary(results))
+        _flush(out)
+    return out
+
+
+def write_scenarios(repeat: int) -> list[str]:
+    import numpy as np
+
+    from benchmarks._peers import LAYOUTS, data_dir
+
+    out: list[str] = []
+    for name in ("sharded-zstd", "sharded-raw", "unsharded-blosc"):
+        layout = LAYOUTS[name]
+        data = layout.sample()
+        writers = {p: _writer(p, layout, data_dir() / f"latency-{name}-write-{p}")
+                   for p in _peers()}
+        for p, writer in writers.items():
+            writer.call("prepare")
+            writer.call("write", data)
+            if not np.array_equal(writer.call("read_back"), data):
+                raise SystemExit(f"{p} wrote wrong data to {name}")
+        results = rounds({p: ((lambda w=w, d=data: w.call("write", d)),
+                              (lambda w=w: w.call("prepare")))
+                          for p, w in writers.items()}, repeat)
+        out += table(f"write all: {name}", results)
+        out.append(_summary(results))
+        _flush(out)
+    return out
+
+
+def child(args: argparse.Namespace) -> int:
+    if args.pin == "on":
+        os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
+    cpus = sorted(os.sched_getaffinity(0))
+    label = "cold page cache" if args.cold else (
+        f"{args.latency_us[0]} us per call" if args.latency_us[0] else "hot page cache")
+    _flush([f"# {label}, CPUs {cpus} ({'pinned' if args.pin == 'on' else 'unpinned'}), "
+            f"{args.repeat} rounds"])
+    if "read" in args.ops:
+        _flush(read_scenarios(args.repeat, args.cold))
+    if "write" in args.ops and not args.cold:
+        _flush(write_scenarios(args.repeat))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--latency-us", type=int, nargs="+", default=[1000, 200])
+    parser.add_argument("--cold", action="store_true",
+                        help="drop the page cache before every timed read (no latency)")
+    parser.add_argument("--ops", nargs="+", choices=["read", "write"], default=["read", "write"])
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--pin", choices=["off", "on", "both"], default="both")
+    parser.add_argument("--peers", nargs="+", default=[],
+                        help="peers to compare with zarr_fused (default: all); zarr's own "
+                             "pipelines take minutes per round at 1 ms")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    SELECTED[:] = args.peers
+    if args.child:
+        return child(args)
+
+    from benchmarks._peers import LAYOUTS, data_dir, write_reference
+
+    for name in ("unsharded-blosc", "sharded-zstd"):  # written once, without the shim
+        write_reference(LAYOUTS[name], data_dir() / name)
+    shim = None
+    if any(args.latency_us) and not args.cold:
+        shim = build_shim(data_dir().parent / "shim")
+        if shim is None:
+            print("latency scenarios skipped: the faultfs shim did not build (no C compiler?)")
+            return 0
+    pins = ["off", "on"] if args.pin == "both" else [args.pin]
+    latencies = [0] if args.cold else args.latency_us
+    for latency in latencies:
+        for pin in pins:
+            env = {k: v for k, v in os.environ.items() if not k.startswith("FAULTFS_")}
+            env.pop("LD_PRELOAD", None)
+            if latency:
+                env.update(LD_PRELOAD=str(shim), FAULTFS_MARKER=str(data_dir()),
+                           FAULTFS_OPS=DELAYED_OPS, FAULTFS_MODE="delay",
+                           FAULTFS_DELAY_US=str(latency))
+            cmd = [sys.executable, __file__, "--child", "--pin", pin, "--repeat",
+                   str(args.repeat), "--latency-us", str(latency), "--ops", *args.ops]
+            if args.cold:
+                cmd.append("--cold")
+            if args.peers:
+                cmd += ["--peers", *args.peers]
+            sys.stdout.flush()
+            res = subprocess.run(cmd, env=env, check=False)
+            if res.returncode:
+                return res.returncode
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,448 @@
+"""The IO layer: IO threads apart from compute, pipelined unsharded reads.
+
+Two kinds of tests. The engine (`zarr_fused.io.engine.run_pipelined`) is
+driven in-process with Python fetch/consume functions that coordinate
+through events, so ordering, bounds and cancellation are checked without
+timing anything. The reads go through zarr with the faultfs shim preloaded
+in a long-lived child (``tests/shims``): in its delay mode every open/read
+of the array's files waits, as on a network filesystem, and in its error
+mode one chunk file fails; zarr's own pipeline (run here, without the shim)
+is the oracle.
+"""
+
+from __future__ import annotations
+
+import errno
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import zarr
+from zarr.codecs import BloscCodec, ZstdCodec
+from zarr.errors import ZarrUserWarning
+from zarr.storage import LocalStore
+
+from helpers import BATCHED, FUSED, with_pipeline
+from shims import FaultyChild, build_faultfs
+from zarr_fused.io import engine as _io_engine
+from zarr_fused.io.engine import (
+    DEFAULT_IO_CONCURRENCY,
+    IO_CONCURRENCY_CAP,
+    IO_CONCURRENCY_KEY,
+    resolve_io_concurrency,
+    run_pipelined,
+)
+from zarr_fused.chunks.pipelined import FAST_FILE, MAX_GROUP, group_size
+
+TIMEOUT = 120.0
+WAIT = 30.0  # how long an event may take before a test calls it lost (never a timing claim)
+
+# -- the setting ------------------------------------------------------------------------
+
+
+def test_io_concurrency_default() -> None:
+    with zarr.config.set({IO_CONCURRENCY_KEY: None}):
+        assert resolve_io_concurrency() == DEFAULT_IO_CONCURRENCY
+
+
+@pytest.mark.parametrize(("value", "expected"), [
+    pytest.param(8, 8, id="int"),
+    pytest.param(" 64 ", 64, id="env-string"),
+    pytest.param(np.int64(3), 3, id="numpy-int"),
+    pytest.param(1, 1, id="one"),
+])
+def test_io_concurrency_valid(value: Any, expected: int) -> None:
+    with zarr.config.set({IO_CONCURRENCY_KEY: value}):
+        assert resolve_io_concurrency() == expected
+
+
+@pytest.mark.parametrize("value", [
+    pytest.param(0, id="zero"), pytest.param("many", id="word"), pytest.param(True, id="bool"),
+    pytest.param(2.5, id="float"),
+])
+def test_io_concurrency_invalid_warns_and_uses_default(value: Any) -> None:
+    with zarr.config.set({IO_CONCURRENCY_KEY: value}), pytest.warns(ZarrUserWarning):
+        assert resolve_io_concurrency() == DEFAULT_IO_CONCURRENCY
+
+
+def test_io_concurrency_above_cap_is_clamped() -> None:
+    with zarr.config.set({IO_CONCURRENCY_KEY: IO_CONCURRENCY_CAP + 1}), pytest.warns(ZarrUserWarning):
+        assert resolve_io_concurrency() == IO_CONCURRENCY_CAP
+
+
+@pytest.mark.parametrize(("n", "io", "bound", "expected"), [
+    pytest.param(1024, 32, 16 << 10, 8, id="1024-files"),
+    pytest.param(10, 32, 16 << 10, 1, id="few-files"),
+    pytest.param(100_000, 32, 16 << 10, MAX_GROUP, id="many-files"),
+    pytest.param(1024, 32, 8 << 20, 1, id="large-chunks"),
+])
+def test_group_size(n: int, io: int, bound: int, expected: int) -> None:
+    assert group_size(n, io, bound) == expected
+
+
+# -- the engine, in-process ---------------------------------------------------------------
+
+
+def _snapshot() -> tuple[set[str], set[str]]:
+    """Names of the live threads and this process's open descriptors."""
+    import os
+
+    return {t.name for t in threading.enumerate()}, set(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.parametrize("workers", [pytest.param(1, id="1-worker"),
+                                     pytest.param(2, id="2-workers")])
+def test_consumes_in_completion_order_without_a_barrier(workers: int) -> None:
+    # request 0's fetch cannot finish until request 1 has been consumed: a
+    # reader that fetched everything before decoding anything would stall
+    consumed_1 = threading.Event()
+    order: list[int] = []
+
+    def fetch(i: int, batch: Any) -> int:
+        if i == 0:
+            assert consumed_1.wait(WAIT), "request 1 was not consumed while 0 was in flight"
+        return i * 10
+
+    def consume(i: int, fetched: int) -> None:
+        assert fetched == i * 10
+        order.append(i)
+        if i == 1:
+            consumed_1.set()
+
+    run_pipelined([0, 1], [1, 1], fetch, consume, io_concurrency=2, max_workers=workers)
+    assert order == [1, 0]
+
+
+def test_bytes_in_flight_stay_within_the_budget() -> None:
+    rng = np.random.default_rng(5)
+    costs = [int(c) for c in rng.integers(1, 40, size=200)]
+    budget = 100
+    lock = threading.Lock()
+    held = [0, 0]  # now, most
+
+    def fetch(i: int, batch: Any) -> int:
+        with lock:
+            held[0] += costs[i]
+            held[1] = max(held[1], held[0])
+        return i
+
+    def consume(i: int, fetched: int) -> None:
+        with lock:
+            held[0] -= costs[i]
+
+    run_pipelined(list(range(200)), costs, fetch, consume, io_concurrency=8, max_workers=2,
+                  budget=budget)
+    assert held == [0, held[1]]
+    assert 0 < held[1] <= budget
+
+
+def test_one_request_larger_than_the_budget_still_runs() -> None:
+    got: list[int] = []
+    run_pipelined([0, 1], [500, 500], lambda i, b: i, lambda i, f: got.append(f),
+                  io_concurrency=4, max_workers=1, budget=100)
+    assert sorted(got) == [0, 1]
+
+
+@pytest.mark.parametrize("where", [pytest.param("fetch", id="fetch-fails"),
+                                   pytest.param("consume", id="consume-fails")])
+def test_first_error_cancels_the_rest_and_waits_for_running_fetches(where: str) -> None:
+    n = 400
+    running = [0]
+    fetched: list[int] = []
+    consumed: list[int] = []
+    lock = threading.Lock()
+    failing = 3
+    release = threading.Event()
+
+    def fetch(i: int, batch: Any) -> int:
+        with lock:
+            running[0] += 1
+        try:
+            if i == failing and where == "fetch":
+                raise OSError(errno.EIO, "injected", f"key-{i}")
+            if i != failing:
+                release.wait(0.01)  # stays in flight a little, like a round trip
+            with lock:
+                fetched.append(i)
+            return i
+        finally:
+            with lock:
+                running[0] -= 1
+
+    def consume(i: int, value: int) -> None:
+        if i == failing and where == "consume":
+            raise OSError(errno.EIO, "injected", f"key-{i}")
+        consumed.append(i)
+
+    before = _snapshot()
+    with pytest.raises(OSError, match="key-3") as info:
+        run_pipelined(list(range(n)), [1] * n, fetch, consume, io_concurrency=4, max_workers=2)
+    assert info.value.errno == errno.EIO
+    assert running[0] == 0  # nothing still reading after the error surfaced
+    assert len(fetched) < n - 1  # the rest was cancelled, not fetched
+    assert failing not in consumed
+    threads, fds = _snapshot()
+    assert fds == before[1]
+    assert threads <= before[0] | {t for t in threads if t.startswith("zarr_fused")}
+
+
+def test_io_threads_are_shared_and_bounded() -> None:
+    run_pipelined(list(range(50)), [1] * 50, lambda i, b: i, lambda i, f: None,
+                  io_concurrency=3, max_workers=2)
+    before = {t.name for t in threading.enumerate()}
+    for _ in range(5):
+        run_pipelined(list(range(50)), [1] * 50, lambda i, b: i, lambda i, f: None,
+                      io_concurrency=3, max_workers=2)
+    after = {t.name for t in threading.enumerate()}
+    assert after == before
+    assert len([t for t in after if t.startswith("zarr_fused-fileio")]) <= max(
+        3, _io_engine._io_size)
+
+
+# -- reads through zarr, with the shim in a child ---------------------------------------
+
+LAYOUTS = {
+    "blosc": {"chunks": (8, 8), "compressors": BloscCodec(cname="lz4", clevel=1)},
+    "zstd": {"chunks": (8, 8), "compressors": ZstdCodec(level=1)},
+    "raw": {"chunks": (8, 8), "compressors": None},
+}
+SHAPE = (64, 64)  # 8 x 8 chunk files: keys c/i/j with one digit each
+
+# Runs in the child: reads through zarr_fused, returns the result's path,
+# and the threads and descriptors before (after a warm-up read) and after.
+READ = r"""
+import os, threading
+import numpy as np, zarr
+from zarr.storage import LocalStore
+from zarr_fused import _pool
+from zarr_fused.io import engine as _io_engine
+
+def snapshot():
+    return (sorted([t.ident, t.name] for t in threading.enumerate()),
+            sorted(os.listdir("/proc/self/fd")))
+
+def fill(pool, n):
+    # every thread of the pool started (executors start them lazily), so
+    # that what a read adds afterwards shows
+    barrier = threading.Barrier(n + 1)
+    futures = [pool.submit(barrier.wait, 30) for _ in range(n)]
+    barrier.wait(30)
+    for f in futures:
+        f.result()
+
+config = {"codec_pipeline.path": "zarr_fused.FusedCodecPipeline",
+          "codec_pipeline.max_workers": args["workers"],
+          "codec_pipeline.io_concurrency": args["io"]}
+with zarr.config.set(config):
+    arr = zarr.open_array(LocalStore(args["root"]), mode="r")
+    plan_reader = arr._async_array.codec_pipeline.plan.reader
+    reader = type(plan_reader).__name__
+    arr[0:1, 0:1]
+    fill(_io_engine.io_threads(args["io"]), _io_engine._io_size)
+    if args["workers"] > 1:
+        fill(_pool.get_pool(args["workers"] - 1), _pool.pool_size())
+    hop = _pool._hop_executor()  # the hop off zarr's event loop (its own bounded pool)
+    fill(hop, hop._max_workers)
+    before = snapshot()
+    sels = [tuple(slice(a, b, s) for a, b, s in sel) for sel in args["selections"]]
+    outcome = None
+    try:
+        for k in range(args["repeat"]):
+            for i, sel in enumerate(sels):
+                # each read through the IO threads, however fast the files
+                # answer (the reader otherwise reads fast files directly)
+                plan_reader.seconds_per_file = None
+                np.save(args["result"] + f"-{i}.npy", arr[sel])
+        arr[...]  # once more, as the reader chooses
+    except OSError as e:
+        outcome = {"errno": e.errno, "message": str(e)}
+    result = {"reader": reader, "seconds_per_file": plan_reader.seconds_per_file,
+              "before": before, "after": snapshot(), "error": outcome,
+              "io_threads": sum(t.name.startswith("zarr_fused-fileio")
+                                for t in threading.enumerate())}
+"""
+
+
+@pytest.fixture(scope="module")
+def shim_child(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FaultyChild]:
+    child = FaultyChild(build_faultfs(tmp_path_factory.mktemp("faultfs")), timeout=TIMEOUT)
+    try:
+        yield child
+    finally:
+        child.close()
+
+
+def make_array(root: Path, layout: str, seed: int, shape: tuple[int, ...] = SHAPE,
+               missing: tuple[str, ...] = ()) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    data = rng.integers(-(2**20), 2**20, size=shape, dtype="int32")
+    with with_pipeline(BATCHED):
+        arr = zarr.create_array(LocalStore(root), shape=shape, dtype=data.dtype, fill_value=7,
+                                **LAYOUTS[layout])
+        arr[...] = data
+    for key in missing:
+        (root / key).unlink()
+    return data
+
+
+def oracle(root: Path, selection: tuple[slice, ...]) -> np.ndarray:
+    with with_pipeline(BATCHED):
+        return zarr.open_array(LocalStore(root), mode="r")[selection]
+
+
+def run_reads(child: FaultyChild, tmp_path: Path, root: Path, selections: list[tuple[slice, ...]],
+              *, workers: int = 2, io: int = 8, repeat: int = 1, **faults: object
+              ) -> dict[str, Any]:
+    args = {
+        "root": str(root), "workers": workers, "io": io, "repeat": repeat,
+        "selections": [[(s.start, s.stop, s.step) for s in sel] for sel in selections],
+        "result": str(tmp_path / "result"),
+    }
+    answer = child.run(READ, args, **faults)
+    assert answer["ok"], answer.get("traceback")
+    result: dict[str, Any] = answer["result"]
+    assert result["reader"] == "PipelinedChunkReader", result
+    return result
+
+
+def assert_nothing_left(result: dict[str, Any]) -> None:
+    threads_before, fds_before = result["before"]
+    threads_after, fds_after = result["after"]
+    assert fds_after == fds_before, "descriptors left behind"
+    new = [t for t in threads_after if t not in threads_before]
+    assert new == [], f"threads left behind: {new}"
+
+
+WHOLE = (slice(None), slice(None))
+SELECTIONS = [
+    pytest.param(WHOLE, id="whole"),
+    pytest.param((slice(3, 61), slice(5, 40)), id="partial-chunks"),
+    pytest.param((slice(1, 60, 3), slice(None, None, 5)), id="strided"),
+    pytest.param((slice(8, 16), slice(56, 64)), id="one-chunk"),
+]
+
+
+@pytest.mark.parametrize("selection", SELECTIONS)
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_values_under_latency_equal_zarrs(
+    tmp_path: Path, shim_child: FaultyChild, layout: str, selection: tuple[slice, ...]
+) -> None:
+    root = tmp_path / "arr"
+    make_array(root, layout, seed=21, missing=("c/2/3", "c/7/7"))
+    result = run_reads(shim_child, tmp_path, root, [selection], marker=root, ops="open,read",
+                       mode="delay", delay_us=300)
+    assert result["error"] is None, result["error"]
+    np.testing.assert_array_equal(np.load(tmp_path / "result-0.npy"), oracle(root, selection))
+    assert_nothing_left(result)
+
+
+def test_slow_files_keep_the_reads_on_the_io_threads(
+    tmp_path: Path, shim_child: FaultyChild
+) -> None:
+    root = tmp_path / "arr"
+    make_array(root, "blosc", seed=25)
+    result = run_reads(shim_child, tmp_path, root, [WHOLE], marker=root, ops="open,read",
+                       mode="delay", delay_us=200)
+    assert result["error"] is None, result["error"]
+    # every file waited 2 x 200 us (open, pread): far above FAST_FILE
+    assert result["seconds_per_file"] >= FAST_FILE
+
+
+@pytest.mark.parametrize("workers", [pytest.param(1, id="1-worker"),
+                                     pytest.param(2, id="2-workers")])
+def test_values_with_one_io_thread_in_flight_per_read(
+    tmp_path: Path, shim_child: FaultyChild, workers: int
+) -> None:
+    root = tmp_path / "arr"
+    make_array(root, "zstd", seed=22)
+    result = run_reads(shim_child, tmp_path, root, [WHOLE], workers=workers, io=2,
+                       marker=root, ops="open,read", mode="delay", delay_us=100)
+    assert result["error"] is None, result["error"]
+    np.testing.assert_array_equal(np.load(tmp_path / "result-0.npy"), oracle(root, WHOLE))
+    assert_nothing_left(result)
+
+
+TARGET = "c/5/2"
+READ_FAULTS = [
+    pytest.param("open", "EACCES", id="open-EACCES"),
+    pytest.param("open", "EIO", id="open-EIO"),
+    pytest.param("read", "EIO", id="read-EIO"),
+    # what NFS answers for a file removed while a client reads it
+    pytest.param("read", "ESTALE", id="vanished-ESTALE"),
+]
+
+
+@pytest.mark.parametrize(("ops", "code"), READ_FAULTS)
+def test_fault_in_flight_names_the_key_and_leaves_nothing(
+    tmp_path: Path, shim_child: FaultyChild, ops: str, code: str
+) -> None:
+    root = tmp_path / "arr"
+    data = make_array(root, "zstd", seed=23)
+    number = getattr(errno, code)
+    result = run_reads(shim_child, tmp_path, root, [WHOLE], marker=root / TARGET, ops=ops,
+                       errno=number)
+    assert result["error"] is not None, "the fault did not surface"
+    assert result["error"]["errno"] == number, result["error"]
+    assert TARGET in result["error"]["message"], result["error"]
+    assert_nothing_left(result)
+    # the data is still there and readable
+    with with_pipeline(FUSED):
+        np.testing.assert_array_equal(zarr.open_array(LocalStore(root), mode="r")[...], data)
+
+
+def test_stress_thousands_of_reads_under_latency_leave_nothing(
+    tmp_path: Path, shim_child: FaultyChild
+) -> None:
+    root = tmp_path / "arr"
+    shape = (256, 256)  # 4096 chunk files of 4 x 4
+    rng = np.random.default_rng(24)
+    data = rng.integers(0, 2**30, size=shape, dtype="int32")
+    with with_pipeline(BATCHED):
+        arr = zarr.create_array(LocalStore(root), shape=shape, dtype="int32", chunks=(4, 4),
+                                compressors=ZstdCodec(level=1), fill_value=0)
+        arr[...] = data
+    starts = rng.integers(0, 200, size=(6, 2))
+    selections = [WHOLE] + [(slice(int(a), int(a) + 50), slice(int(b), int(b) + 50))
+                            for a, b in starts]
+    result = run_reads(shim_child, tmp_path, root, selections, io=64, repeat=2,
+                       marker=root, ops="open,read", mode="delay", delay_us=50)
+    assert result["error"] is None, result["error"]
+    for i, sel in enumerate(selections):
+        np.testing.assert_array_equal(np.load(tmp_path / f"result-{i}.npy"), data[sel])
+    assert_nothing_left(result)
+
+
+def test_forked_child_gets_fresh_io_threads() -> None:
+    import os
+    import signal
+    import time
+    import warnings
+
+    run_pipelined(list(range(20)), [1] * 20, lambda i, b: i, lambda i, f: None,
+                  io_concurrency=4, max_workers=1)  # the parent's IO pool exists
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # fork of a threaded process
+        pid = os.fork()
+    if pid == 0:  # the child: the inherited pool has no threads
+        code = 2
+        try:
+            got: list[int] = []
+            run_pipelined(list(range(20)), [1] * 20, lambda i, b: i,
+                          lambda i, f: got.append(f), io_concurrency=4, max_workers=1)
+            code = 0 if sorted(got) == list(range(20)) else 1
+        finally:
+            os._exit(code)
+    deadline = time.monotonic() + WAIT
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            pytest.fail("the forked child hung on the inherited IO pool")
+        time.sleep(0.05)
+    assert os.waitstatus_to_exitcode(status) == 0

@@ -1,0 +1,225 @@
+"""Unsharded chunk reads from a LocalStore, IO pipelined with decoding.
+
+`PipelinedChunkReader` serves the same batches as
+`zarr_fused.chunks.read.NativeChunkReader`, for arrays whose chunks are files of
+one `zarr.storage.LocalStore`: the IO threads of `zarr_fused.io.engine`
+read groups of chunk files (``open`` + ``pread``, with the GIL released)
+into a buffer per group, and a compute thread decodes each group straight
+into the output as soon as its files are in. With ``io_concurrency``
+requests in flight, a filesystem whose every call is a round trip no longer
+holds the decoding back to one request per compute thread.
+
+Everything else (other stores, outputs the kernels cannot write into
+directly, ``io_concurrency`` of 1) goes to `NativeChunkReader` unchanged.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from zarr_fused._dtypes import fill_pattern
+from zarr_fused._items import MISSING, PRESENT
+from zarr_fused._native import fileio_kernels, io_kernels
+from zarr_fused._scatter_py import fill_missing
+from zarr_fused.chunks.read import NativeChunkReader
+from zarr_fused.io.engine import Batch, resolve_io_concurrency, run_pipelined
+from zarr_fused.io.local import local_files
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from zarr.abc.codec import GetResult
+    from zarr.core.buffer import NDBuffer
+
+    from zarr_fused._chain import NativeChain
+    from zarr_fused._items import ReadItem
+
+__all__ = ["PipelinedChunkReader", "group_size"]
+
+#: most chunk files one IO request reads (one after another, in one IO thread)
+MAX_GROUP = 16
+#: most stored bytes (by the encoded size bound) one IO request reads
+MAX_GROUP_BYTES = 4 << 20
+
+
+def group_size(n: int, io_concurrency: int, bound: int) -> int:
+    """Chunk files per IO request for ``n`` chunks of at most ``bound`` bytes.
+
+    About four requests per IO thread, so the requests that finish first
+    are decoded while the last ones are still in flight and uneven latencies
+    balance out; several files per request where there are many, so a hot
+    page cache does not pay the hand-off between threads for every file.
+    """
+    size = -(-n // (4 * io_concurrency))
+    size = min(size, MAX_GROUP, max(1, MAX_GROUP_BYTES // max(1, bound)))
+    return max(1, size)
+
+
+@dataclass(frozen=True, slots=True)
+class _Fetched:
+    """The files of one request: their bytes in ``arena`` (file i at
+    ``offsets[i]``, ``lengths[i]`` long, -1 when missing); files larger than
+    their bound in ``oversize``."""
+
+    arena: np.ndarray
+    lengths: list[int]
+    oversize: dict[int, bytes]
+
+
+#: a chunk file that answers faster than this (seconds) is in the page cache
+#: or on a fast local disk: the compute threads read it themselves
+FAST_FILE = 50e-6
+#: a direct read slower than this per file and compute thread (decoding
+#: included) goes back to the IO threads at once
+SLOW_DIRECT = 4 * FAST_FILE
+#: seconds after which a direct read is pipelined again, to look afresh at
+#: how fast the files answer (a cache that went cold, a slower filesystem)
+PROBE_INTERVAL = 1.0
+
+
+class PipelinedChunkReader:
+    """Whole-chunk reads of LocalStore chunk files, IO apart from decoding.
+
+    Which threads read the files follows how fast they answer. Handing
+    each group of files from an IO thread to a compute thread costs thread
+    wake-ups, which a file served from the page cache in a few microseconds
+    does not repay: while files answer within `FAST_FILE`, the compute
+    threads read them inside their decode calls (`NativeChunkReader`).
+    Slower files (a network filesystem, a cold cache) go to the IO threads.
+    The first read of a plan is pipelined, and so are the reads of the next
+    ``10 * PROBE_INTERVAL`` seconds after a direct one that took more than
+    `SLOW_DIRECT` per file, and a read `PROBE_INTERVAL` after the last
+    pipelined one (a direct read's time includes decoding
+    and waiting for a CPU, so only a pipelined read measures the files).
+    """
+
+    def __init__(self, chain: NativeChain) -> None:
+        self.chain = chain
+        self.direct = NativeChunkReader(chain)
+        #: seconds per chunk file seen by the last pipelined read; None
+        #: before the first, or when a direct read was slow
+        self.seconds_per_file: float | None = None
+        #: when the last pipelined read ended (time.monotonic)
+        self.probed = 0.0
+        #: until when reads stay pipelined after a slow direct one: a few
+        #: fast groups (blocks a disk or a VM host still caches) must not
+        #: send every other read of a cold array back to the compute threads
+        self.slow_until = 0.0
+
+    def read(
+        self,
+        batch: Sequence[ReadItem],
+        out: NDBuffer,
+        drop_axes: tuple[int, ...],
+        max_workers: int,
+    ) -> tuple[GetResult, ...]:
+        chain = self.chain
+        dst = out.as_ndarray_like()
+        io_concurrency = resolve_io_concurrency()
+        prefix = None
+        if io_concurrency > 1 and fileio_kernels is not None and io_kernels is not None:
+            prefix = local_files(batch)
+        if prefix is None or not chain.writes_into(dst, batch[0][1]):
+            return self.direct.read(batch, out, drop_axes, max_workers)
+        seen = self.seconds_per_file
+        now = time.monotonic()
+        if (seen is not None and seen < FAST_FILE and now >= self.slow_until
+                and now - self.probed < PROBE_INTERVAL):
+            start = time.perf_counter()
+            result = self.direct.read(batch, out, drop_axes, max_workers)
+            took = (time.perf_counter() - start) * min(max_workers, len(batch)) / len(batch)
+            if took > SLOW_DIRECT:
+                self.seconds_per_file = None
+                self.slow_until = time.monotonic() + 10 * PROBE_INTERVAL
+            return result
+        pattern = fill_pattern(batch[0][1], dst.dtype)
+        ndim = max(dst.ndim, len(batch[0][1].shape))
+        statuses: list[GetResult] = [MISSING] * len(batch)
+        paths = [prefix + os.fsencode(item[0].path) for item in batch]
+        bounds = [chain.encode_bound(chain.layout(item[1].shape).nbytes) for item in batch]
+        size = group_size(len(batch), io_concurrency, max(bounds))
+        groups = [range(s, min(len(batch), s + size)) for s in range(0, len(batch), size)]
+        costs = [sum(bounds[i] for i in g) for g in groups]
+
+        # Buffers of consumed requests are handed to the next ones: fresh
+        # memory costs a page fault per page (large allocations are mmapped),
+        # and a reused buffer is still in the CPU's cache.
+        spare: list[np.ndarray] = []
+        spare_lock = threading.Lock()
+        # the fastest group's seconds per file: an IO thread may wait for a
+        # CPU in the middle of a group (32 of them share the cores), which a
+        # mean would count as file latency; a real round trip slows every group
+        fastest = [float("inf")]
+
+        def fetch(group: range, state: Batch[range, _Fetched]) -> _Fetched:
+            need = costs[group.start // size]
+            arena = None
+            with spare_lock:
+                if spare and spare[-1].shape[0] >= need:
+                    arena = spare.pop()
+            if arena is None:
+                arena = np.empty(need, dtype=np.uint8)
+            caps = np.array(bounds[group.start:group.stop], dtype=np.intp)
+            offsets = np.zeros(len(group), dtype=np.intp)
+            np.cumsum(caps[:-1], out=offsets[1:])
+            lengths = np.empty(len(group), dtype=np.intp)
+            start = time.perf_counter()
+            done = fileio_kernels.read_files_into(paths[group.start:group.stop], arena, offsets, caps, lengths,
+                                   state.stop_flag)
+            if done:
+                per_file = (time.perf_counter() - start) / done
+                with spare_lock:
+                    fastest[0] = min(fastest[0], per_file)
+            oversize: dict[int, bytes] = {}
+            for k in np.flatnonzero(lengths[:done] < -1).tolist():
+                # larger than any chunk we would write: read it whole
+                whole = io_kernels.read_whole(paths[group.start + k])  # type: ignore[union-attr]
+                lengths[k] = -1 if whole is None else len(whole)
+                if whole is not None:
+                    oversize[group.start + k] = whole
+            return _Fetched(arena, lengths[:done].tolist(), oversize)
+
+        def consume(group: range, fetched: _Fetched) -> None:
+            decode = chain.decode_batch(len(group), ndim)
+            decode.set_fill(pattern)
+            general: list[tuple[int, Any]] = []  # chunks the kernels cannot select
+            offset = 0
+            for i, length in zip(group, fetched.lengths, strict=True):
+                getter, spec, chunk_selection, out_selection, _ = batch[i]
+                payload: bytes | np.ndarray | None = None
+                if length < 0:
+                    queued = decode.add_missing(dst, out_selection, getter)
+                else:
+                    statuses[i] = PRESENT
+                    payload = fetched.oversize.get(i)
+                    if payload is None:
+                        payload = fetched.arena[offset:offset + length]
+                    queued = decode.add(payload, chain.layout(spec.shape), chunk_selection, dst,
+                                        out_selection, drop_axes, getter)
+                if not queued:
+                    general.append((i, payload))
+                offset += bounds[i]
+            decode.run()
+            for i, payload in general:
+                getter, spec, chunk_selection, out_selection, _ = batch[i]
+                if payload is None:
+                    fill_missing(out, out_selection, spec)
+                else:
+                    raw = spec.prototype.buffer.from_bytes(bytes(payload))
+                    chain.decode_into(raw, spec, chunk_selection, out, out_selection, drop_axes,
+                                      getter)
+            with spare_lock:
+                spare.append(fetched.arena)
+
+        run_pipelined(groups, costs, fetch, consume, io_concurrency=io_concurrency,
+                      max_workers=max_workers)
+        if fastest[0] != float("inf"):
+            self.seconds_per_file = fastest[0]
+            self.probed = time.monotonic()
+        return tuple(statuses)
