@@ -203,7 +203,7 @@ def _reader(chain: Chain, array_bytes_codec: ArrayBytesCodec, spec: ArraySpec,
     if isinstance(chain, NativeChain):
         # LocalStore chunk files go through the IO threads; any other store
         # through the NativeChunkReader the pipelined reader wraps
-        return PipelinedChunkReader(chain), chain.reason
+        return PipelinedChunkReader(chain, NativeChunkReader(chain)), chain.reason
     return ChunkReader(chain), chain.reason
 
 

@@ -27,7 +27,6 @@ from zarr_fused._dtypes import fill_pattern
 from zarr_fused._items import MISSING, PRESENT
 from zarr_fused._native import fileio_kernels, io_kernels
 from zarr_fused._scatter_py import fill_missing
-from zarr_fused.chunks.read import NativeChunkReader
 from zarr_fused.io.engine import Batch, resolve_io_concurrency, run_pipelined
 from zarr_fused.io.local import local_files
 
@@ -38,6 +37,7 @@ if TYPE_CHECKING:
     from zarr.core.buffer import NDBuffer
 
     from zarr_fused._chain import NativeChain
+    from zarr_fused.chunks.read import NativeChunkReader
     from zarr_fused._items import ReadItem
 
 __all__ = ["PipelinedChunkReader", "group_size"]
@@ -99,9 +99,11 @@ class PipelinedChunkReader:
     and waiting for a CPU, so only a pipelined read measures the files).
     """
 
-    def __init__(self, chain: NativeChain) -> None:
+    def __init__(self, chain: NativeChain, direct: NativeChunkReader) -> None:
         self.chain = chain
-        self.direct = NativeChunkReader(chain)
+        #: the reader for everything the IO threads do not serve (the plan
+        #: passes it in, so this module sits beside the chunk reader)
+        self.direct = direct
         #: seconds per chunk file seen by the last pipelined read; None
         #: before the first, or when a direct read was slow
         self.seconds_per_file: float | None = None
@@ -119,107 +121,133 @@ class PipelinedChunkReader:
         drop_axes: tuple[int, ...],
         max_workers: int,
     ) -> tuple[GetResult, ...]:
-        chain = self.chain
         dst = out.as_ndarray_like()
         io_concurrency = resolve_io_concurrency()
         prefix = None
         if io_concurrency > 1 and fileio_kernels is not None and io_kernels is not None:
             prefix = local_files(batch)
-        if prefix is None or not chain.writes_into(dst, batch[0][1]):
+        if prefix is None or not self.chain.writes_into(dst, batch[0][1]):
             return self.direct.read(batch, out, drop_axes, max_workers)
+        if self._direct_is_faster():
+            return self._read_direct_timed(batch, out, drop_axes, max_workers)
+        read = _PipelinedRead(self.chain, batch, out, drop_axes, prefix, io_concurrency)
+        run_pipelined(read.groups, read.costs, read.fetch, read.consume,
+                      io_concurrency=io_concurrency, max_workers=max_workers)
+        if read.fastest != float("inf"):
+            self.seconds_per_file = read.fastest
+            self.probed = time.monotonic()
+        return tuple(read.statuses)
+
+    def _direct_is_faster(self) -> bool:
+        """Whether the files answered fast enough, recently enough, for the
+        compute threads to read them themselves (see the class docstring)."""
         seen = self.seconds_per_file
         now = time.monotonic()
-        if (seen is not None and seen < FAST_FILE and now >= self.slow_until
-                and now - self.probed < PROBE_INTERVAL):
-            start = time.perf_counter()
-            result = self.direct.read(batch, out, drop_axes, max_workers)
-            took = (time.perf_counter() - start) * min(max_workers, len(batch)) / len(batch)
-            if took > SLOW_DIRECT:
-                self.seconds_per_file = None
-                self.slow_until = time.monotonic() + 10 * PROBE_INTERVAL
-            return result
-        pattern = fill_pattern(batch[0][1], dst.dtype)
-        ndim = max(dst.ndim, len(batch[0][1].shape))
-        statuses: list[GetResult] = [MISSING] * len(batch)
-        paths = [prefix + os.fsencode(item[0].path) for item in batch]
-        bounds = [chain.encode_bound(chain.layout(item[1].shape).nbytes) for item in batch]
-        size = group_size(len(batch), io_concurrency, max(bounds))
-        groups = [range(s, min(len(batch), s + size)) for s in range(0, len(batch), size)]
-        costs = [sum(bounds[i] for i in g) for g in groups]
+        return (seen is not None and seen < FAST_FILE and now >= self.slow_until
+                and now - self.probed < PROBE_INTERVAL)
 
+    def _read_direct_timed(self, batch: Sequence[ReadItem], out: NDBuffer,
+                           drop_axes: tuple[int, ...], max_workers: int) -> tuple[GetResult, ...]:
+        start = time.perf_counter()
+        result = self.direct.read(batch, out, drop_axes, max_workers)
+        took = (time.perf_counter() - start) * min(max_workers, len(batch)) / len(batch)
+        if took > SLOW_DIRECT:
+            self.seconds_per_file = None
+            self.slow_until = time.monotonic() + 10 * PROBE_INTERVAL
+        return result
+
+
+class _PipelinedRead:
+    """One pipelined read: groups of chunk files fetched on the IO threads
+    (`fetch`) and decoded into the output on the compute threads (`consume`)."""
+
+    def __init__(self, chain: NativeChain, batch: Sequence[ReadItem], out: NDBuffer,
+                 drop_axes: tuple[int, ...], prefix: bytes, io_concurrency: int) -> None:
+        self.chain = chain
+        self.batch = batch
+        self.out = out
+        self.dst = out.as_ndarray_like()
+        self.drop_axes = drop_axes
+        self.pattern = fill_pattern(batch[0][1], self.dst.dtype)
+        self.ndim = max(self.dst.ndim, len(batch[0][1].shape))
+        self.statuses: list[GetResult] = [MISSING] * len(batch)
+        self.paths = [prefix + os.fsencode(item[0].path) for item in batch]
+        self.bounds = [chain.encode_bound(chain.layout(item[1].shape).nbytes) for item in batch]
+        self.size = group_size(len(batch), io_concurrency, max(self.bounds))
+        self.groups = [range(s, min(len(batch), s + self.size))
+                       for s in range(0, len(batch), self.size)]
+        self.costs = [sum(self.bounds[i] for i in g) for g in self.groups]
         # Buffers of consumed requests are handed to the next ones: fresh
         # memory costs a page fault per page (large allocations are mmapped),
         # and a reused buffer is still in the CPU's cache.
-        spare: list[np.ndarray] = []
-        spare_lock = threading.Lock()
+        self.spare: list[np.ndarray] = []
+        self.lock = threading.Lock()
         # the fastest group's seconds per file: an IO thread may wait for a
         # CPU in the middle of a group (32 of them share the cores), which a
         # mean would count as file latency; a real round trip slows every group
-        fastest = [float("inf")]
+        self.fastest = float("inf")
 
-        def fetch(group: range, state: Batch[range, _Fetched]) -> _Fetched:
-            need = costs[group.start // size]
-            arena = None
-            with spare_lock:
-                if spare and spare[-1].shape[0] >= need:
-                    arena = spare.pop()
-            if arena is None:
-                arena = np.empty(need, dtype=np.uint8)
-            caps = np.array(bounds[group.start:group.stop], dtype=np.intp)
-            offsets = np.zeros(len(group), dtype=np.intp)
-            np.cumsum(caps[:-1], out=offsets[1:])
-            lengths = np.empty(len(group), dtype=np.intp)
-            start = time.perf_counter()
-            done = fileio_kernels.read_files_into(paths[group.start:group.stop], arena, offsets, caps, lengths,
-                                   state.stop_flag)
-            if done:
-                per_file = (time.perf_counter() - start) / done
-                with spare_lock:
-                    fastest[0] = min(fastest[0], per_file)
-            oversize: dict[int, bytes] = {}
-            for k in np.flatnonzero(lengths[:done] < -1).tolist():
-                # larger than any chunk we would write: read it whole
-                whole = io_kernels.read_whole(paths[group.start + k])  # type: ignore[union-attr]
-                lengths[k] = -1 if whole is None else len(whole)
-                if whole is not None:
-                    oversize[group.start + k] = whole
-            return _Fetched(arena, lengths[:done].tolist(), oversize)
+    def _arena(self, need: int) -> np.ndarray:
+        with self.lock:
+            if self.spare and self.spare[-1].shape[0] >= need:
+                return self.spare.pop()
+        return np.empty(need, dtype=np.uint8)
 
-        def consume(group: range, fetched: _Fetched) -> None:
-            decode = chain.decode_batch(len(group), ndim)
-            decode.set_fill(pattern)
-            general: list[tuple[int, Any]] = []  # chunks the kernels cannot select
-            offset = 0
-            for i, length in zip(group, fetched.lengths, strict=True):
-                getter, spec, chunk_selection, out_selection, _ = batch[i]
-                payload: bytes | np.ndarray | None = None
-                if length < 0:
-                    queued = decode.add_missing(dst, out_selection, getter)
-                else:
-                    statuses[i] = PRESENT
-                    payload = fetched.oversize.get(i)
-                    if payload is None:
-                        payload = fetched.arena[offset:offset + length]
-                    queued = decode.add(payload, chain.layout(spec.shape), chunk_selection, dst,
-                                        out_selection, drop_axes, getter)
-                if not queued:
-                    general.append((i, payload))
-                offset += bounds[i]
-            decode.run()
-            for i, payload in general:
-                getter, spec, chunk_selection, out_selection, _ = batch[i]
+    def fetch(self, group: range, state: Batch[range, _Fetched]) -> _Fetched:
+        arena = self._arena(self.costs[group.start // self.size])
+        caps = np.array(self.bounds[group.start:group.stop], dtype=np.intp)
+        offsets = np.zeros(len(group), dtype=np.intp)
+        np.cumsum(caps[:-1], out=offsets[1:])
+        lengths = np.empty(len(group), dtype=np.intp)
+        start = time.perf_counter()
+        done = fileio_kernels.read_files_into(  # type: ignore[union-attr]
+            self.paths[group.start:group.stop], arena, offsets, caps, lengths, state.stop_flag)
+        if done:
+            per_file = (time.perf_counter() - start) / done
+            with self.lock:
+                self.fastest = min(self.fastest, per_file)
+        oversize: dict[int, bytes] = {}
+        for k in np.flatnonzero(lengths[:done] < -1).tolist():
+            # larger than any chunk we would write: read it whole
+            whole = io_kernels.read_whole(self.paths[group.start + k])  # type: ignore[union-attr]
+            lengths[k] = -1 if whole is None else len(whole)
+            if whole is not None:
+                oversize[group.start + k] = whole
+        return _Fetched(arena, lengths[:done].tolist(), oversize)
+
+    def consume(self, group: range, fetched: _Fetched) -> None:
+        chain, dst, batch = self.chain, self.dst, self.batch
+        decode = chain.decode_batch(len(group), self.ndim)
+        decode.set_fill(self.pattern)
+        general: list[tuple[int, Any]] = []  # chunks the kernels cannot select
+        offset = 0
+        for i, length in zip(group, fetched.lengths, strict=True):
+            getter, spec, chunk_selection, out_selection, _ = batch[i]
+            payload: bytes | np.ndarray | None = None
+            if length < 0:
+                queued = decode.add_missing(dst, out_selection, getter)
+            else:
+                self.statuses[i] = PRESENT
+                payload = fetched.oversize.get(i)
                 if payload is None:
-                    fill_missing(out, out_selection, spec)
-                else:
-                    raw = spec.prototype.buffer.from_bytes(bytes(payload))
-                    chain.decode_into(raw, spec, chunk_selection, out, out_selection, drop_axes,
-                                      getter)
-            with spare_lock:
-                spare.append(fetched.arena)
+                    payload = fetched.arena[offset:offset + length]
+                queued = decode.add(payload, chain.layout(spec.shape), chunk_selection, dst,
+                                    out_selection, self.drop_axes, getter)
+            if not queued:
+                general.append((i, payload))
+            offset += self.bounds[i]
+        decode.run()
+        self._decode_general(general)
+        with self.lock:
+            self.spare.append(fetched.arena)
 
-        run_pipelined(groups, costs, fetch, consume, io_concurrency=io_concurrency,
-                      max_workers=max_workers)
-        if fastest[0] != float("inf"):
-            self.seconds_per_file = fastest[0]
-            self.probed = time.monotonic()
-        return tuple(statuses)
+    def _decode_general(self, general: list[tuple[int, Any]]) -> None:
+        """Chunks the kernels could not place: fill or decode through the chain."""
+        for i, payload in general:
+            getter, spec, chunk_selection, out_selection, _ = self.batch[i]
+            if payload is None:
+                fill_missing(self.out, out_selection, spec)
+            else:
+                raw = spec.prototype.buffer.from_bytes(bytes(payload))
+                self.chain.decode_into(raw, spec, chunk_selection, self.out, out_selection,
+                                       self.drop_axes, getter)

@@ -55,7 +55,7 @@ import queue
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 from warnings import warn
 
 from zarr.core.config import config as zarr_config
@@ -336,6 +336,14 @@ def run_pipelined[R, F](
     )
     with batch.lock:
         batch.admit()
+    _work_with_helpers(batch, workers)
+    batch.raise_first()
+
+
+def _work_with_helpers(batch: Batch[Any, Any], workers: int) -> None:
+    """Run ``batch.work`` in the caller and ``workers - 1`` compute-pool
+    helpers until every request is consumed; a helper's own failure (outside
+    any consume) is raised."""
     helpers = [get_pool(workers - 1).submit(batch.work) for _ in range(workers - 1)]
     try:
         batch.work()
@@ -354,4 +362,3 @@ def run_pipelined[R, F](
     for helper in helpers:
         if not helper.cancelled() and helper.exception() is not None:
             raise helper.exception()  # type: ignore[misc]
-    batch.raise_first()
