@@ -123,7 +123,11 @@ NUMPY_MACROS = [("NPY_NO_DEPRECATED_API", "NPY_2_0_API_VERSION")]
 SYSTEM_LIBRARIES = {
     "zstd": ("zstd.h", "ZSTD_versionNumber", "libzstd-dev (Debian/Ubuntu), zstd (conda)"),
     "z": ("zlib.h", "zlibVersion", "zlib1g-dev (Debian/Ubuntu), zlib (conda)"),
-    "blosc": ("blosc.h", "blosc_get_version_string", "libblosc-dev (Debian/Ubuntu), c-blosc (conda)"),
+    "blosc": (
+        "blosc.h",
+        "blosc_get_version_string",
+        "libblosc-dev (Debian/Ubuntu), c-blosc (conda)",
+    ),
 }
 
 
@@ -151,7 +155,9 @@ def _missing_libraries(libraries: set[str]) -> list[str]:
         header, function, packages = SYSTEM_LIBRARIES[lib]
         with tempfile.TemporaryDirectory() as tmp:
             source = Path(tmp) / "check.c"
-            source.write_text(f"#include <{header}>\nint main(void) {{ (void){function}(); return 0; }}\n")
+            source.write_text(
+                f"#include <{header}>\nint main(void) {{ (void){function}(); return 0; }}\n"
+            )
             try:
                 with _quiet_stderr():
                     objects = compiler.compile([str(source)], output_dir=tmp)
@@ -170,7 +176,8 @@ class checked_build_ext(build_ext):
         if missing:
             sys.exit(
                 "zarr_fused cannot be built: these C libraries (with their headers) are "
-                "missing:\n  " + "\n  ".join(missing)
+                "missing:\n  "
+                + "\n  ".join(missing)
                 + "\nOn Debian/Ubuntu: apt-get install libzstd-dev zlib1g-dev libblosc-dev"
             )
         super().run()

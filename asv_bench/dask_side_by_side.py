@@ -75,11 +75,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--edge", type=int, default=256)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--inner-tasks", type=int, default=64,
-                        help="inner chunks read in the chunk-by-chunk scenarios")
-    parser.add_argument("--only", default="",
-                        help="comma-separated scenario prefixes to run (read-all, shard, "
-                             "inner, write-all); default all")
+    parser.add_argument(
+        "--inner-tasks",
+        type=int,
+        default=64,
+        help="inner chunks read in the chunk-by-chunk scenarios",
+    )
+    parser.add_argument(
+        "--only",
+        default="",
+        help="comma-separated scenario prefixes to run (read-all, shard, "
+        "inner, write-all); default all",
+    )
     args = parser.parse_args(argv)
 
     import logging
@@ -101,23 +108,40 @@ def main(argv: list[str] | None = None) -> int:
     source = work / "source.zarr"
     data = np.random.default_rng(0).integers(0, 4000, (edge,) * 3, dtype="<u2")
     with zarr.config.set({"codec_pipeline.path": PIPELINES["zarr_fused"]}):
-        arr = zarr.create_array(zarr.storage.LocalStore(source), shape=data.shape, dtype="<u2",
-                                chunks=(inner,) * 3, shards=(shard,) * 3,
-                                compressors=ZstdCodec(level=1))
+        arr = zarr.create_array(
+            zarr.storage.LocalStore(source),
+            shape=data.shape,
+            dtype="<u2",
+            chunks=(inner,) * 3,
+            shards=(shard,) * 3,
+            compressors=ZstdCodec(level=1),
+        )
         arr[...] = data
     expected = int(data.sum(dtype="u8"))
-    shards = [tuple(slice(i, i + shard) for i in (z, y, x))
-              for z in range(0, edge, shard) for y in range(0, edge, shard)
-              for x in range(0, edge, shard)]
-    inners = [(str(source), (slice(z, z + inner), slice(y, y + inner), slice(0, inner)))
-              for z in range(0, edge, inner) for y in range(0, edge, inner)][: args.inner_tasks]
+    shards = [
+        tuple(slice(i, i + shard) for i in (z, y, x))
+        for z in range(0, edge, shard)
+        for y in range(0, edge, shard)
+        for x in range(0, edge, shard)
+    ]
+    inners = [
+        (str(source), (slice(z, z + inner), slice(y, y + inner), slice(0, inner)))
+        for z in range(0, edge, inner)
+        for y in range(0, edge, inner)
+    ][: args.inner_tasks]
     inner_expected = sum(int(data[s].sum(dtype="u8")) for _, s in inners)
 
     clusters: dict[str, tuple[Any, Any]] = {}
     try:
         for name, path in peers.items():
-            cluster = LocalCluster(n_workers=args.workers, threads_per_worker=1, processes=True,
-                                   dashboard_address=None, host="127.0.0.1", silence_logs=50)
+            cluster = LocalCluster(
+                n_workers=args.workers,
+                threads_per_worker=1,
+                processes=True,
+                dashboard_address=None,
+                host="127.0.0.1",
+                silence_logs=50,
+            )
             client = Client(cluster, set_as_default=False)
             if name == "zarr_fused":
                 zarr_fused.dask.register(client)
@@ -141,20 +165,32 @@ def main(argv: list[str] | None = None) -> int:
 
         def write_all(client: Any, target: Path) -> None:
             x = da.from_zarr(str(source), chunks=(shard,) * 3)  # shard-aligned blocks
-            da.to_zarr(x, str(target), chunks=(inner,) * 3, shards=(shard,) * 3,
-                       compressors=ZstdCodec(level=1), compute=False).compute(scheduler=client)
+            da.to_zarr(
+                x,
+                str(target),
+                chunks=(inner,) * 3,
+                shards=(shard,) * 3,
+                compressors=ZstdCodec(level=1),
+                compute=False,
+            ).compute(scheduler=client)
 
         scenarios: dict[str, tuple[Callable[..., int], int]] = {
             "read-all (from_zarr(path).sum())": (read_all, expected),
             "shard by shard (submit per shard)": (by_shard, expected),
             "inner chunks, 1 task in flight": (
-                lambda c: _windowed(c, _read_region, inners, 1), inner_expected),
+                lambda c: _windowed(c, _read_region, inners, 1),
+                inner_expected,
+            ),
             "inner chunks, 8 tasks in flight": (
-                lambda c: _windowed(c, _read_region, inners, 8), inner_expected),
+                lambda c: _windowed(c, _read_region, inners, 8),
+                inner_expected,
+            ),
         }
-        print(f"# dask side by side: uint16 {edge}^3, shards {shard}^3, inner {inner}^3 zstd-1, "
-              f"{args.workers} workers x 1 thread (processes), CPUs "
-              f"{len(os.sched_getaffinity(0))}, repeat {args.repeat}")
+        print(
+            f"# dask side by side: uint16 {edge}^3, shards {shard}^3, inner {inner}^3 zstd-1, "
+            f"{args.workers} workers x 1 thread (processes), CPUs "
+            f"{len(os.sched_getaffinity(0))}, repeat {args.repeat}"
+        )
         wanted = [w.strip() for w in args.only.split(",") if w.strip()]
 
         def selected(title: str) -> bool:
@@ -170,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
                     raise SystemExit(f"{name}: {title} gave {got}, expected {want}")
             names = list(clusters)
             for r in range(args.repeat):
-                for name in names[r % len(names):] + names[: r % len(names)]:
+                for name in names[r % len(names) :] + names[: r % len(names)]:
                     t0 = time.perf_counter()
                     fn(clusters[name][1])
                     times[name].append(time.perf_counter() - t0)
@@ -183,12 +219,14 @@ def main(argv: list[str] | None = None) -> int:
                     t0 = time.perf_counter()
                     floor(client)
                     spent.append(time.perf_counter() - t0)
-                print(f"{'dask alone':<14}{statistics.median(spent):>10.3f}{min(spent):>10.3f}"
-                      "   (the same graph, no IO: Dask's own cost)")
+                print(
+                    f"{'dask alone':<14}{statistics.median(spent):>10.3f}{min(spent):>10.3f}"
+                    "   (the same graph, no IO: Dask's own cost)"
+                )
         times = {name: [] for name in clusters}
         names = list(clusters)
         for r in range(args.repeat + 1 if selected("write-all") else 0):
-            for name in names[r % len(names):] + names[: r % len(names)]:
+            for name in names[r % len(names) :] + names[: r % len(names)]:
                 target = work / f"out-{name}-{r}.zarr"
                 target.mkdir()
                 t0 = time.perf_counter()
@@ -196,7 +234,9 @@ def main(argv: list[str] | None = None) -> int:
                 elapsed = time.perf_counter() - t0
                 got = int(zarr.open_array(str(target), mode="r")[...].sum(dtype="u8"))
                 if got != expected:
-                    raise SystemExit(f"{name}: write-all stored a sum of {got}, expected {expected}")
+                    raise SystemExit(
+                        f"{name}: write-all stored a sum of {got}, expected {expected}"
+                    )
                 if r:  # the first round only checks
                     times[name].append(elapsed)
                 shutil.rmtree(target)

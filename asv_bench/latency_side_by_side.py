@@ -33,8 +33,8 @@ import os
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
@@ -57,7 +57,9 @@ def build_shim(directory: Path) -> Path | None:
     target = directory / "faultfs.so"
     result = subprocess.run(
         [compiler, "-shared", "-fPIC", "-O2", "-o", str(target), str(SHIM_SOURCE), "-ldl"],
-        capture_output=True, text=True, check=False,
+        capture_output=True,
+        text=True,
+        check=False,
     )
     if result.returncode != 0:
         sys.stderr.write(result.stderr)
@@ -114,15 +116,18 @@ def _reader(peer: str, path: Path) -> _Peer:
 def _writer(peer: str, layout: Any, path: Path) -> _Peer:
     from benchmarks._peers import Writer
 
-    return _Peer(Writer("zarr_fused" if peer == BASELINE else peer, layout, path),
-                 peer == BASELINE)
+    return _Peer(Writer("zarr_fused" if peer == BASELINE else peer, layout, path), peer == BASELINE)
 
 
 def _summary(results: dict[str, dict[str, float]]) -> str:
     ours = results["zarr_fused"]["median"]
-    return "zarr_fused is " + ", ".join(
-        f"{r['median'] / ours:.2f}x {p}" for p, r in results.items() if p != "zarr_fused"
-    ) + " (>1: zarr_fused faster)"
+    return (
+        "zarr_fused is "
+        + ", ".join(
+            f"{r['median'] / ours:.2f}x {p}" for p, r in results.items() if p != "zarr_fused"
+        )
+        + " (>1: zarr_fused faster)"
+    )
 
 
 def _flush(lines: list[str]) -> None:
@@ -134,7 +139,6 @@ def _flush(lines: list[str]) -> None:
 
 def read_scenarios(repeat: int, cold: bool) -> list[str]:
     import numpy as np
-
     from benchmarks._peers import LAYOUTS, data_dir, write_reference
 
     prepare: Callable[[], Any] | None = None
@@ -145,9 +149,11 @@ def read_scenarios(repeat: int, cold: bool) -> list[str]:
         prepare = drop_page_cache
     out: list[str] = []
     row = 100 % LAYOUTS["sharded-zstd"].shape[0]  # 100, or a row of the small scale
-    cases = [("unsharded-blosc", Ellipsis, "read all"),
-             ("sharded-zstd", (slice(row, row + 1),), f"thin slab a[{row}:{row + 1}]"),
-             ("sharded-zstd", Ellipsis, "read all")]
+    cases = [
+        ("unsharded-blosc", Ellipsis, "read all"),
+        ("sharded-zstd", (slice(row, row + 1),), f"thin slab a[{row}:{row + 1}]"),
+        ("sharded-zstd", Ellipsis, "read all"),
+    ]
     for name, selection, what in cases:
         path = data_dir() / name
         data = write_reference(LAYOUTS[name], path)
@@ -155,8 +161,13 @@ def read_scenarios(repeat: int, cold: bool) -> list[str]:
         for p, reader in readers.items():
             if not np.array_equal(reader.call("read", selection), data[selection]):
                 raise SystemExit(f"{p} read wrong data from {name} ({what})")
-        results = rounds({p: ((lambda r=r, s=selection: r.call("read", s)), prepare)
-                          for p, r in readers.items()}, repeat)
+        results = rounds(
+            {
+                p: ((lambda r=r, s=selection: r.call("read", s)), prepare)
+                for p, r in readers.items()
+            },
+            repeat,
+        )
         out += table(f"{what}: {name}{' (cold cache)' if cold else ''}", results)
         out.append(_summary(results))
         _flush(out)
@@ -165,23 +176,27 @@ def read_scenarios(repeat: int, cold: bool) -> list[str]:
 
 def write_scenarios(repeat: int) -> list[str]:
     import numpy as np
-
     from benchmarks._peers import LAYOUTS, data_dir
 
     out: list[str] = []
     for name in ("sharded-zstd", "sharded-raw", "unsharded-blosc"):
         layout = LAYOUTS[name]
         data = layout.sample()
-        writers = {p: _writer(p, layout, data_dir() / f"latency-{name}-write-{p}")
-                   for p in _peers()}
+        writers = {
+            p: _writer(p, layout, data_dir() / f"latency-{name}-write-{p}") for p in _peers()
+        }
         for p, writer in writers.items():
             writer.call("prepare")
             writer.call("write", data)
             if not np.array_equal(writer.call("read_back"), data):
                 raise SystemExit(f"{p} wrote wrong data to {name}")
-        results = rounds({p: ((lambda w=w, d=data: w.call("write", d)),
-                              (lambda w=w: w.call("prepare")))
-                          for p, w in writers.items()}, repeat)
+        results = rounds(
+            {
+                p: ((lambda w=w, d=data: w.call("write", d)), (lambda w=w: w.call("prepare")))
+                for p, w in writers.items()
+            },
+            repeat,
+        )
         out += table(f"write all: {name}", results)
         out.append(_summary(results))
         _flush(out)
@@ -192,10 +207,17 @@ def child(args: argparse.Namespace) -> int:
     if args.pin == "on":
         os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
     cpus = sorted(os.sched_getaffinity(0))
-    label = "cold page cache" if args.cold else (
-        f"{args.latency_us[0]} us per call" if args.latency_us[0] else "hot page cache")
-    _flush([f"# {label}, CPUs {cpus} ({'pinned' if args.pin == 'on' else 'unpinned'}), "
-            f"{args.repeat} rounds"])
+    label = (
+        "cold page cache"
+        if args.cold
+        else (f"{args.latency_us[0]} us per call" if args.latency_us[0] else "hot page cache")
+    )
+    _flush(
+        [
+            f"# {label}, CPUs {cpus} ({'pinned' if args.pin == 'on' else 'unpinned'}), "
+            f"{args.repeat} rounds"
+        ]
+    )
     if "read" in args.ops:
         _flush(read_scenarios(args.repeat, args.cold))
     if "write" in args.ops and not args.cold:
@@ -206,14 +228,21 @@ def child(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--latency-us", type=int, nargs="+", default=[1000, 200])
-    parser.add_argument("--cold", action="store_true",
-                        help="drop the page cache before every timed read (no latency)")
+    parser.add_argument(
+        "--cold",
+        action="store_true",
+        help="drop the page cache before every timed read (no latency)",
+    )
     parser.add_argument("--ops", nargs="+", choices=["read", "write"], default=["read", "write"])
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--pin", choices=["off", "on", "both"], default="both")
-    parser.add_argument("--peers", nargs="+", default=[],
-                        help="peers to compare with zarr_fused (default: all); zarr's own "
-                             "pipelines take minutes per round at 1 ms")
+    parser.add_argument(
+        "--peers",
+        nargs="+",
+        default=[],
+        help="peers to compare with zarr_fused (default: all); zarr's own "
+        "pipelines take minutes per round at 1 ms",
+    )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     SELECTED[:] = args.peers
@@ -237,11 +266,26 @@ def main(argv: list[str] | None = None) -> int:
             env = {k: v for k, v in os.environ.items() if not k.startswith("FAULTFS_")}
             env.pop("LD_PRELOAD", None)
             if latency:
-                env.update(LD_PRELOAD=str(shim), FAULTFS_MARKER=str(data_dir()),
-                           FAULTFS_OPS=DELAYED_OPS, FAULTFS_MODE="delay",
-                           FAULTFS_DELAY_US=str(latency))
-            cmd = [sys.executable, __file__, "--child", "--pin", pin, "--repeat",
-                   str(args.repeat), "--latency-us", str(latency), "--ops", *args.ops]
+                env.update(
+                    LD_PRELOAD=str(shim),
+                    FAULTFS_MARKER=str(data_dir()),
+                    FAULTFS_OPS=DELAYED_OPS,
+                    FAULTFS_MODE="delay",
+                    FAULTFS_DELAY_US=str(latency),
+                )
+            cmd = [
+                sys.executable,
+                __file__,
+                "--child",
+                "--pin",
+                pin,
+                "--repeat",
+                str(args.repeat),
+                "--latency-us",
+                str(latency),
+                "--ops",
+                *args.ops,
+            ]
             if args.cold:
                 cmd.append("--cold")
             if args.peers:

@@ -23,8 +23,9 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 
@@ -35,14 +36,16 @@ def _timed(fn: Callable[[], Any]) -> tuple[float, float]:
     return time.perf_counter() - t0, time.process_time() - c0
 
 
-def rounds(cases: dict[str, tuple[Callable[[], Any], Callable[[], Any] | None]], repeat: int) -> dict[str, dict[str, float]]:
+def rounds(
+    cases: dict[str, tuple[Callable[[], Any], Callable[[], Any] | None]], repeat: int
+) -> dict[str, dict[str, float]]:
     """Run every case ``repeat`` times, interleaved; ``prepare`` runs untimed
     before each timed call. Returns median/min wall and median CPU seconds."""
     wall: dict[str, list[float]] = {k: [] for k in cases}
     cpu: dict[str, list[float]] = {k: [] for k in cases}
     names = list(cases)
     for r in range(repeat):
-        order = names[r % len(names):] + names[: r % len(names)]
+        order = names[r % len(names) :] + names[: r % len(names)]
         for name in order:
             fn, prepare = cases[name]
             if prepare is not None:
@@ -51,13 +54,21 @@ def rounds(cases: dict[str, tuple[Callable[[], Any], Callable[[], Any] | None]],
             wall[name].append(w)
             cpu[name].append(c)
     return {
-        k: {"median": statistics.median(wall[k]), "min": min(wall[k]), "cpu": statistics.median(cpu[k])}
+        k: {
+            "median": statistics.median(wall[k]),
+            "min": min(wall[k]),
+            "cpu": statistics.median(cpu[k]),
+        }
         for k in cases
     }
 
 
-def table(title: str, results: dict[str, dict[str, float]], ours: str = "zarr_fused",
-          unit: tuple[str, float] | None = None) -> list[str]:
+def table(
+    title: str,
+    results: dict[str, dict[str, float]],
+    ours: str = "zarr_fused",
+    unit: tuple[str, float] | None = None,
+) -> list[str]:
     lines = [f"## {title}"]
     head = f"{'peer':<16}{'median s':>10}{'min s':>10}{'cpu s':>9}"
     if unit:
@@ -74,9 +85,14 @@ def table(title: str, results: dict[str, dict[str, float]], ours: str = "zarr_fu
     return lines
 
 
-def sliced_rounds(readers: dict[str, Any], selections: list[Any], repeat: int,
-                  ours: str = "zarr_fused", size: int = 256, threads: int = 1
-                  ) -> tuple[dict[str, dict[str, float]], dict[str, str]]:
+def sliced_rounds(
+    readers: dict[str, Any],
+    selections: list[Any],
+    repeat: int,
+    ours: str = "zarr_fused",
+    size: int = 256,
+    threads: int = 1,
+) -> tuple[dict[str, dict[str, float]], dict[str, str]]:
     """Like `rounds` for many small reads: each round reads every selection
     once per peer, in slices of ``size`` reads with the peers interleaved
     slice by slice (order rotating), so that noise lasting a second or two
@@ -89,7 +105,7 @@ def sliced_rounds(readers: dict[str, Any], selections: list[Any], repeat: int,
 
     pool = ThreadPoolExecutor(threads) if threads > 1 else None
     names = list(readers)
-    slices = [selections[i:i + size] for i in range(0, len(selections), size)]
+    slices = [selections[i : i + size] for i in range(0, len(selections), size)]
     wall: dict[str, list[float]] = {k: [] for k in names}
     cpu: dict[str, list[float]] = {k: [] for k in names}
     per_slice: dict[str, list[float]] = {k: [] for k in names}
@@ -98,7 +114,7 @@ def sliced_rounds(readers: dict[str, Any], selections: list[Any], repeat: int,
         w_round = dict.fromkeys(names, 0.0)
         c_round = dict.fromkeys(names, 0.0)
         for part in slices:
-            order = names[turn % len(names):] + names[: turn % len(names)]
+            order = names[turn % len(names) :] + names[: turn % len(names)]
             turn += 1
             for name in order:
                 reader = readers[name]
@@ -121,11 +137,18 @@ def sliced_rounds(readers: dict[str, Any], selections: list[Any], repeat: int,
     if pool is not None:
         pool.shutdown()
     results = {
-        k: {"median": statistics.median(wall[k]), "min": min(wall[k]), "cpu": statistics.median(cpu[k])}
+        k: {
+            "median": statistics.median(wall[k]),
+            "min": min(wall[k]),
+            "cpu": statistics.median(cpu[k]),
+        }
         for k in names
     }
-    won = {k: f"{sum(a < b for a, b in zip(per_slice[ours], per_slice[k]))}/{len(per_slice[k])}"
-           for k in names if k != ours}
+    won = {
+        k: f"{sum(a < b for a, b in zip(per_slice[ours], per_slice[k]))}/{len(per_slice[k])}"
+        for k in names
+        if k != ours
+    }
     return results, won
 
 
@@ -143,11 +166,14 @@ def _small_reads(name: str, store_kind: str) -> tuple[Any, dict[str, Any], list[
     layout = LAYOUTS[name]
     path = data_dir() / name
     data = write_reference(layout, path)
-    readers = {p: Reader(p, path, store_kind) for p in PEERS
-               if available(p) and p != "zarr-batched"}
+    readers = {
+        p: Reader(p, path, store_kind) for p in PEERS if available(p) and p != "zarr-batched"
+    }
     inner = layout.chunks
-    blocks = [tuple(slice(i * c, (i + 1) * c) for i, c in zip(idx, inner))
-              for idx in np.ndindex(*(s // c for s, c in zip(layout.shape, inner)))]
+    blocks = [
+        tuple(slice(i * c, (i + 1) * c) for i, c in zip(idx, inner))
+        for idx in np.ndindex(*(s // c for s, c in zip(layout.shape, inner)))
+    ]
     return data, readers, blocks
 
 
@@ -165,18 +191,25 @@ def scenario_patterns(layout_names: list[str], repeat: int, store_kind: str = "l
 
         results, won = sliced_rounds(readers, blocks, max(1, repeat // 2))
         out += table(f"{len(blocks)} reads of one inner chunk each: {name} ({store_kind})", results)
-        out.append("per call (us): " + ", ".join(
-            f"{p} {r['median'] / len(blocks) * 1e6:.0f}" for p, r in results.items()))
-        out.append("slices of 256 calls where zarr_fused was faster: " + ", ".join(
-            f"than {p} {w}" for p, w in won.items()))
-        results = rounds({p: ((lambda r=r: r.read((slice(100, 101),))), None)
-                          for p, r in readers.items()}, repeat)
+        out.append(
+            "per call (us): "
+            + ", ".join(f"{p} {r['median'] / len(blocks) * 1e6:.0f}" for p, r in results.items())
+        )
+        out.append(
+            "slices of 256 calls where zarr_fused was faster: "
+            + ", ".join(f"than {p} {w}" for p, w in won.items())
+        )
+        results = rounds(
+            {p: ((lambda r=r: r.read((slice(100, 101),))), None) for p, r in readers.items()},
+            repeat,
+        )
         out += table(f"thin slab a[100:101]: {name} ({store_kind})", results)
     return out
 
 
-def scenario_threads(layout_names: list[str], repeat: int, store_kind: str = "local",
-                     threads: int = 4) -> list[str]:
+def scenario_threads(
+    layout_names: list[str], repeat: int, store_kind: str = "local", threads: int = 4
+) -> list[str]:
     """Small reads from several threads at once: every inner chunk, one call
     each, spread over ``threads`` threads (a threaded Dask worker reading
     small pieces). All zarr-python peers share zarr's one event loop and the
@@ -195,12 +228,19 @@ def scenario_threads(layout_names: list[str], repeat: int, store_kind: str = "lo
                     if not np.array_equal(got, data[sel]):
                         raise SystemExit(f"{p} read wrong data from {name} from {threads} threads")
         results, won = sliced_rounds(readers, blocks, max(1, repeat // 2), threads=threads)
-        out += table(f"{len(blocks)} reads of one inner chunk each from {threads} threads: "
-                     f"{name} ({store_kind})", results)
-        out.append("per read, wall time / reads (us): " + ", ".join(
-            f"{p} {r['median'] / len(blocks) * 1e6:.0f}" for p, r in results.items()))
-        out.append("slices of 256 reads where zarr_fused was faster: " + ", ".join(
-            f"than {p} {w}" for p, w in won.items()))
+        out += table(
+            f"{len(blocks)} reads of one inner chunk each from {threads} threads: "
+            f"{name} ({store_kind})",
+            results,
+        )
+        out.append(
+            "per read, wall time / reads (us): "
+            + ", ".join(f"{p} {r['median'] / len(blocks) * 1e6:.0f}" for p, r in results.items())
+        )
+        out.append(
+            "slices of 256 reads where zarr_fused was faster: "
+            + ", ".join(f"than {p} {w}" for p, w in won.items())
+        )
     return out
 
 
@@ -208,7 +248,15 @@ def scenario_arrays(layout_names: list[str], repeat: int, store_kind: str = "loc
     import numpy as np
 
     sys.path.insert(0, str(HERE))
-    from benchmarks._peers import LAYOUTS, PEERS, Reader, Writer, available, data_dir, write_reference
+    from benchmarks._peers import (
+        LAYOUTS,
+        PEERS,
+        Reader,
+        Writer,
+        available,
+        data_dir,
+        write_reference,
+    )
 
     out: list[str] = []
     peers = [p for p in PEERS if available(p)]
@@ -228,9 +276,14 @@ def scenario_arrays(layout_names: list[str], repeat: int, store_kind: str = "loc
             if not np.array_equal(got, data):
                 raise SystemExit(f"{p} read wrong data from {name}")
         results = rounds({p: (r.read, None) for p, r in readers.items()}, repeat)
-        out += table(f"read all: {name} ({store_kind}, {nbytes / 2**20:.0f} MiB)", results,
-                     unit=("GB/s", nbytes))
-        writers = {p: Writer(p, layout, data_dir() / f"{name}-write-{p}", store_kind) for p in peers}
+        out += table(
+            f"read all: {name} ({store_kind}, {nbytes / 2**20:.0f} MiB)",
+            results,
+            unit=("GB/s", nbytes),
+        )
+        writers = {
+            p: Writer(p, layout, data_dir() / f"{name}-write-{p}", store_kind) for p in peers
+        }
         for p, writer in list(writers.items()):
             writer.prepare()
             try:
@@ -244,8 +297,11 @@ def scenario_arrays(layout_names: list[str], repeat: int, store_kind: str = "loc
         results = rounds(
             {p: ((lambda w=w: w.write(data)), w.prepare) for p, w in writers.items()}, repeat
         )
-        out += table(f"write all: {name} ({store_kind}, {nbytes / 2**20:.0f} MiB)", results,
-                     unit=("GB/s", nbytes))
+        out += table(
+            f"write all: {name} ({store_kind}, {nbytes / 2**20:.0f} MiB)",
+            results,
+            unit=("GB/s", nbytes),
+        )
     return out
 
 
@@ -268,12 +324,14 @@ def scenario_codecs(repeat: int) -> list[str]:
     items = chunk_bytes // 4
     x = np.linspace(0, 50, n_chunks * items)
     data = (np.sin(x) * 1000 + rng.normal(0, 1, x.size)).astype("<f4")
-    raw = [data[i * items:(i + 1) * items].tobytes() for i in range(n_chunks)]
+    raw = [data[i * items : (i + 1) * items].tobytes() for i in range(n_chunks)]
     out: list[str] = []
     configs = {
         "zstd-1": (numcodecs.Zstd(level=1), dict(compressor="zstd", level=1)),
-        "blosc-lz4-shuffle": (numcodecs.Blosc("lz4", 5, 1, typesize=4),
-                              dict(compressor="blosc", cname="lz4", clevel=5, shuffle="shuffle", typesize=4)),
+        "blosc-lz4-shuffle": (
+            numcodecs.Blosc("lz4", 5, 1, typesize=4),
+            dict(compressor="blosc", cname="lz4", clevel=5, shuffle="shuffle", typesize=4),
+        ),
         "gzip-1": (numcodecs.GZip(1), dict(compressor="gzip", level=1)),
     }
     for label, (nc, params) in configs.items():
@@ -289,13 +347,15 @@ def scenario_codecs(repeat: int) -> list[str]:
         def native_decode(lo: int, hi: int) -> None:
             batch = kb.DecodeBatch(kernel, hi - lo, 1)
             for i in range(lo, hi):
-                batch.add(payloads[i], layout, (), dest, (slice(i * items, (i + 1) * items),), (), i)
+                batch.add(
+                    payloads[i], layout, (), dest, (slice(i * items, (i + 1) * items),), (), i
+                )
             batch.run()
 
         def native_encode(lo: int, hi: int) -> list[Any]:
-            batch = kb.EncodeBatch(kernel, hi - lo, 1, repr, arena[lo * bound:hi * bound])
+            batch = kb.EncodeBatch(kernel, hi - lo, 1, repr, arena[lo * bound : hi * bound])
             for i in range(lo, hi):
-                batch.add(data[i * items:(i + 1) * items], layout, False, i)
+                batch.add(data[i * items : (i + 1) * items], layout, False, i)
             return batch.run()
 
         # what the native encoder produces decodes (with numcodecs) to the data
@@ -304,7 +364,7 @@ def scenario_codecs(repeat: int) -> list[str]:
 
         def numcodecs_decode(lo: int, hi: int) -> None:
             for i in range(lo, hi):
-                nc.decode(payloads[i], out=dest[i * items:(i + 1) * items])
+                nc.decode(payloads[i], out=dest[i * items : (i + 1) * items])
 
         def numcodecs_encode(lo: int, hi: int) -> None:
             for i in range(lo, hi):
@@ -318,15 +378,21 @@ def scenario_codecs(repeat: int) -> list[str]:
             half = n_chunks // 2
             return lambda: list(pool.map(lambda lh: fn(*lh), [(0, half), (half, n_chunks)]))
 
-        for op, (ours, theirs) in {"decode": (native_decode, numcodecs_decode),
-                                   "encode": (native_encode, numcodecs_encode)}.items():
+        for op, (ours, theirs) in {
+            "decode": (native_decode, numcodecs_decode),
+            "encode": (native_encode, numcodecs_encode),
+        }.items():
             cases = {}
             for threads in (1, 2):
                 cases[f"numcodecs/{threads}t"] = (on(threads, theirs), None)
                 cases[f"native/{threads}t"] = (on(threads, ours), None)
             results = rounds(cases, repeat)
-            out += table(f"{op} {n_chunks} x 64 KiB float32, {label}", results, ours="native/1t",
-                         unit=("GB/s", n_chunks * chunk_bytes))
+            out += table(
+                f"{op} {n_chunks} x 64 KiB float32, {label}",
+                results,
+                ours="native/1t",
+                unit=("GB/s", n_chunks * chunk_bytes),
+            )
         if threading.active_count() > 1:
             pool.shutdown()
     # crc32c alone: 4 MiB 25 times per round (one call takes a fraction of a
@@ -334,20 +400,29 @@ def scenario_codecs(repeat: int) -> list[str]:
     blob = rng.bytes(4 * 2**20)
     import google_crc32c
 
-    if kc.crc32c(blob) != google_crc32c.value(blob) or kc.crc32c(blob, portable=True) != kc.crc32c(blob):
+    if kc.crc32c(blob) != google_crc32c.value(blob) or kc.crc32c(blob, portable=True) != kc.crc32c(
+        blob
+    ):
         raise SystemExit("crc32c implementations disagree")
     calls = 25
 
     def repeated(fn: Callable[[], Any]) -> Callable[[], None]:
         return lambda: [fn() for _ in range(calls)] and None
 
-    results = rounds({
-        "google_crc32c": (repeated(lambda: google_crc32c.value(blob)), None),
-        "native": (repeated(lambda: kc.crc32c(blob)), None),
-        "native-portable": (repeated(lambda: kc.crc32c(blob, portable=True)), None),
-    }, repeat)
-    out += table(f"crc32c of 4 MiB, {calls} calls ({kc.crc32c_implementation()})", results,
-                 ours="native", unit=("GB/s", calls * len(blob)))
+    results = rounds(
+        {
+            "google_crc32c": (repeated(lambda: google_crc32c.value(blob)), None),
+            "native": (repeated(lambda: kc.crc32c(blob)), None),
+            "native-portable": (repeated(lambda: kc.crc32c(blob, portable=True)), None),
+        },
+        repeat,
+    )
+    out += table(
+        f"crc32c of 4 MiB, {calls} calls ({kc.crc32c_implementation()})",
+        results,
+        ours="native",
+        unit=("GB/s", calls * len(blob)),
+    )
     return out
 
 
@@ -360,6 +435,7 @@ def scenario_ceiling(repeat: int) -> list[str]:
 
     sys.path.insert(0, str(HERE))
     from benchmarks._peers import LAYOUTS, Reader, data_dir, write_reference
+
     from zarr_fused import _codecs as kc
     from zarr_fused import _shard_index
 
@@ -372,8 +448,10 @@ def scenario_ceiling(repeat: int) -> list[str]:
     payloads = []
     for key in sorted(p for p in (path / "c").rglob("*") if p.is_file()):
         shard = key.read_bytes()
-        entries = _shard_index.parse_index(shard[-(16 * n + 4):], n, checksum=True, big_endian=False)
-        payloads += [shard[int(o):int(o + s)] for o, s in entries]
+        entries = _shard_index.parse_index(
+            shard[-(16 * n + 4) :], n, checksum=True, big_endian=False
+        )
+        payloads += [shard[int(o) : int(o + s)] for o, s in entries]
     nbytes = int(np.prod(layout.chunks)) * 2
     kernel = kc.ChainKernel(compressor="zstd", itemsize=2)
     # libzstd decoding every payload into its own place in one big output
@@ -386,37 +464,48 @@ def scenario_ceiling(repeat: int) -> list[str]:
         # pages the kernel must zero on first touch, as a reader's must
         dest = target if into is None else into
         for i, p in enumerate(payloads):
-            kernel.decode(p, nbytes, out=dest[i * nbytes:(i + 1) * nbytes])
+            kernel.decode(p, nbytes, out=dest[i * nbytes : (i + 1) * nbytes])
 
     reader = Reader("zarr_fused", path)
     if not np.array_equal(reader.read(), data):
         raise SystemExit("zarr_fused read wrong data")
     with zarr.config.set({"codec_pipeline.max_workers": 1}):
-        results = rounds({"libzstd-only": (libzstd_only, None),
-                          "libzstd-fresh": (lambda: libzstd_only(np.empty_like(target)), None),
-                          "zarr_fused": (reader.read, None)}, repeat)
-    lines = table(f"single thread: read all of {name} vs decoding its {len(payloads)} payloads",
-                  results, unit=("GB/s", data.nbytes))
+        results = rounds(
+            {
+                "libzstd-only": (libzstd_only, None),
+                "libzstd-fresh": (lambda: libzstd_only(np.empty_like(target)), None),
+                "zarr_fused": (reader.read, None),
+            },
+            repeat,
+        )
+    lines = table(
+        f"single thread: read all of {name} vs decoding its {len(payloads)} payloads",
+        results,
+        unit=("GB/s", data.nbytes),
+    )
     ours = results["zarr_fused"]["median"]
-    lines.append(f"zarr_fused reaches {results['libzstd-only']['median'] / ours:.0%} of libzstd's "
-                 "single-thread decode throughput into a prefaulted buffer, "
-                 f"{results['libzstd-fresh']['median'] / ours:.0%} into a fresh one "
-                 "(like the output array zarr allocates for every read)")
+    lines.append(
+        f"zarr_fused reaches {results['libzstd-only']['median'] / ours:.0%} of libzstd's "
+        "single-thread decode throughput into a prefaulted buffer, "
+        f"{results['libzstd-fresh']['median'] / ours:.0%} into a fresh one "
+        "(like the output array zarr allocates for every read)"
+    )
     return lines
 
 
 SCENARIOS = {
     "array-unsharded": lambda repeat, store: scenario_arrays(
-        ["unsharded-blosc", "unsharded-zstd"], repeat, store),
+        ["unsharded-blosc", "unsharded-zstd"], repeat, store
+    ),
     "array-sharded": lambda repeat, store: scenario_arrays(
-        ["sharded-zstd", "sharded-raw"], repeat, store),
-    "array-sharded-crc": lambda repeat, store: scenario_arrays(
-        ["sharded-zstd-crc"], repeat, store),
-    "sharded-patterns": lambda repeat, store: scenario_patterns(
-        ["sharded-zstd"], repeat, store),
+        ["sharded-zstd", "sharded-raw"], repeat, store
+    ),
+    "array-sharded-crc": lambda repeat, store: scenario_arrays(["sharded-zstd-crc"], repeat, store),
+    "sharded-patterns": lambda repeat, store: scenario_patterns(["sharded-zstd"], repeat, store),
     "sharded-threads": lambda repeat, store: scenario_threads(["sharded-zstd"], repeat, store),
     "array-v2": lambda repeat, store: scenario_arrays(
-        ["v2-blosc", "v2-zstd", "v2-blosc-F"], repeat, store),
+        ["v2-blosc", "v2-zstd", "v2-blosc-F"], repeat, store
+    ),
     "codecs": lambda repeat, store: scenario_codecs(repeat),
     "zstd-ceiling": lambda repeat, store: scenario_ceiling(repeat),
 }
@@ -433,8 +522,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.pin == "both":
         lines: list[str] = []
         for pin in ("off", "on"):
-            cmd = [sys.executable, __file__, "--scenario", args.scenario, "--repeat",
-                   str(args.repeat), "--store", args.store, "--pin", pin]
+            cmd = [
+                sys.executable,
+                __file__,
+                "--scenario",
+                args.scenario,
+                "--repeat",
+                str(args.repeat),
+                "--store",
+                args.store,
+                "--pin",
+                pin,
+            ]
             res = subprocess.run(cmd, capture_output=True, text=True)
             if res.returncode:
                 sys.stderr.write(res.stderr)
@@ -445,8 +544,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.pin == "on":
         os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
     cpus = sorted(os.sched_getaffinity(0))
-    header = [f"# scenario {args.scenario}, store {args.store}, CPUs {cpus} "
-              f"({'pinned' if args.pin == 'on' else 'unpinned'}), {args.repeat} rounds"]
+    header = [
+        f"# scenario {args.scenario}, store {args.store}, CPUs {cpus} "
+        f"({'pinned' if args.pin == 'on' else 'unpinned'}), {args.repeat} rounds"
+    ]
     lines = header + SCENARIOS[args.scenario](args.repeat, args.store)
     print("\n".join(lines), flush=True)
     if args.json:

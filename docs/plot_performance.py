@@ -133,7 +133,10 @@ def plot(tables: list[Table], output: Path) -> None:
     import matplotlib.pyplot as plt
     import numpy as np
 
-    settings = [(False, "unpinned: both CPUs"), (True, "pinned to CPU 0 (zarr_fused uses 1 thread)")]
+    settings = [
+        (False, "unpinned: both CPUs"),
+        (True, "pinned to CPU 0 (zarr_fused uses 1 thread)"),
+    ]
     fig, axes = plt.subplots(len(settings), 1, figsize=(12, 9.5), sharey=True)
     colors = ["#4c72b0", "#dd8452", "#55a868", "#c44e52"]
     width = 0.8 / len(PEERS)
@@ -149,10 +152,16 @@ def plot(tables: list[Table], output: Path) -> None:
             for bar, v in zip(bars, values):
                 if np.isnan(v):
                     continue
-                ax.annotate(f"{v:.2f}", (bar.get_x() + bar.get_width() / 2, v),
-                            xytext=(0, 2 if v >= 1 else -2), textcoords="offset points",
-                            ha="center", va="bottom" if v >= 1 else "top",
-                            fontsize=6.5, rotation=90)
+                ax.annotate(
+                    f"{v:.2f}",
+                    (bar.get_x() + bar.get_width() / 2, v),
+                    xytext=(0, 2 if v >= 1 else -2),
+                    textcoords="offset points",
+                    ha="center",
+                    va="bottom" if v >= 1 else "top",
+                    fontsize=6.5,
+                    rotation=90,
+                )
         ax.axhline(1.0, color="black", linewidth=1, zorder=3)
         for i in range(1, len(group)):  # separate unsharded, sharded and small-read cases
             if group[i].scenario != group[i - 1].scenario:
@@ -166,13 +175,21 @@ def plot(tables: list[Table], output: Path) -> None:
         ax.grid(axis="y", which="major", color="#dddddd", zorder=0)
         ax.set_title(heading, fontsize=10, loc="left")
         ax.set_ylabel("zarr_fused speedup\n(peer time / zarr_fused time)", fontsize=9)
-        ax.text(0.995, 0.97, "above 1: zarr_fused faster\nbelow 1: the peer is faster",
-                transform=ax.transAxes, ha="right", va="top", fontsize=8,
-                bbox={"facecolor": "white", "edgecolor": "#bbbbbb"})
-    axes[0].legend(loc="upper center", ncol=2, fontsize=8, frameon=True,
-                   bbox_to_anchor=(0.42, 1.0))
-    fig.suptitle("zarr_fused against its peers, local store (median of interleaved rounds)\n"
-                 + MACHINE, fontsize=10)
+        ax.text(
+            0.995,
+            0.97,
+            "above 1: zarr_fused faster\nbelow 1: the peer is faster",
+            transform=ax.transAxes,
+            ha="right",
+            va="top",
+            fontsize=8,
+            bbox={"facecolor": "white", "edgecolor": "#bbbbbb"},
+        )
+    axes[0].legend(loc="upper center", ncol=2, fontsize=8, frameon=True, bbox_to_anchor=(0.42, 1.0))
+    fig.suptitle(
+        "zarr_fused against its peers, local store (median of interleaved rounds)\n" + MACHINE,
+        fontsize=10,
+    )
     fig.tight_layout()
     output.parent.mkdir(parents=True, exist_ok=True)
     # no Software tag: the file changes only when the data or the figure do
@@ -195,43 +212,60 @@ def markdown(tables: list[Table]) -> str:
         arrays = [t for t in tables if t.pinned == pinned and "gbps" in t.rows.get(OURS, {})]
         if arrays:
             out.append(f"<!-- {'pinned' if pinned else 'unpinned'}: whole arrays -->")
-            out.append("| operation | zarr_fused s | GB/s | vs zarr-batched | vs zarr-fused "
-                       "| vs zarrs | vs tensorstore |")
+            out.append(
+                "| operation | zarr_fused s | GB/s | vs zarr-batched | vs zarr-fused "
+                "| vs zarrs | vs tensorstore |"
+            )
             out.append("|---|---:|---:|---:|---:|---:|---:|")
             for t in arrays:
                 r = t.rows[OURS]
-                out.append(f"| {t.row_name} | {r['median']:.4f} | {r['gbps']:.2f} | "
-                           + " | ".join(ratio(t, p) for p in PEERS) + " |")
+                out.append(
+                    f"| {t.row_name} | {r['median']:.4f} | {r['gbps']:.2f} | "
+                    + " | ".join(ratio(t, p) for p in PEERS)
+                    + " |"
+                )
             out.append("")
         small = [t for t in tables if t.pinned == pinned and "gbps" not in t.rows.get(OURS, {})]
         if small:
             out.append(f"<!-- {'pinned' if pinned else 'unpinned'}: small reads -->")
-            out.append("| operation | zarr_fused s | zarr-fused s | zarrs s | tensorstore s "
-                       "| vs zarr-fused | vs zarrs | vs tensorstore |")
+            out.append(
+                "| operation | zarr_fused s | zarr-fused s | zarrs s | tensorstore s "
+                "| vs zarr-fused | vs zarrs | vs tensorstore |"
+            )
             out.append("|---|---:|---:|---:|---:|---:|---:|---:|")
             for t in small:
                 m = {p: t.rows[p]["median"] for p in t.rows}
-                out.append(f"| {t.row_name} | {m[OURS]:.4f} | {m['zarr-fused']:.4f} | "
-                           f"{m['zarrs']:.4f} | {m['tensorstore']:.4f} | "
-                           + " | ".join(ratio(t, p) for p in ("zarr-fused", "zarrs", "tensorstore"))
-                           + " |")
+                out.append(
+                    f"| {t.row_name} | {m[OURS]:.4f} | {m['zarr-fused']:.4f} | "
+                    f"{m['zarrs']:.4f} | {m['tensorstore']:.4f} | "
+                    + " | ".join(ratio(t, p) for p in ("zarr-fused", "zarrs", "tensorstore"))
+                    + " |"
+                )
             for t in small:
                 if t.per_call_us:
                     out.append("")
-                    out.append("per call: " + ", ".join(
-                        f"{p} {v:.0f} µs" for p, v in t.per_call_us.items()))
+                    out.append(
+                        "per call: "
+                        + ", ".join(f"{p} {v:.0f} µs" for p, v in t.per_call_us.items())
+                    )
                 if t.slices_won:
                     out.append("")
-                    out.append("slices of 256 calls in which zarr_fused was faster: " + ", ".join(
-                        f"than {p} {w}" for p, w in t.slices_won.items()))
+                    out.append(
+                        "slices of 256 calls in which zarr_fused was faster: "
+                        + ", ".join(f"than {p} {w}" for p, w in t.slices_won.items())
+                    )
             out.append("")
     return "\n".join(out)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("files", nargs="*", type=Path,
-                        help="side_by_side.py reports (default: the recorded run in docs/_data)")
+    parser.add_argument(
+        "files",
+        nargs="*",
+        type=Path,
+        help="side_by_side.py reports (default: the recorded run in docs/_data)",
+    )
     parser.add_argument("-o", "--output", type=Path, default=OUTPUT)
     parser.add_argument("--markdown", action="store_true", help="also print the page's tables")
     args = parser.parse_args(argv)

@@ -101,7 +101,10 @@ def test_decoding_starts_while_fetches_are_in_flight() -> None:
     with zarr.config.set({"codec_pipeline.max_workers": 2}):
         statuses = asyncio.run(read_async(spy_plan, batch, out, ()))
     assert [s["status"] for s in statuses] == ["present"] * 3
-    assert_same_values(out.as_numpy_array(), np.concatenate([np.arange(4) + 10 * i for i in range(3)]).astype("int32"))
+    assert_same_values(
+        out.as_numpy_array(),
+        np.concatenate([np.arange(4) + 10 * i for i in range(3)]).astype("int32"),
+    )
 
 
 @pytest.mark.parametrize("max_workers", [1, 2])
@@ -185,7 +188,9 @@ def test_corrupt_chunk_on_async_path_names_the_key(tmp_path: Path, kind: str) ->
     with with_pipeline(FUSED):
         arr = zarr.create_array(store, shape=(8,), chunks=(4,), dtype="<i4", compressors=None)
         arr[:] = np.arange(8)
-        zarr.core.sync.sync(store.set("c/1", default_buffer_prototype().buffer.from_bytes(b"\x00" * 7)))
+        zarr.core.sync.sync(
+            store.set("c/1", default_buffer_prototype().buffer.from_bytes(b"\x00" * 7))
+        )
         with pytest.raises(CorruptChunkError, match=r"c/1.*7 bytes"):
             arr[:]
 
@@ -224,8 +229,12 @@ def test_async_only_codec_matches_zarr(tmp_path: Path, kind: str) -> None:
         store = make_store(kind, tmp_path)
         with with_pipeline(path):
             arr = zarr.create_array(
-                store, shape=data.shape, chunks=(4, 4), dtype=data.dtype,
-                compressors=[AsyncOnlyNoop()], fill_value=-1,
+                store,
+                shape=data.shape,
+                chunks=(4, 4),
+                dtype=data.dtype,
+                compressors=[AsyncOnlyNoop()],
+                fill_value=-1,
             )
             if path == FUSED:
                 assert arr._async_array.codec_pipeline.plan.chain is None
@@ -241,8 +250,9 @@ def test_async_only_codec_matches_zarr(tmp_path: Path, kind: str) -> None:
 
 @pytest.mark.parametrize("concurrency", [None, 1, 3])
 @pytest.mark.parametrize("sharded", [False, True], ids=["chunks", "shards"])
-def test_async_concurrency_settings_like_zarr(tmp_path: Path, concurrency: Any,
-                                              sharded: bool) -> None:
+def test_async_concurrency_settings_like_zarr(
+    tmp_path: Path, concurrency: Any, sharded: bool
+) -> None:
     """``async.concurrency = None`` means no limit in zarr's pipelines (zarr's
     benchmark scripts set it); the async path once raised TypeError for it."""
     data = np.arange(12 * 10, dtype="<i4").reshape(12, 10)
@@ -250,12 +260,19 @@ def test_async_concurrency_settings_like_zarr(tmp_path: Path, concurrency: Any,
     for name, path in (("ours", FUSED), ("zarr", BATCHED)):
         store = make_store("nosync", tmp_path, name)
         with with_pipeline(path), zarr.config.set({"async.concurrency": concurrency}):
-            arr = zarr.create_array(store, shape=data.shape, chunks=(4, 5), dtype=data.dtype,
-                                    shards=(8, 10) if sharded else None, fill_value=-1)
+            arr = zarr.create_array(
+                store,
+                shape=data.shape,
+                chunks=(4, 5),
+                dtype=data.dtype,
+                shards=(8, 10) if sharded else None,
+                fill_value=-1,
+            )
             arr[...] = data
             arr[1:6, 2:7] = -data[1:6, 2:7]  # partial: fetches what is stored
-            assert_same_values(arr[...], np.where(
-                np.pad(np.ones((5, 5), bool), ((1, 6), (2, 3))), -data, data))
+            assert_same_values(
+                arr[...], np.where(np.pad(np.ones((5, 5), bool), ((1, 6), (2, 3))), -data, data)
+            )
             assert_same_values(arr.oindex[[0, 11], [1, 9]], arr[...][np.ix_([0, 11], [1, 9])])
         stores[name] = store
     assert chunk_items(stores["ours"]) == chunk_items(stores["zarr"])
@@ -284,8 +301,9 @@ def test_inner_chunks_use_the_arrays_pipeline_whatever_the_config(
     store = make_store("nosync", Path("."))
     data = np.arange(16 * 16, dtype="<i4").reshape(16, 16)
     with with_pipeline(FUSED):
-        arr = zarr.create_array(store, shape=data.shape, chunks=(4, 4), shards=(8, 8),
-                                dtype=data.dtype)
+        arr = zarr.create_array(
+            store, shape=data.shape, chunks=(4, 4), shards=(8, 8), dtype=data.dtype
+        )
     with with_pipeline(BATCHED):
         moved = pickle.loads(pickle.dumps(arr))
         calls.clear()

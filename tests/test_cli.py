@@ -39,7 +39,10 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("ZARR_")}
     return subprocess.run(
         [sys.executable, "-m", "zarr_fused", *args],
-        capture_output=True, text=True, timeout=120, env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
     )
 
 
@@ -54,7 +57,7 @@ def table_rows(out: str) -> dict[str, str]:
     lines = out.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("pipeline "))
     rows = {}
-    for line in lines[start + 1:]:
+    for line in lines[start + 1 :]:
         if not line.strip():
             break
         rows[line.split()[0]] = line
@@ -84,22 +87,34 @@ def disk(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     rng = np.random.default_rng(20240611)
     floats = rng.normal(size=(20, 30)).astype("f4")
     floats[3, 4] = floats[10, 11] = np.nan  # equality must be NaN-aware
-    _write(LocalStore(root / "floats"), floats, chunks=(8, 8),
-           compressors=zarr.codecs.ZstdCodec(level=1), fill_value=np.nan)
+    _write(
+        LocalStore(root / "floats"),
+        floats,
+        chunks=(8, 8),
+        compressors=zarr.codecs.ZstdCodec(level=1),
+        fill_value=np.nan,
+    )
 
     zs = ZipStore(root / "ints.zip", mode="w")
     _write(zs, rng.integers(-1000, 1000, size=(12, 10), dtype="i2"), chunks=(5, 5))
     zs.close()
 
     group = zarr.open_group(LocalStore(root / "group"), mode="w")
-    _write(group.store_path.store, rng.integers(0, 255, (16, 16), dtype="u1"), chunks=(4, 4),
-           shards=(8, 8), name="a")
+    _write(
+        group.store_path.store,
+        rng.integers(0, 255, (16, 16), dtype="u1"),
+        chunks=(4, 4),
+        shards=(8, 8),
+        name="a",
+    )
     group.create_group("nested")
-    _write(group.store_path.store, rng.integers(0, 9, (9,), dtype="u4"), chunks=(4,),
-           name="nested/b")
+    _write(
+        group.store_path.store, rng.integers(0, 9, (9,), dtype="u4"), chunks=(4,), name="nested/b"
+    )
 
-    _write(LocalStore(root / "v2"), rng.normal(size=(6, 7)).astype("f8"), chunks=(3, 3),
-           zarr_format=2)
+    _write(
+        LocalStore(root / "v2"), rng.normal(size=(6, 7)).astype("f8"), chunks=(3, 3), zarr_format=2
+    )
 
     # a zipped directory: the array sits one level down
     inner = root / "wrapped_src"
@@ -110,8 +125,12 @@ def disk(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
                 zf.write(p, p.relative_to(inner).as_posix())
 
     # a codec zarrs and tensorstore do not know (zarr-python's numcodecs.delta)
-    _write(LocalStore(root / "delta"), np.arange(12, dtype="f4"), chunks=(5,),
-           filters=[zarr.codecs.numcodecs.Delta(dtype="f4")])
+    _write(
+        LocalStore(root / "delta"),
+        np.arange(12, dtype="f4"),
+        chunks=(5,),
+        filters=[zarr.codecs.numcodecs.Delta(dtype="f4")],
+    )
 
     zs = ZipStore(root / "group.zip", mode="w")
     _write(zs, np.arange(5, dtype="i1"), chunks=(5,), name="q")
@@ -159,13 +178,20 @@ def test_info_fields() -> None:
 @pytest.mark.parametrize(
     ("settings", "expected"),
     [
-        pytest.param({"codec_pipeline.max_workers": 1},
-                     "max_workers: 1 (set) -> 1 threads per batch", id="max_workers-1"),
-        pytest.param({"codec_pipeline.max_workers": "abc"}, "Ignoring invalid",
-                     id="max_workers-bad"),
+        pytest.param(
+            {"codec_pipeline.max_workers": 1},
+            "max_workers: 1 (set) -> 1 threads per batch",
+            id="max_workers-1",
+        ),
+        pytest.param(
+            {"codec_pipeline.max_workers": "abc"}, "Ignoring invalid", id="max_workers-bad"
+        ),
         pytest.param({"codec_pipeline.strict": True}, "strict: True -> on", id="strict-on"),
-        pytest.param({"codec_pipeline.path": "zarr_fused.FusedCodecPipeline"},
-                     "(zarr_fused is selected)", id="selected"),
+        pytest.param(
+            {"codec_pipeline.path": "zarr_fused.FusedCodecPipeline"},
+            "(zarr_fused is selected)",
+            id="selected",
+        ),
     ],
 )
 def test_info_reports_settings(
@@ -204,8 +230,11 @@ def test_bench_sample_subprocess() -> None:
     ],
 )
 def test_bench_user_array(
-    capsys: pytest.CaptureFixture[str], disk: dict[str, Path], target: str,
-    array: str | None, skip_note: str | None,
+    capsys: pytest.CaptureFixture[str],
+    disk: dict[str, Path],
+    target: str,
+    array: str | None,
+    skip_note: str | None,
 ) -> None:
     args = ["bench", str(disk[target]), "--repeat", "1"]
     if array:
@@ -234,12 +263,23 @@ def test_bench_user_array(
     ],
 )
 def test_bench_selection(
-    capsys: pytest.CaptureFixture[str], disk: dict[str, Path], tmp_path: Path,
-    expr: str, shape: tuple[int, ...],
+    capsys: pytest.CaptureFixture[str],
+    disk: dict[str, Path],
+    tmp_path: Path,
+    expr: str,
+    shape: tuple[int, ...],
 ) -> None:
     out_json = tmp_path / "r.json"
-    code, out, err = call(capsys, "bench", str(disk["floats"]), "--repeat", "1",
-                          f"--selection={expr}", "--json", str(out_json))
+    code, out, err = call(
+        capsys,
+        "bench",
+        str(disk["floats"]),
+        "--repeat",
+        "1",
+        f"--selection={expr}",
+        "--json",
+        str(out_json),
+    )
     assert code == 0, err
     doc = json.loads(out_json.read_text())
     assert doc["selection"]["expression"] == expr
@@ -271,12 +311,28 @@ def test_bench_json_structure(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     code, _, err = call(capsys, "bench", "--size", "16", "--repeat", "2", "--json", str(out_json))
     assert code == 0, err
     doc = json.loads(out_json.read_text())
-    assert set(doc) == {"versions", "threads", "array", "selection", "repeat", "reference",
-                        "pipelines", "skipped", "ok"}
+    assert set(doc) == {
+        "versions",
+        "threads",
+        "array",
+        "selection",
+        "repeat",
+        "reference",
+        "pipelines",
+        "skipped",
+        "ok",
+    }
     assert doc["versions"]["zarr_fused"] == zarr_fused.__version__
-    assert doc["array"] == {"source": "sample", "path": None, "array": None,
-                            "shape": [16, 16, 16], "dtype": "uint16", "chunks": [2, 2, 2],
-                            "shards": [8, 8, 8], "zarr_format": 3}
+    assert doc["array"] == {
+        "source": "sample",
+        "path": None,
+        "array": None,
+        "shape": [16, 16, 16],
+        "dtype": "uint16",
+        "chunks": [2, 2, 2],
+        "shards": [8, 8, 8],
+        "zarr_format": 3,
+    }
     assert doc["selection"]["nbytes"] == 16**3 * 2
     assert doc["repeat"] == 2 and doc["ok"] is True
     assert doc["reference"] == "the data written"
@@ -292,8 +348,9 @@ def test_bench_json_structure(tmp_path: Path, capsys: pytest.CaptureFixture[str]
 
 
 def test_bench_pipelines_subset(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, err = call(capsys, "bench", "--size", "16", "--repeat", "1",
-                          "--pipelines", "zarr_fused, zarr-batched")
+    code, out, err = call(
+        capsys, "bench", "--size", "16", "--repeat", "1", "--pipelines", "zarr_fused, zarr-batched"
+    )
     assert code == 0, err
     rows = table_rows(out)
     assert list(rows) == ["zarr-batched", "zarr_fused"]  # table order, not the order asked
@@ -302,8 +359,9 @@ def test_bench_pipelines_subset(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_bench_without_batched_has_no_ratio(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, err = call(capsys, "bench", "--size", "16", "--repeat", "1",
-                          "--pipelines", "zarr_fused")
+    code, out, err = call(
+        capsys, "bench", "--size", "16", "--repeat", "1", "--pipelines", "zarr_fused"
+    )
     assert code == 0, err
     assert table_rows(out)["zarr_fused"].split()[3] == "-"
     assert "zarr_fused read identical data" in out
@@ -325,8 +383,9 @@ def test_bench_tensorstore_cannot_open_is_skipped(
 def test_bench_pipeline_warnings_become_notes(
     capsys: pytest.CaptureFixture[str], disk: dict[str, Path]
 ) -> None:
-    code, out, err = call(capsys, "bench", str(disk["delta"]), "--repeat", "2",
-                          "--pipelines", "zarr-batched,zarrs")
+    code, out, err = call(
+        capsys, "bench", str(disk["delta"]), "--repeat", "2", "--pipelines", "zarr-batched,zarrs"
+    )
     assert code == 0, err
     assert err == ""
     notes = [line for line in out.splitlines() if line.startswith("note: zarrs warned: ")]
@@ -340,8 +399,17 @@ def test_bench_zip_hint_then_array(
     code, out, err = call(capsys, "bench", str(disk["wrapped.zip"]))
     assert_one_line_error(code, out, err)
     assert "zarr metadata found under: data.zarr" in err
-    code, out, err = call(capsys, "bench", str(disk["wrapped.zip"]), "--array", "data.zarr",
-                          "--repeat", "1", "--pipelines", "zarr-batched,zarr_fused")
+    code, out, err = call(
+        capsys,
+        "bench",
+        str(disk["wrapped.zip"]),
+        "--array",
+        "data.zarr",
+        "--repeat",
+        "1",
+        "--pipelines",
+        "zarr-batched,zarr_fused",
+    )
     assert code == 0, err
 
 
@@ -350,8 +418,17 @@ def test_bench_zip_hint_then_array(
     [pytest.param([], False, id="auto-not-a-tty"), pytest.param(["--progress"], True, id="forced")],
 )
 def test_bench_progress(capsys: pytest.CaptureFixture[str], flag: list[str], drawn: bool) -> None:
-    code, _, err = call(capsys, "bench", "--size", "8", "--repeat", "2",
-                        "--pipelines", "zarr-batched,zarr_fused", *flag)
+    code, _, err = call(
+        capsys,
+        "bench",
+        "--size",
+        "8",
+        "--repeat",
+        "2",
+        "--pipelines",
+        "zarr-batched,zarr_fused",
+        *flag,
+    )
     assert code == 0
     if drawn:
         assert err.startswith("\r[") and err.endswith("\n")
@@ -384,10 +461,12 @@ def _sabotage(monkeypatch: pytest.MonkeyPatch, victim: str, how: str) -> None:
 @pytest.mark.parametrize(
     ("how", "check"),
     [
-        pytest.param("value", "DIFFERS from the data written: 1 of 512 elements differ",
-                     id="value"),
-        pytest.param("dtype", "DIFFERS from the data written: dtype int64 instead of uint16",
-                     id="dtype"),
+        pytest.param(
+            "value", "DIFFERS from the data written: 1 of 512 elements differ", id="value"
+        ),
+        pytest.param(
+            "dtype", "DIFFERS from the data written: dtype int64 instead of uint16", id="dtype"
+        ),
         pytest.param("raise", "FAILED: RuntimeError: chunk 0 is corrupt second line", id="raises"),
     ],
 )
@@ -405,13 +484,16 @@ def test_bench_detects_wrong_results(
 
 
 def test_bench_difference_against_reference_pipeline(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, disk: dict[str, Path],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    disk: dict[str, Path],
     tmp_path: Path,
 ) -> None:
     _sabotage(monkeypatch, "zarr-fused", "value")
     out_json = tmp_path / "r.json"
-    code, out, err = call(capsys, "bench", str(disk["floats"]), "--repeat", "1",
-                          "--json", str(out_json))
+    code, out, err = call(
+        capsys, "bench", str(disk["floats"]), "--repeat", "1", "--json", str(out_json)
+    )
     assert code == 1
     assert "DIFFERS from zarr-batched" in table_rows(out)["zarr-fused"]
     doc = json.loads(out_json.read_text())  # written even when the checks fail
@@ -432,8 +514,9 @@ def test_plot_without_matplotlib(tmp_path: Path) -> None:
         sys.exit(main(["bench", "--size", "8", "--repeat", "1", "--plot", {str(target)!r}]))
         """
     )
-    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                         timeout=120)
+    res = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+    )
     assert res.returncode == 2
     assert res.stderr == "zarr-fused: --plot needs matplotlib: pip install matplotlib\n"
     assert res.stdout == ""
@@ -456,43 +539,69 @@ BAD_INPUT = [
     pytest.param(["bench", "{empty}"], "not a zarr array or group", id="empty-dir"),
     pytest.param(["bench", "{group}"], "is a zarr group, not an array", id="group-no-array"),
     pytest.param(["bench", "{group}", "--array", "nope"], "no array 'nope'", id="array-missing"),
-    pytest.param(["bench", "{group}", "--array", "nested"], "is a group, not an array",
-                 id="array-is-group"),
-    pytest.param(["bench", "{group.zip}"],
-                 "is a zarr group, not an array; pick one with --array NAME (arrays: q)",
-                 id="zip-group-no-array"),
-    pytest.param(["bench", "{group.zip}", "--array", "nope"], "no array 'nope'",
-                 id="zip-array-missing"),
-    pytest.param(["bench", "{zero}"], "nothing to read: the array is empty along axis 0",
-                 id="empty-array"),
+    pytest.param(
+        ["bench", "{group}", "--array", "nested"], "is a group, not an array", id="array-is-group"
+    ),
+    pytest.param(
+        ["bench", "{group.zip}"],
+        "is a zarr group, not an array; pick one with --array NAME (arrays: q)",
+        id="zip-group-no-array",
+    ),
+    pytest.param(
+        ["bench", "{group.zip}", "--array", "nope"], "no array 'nope'", id="zip-array-missing"
+    ),
+    pytest.param(
+        ["bench", "{zero}"], "nothing to read: the array is empty along axis 0", id="empty-array"
+    ),
     pytest.param(["bench", "--array", "a"], "--array needs PATH", id="array-without-path"),
-    pytest.param(["bench", "--pipelines", "zarr_fused,fast"], "unknown pipeline 'fast'",
-                 id="unknown-pipeline"),
+    pytest.param(
+        ["bench", "--pipelines", "zarr_fused,fast"],
+        "unknown pipeline 'fast'",
+        id="unknown-pipeline",
+    ),
     pytest.param(["bench", "--pipelines", ","], "--pipelines is empty", id="empty-pipelines"),
-    pytest.param(["bench", "--selection", "1:2:3:4"], "malformed --selection",
-                 id="selection-too-many-colons"),
-    pytest.param(["bench", "--selection", "1,,2"], "empty index at position 2",
-                 id="selection-empty-item"),
-    pytest.param(["bench", "--selection", "__import__('os')"], "malformed --selection",
-                 id="selection-code"),
-    pytest.param(["bench", "--selection", "...,...,1"], "more than one '...'",
-                 id="selection-two-ellipses"),
-    pytest.param(["bench", "--size", "8", "--selection", "8"], "out of range for axis 0",
-                 id="selection-index-out-of-range"),
-    pytest.param(["bench", "--size", "8", "--selection=-9"], "out of range for axis 0",
-                 id="selection-negative-out-of-range"),
-    pytest.param(["bench", "--size", "8", "--selection", ":,0:9"], "bound 9 is out of range",
-                 id="selection-bound-out-of-range"),
-    pytest.param(["bench", "--size", "8", "--selection", "0,0,0,0"], "has 4 indices",
-                 id="selection-too-many-indices"),
-    pytest.param(["bench", "--size", "8", "--selection", "5:5"], "selects nothing",
-                 id="selection-empty"),
+    pytest.param(
+        ["bench", "--selection", "1:2:3:4"], "malformed --selection", id="selection-too-many-colons"
+    ),
+    pytest.param(
+        ["bench", "--selection", "1,,2"], "empty index at position 2", id="selection-empty-item"
+    ),
+    pytest.param(
+        ["bench", "--selection", "__import__('os')"], "malformed --selection", id="selection-code"
+    ),
+    pytest.param(
+        ["bench", "--selection", "...,...,1"], "more than one '...'", id="selection-two-ellipses"
+    ),
+    pytest.param(
+        ["bench", "--size", "8", "--selection", "8"],
+        "out of range for axis 0",
+        id="selection-index-out-of-range",
+    ),
+    pytest.param(
+        ["bench", "--size", "8", "--selection=-9"],
+        "out of range for axis 0",
+        id="selection-negative-out-of-range",
+    ),
+    pytest.param(
+        ["bench", "--size", "8", "--selection", ":,0:9"],
+        "bound 9 is out of range",
+        id="selection-bound-out-of-range",
+    ),
+    pytest.param(
+        ["bench", "--size", "8", "--selection", "0,0,0,0"],
+        "has 4 indices",
+        id="selection-too-many-indices",
+    ),
+    pytest.param(
+        ["bench", "--size", "8", "--selection", "5:5"], "selects nothing", id="selection-empty"
+    ),
     pytest.param(["bench", "--size", "8", "--selection", "::0"], "step 0", id="selection-step-0"),
     pytest.param(["bench", "--repeat", "0"], "argument --repeat", id="repeat-zero"),
     pytest.param(["bench", "--size", "ten"], "argument --size", id="size-not-int"),
     pytest.param(["bench", "--json", "{missing}/r.json"], "does not exist", id="json-no-dir"),
-    pytest.param(["bench", "--plot", "{empty}/out.nope"], "unsupported image format",
-                 id="plot-format"),
+    pytest.param(
+        ["bench", "--plot", "{empty}/out.nope"], "unsupported image format", id="plot-format"
+    ),
     pytest.param(["bench", "--bogus"], "unrecognized arguments", id="unknown-option"),
     pytest.param(["frobnicate"], "invalid choice", id="unknown-verb"),
     pytest.param([], "required", id="no-verb"),
@@ -524,8 +633,9 @@ def test_bad_input(
         pytest.param(["bench", "{notes.txt}"], "not a zarr array", id="plain-file"),
         pytest.param(["bench", "--pipelines", "tensorflow"], "unknown pipeline", id="pipeline"),
         pytest.param(["bench", "--selection", "0:1;2"], "malformed --selection", id="selection"),
-        pytest.param(["bench", "--size", "4", "--selection", "4"], "out of range",
-                     id="out-of-range"),
+        pytest.param(
+            ["bench", "--size", "4", "--selection", "4"], "out of range", id="out-of-range"
+        ),
     ],
 )
 def test_bad_input_subprocess(disk: dict[str, Path], args: list[str], message: str) -> None:
@@ -547,12 +657,16 @@ def test_named_pipeline_that_cannot_run(
 
 @pytest.mark.parametrize(
     ("pipelines", "code"),
-    [pytest.param([], 0, id="default-skips-it"),
-     pytest.param(["--pipelines", "zarr_fused,zarrs"], 2, id="named-is-an-error")],
+    [
+        pytest.param([], 0, id="default-skips-it"),
+        pytest.param(["--pipelines", "zarr_fused,zarrs"], 2, id="named-is-an-error"),
+    ],
 )
 def test_bench_pipeline_not_installed(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
-    pipelines: list[str], code: int,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    pipelines: list[str],
+    code: int,
 ) -> None:
     monkeypatch.setitem(peers._OPTIONAL, "zarrs", "zarr_fused_tests_no_such_module")
     got, out, err = call(capsys, "bench", "--size", "8", "--repeat", "1", *pipelines)
@@ -569,8 +683,13 @@ def test_bench_pipeline_not_installed(
 
 
 @pytest.mark.parametrize(
-    "verb", [pytest.param([], id="top"), pytest.param(["info"], id="info"),
-             pytest.param(["bench"], id="bench"), pytest.param(["demo"], id="demo")],
+    "verb",
+    [
+        pytest.param([], id="top"),
+        pytest.param(["info"], id="info"),
+        pytest.param(["bench"], id="bench"),
+        pytest.param(["demo"], id="demo"),
+    ],
 )
 def test_help(capsys: pytest.CaptureFixture[str], verb: list[str]) -> None:
     code, out, err = call(capsys, *verb, "--help")
@@ -581,8 +700,10 @@ def test_help(capsys: pytest.CaptureFixture[str], verb: list[str]) -> None:
 
 @pytest.mark.parametrize(
     "edge",
-    [pytest.param(16, id="edge-16"),
-     pytest.param(18, id="edge-18-shard-not-half")],  # 18 // 2 = 9 holds no whole 2-chunks
+    [
+        pytest.param(16, id="edge-16"),
+        pytest.param(18, id="edge-18-shard-not-half"),
+    ],  # 18 // 2 = 9 holds no whole 2-chunks
 )
 def test_demo_small(capsys: pytest.CaptureFixture[str], edge: int) -> None:
     code, out, _ = call(capsys, "demo", "--edge", str(edge), "--repeat", "1")
@@ -594,7 +715,8 @@ def test_console_script() -> None:
     script = Path(sys.executable).parent / "zarr-fused"
     if not script.exists():
         pytest.skip("zarr-fused script not installed next to this interpreter")
-    res = subprocess.run([str(script), "bench", "--help"], capture_output=True, text=True,
-                         timeout=120)
+    res = subprocess.run(
+        [str(script), "bench", "--help"], capture_output=True, text=True, timeout=120
+    )
     assert res.returncode == 0
     assert res.stdout.startswith("usage: zarr-fused bench")

@@ -39,8 +39,6 @@ import numcodecs
 import numpy as np
 import pytest
 import zarr
-from helpers import chunk_items
-from helpers.gil import spins_during
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from zarr.codecs import (
@@ -71,6 +69,9 @@ from zarr_fused.errors import (
     DecompressionError,
     ZarrFusedError,
 )
+
+from helpers import chunk_items
+from helpers.gil import spins_during
 
 SENTINEL = 0xA5
 SEED = 20240611
@@ -135,9 +136,7 @@ def test_crc32c_accepts_contiguous_buffers(make: Callable[[bytes], Any]) -> None
     "make",
     [
         pytest.param(lambda raw: np.frombuffer(raw, np.uint8)[::2], id="ndarray-strided"),
-        pytest.param(
-            lambda raw: np.frombuffer(raw, "<i4").reshape(16, 16).T, id="ndarray-fortran"
-        ),
+        pytest.param(lambda raw: np.frombuffer(raw, "<i4").reshape(16, 16).T, id="ndarray-fortran"),
         pytest.param(lambda raw: memoryview(raw)[::3], id="memoryview-strided"),
     ],
 )
@@ -217,8 +216,14 @@ def _blosc_settings() -> list[Any]:
         blocksize = (0, 4096)[i % 2]
         params.append(
             pytest.param(
-                {"compressor": "blosc", "cname": cname, "clevel": clevel, "shuffle": shuffle,
-                 "typesize": typesize, "blocksize": blocksize},
+                {
+                    "compressor": "blosc",
+                    "cname": cname,
+                    "clevel": clevel,
+                    "shuffle": shuffle,
+                    "typesize": typesize,
+                    "blocksize": blocksize,
+                },
                 id=f"blosc-{cname}-{shuffle}-t{typesize}-c{clevel}-b{blocksize}",
             )
         )
@@ -253,8 +258,11 @@ def numcodecs_codec(conf: dict[str, Any]) -> Any:
         return numcodecs.GZip(level=conf["level"])
     if kind == "blosc":
         return numcodecs.Blosc(
-            cname=conf["cname"], clevel=conf["clevel"], shuffle=_SHUFFLE_INTS[conf["shuffle"]],
-            blocksize=conf["blocksize"], typesize=conf["typesize"],
+            cname=conf["cname"],
+            clevel=conf["clevel"],
+            shuffle=_SHUFFLE_INTS[conf["shuffle"]],
+            blocksize=conf["blocksize"],
+            typesize=conf["typesize"],
         )
     raise AssertionError(kind)
 
@@ -342,24 +350,43 @@ def test_we_decode_numcodecs(conf: dict[str, Any], outer: int, inner: int, kind:
 
 IDENTITY_DATA = {
     "text-10k": (b"sample %d of the quick brown fox; " * 400)[:10_000],
-    "image-100k": (np.add.outer(np.arange(500), np.arange(100)) // 3
-                   + _rng(9).integers(0, 3, (500, 100))).astype("<u2").tobytes(),
-    "float-60k": (np.sin(np.arange(15_000) / 50)
-                  + _rng(10).normal(0, 0.01, 15_000)).astype("<f4").tobytes(),
-    "image-200k": (np.add.outer(np.arange(500), np.arange(200)) // 3
-                   + _rng(12).integers(0, 3, (500, 200))).astype("<u2").tobytes(),
+    "image-100k": (
+        np.add.outer(np.arange(500), np.arange(100)) // 3 + _rng(9).integers(0, 3, (500, 100))
+    )
+    .astype("<u2")
+    .tobytes(),
+    "float-60k": (np.sin(np.arange(15_000) / 50) + _rng(10).normal(0, 0.01, 15_000))
+    .astype("<f4")
+    .tobytes(),
+    "image-200k": (
+        np.add.outer(np.arange(500), np.arange(200)) // 3 + _rng(12).integers(0, 3, (500, 200))
+    )
+    .astype("<u2")
+    .tobytes(),
     "smooth-300k": np.cumsum(_rng(11).integers(-3, 4, 37_500)).astype("<i8").tobytes(),
 }
 IDENTITY_SETTINGS = [
-    *(pytest.param({"compressor": "zstd", "level": lv, "checksum": lv % 2 == 0}, id=f"zstd-l{lv}")
-      for lv in (-131072, *range(-7, 23))),
+    *(
+        pytest.param({"compressor": "zstd", "level": lv, "checksum": lv % 2 == 0}, id=f"zstd-l{lv}")
+        for lv in (-131072, *range(-7, 23))
+    ),
     *(pytest.param({"compressor": "gzip", "level": lv}, id=f"gzip-l{lv}") for lv in range(10)),
-    *(pytest.param({"compressor": "blosc", "cname": cname, "clevel": clevel, "shuffle": shuffle,
-                    "typesize": typesize, "blocksize": 0},
-                   id=f"blosc-{cname}-c{clevel}-{shuffle}-t{typesize}")
-      for cname in ("blosclz", "lz4", "lz4hc", "zlib", "zstd")
-      for clevel in range(10)
-      for shuffle, typesize in (("noshuffle", 1), ("shuffle", 4), ("bitshuffle", 2))),
+    *(
+        pytest.param(
+            {
+                "compressor": "blosc",
+                "cname": cname,
+                "clevel": clevel,
+                "shuffle": shuffle,
+                "typesize": typesize,
+                "blocksize": 0,
+            },
+            id=f"blosc-{cname}-c{clevel}-{shuffle}-t{typesize}",
+        )
+        for cname in ("blosclz", "lz4", "lz4hc", "zlib", "zstd")
+        for clevel in range(10)
+        for shuffle, typesize in (("noshuffle", 1), ("shuffle", 4), ("bitshuffle", 2))
+    ),
 ]
 
 
@@ -369,8 +396,13 @@ def zarr_codec(conf: dict[str, Any]) -> Any:
         return ZstdCodec(level=conf["level"], checksum=conf["checksum"])
     if conf["compressor"] == "gzip":
         return GzipCodec(level=conf["level"])
-    return BloscCodec(cname=conf["cname"], clevel=conf["clevel"], shuffle=conf["shuffle"],
-                      typesize=conf["typesize"], blocksize=conf["blocksize"])
+    return BloscCodec(
+        cname=conf["cname"],
+        clevel=conf["clevel"],
+        shuffle=conf["shuffle"],
+        typesize=conf["typesize"],
+        blocksize=conf["blocksize"],
+    )
 
 
 @pytest.fixture
@@ -443,8 +475,10 @@ def test_byte_identical_with_equal_library_versions(monkeypatch: pytest.MonkeyPa
     versions.update(numcodecs_zstd=versions["zstd"], python_zlib=versions["zlib"])
     monkeypatch.setattr("zarr_fused._identity._versions", lambda: versions)
     assert all(byte_identical([BytesCodec(), ZstdCodec(level=lv)]) for lv in (-50, 3, 9, 22))
-    assert all(byte_identical([BytesCodec(), GzipCodec(level=lv)], gzip_mtime_zero=True)
-               for lv in range(1, 10))
+    assert all(
+        byte_identical([BytesCodec(), GzipCodec(level=lv)], gzip_mtime_zero=True)
+        for lv in range(1, 10)
+    )
     assert not byte_identical([BytesCodec(), GzipCodec(level=0)], gzip_mtime_zero=True)
     assert not byte_identical([BytesCodec(), BloscCodec(cname="lz4", clevel=5)])
 
@@ -478,18 +512,29 @@ def _write(pipeline: str, compressors: list[Any], sharded: bool) -> dict[str, by
     with zarr.config.set({"codec_pipeline.path": pipeline}):
         if sharded:
             arr = zarr.create_array(
-                store, shape=E2E_VALUES.shape, chunks=(8, 10), shards=(16, 30),
-                dtype=E2E_VALUES.dtype, compressors=compressors)
+                store,
+                shape=E2E_VALUES.shape,
+                chunks=(8, 10),
+                shards=(16, 30),
+                dtype=E2E_VALUES.dtype,
+                compressors=compressors,
+            )
         else:
-            arr = zarr.create_array(store, shape=E2E_VALUES.shape, chunks=(16, 30),
-                                    dtype=E2E_VALUES.dtype, compressors=compressors)
+            arr = zarr.create_array(
+                store,
+                shape=E2E_VALUES.shape,
+                chunks=(16, 30),
+                dtype=E2E_VALUES.dtype,
+                compressors=compressors,
+            )
         arr[...] = E2E_VALUES
         arr[3:20, 7:41] = -E2E_VALUES[3:20, 7:41]  # partial chunks: read, merge, write
     return chunk_items(store)
 
 
-@pytest.mark.parametrize("sharded", [pytest.param(False, id="chunks"),
-                                     pytest.param(True, id="shards")])
+@pytest.mark.parametrize(
+    "sharded", [pytest.param(False, id="chunks"), pytest.param(True, id="shards")]
+)
 @pytest.mark.parametrize("name", list(E2E_CHAINS))
 def test_pipeline_stores_zarrs_bytes_where_claimed(
     name: str, sharded: bool, zarr_mtime_zero: None, request: pytest.FixtureRequest
@@ -514,9 +559,17 @@ OUT_CHAINS = [
     pytest.param({"compressor": "zstd", "level": 1, "checksum": True}, 0, 1, id="crc32c-zstd"),
     pytest.param({"compressor": "gzip", "level": 1}, 1, 0, id="gzip-crc32c"),
     pytest.param(
-        {"compressor": "blosc", "cname": "lz4", "clevel": 5, "shuffle": "shuffle",
-         "typesize": 8, "blocksize": 0},
-        0, 0, id="blosc",
+        {
+            "compressor": "blosc",
+            "cname": "lz4",
+            "clevel": 5,
+            "shuffle": "shuffle",
+            "typesize": 8,
+            "blocksize": 0,
+        },
+        0,
+        0,
+        id="blosc",
     ),
 ]
 OUT_DATA = np.cumsum(_rng(3).integers(-3, 4, 512)).astype("<i8").tobytes()  # 4096 bytes
@@ -638,16 +691,24 @@ HOSTILE = [
     pytest.param({"compressor": "gzip", "level": 6, "outer_crcs": 1}, True, id="gzip-crc32c"),
     pytest.param(
         {"compressor": "blosc", "cname": "lz4", "shuffle": "shuffle", "typesize": 4},
-        False, id="blosc-lz4",
+        False,
+        id="blosc-lz4",
     ),
     pytest.param(
-        {"compressor": "blosc", "cname": "zstd", "shuffle": "bitshuffle", "typesize": 8,
-         "clevel": 9},
-        False, id="blosc-zstd",
+        {
+            "compressor": "blosc",
+            "cname": "zstd",
+            "shuffle": "bitshuffle",
+            "typesize": 8,
+            "clevel": 9,
+        },
+        False,
+        id="blosc-zstd",
     ),
     pytest.param(
         {"compressor": "blosc", "cname": "blosclz", "shuffle": "noshuffle", "inner_crcs": 1},
-        True, id="crc32c-blosc",
+        True,
+        id="crc32c-blosc",
     ),
 ]
 HOSTILE_DATA = _rng(4).integers(0, 40, 1024).astype("<i4").tobytes()  # 4096 bytes
@@ -986,8 +1047,13 @@ def test_zstd_unsized_frame_inflating_short() -> None:
 ZSTD_DATA = bytes(range(256)) * 8  # 2048 bytes
 
 
-def zstd_frame(data: bytes, *, size_field: int | None = None, single_segment: bool = False,
-               window_log: int = 17) -> bytes:
+def zstd_frame(
+    data: bytes,
+    *,
+    size_field: int | None = None,
+    single_segment: bool = False,
+    window_log: int = 17,
+) -> bytes:
     """A zstd frame of raw blocks holding ``data`` (RFC 8878). ``size_field``:
     the content size written into an 8-byte field, or no field when None;
     without ``single_segment`` a window descriptor says ``2**window_log``."""
@@ -1024,10 +1090,12 @@ def test_crafted_zstd_frames_are_valid(frame: bytes) -> None:
     assert native.ChainKernel(compressor="zstd").decode(frame, 2048).tobytes() == ZSTD_DATA
 
 
-@pytest.mark.parametrize("single_segment", [pytest.param(True, id="single-segment"),
-                                            pytest.param(False, id="window")])
-@pytest.mark.parametrize("claim", [pytest.param(2**64 - 1, id="2**64-1"),
-                                   pytest.param(2**64 - 2, id="2**64-2")])
+@pytest.mark.parametrize(
+    "single_segment", [pytest.param(True, id="single-segment"), pytest.param(False, id="window")]
+)
+@pytest.mark.parametrize(
+    "claim", [pytest.param(2**64 - 1, id="2**64-1"), pytest.param(2**64 - 2, id="2**64-2")]
+)
 def test_zstd_size_field_holding_a_libzstd_marker(claim: int, single_segment: bool) -> None:
     """libzstd reports a size field of 2**64-1 as "size unknown" and one of
     2**64-2 as "error"; the field is there all the same, and the frame
@@ -1039,8 +1107,10 @@ def test_zstd_size_field_holding_a_libzstd_marker(claim: int, single_segment: bo
         native.ChainKernel(compressor="zstd").decode(frame, len(ZSTD_DATA))
 
 
-@pytest.mark.parametrize("claim", [pytest.param(0, id="zero"), pytest.param(1024, id="half"),
-                                   pytest.param(2047, id="minus1")])
+@pytest.mark.parametrize(
+    "claim",
+    [pytest.param(0, id="zero"), pytest.param(1024, id="half"), pytest.param(2047, id="minus1")],
+)
 def test_zstd_header_claiming_less(claim: int) -> None:
     # found by the header, before decoding (libzstd would say "corruption")
     frame = zstd_frame(ZSTD_DATA, size_field=claim)
@@ -1049,14 +1119,18 @@ def test_zstd_header_claiming_less(claim: int) -> None:
 
 
 def _skippable_between() -> bytes:
-    return (zstd_frame(ZSTD_DATA[:5], size_field=5) + zstd_skippable(b"x" * 300, 7)
-            + zstd_frame(ZSTD_DATA[5:]))
+    return (
+        zstd_frame(ZSTD_DATA[:5], size_field=5)
+        + zstd_skippable(b"x" * 300, 7)
+        + zstd_frame(ZSTD_DATA[5:])
+    )
 
 
 def _two_frames(first_sized: bool, second_sized: bool) -> bytes:
     a, b = ZSTD_DATA[:700], ZSTD_DATA[700:]
-    return (zstd_frame(a, size_field=len(a) if first_sized else None)
-            + zstd_frame(b, size_field=len(b) if second_sized else None))
+    return zstd_frame(a, size_field=len(a) if first_sized else None) + zstd_frame(
+        b, size_field=len(b) if second_sized else None
+    )
 
 
 @pytest.mark.parametrize(
@@ -1216,13 +1290,21 @@ FUZZ_CHAINS = [
         {"compressor": "blosc", "cname": "lz4", "typesize": 4, "shuffle": "shuffle"}, id="blosc"
     ),
     pytest.param(
-        {"compressor": "blosc", "cname": "zlib", "typesize": 2, "shuffle": "bitshuffle",
-         "inner_crcs": 1},
+        {
+            "compressor": "blosc",
+            "cname": "zlib",
+            "typesize": 2,
+            "shuffle": "bitshuffle",
+            "inner_crcs": 1,
+        },
         id="crc32c-blosc",
     ),
 ]
 FUZZ = settings(
-    max_examples=300, deadline=None, derandomize=True, database=None,
+    max_examples=300,
+    deadline=None,
+    derandomize=True,
+    database=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
 
@@ -1282,10 +1364,28 @@ FLIP_CHAINS = [
     pytest.param({"compressor": "zstd", "level": 3, "checksum": False}, id="zstd"),
     pytest.param({"compressor": "zstd", "level": 3, "checksum": True}, id="zstd-checksum"),
     pytest.param({"compressor": "gzip", "level": 5}, id="gzip"),
-    pytest.param({"compressor": "blosc", "cname": "lz4", "clevel": 5, "shuffle": "shuffle",
-                  "typesize": 2, "blocksize": 0}, id="blosc-lz4"),
-    pytest.param({"compressor": "blosc", "cname": "zstd", "clevel": 5, "shuffle": "bitshuffle",
-                  "typesize": 2, "blocksize": 0}, id="blosc-zstd"),
+    pytest.param(
+        {
+            "compressor": "blosc",
+            "cname": "lz4",
+            "clevel": 5,
+            "shuffle": "shuffle",
+            "typesize": 2,
+            "blocksize": 0,
+        },
+        id="blosc-lz4",
+    ),
+    pytest.param(
+        {
+            "compressor": "blosc",
+            "cname": "zstd",
+            "clevel": 5,
+            "shuffle": "bitshuffle",
+            "typesize": 2,
+            "blocksize": 0,
+        },
+        id="blosc-zstd",
+    ),
 ]
 
 
@@ -1317,8 +1417,15 @@ def _stricter_on_purpose(conf: dict[str, Any], frame: bytes, flipped: bytes) -> 
 # what numcodecs raises for corrupt frames: RuntimeError (zstd, blosc),
 # ValueError, BadGzipFile (an OSError), EOFError and zlib.error (gzip), and
 # for a zstd header claiming an absurd size MemoryError or SystemError
-NUMCODECS_ERRORS = (RuntimeError, ValueError, OSError, EOFError, zlib.error, MemoryError,
-                    SystemError)
+NUMCODECS_ERRORS = (
+    RuntimeError,
+    ValueError,
+    OSError,
+    EOFError,
+    zlib.error,
+    MemoryError,
+    SystemError,
+)
 
 
 def _numcodecs_result(conf: dict[str, Any], payload: bytes) -> bytes | None:
@@ -1330,8 +1437,7 @@ def _numcodecs_result(conf: dict[str, Any], payload: bytes) -> bytes | None:
 
 @pytest.mark.parametrize("conf", FLIP_CHAINS)
 @settings(FUZZ, max_examples=400)
-@given(flips=st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 7)), min_size=1,
-                      max_size=3))
+@given(flips=st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 7)), min_size=1, max_size=3))
 def test_bit_flips_against_numcodecs(conf: dict[str, Any], flips: list[tuple[int, int]]) -> None:
     frame = _fuzz_frame(tuple(sorted(conf.items())), FLIP_DATA)
     flipped = bytearray(frame)
@@ -1428,8 +1534,12 @@ class Chain:
     """One codec chain for one chunk spec, as zarr and as the native kernel."""
 
     def __init__(
-        self, shape: tuple[int, ...], dtype: np.dtype, endian: str | None,
-        orders: tuple[tuple[int, ...], ...], tail: list[Any],
+        self,
+        shape: tuple[int, ...],
+        dtype: np.dtype,
+        endian: str | None,
+        orders: tuple[tuple[int, ...], ...],
+        tail: list[Any],
     ) -> None:
         self.spec = chunk_spec(shape, dtype)
         codecs = [*(TransposeCodec(order=o) for o in orders), BytesCodec(endian=endian), *tail]
@@ -1502,7 +1612,11 @@ SOURCE_LAYOUTS = [
 @pytest.mark.parametrize("orders", [ORDERS[0], ORDERS[2]])
 @pytest.mark.parametrize(("dtype", "endian", "given"), TYPE_CASES)
 def test_encode_batch_strided_source(
-    dtype: np.dtype, endian: str | None, given: str, orders: Any, chain_id: str,
+    dtype: np.dtype,
+    endian: str | None,
+    given: str,
+    orders: Any,
+    chain_id: str,
     source: Callable[[np.ndarray], np.ndarray],
 ) -> None:
     """A chunk that is not C-contiguous in memory encodes to the same bytes
@@ -1516,20 +1630,25 @@ def test_encode_batch_strided_source(
 
 SELECTIONS = {
     # chunk selection, out shape, out selection, drop axes
-    "full-into-slab": (
-        (slice(None),) * 3, (9, 5, 6), (slice(2, 6), slice(None), slice(None)), ()
-    ),
+    "full-into-slab": ((slice(None),) * 3, (9, 5, 6), (slice(2, 6), slice(None), slice(None)), ()),
     "steps": (
         (slice(None, None, 2), slice(1, 5, 3), slice(5, None, -2)),
-        (6, 4, 7), (slice(1, 5, 2), slice(0, 2), slice(3, 6)), (),
+        (6, 4, 7),
+        (slice(1, 5, 2), slice(0, 2), slice(3, 6)),
+        (),
     ),
     "ints": ((1, slice(None), -3), (4, 8), (2, slice(1, 6)), ()),
     "negative-steps-into-reversed": (
         (slice(3, 0, -1), slice(None), slice(4, 5)),
-        (5, 7), (slice(4, 1, -1), slice(6, 1, -1)), (2,),
+        (5, 7),
+        (slice(4, 1, -1), slice(6, 1, -1)),
+        (2,),
     ),
     "drop-axes": (
-        (slice(1, 2), slice(None), slice(2, 4)), (6, 6), (slice(0, 5), slice(3, 5)), (0,)
+        (slice(1, 2), slice(None), slice(2, 4)),
+        (6, 6),
+        (slice(0, 5), slice(3, 5)),
+        (0,),
     ),
     "single-element": ((3, 4, 5), (2, 2), (1, 0), ()),
 }
@@ -1655,8 +1774,11 @@ def test_add_declines_another_itemsize() -> None:
     [
         pytest.param(lambda p: p[:-4] + _le32(_google(p[:-4]) ^ 1), ChecksumError, id="crc32c"),
         pytest.param(lambda p: p[:-4] + _le32(_google(p[:10])), ChecksumError, id="crc32c-other"),
-        pytest.param(lambda p: zstd_claiming(2**40) + _le32(_google(zstd_claiming(2**40))),
-                     ChunkSizeError, id="bomb"),
+        pytest.param(
+            lambda p: zstd_claiming(2**40) + _le32(_google(zstd_claiming(2**40))),
+            ChunkSizeError,
+            id="bomb",
+        ),
         pytest.param(lambda p: p[:20] + _le32(_google(p[:20])), DecompressionError, id="truncated"),
     ],
 )
@@ -1711,7 +1833,10 @@ def test_declined_targets_write_nothing_past_the_batch() -> None:
     if debug:
         env.update(LD_PRELOAD=debug[0], GLIBC_TUNABLES="glibc.malloc.check=3")
     child = subprocess.run(
-        [sys.executable, "-c", _DECLINED_TARGETS], capture_output=True, text=True, env=env,
+        [sys.executable, "-c", _DECLINED_TARGETS],
+        capture_output=True,
+        text=True,
+        env=env,
         timeout=120,
     )
     assert (child.returncode, child.stdout.strip()) == (0, "ok"), child.stderr[-2000:]
@@ -1772,8 +1897,10 @@ def test_encode_batch_arena(compressor: str | None) -> None:
         assert kernel.decode(payload, 256).tobytes() == chunk.tobytes()
 
 
-@pytest.mark.parametrize("arena", [np.zeros(8, np.int32), np.zeros((2, 4), np.uint8),
-                                   np.zeros(16, np.uint8)[::2], b"12345678"])
+@pytest.mark.parametrize(
+    "arena",
+    [np.zeros(8, np.int32), np.zeros((2, 4), np.uint8), np.zeros(16, np.uint8)[::2], b"12345678"],
+)
 def test_encode_batch_rejects_unusable_arenas(arena: Any) -> None:
     kernel = native.ChainKernel(compressor="zstd", itemsize=1)
     with pytest.raises(TypeError, match="arena"):
@@ -1818,13 +1945,26 @@ def test_encode_batch_rejects_mismatched_chunks(
 
 THREAD_CHAINS = [
     {"compressor": "zstd", "level": 1, "itemsize": 8},
-    {"compressor": "zstd", "level": 5, "checksum": True, "inner_crcs": 1, "itemsize": 4,
-     "swap_unit": 4},
+    {
+        "compressor": "zstd",
+        "level": 5,
+        "checksum": True,
+        "inner_crcs": 1,
+        "itemsize": 4,
+        "swap_unit": 4,
+    },
     {"compressor": "gzip", "level": 1, "outer_crcs": 1, "itemsize": 2},
     {"compressor": "gzip", "level": 9, "inner_crcs": 1, "itemsize": 8, "swap_unit": 8},
     {"compressor": "blosc", "cname": "lz4", "shuffle": "shuffle", "typesize": 8, "itemsize": 8},
-    {"compressor": "blosc", "cname": "zstd", "shuffle": "bitshuffle", "typesize": 4,
-     "inner_crcs": 1, "outer_crcs": 1, "itemsize": 4},
+    {
+        "compressor": "blosc",
+        "cname": "zstd",
+        "shuffle": "bitshuffle",
+        "typesize": 4,
+        "inner_crcs": 1,
+        "outer_crcs": 1,
+        "itemsize": 4,
+    },
     {"compressor": None, "outer_crcs": 1, "itemsize": 8, "swap_unit": 8},
     {"compressor": None, "itemsize": 16, "swap_unit": 8},
 ]
@@ -1855,8 +1995,9 @@ class _ThreadCase:
     def decode(self) -> np.ndarray:
         out = np.zeros((11, 32), self.chunk.dtype)
         batch = batches.DecodeBatch(self.kernel, 1, 2)
-        assert batch.add(self.payload, self.layout, (slice(1, None, 3), slice(None, None, -2)),
-                         out, (), (), "k")
+        assert batch.add(
+            self.payload, self.layout, (slice(1, None, 3), slice(None, None, -2)), out, (), (), "k"
+        )
         batch.run()
         return out
 

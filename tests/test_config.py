@@ -55,6 +55,5 @@ def test_strict_mode_default_is_off() -> None:
     ],
 )
 def test_strict_mode_invalid_warns_and_is_off(value: Any) -> None:
-    with zarr.config.set({STRICT_KEY: value}):
-        with pytest.warns(ZarrUserWarning, match="strict"):
-            assert strict_mode() is False
+    with zarr.config.set({STRICT_KEY: value}), pytest.warns(ZarrUserWarning, match="strict"):
+        assert strict_mode() is False

@@ -484,8 +484,14 @@ def test_invalid_max_workers_env_var_warns_but_reads(tmp_path: Path, env_value: 
 
 def _default_in_child(env: dict[str, str]) -> list[Any]:
     script = "import json, zarr_fused\nprint(json.dumps(zarr_fused.default_max_workers()))"
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                         env={**os.environ, **env}, check=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env},
+        check=True,
+        timeout=120,
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -507,9 +513,17 @@ def test_omp_num_threads_set_later_does_not_cap() -> None:
     its own environment for the workers it spawns; its own reads keep their
     threads."""
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
-    script = ("import os; os.environ['OMP_NUM_THREADS'] = '1'\n"
-              "import json, zarr_fused\nprint(json.dumps(zarr_fused.default_max_workers()))")
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                         env=env, check=True, timeout=120)
+    script = (
+        "import os; os.environ['OMP_NUM_THREADS'] = '1'\n"
+        "import json, zarr_fused\nprint(json.dumps(zarr_fused.default_max_workers()))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+        timeout=120,
+    )
     count, why = json.loads(out.stdout.strip())
     assert count == available_cpus()[0] and "OMP_NUM_THREADS" not in why

@@ -28,15 +28,16 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
 import numcodecs
 import numpy as np
 import pytest
 import zarr
+from shims import build_faultfs, child_env, communicate
 from zarr.codecs import ZstdCodec
 from zarr.storage import LocalStore
 
 from helpers import BATCHED, FUSED, with_pipeline
-from shims import build_faultfs, child_env, communicate
 
 TIMEOUT = 60.0
 SHAPE = (512, 512)  # int32: 1 MiB a generation when the whole array is written
@@ -92,17 +93,29 @@ def make_base(root: Path, layout: str, seed: int) -> tuple[np.ndarray, Path]:
 
 
 def start_writer(
-    root: Path, base_path: Path, selection: tuple[slice, ...], *, pipeline: str = FUSED,
-    generations: int = 10_000, shim: Path | None = None, **faults: object,
+    root: Path,
+    base_path: Path,
+    selection: tuple[slice, ...],
+    *,
+    pipeline: str = FUSED,
+    generations: int = 10_000,
+    shim: Path | None = None,
+    **faults: object,
 ) -> subprocess.Popen[str]:
     args = {
-        "root": str(root), "base": str(base_path), "pipeline": pipeline,
+        "root": str(root),
+        "base": str(base_path),
+        "pipeline": pipeline,
         "selection": [(s.start, s.stop) for s in selection],
-        "generations": generations, "seconds": TIMEOUT / 2,
+        "generations": generations,
+        "seconds": TIMEOUT / 2,
     }
     return subprocess.Popen(
-        [sys.executable, "-c", WRITER, json.dumps(args)], env=child_env(shim, **faults),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [sys.executable, "-c", WRITER, json.dumps(args)],
+        env=child_env(shim, **faults),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
 
 
@@ -137,8 +150,9 @@ def touched_keys(layout: str, selection: tuple[slice, ...]) -> list[str]:
     return [key for key, region in grid_keys(layout).items() if inside[region].any()]
 
 
-def generations_by_key(root: Path, layout: str, base: np.ndarray,
-                       selection: tuple[slice, ...]) -> dict[str, int]:
+def generations_by_key(
+    root: Path, layout: str, base: np.ndarray, selection: tuple[slice, ...]
+) -> dict[str, int]:
     """The generation each key holds, read by zarr's own pipeline; fails on a
     key that does not decode or mixes generations."""
     inside = np.zeros(SHAPE, dtype=bool)
@@ -156,7 +170,8 @@ def generations_by_key(root: Path, layout: str, base: np.ndarray,
             assert (offset[~inside[region]] == 0).all(), f"{key} changed outside the selection"
             if written.size:
                 assert (written == written.flat[0]).all(), (
-                    f"{key} mixes generations {sorted(set(np.unique(written).tolist()))}")
+                    f"{key} mixes generations {sorted(set(np.unique(written).tolist()))}"
+                )
                 found[key] = int(written.flat[0])
     return found
 
@@ -177,8 +192,9 @@ def stray_files(root: Path, layout: str) -> tuple[list[str], list[str]]:
     return sorted(temporaries), sorted(unknown)
 
 
-def check_store_after_crash(root: Path, layout: str, base: np.ndarray,
-                            selection: tuple[slice, ...], last: int) -> dict[str, int]:
+def check_store_after_crash(
+    root: Path, layout: str, base: np.ndarray, selection: tuple[slice, ...], last: int
+) -> dict[str, int]:
     found = generations_by_key(root, layout, base, selection)
     assert all(0 <= g <= last for g in found.values()), found
     temporaries, unknown = stray_files(root, layout)
@@ -248,8 +264,19 @@ def test_crash_inside_the_nth_call_leaves_each_key_old_or_new(
     # the N-th call among those of the write (at least one per key it touches)
     nth = int(np.random.default_rng(seed).integers(0, len(touched_keys(layout, selection))))
     log = tmp_path / "faultfs.log"
-    proc = start_writer(root, base_path, selection, generations=1, shim=faultfs,
-                        marker=root / "c", mode="crash", ops=ops, skip=nth, count=1, log=log)
+    proc = start_writer(
+        root,
+        base_path,
+        selection,
+        generations=1,
+        shim=faultfs,
+        marker=root / "c",
+        mode="crash",
+        ops=ops,
+        skip=nth,
+        count=1,
+        log=log,
+    )
     err = finish(proc)
     assert proc.returncode == -signal.SIGKILL, f"the writer was not stopped:\n{err}"
     assert log.read_text().count("\n") == 1
@@ -262,8 +289,9 @@ def test_crash_inside_the_nth_call_leaves_each_key_old_or_new(
         assert found[stopped.split(".")[0]] == 0
 
 
-@pytest.mark.parametrize("pipeline", [pytest.param(FUSED, id="fused"),
-                                      pytest.param(BATCHED, id="zarr")])
+@pytest.mark.parametrize(
+    "pipeline", [pytest.param(FUSED, id="fused"), pytest.param(BATCHED, id="zarr")]
+)
 def test_leftover_of_a_crash_before_rename_is_the_same_as_zarrs(
     tmp_path: Path, faultfs: Path, pipeline: str
 ) -> None:
@@ -274,8 +302,18 @@ def test_leftover_of_a_crash_before_rename_is_the_same_as_zarrs(
     layout = "chunked-zstd"
     base, base_path = make_base(root, layout, seed=21)
     key = "c/1/2"
-    proc = start_writer(root, base_path, WHOLE, pipeline=pipeline, generations=1, shim=faultfs,
-                        marker=root / key, mode="crash", ops="rename", count=1)
+    proc = start_writer(
+        root,
+        base_path,
+        WHOLE,
+        pipeline=pipeline,
+        generations=1,
+        shim=faultfs,
+        marker=root / key,
+        mode="crash",
+        ops="rename",
+        count=1,
+    )
     err = finish(proc)
     assert proc.returncode == -signal.SIGKILL, f"the writer was not stopped:\n{err}"
 
@@ -288,7 +326,8 @@ def test_leftover_of_a_crash_before_rename_is_the_same_as_zarrs(
     region = grid_keys(layout)[key]
     payload = numcodecs.Zstd().decode((root / stopped).read_bytes())
     np.testing.assert_array_equal(
-        np.frombuffer(payload, "<i4").reshape(128, 128), (base + 1)[region])
+        np.frombuffer(payload, "<i4").reshape(128, 128), (base + 1)[region]
+    )
     assert set(temporaries) <= set(listed_keys(root))
 
 

@@ -44,9 +44,18 @@ def server() -> Iterator[str]:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1",
-         "--directory", str(HTML)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [
+            sys.executable,
+            "-m",
+            "http.server",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--directory",
+            str(HTML),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     try:
         for _ in range(100):
@@ -64,9 +73,20 @@ def server() -> Iterator[str]:
 def _render(url: str) -> tuple[str, list[str]]:
     """The DOM after the page's scripts ran, and its console messages."""
     out = subprocess.run(
-        [_chromium(), "--headless=new", "--no-sandbox", "--disable-gpu", "--enable-logging=stderr",
-         "--v=0", "--virtual-time-budget=15000", "--dump-dom", url],
-        capture_output=True, text=True, timeout=120,
+        [
+            _chromium(),
+            "--headless=new",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--enable-logging=stderr",
+            "--v=0",
+            "--virtual-time-budget=15000",
+            "--dump-dom",
+            url,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     console = [line for line in out.stderr.splitlines() if ":CONSOLE" in line]
     return out.stdout, console

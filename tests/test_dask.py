@@ -22,7 +22,7 @@ from helpers import BATCHED, FUSED, chunk_items, with_pipeline
 distributed = pytest.importorskip("distributed")
 da = pytest.importorskip("dask.array")
 
-import zarr_fused.dask  # noqa: E402
+import zarr_fused.dask
 
 pytestmark = [
     pytest.mark.slow,
@@ -41,8 +41,12 @@ def client() -> Iterator[Any]:
     # environment for the workers they spawn; later tests must not inherit them
     saved = dict(os.environ)
     cluster = distributed.LocalCluster(
-        n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
-        host="127.0.0.1", silence_logs=50,
+        n_workers=2,
+        threads_per_worker=1,
+        processes=True,
+        dashboard_address=None,
+        host="127.0.0.1",
+        silence_logs=50,
     )
     try:
         with distributed.Client(cluster) as c:
@@ -61,14 +65,20 @@ def _data() -> np.ndarray:
 
 def _write_local(path: Path, data: np.ndarray) -> None:
     with with_pipeline(BATCHED):
-        arr = zarr.create_array(zarr.storage.LocalStore(path), shape=SHAPE, dtype=data.dtype,
-                                chunks=INNER, shards=SHARDS)
+        arr = zarr.create_array(
+            zarr.storage.LocalStore(path),
+            shape=SHAPE,
+            dtype=data.dtype,
+            chunks=INNER,
+            shards=SHARDS,
+        )
         arr[...] = data
 
 
 # What the workers ran: counts of native shard reads and writes, kept in
 # each worker process by wrappers that client.run installs (reset on each
 # install).
+
 
 def _install_counters() -> None:
     from zarr_fused.shard import read as _read_sharded
@@ -78,8 +88,9 @@ def _install_counters() -> None:
     for name, cls in (("read", _read_sharded.ShardReader), ("write", _write_sharded.ShardWriter)):
         original = cls.__dict__.get("_zf_original") or getattr(cls, name)
 
-        def counted(self: Any, *args: Any, _name: str = name, _original: Any = original,
-                    **kwargs: Any) -> Any:
+        def counted(
+            self: Any, *args: Any, _name: str = name, _original: Any = original, **kwargs: Any
+        ) -> Any:
             counts[_name] += 1
             return _original(self, *args, **kwargs)
 
@@ -158,7 +169,8 @@ def test_to_zarr_path_shard_aligned_is_native_and_byte_identical(
     theirs = tmp_path / "theirs.zarr"
     _write_local(theirs, data)
     assert chunk_items(zarr.storage.LocalStore(ours)) == chunk_items(
-        zarr.storage.LocalStore(theirs))
+        zarr.storage.LocalStore(theirs)
+    )
 
 
 def test_xarray_round_trip_with_shards(client: Any, tmp_path: Path) -> None:
@@ -167,8 +179,9 @@ def test_xarray_round_trip_with_shards(client: Any, tmp_path: Path) -> None:
     ds = xr.Dataset({"v": (("z", "y", "x"), data)}).chunk(dict(zip("zyx", SHARDS)))
     path = tmp_path / "x.zarr"
     client.run(_install_counters)
-    ds.to_zarr(path, zarr_format=3, consolidated=False,
-               encoding={"v": {"chunks": INNER, "shards": SHARDS}})
+    ds.to_zarr(
+        path, zarr_format=3, consolidated=False, encoding={"v": {"chunks": INNER, "shards": SHARDS}}
+    )
     back = xr.open_zarr(path, consolidated=False)
     assert int(back.v.sum().compute()) == int(data.sum(dtype="u8"))
     totals = _worker_totals(client)

@@ -40,6 +40,14 @@ from typing import Any
 import numcodecs
 import numpy as np
 import zarr
+from hypothesis import HealthCheck, Phase, event, given, settings
+from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec, GzipCodec, ShardingCodec, ZstdCodec
+from zarr.codecs._v2 import V2Codec
+from zarr.core.buffer import default_buffer_prototype
+from zarr.storage import LocalStore, MemoryStore
+
+from zarr_fused._identity import byte_identical
+
 from helpers import BATCHED, FUSED, METADATA_KEYS, with_pipeline
 from helpers.differential import (
     ArraySpec,
@@ -50,13 +58,6 @@ from helpers.differential import (
     scenarios,
     write,
 )
-from hypothesis import HealthCheck, Phase, event, given, settings
-from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec, GzipCodec, ShardingCodec, ZstdCodec
-from zarr.codecs._v2 import V2Codec
-from zarr.core.buffer import default_buffer_prototype
-from zarr.storage import LocalStore, MemoryStore
-
-from zarr_fused._identity import byte_identical
 
 # -- profiles ----------------------------------------------------------------------------
 
@@ -181,7 +182,7 @@ def attempt(operation: Callable[[], Any]) -> Outcome:
         warnings.simplefilter("always")
         try:
             value, error, message = operation(), None, ""
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             value, error, message = None, type(exc), str(exc)
     categories = tuple(sorted({w.category.__name__ for w in caught}))
     return Outcome(value, error, message, categories)
@@ -390,14 +391,21 @@ def test_byte_identity_predicate() -> None:
 
     check()
     assert bytes_must_match(ArraySpec(**base, compressors=()))
-    for codec in (ZstdCodec(level=1), ZstdCodec(level=12), GzipCodec(level=1), Crc32cCodec(),
-                  BloscCodec(cname="lz4hc", clevel=2), BloscCodec(cname="zstd", clevel=7)):
+    for codec in (
+        ZstdCodec(level=1),
+        ZstdCodec(level=12),
+        GzipCodec(level=1),
+        Crc32cCodec(),
+        BloscCodec(cname="lz4hc", clevel=2),
+        BloscCodec(cname="zstd", clevel=7),
+    ):
         check(codec)
     assert not bytes_must_match(ArraySpec(**base, compressors=(GzipCodec(level=1),)))
     v2 = {**base, "zarr_format": 2}
     assert bytes_must_match(ArraySpec(**v2, compressors=(numcodecs.Zstd(level=3),)))
     # lz4hc clevel 1 changed in lz4 1.10: format 2 now meets the same claim as format 3
     assert bytes_must_match(ArraySpec(**v2, compressors=(numcodecs.Blosc("lz4hc", 1),))) == (
-        byte_identical([BloscCodec(cname="lz4hc", clevel=1)]))
+        byte_identical([BloscCodec(cname="lz4hc", clevel=1)])
+    )
     assert bytes_must_match(ArraySpec(**v2, compressors=(numcodecs.Blosc("lz4", 5),)))
     assert not bytes_must_match(ArraySpec(**v2, compressors=(numcodecs.GZip(level=1),)))

@@ -13,8 +13,9 @@ import pytest
 import zarr
 from zarr.codecs import ZstdCodec
 
-from helpers import BATCHED, FUSED, chunk_items, make_store, with_pipeline
 from zarr_fused._dtypes import element_bytes, empty, in_byte_order
+
+from helpers import BATCHED, FUSED, chunk_items, make_store, with_pipeline
 
 # NumPy deprecates implicit unit-less datetime conversions; the values here
 # are built from int64 views and never rely on them.
@@ -43,8 +44,14 @@ def test_element_bytes_is_the_value_in_the_dtypes_byte_order(dtype: str) -> None
 
 
 def test_element_bytes_of_other_kinds_matches_numpy() -> None:
-    for dtype, value in [(">f4", np.nan), ("<c8", 1 - 2j), (">U3", "ab"), ("S2", b"x"),
-                         ("?", True), (">u2", 7)]:
+    for dtype, value in [
+        (">f4", np.nan),
+        ("<c8", 1 - 2j),
+        (">U3", "ab"),
+        ("S2", b"x"),
+        ("?", True),
+        (">u2", 7),
+    ]:
         element = np.empty((), dtype)
         element[()] = value
         assert element_bytes(value, np.dtype(dtype)) == element.tobytes(), dtype
@@ -67,8 +74,7 @@ LAYOUTS = {
 
 
 def _create(store: Any, dtype: str, fill: Any, layout: str) -> zarr.Array:
-    return zarr.create_array(store, shape=(5, 7), dtype=dtype, fill_value=fill,
-                             **LAYOUTS[layout])
+    return zarr.create_array(store, shape=(5, 7), dtype=dtype, fill_value=fill, **LAYOUTS[layout])
 
 
 def _fill_value(dtype: str, count: int | None) -> Any:
@@ -140,11 +146,13 @@ def test_missing_chunks_read_the_fill_value(dtype: str) -> None:
     for fill, expected in ((None, -(2**63)), (5, 5)):
         store = zarr.storage.MemoryStore()
         with with_pipeline(FUSED):
-            a = zarr.create_array(store, shape=(4,), chunks=(2,), dtype=dtype,
-                                  fill_value=_fill_value(dtype, fill))
+            a = zarr.create_array(
+                store, shape=(4,), chunks=(2,), dtype=dtype, fill_value=_fill_value(dtype, fill)
+            )
             np.testing.assert_array_equal(_int_view(a[...]), [expected] * 4)
-            np.testing.assert_array_equal(_int_view(a.get_orthogonal_selection([0, 3])),
-                                          [expected] * 2)
+            np.testing.assert_array_equal(
+                _int_view(a.get_orthogonal_selection([0, 3])), [expected] * 2
+            )
 
 
 def test_sharded_inner_chunks_of_big_endian_generic_datetime() -> None:
@@ -154,8 +162,12 @@ def test_sharded_inner_chunks_of_big_endian_generic_datetime() -> None:
         store = zarr.storage.MemoryStore()
         with with_pipeline(path):
             a = zarr.create_array(
-                store, shape=(8,), dtype=">m8", fill_value=np.timedelta64(3),
-                shards=(8,), chunks=(2,),
+                store,
+                shape=(8,),
+                dtype=">m8",
+                fill_value=np.timedelta64(3),
+                shards=(8,),
+                chunks=(2,),
             )
             a[0:3] = np.array([1, 2, 3], ">i8").view(">m8")
             a[1:5] = np.array([4, 5, 6, 7], ">i8").view(">m8")

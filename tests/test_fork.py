@@ -231,8 +231,9 @@ def make_big_array(root: Path, layout: str, seed: int) -> tuple[zarr.Array, np.n
     rng = np.random.default_rng(seed)
     data = rng.integers(-(2**20), 2**20, size=BIG_SHAPE, dtype="int32")
     with zarr.config.set({"codec_pipeline.path": FUSED}):
-        arr = zarr.create_array(LocalStore(root), shape=BIG_SHAPE, dtype=data.dtype,
-                                **BIG_LAYOUTS[layout])
+        arr = zarr.create_array(
+            LocalStore(root), shape=BIG_SHAPE, dtype=data.dtype, **BIG_LAYOUTS[layout]
+        )
         arr[:] = data
     assert type(arr._async_array.codec_pipeline) is zarr_fused.FusedCodecPipeline
     return arr, data
@@ -264,8 +265,9 @@ def _read_slice(bounds: tuple[tuple[int, int], ...]) -> tuple[int, str, np.ndarr
     return os.getpid(), f"{pipeline.__module__}.{pipeline.__qualname__}", values
 
 
-NO_FORK = pytest.mark.skipif("fork" not in multiprocessing.get_all_start_methods(),
-                             reason="no fork")
+NO_FORK = pytest.mark.skipif(
+    "fork" not in multiprocessing.get_all_start_methods(), reason="no fork"
+)
 
 
 @pytest.mark.filterwarnings(FORK_WARNING)
@@ -300,7 +302,8 @@ def test_worker_pool_reads_random_slices_after_the_parent_read(
     for bounds, (_, pipeline, values) in zip(tasks, results, strict=True):
         assert pipeline == FUSED
         np.testing.assert_array_equal(
-            values, data[tuple(slice(a, b) for a, b in bounds)], strict=True)
+            values, data[tuple(slice(a, b) for a, b in bounds)], strict=True
+        )
     # the parent's own pool still serves it
     with zarr.config.set({"codec_pipeline.max_workers": 2}):
         np.testing.assert_array_equal(arr[...], data, strict=True)
@@ -312,9 +315,13 @@ def _child_read(arr: zarr.Array, expected: np.ndarray, conn: Any) -> None:
         with zarr.config.set({"codec_pipeline.max_workers": 2}):
             values = arr[...]
             region = arr[REGION]
-        conn.send({"read_ok": bool(np.array_equal(values, expected)),
-                   "region_ok": bool(np.array_equal(region, expected[REGION])),
-                   "pool": pool_size()})
+        conn.send(
+            {
+                "read_ok": bool(np.array_equal(values, expected)),
+                "region_ok": bool(np.array_equal(region, expected[REGION])),
+                "pool": pool_size(),
+            }
+        )
     except BaseException:
         conn.send({"error": traceback.format_exc()})
     finally:

@@ -21,12 +21,12 @@ from typing import Any
 import numpy as np
 import pytest
 import zarr
+from shims import FaultyChild, build_faultfs
 from zarr.codecs import BloscCodec, ZstdCodec
 from zarr.errors import ZarrUserWarning
 from zarr.storage import LocalStore
 
-from helpers import BATCHED, FUSED, with_pipeline
-from shims import FaultyChild, build_faultfs
+from zarr_fused.chunks.pipelined import FAST_FILE, MAX_GROUP, group_size
 from zarr_fused.io import engine as _io_engine
 from zarr_fused.io.engine import (
     DEFAULT_IO_CONCURRENCY,
@@ -35,7 +35,8 @@ from zarr_fused.io.engine import (
     resolve_io_concurrency,
     run_pipelined,
 )
-from zarr_fused.chunks.pipelined import FAST_FILE, MAX_GROUP, group_size
+
+from helpers import BATCHED, FUSED, with_pipeline
 
 TIMEOUT = 120.0
 WAIT = 30.0  # how long an event may take before a test calls it lost (never a timing claim)
@@ -48,37 +49,51 @@ def test_io_concurrency_default() -> None:
         assert resolve_io_concurrency() == DEFAULT_IO_CONCURRENCY
 
 
-@pytest.mark.parametrize(("value", "expected"), [
-    pytest.param(8, 8, id="int"),
-    pytest.param(" 64 ", 64, id="env-string"),
-    pytest.param(np.int64(3), 3, id="numpy-int"),
-    pytest.param(1, 1, id="one"),
-])
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        pytest.param(8, 8, id="int"),
+        pytest.param(" 64 ", 64, id="env-string"),
+        pytest.param(np.int64(3), 3, id="numpy-int"),
+        pytest.param(1, 1, id="one"),
+    ],
+)
 def test_io_concurrency_valid(value: Any, expected: int) -> None:
     with zarr.config.set({IO_CONCURRENCY_KEY: value}):
         assert resolve_io_concurrency() == expected
 
 
-@pytest.mark.parametrize("value", [
-    pytest.param(0, id="zero"), pytest.param("many", id="word"), pytest.param(True, id="bool"),
-    pytest.param(2.5, id="float"),
-])
+@pytest.mark.parametrize(
+    "value",
+    [
+        pytest.param(0, id="zero"),
+        pytest.param("many", id="word"),
+        pytest.param(True, id="bool"),
+        pytest.param(2.5, id="float"),
+    ],
+)
 def test_io_concurrency_invalid_warns_and_uses_default(value: Any) -> None:
     with zarr.config.set({IO_CONCURRENCY_KEY: value}), pytest.warns(ZarrUserWarning):
         assert resolve_io_concurrency() == DEFAULT_IO_CONCURRENCY
 
 
 def test_io_concurrency_above_cap_is_clamped() -> None:
-    with zarr.config.set({IO_CONCURRENCY_KEY: IO_CONCURRENCY_CAP + 1}), pytest.warns(ZarrUserWarning):
+    with (
+        zarr.config.set({IO_CONCURRENCY_KEY: IO_CONCURRENCY_CAP + 1}),
+        pytest.warns(ZarrUserWarning),
+    ):
         assert resolve_io_concurrency() == IO_CONCURRENCY_CAP
 
 
-@pytest.mark.parametrize(("n", "io", "bound", "expected"), [
-    pytest.param(1024, 32, 16 << 10, 8, id="1024-files"),
-    pytest.param(10, 32, 16 << 10, 1, id="few-files"),
-    pytest.param(100_000, 32, 16 << 10, MAX_GROUP, id="many-files"),
-    pytest.param(1024, 32, 8 << 20, 1, id="large-chunks"),
-])
+@pytest.mark.parametrize(
+    ("n", "io", "bound", "expected"),
+    [
+        pytest.param(1024, 32, 16 << 10, 8, id="1024-files"),
+        pytest.param(10, 32, 16 << 10, 1, id="few-files"),
+        pytest.param(100_000, 32, 16 << 10, MAX_GROUP, id="many-files"),
+        pytest.param(1024, 32, 8 << 20, 1, id="large-chunks"),
+    ],
+)
 def test_group_size(n: int, io: int, bound: int, expected: int) -> None:
     assert group_size(n, io, bound) == expected
 
@@ -93,8 +108,9 @@ def _snapshot() -> tuple[set[str], set[str]]:
     return {t.name for t in threading.enumerate()}, set(os.listdir("/proc/self/fd"))
 
 
-@pytest.mark.parametrize("workers", [pytest.param(1, id="1-worker"),
-                                     pytest.param(2, id="2-workers")])
+@pytest.mark.parametrize(
+    "workers", [pytest.param(1, id="1-worker"), pytest.param(2, id="2-workers")]
+)
 def test_consumes_in_completion_order_without_a_barrier(workers: int) -> None:
     # request 0's fetch cannot finish until request 1 has been consumed: a
     # reader that fetched everything before decoding anything would stall
@@ -133,21 +149,30 @@ def test_bytes_in_flight_stay_within_the_budget() -> None:
         with lock:
             held[0] -= costs[i]
 
-    run_pipelined(list(range(200)), costs, fetch, consume, io_concurrency=8, max_workers=2,
-                  budget=budget)
+    run_pipelined(
+        list(range(200)), costs, fetch, consume, io_concurrency=8, max_workers=2, budget=budget
+    )
     assert held == [0, held[1]]
     assert 0 < held[1] <= budget
 
 
 def test_one_request_larger_than_the_budget_still_runs() -> None:
     got: list[int] = []
-    run_pipelined([0, 1], [500, 500], lambda i, b: i, lambda i, f: got.append(f),
-                  io_concurrency=4, max_workers=1, budget=100)
+    run_pipelined(
+        [0, 1],
+        [500, 500],
+        lambda i, b: i,
+        lambda i, f: got.append(f),
+        io_concurrency=4,
+        max_workers=1,
+        budget=100,
+    )
     assert sorted(got) == [0, 1]
 
 
-@pytest.mark.parametrize("where", [pytest.param("fetch", id="fetch-fails"),
-                                   pytest.param("consume", id="consume-fails")])
+@pytest.mark.parametrize(
+    "where", [pytest.param("fetch", id="fetch-fails"), pytest.param("consume", id="consume-fails")]
+)
 def test_first_error_cancels_the_rest_and_waits_for_running_fetches(where: str) -> None:
     n = 400
     running = [0]
@@ -190,16 +215,29 @@ def test_first_error_cancels_the_rest_and_waits_for_running_fetches(where: str) 
 
 
 def test_io_threads_are_shared_and_bounded() -> None:
-    run_pipelined(list(range(50)), [1] * 50, lambda i, b: i, lambda i, f: None,
-                  io_concurrency=3, max_workers=2)
+    run_pipelined(
+        list(range(50)),
+        [1] * 50,
+        lambda i, b: i,
+        lambda i, f: None,
+        io_concurrency=3,
+        max_workers=2,
+    )
     before = {t.name for t in threading.enumerate()}
     for _ in range(5):
-        run_pipelined(list(range(50)), [1] * 50, lambda i, b: i, lambda i, f: None,
-                      io_concurrency=3, max_workers=2)
+        run_pipelined(
+            list(range(50)),
+            [1] * 50,
+            lambda i, b: i,
+            lambda i, f: None,
+            io_concurrency=3,
+            max_workers=2,
+        )
     after = {t.name for t in threading.enumerate()}
     assert after == before
     assert len([t for t in after if t.startswith("zarr_fused-fileio")]) <= max(
-        3, _io_engine._io_size)
+        3, _io_engine._io_size
+    )
 
 
 # -- reads through zarr, with the shim in a child ---------------------------------------
@@ -275,13 +313,19 @@ def shim_child(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FaultyChild
         child.close()
 
 
-def make_array(root: Path, layout: str, seed: int, shape: tuple[int, ...] = SHAPE,
-               missing: tuple[str, ...] = ()) -> np.ndarray:
+def make_array(
+    root: Path,
+    layout: str,
+    seed: int,
+    shape: tuple[int, ...] = SHAPE,
+    missing: tuple[str, ...] = (),
+) -> np.ndarray:
     rng = np.random.default_rng(seed)
     data = rng.integers(-(2**20), 2**20, size=shape, dtype="int32")
     with with_pipeline(BATCHED):
-        arr = zarr.create_array(LocalStore(root), shape=shape, dtype=data.dtype, fill_value=7,
-                                **LAYOUTS[layout])
+        arr = zarr.create_array(
+            LocalStore(root), shape=shape, dtype=data.dtype, fill_value=7, **LAYOUTS[layout]
+        )
         arr[...] = data
     for key in missing:
         (root / key).unlink()
@@ -293,11 +337,22 @@ def oracle(root: Path, selection: tuple[slice, ...]) -> np.ndarray:
         return zarr.open_array(LocalStore(root), mode="r")[selection]
 
 
-def run_reads(child: FaultyChild, tmp_path: Path, root: Path, selections: list[tuple[slice, ...]],
-              *, workers: int = 2, io: int = 8, repeat: int = 1, **faults: object
-              ) -> dict[str, Any]:
+def run_reads(
+    child: FaultyChild,
+    tmp_path: Path,
+    root: Path,
+    selections: list[tuple[slice, ...]],
+    *,
+    workers: int = 2,
+    io: int = 8,
+    repeat: int = 1,
+    **faults: object,
+) -> dict[str, Any]:
     args = {
-        "root": str(root), "workers": workers, "io": io, "repeat": repeat,
+        "root": str(root),
+        "workers": workers,
+        "io": io,
+        "repeat": repeat,
         "selections": [[(s.start, s.stop, s.step) for s in sel] for sel in selections],
         "result": str(tmp_path / "result"),
     }
@@ -332,8 +387,16 @@ def test_values_under_latency_equal_zarrs(
 ) -> None:
     root = tmp_path / "arr"
     make_array(root, layout, seed=21, missing=("c/2/3", "c/7/7"))
-    result = run_reads(shim_child, tmp_path, root, [selection], marker=root, ops="open,read",
-                       mode="delay", delay_us=300)
+    result = run_reads(
+        shim_child,
+        tmp_path,
+        root,
+        [selection],
+        marker=root,
+        ops="open,read",
+        mode="delay",
+        delay_us=300,
+    )
     assert result["error"] is None, result["error"]
     np.testing.assert_array_equal(np.load(tmp_path / "result-0.npy"), oracle(root, selection))
     assert_nothing_left(result)
@@ -344,22 +407,41 @@ def test_slow_files_keep_the_reads_on_the_io_threads(
 ) -> None:
     root = tmp_path / "arr"
     make_array(root, "blosc", seed=25)
-    result = run_reads(shim_child, tmp_path, root, [WHOLE], marker=root, ops="open,read",
-                       mode="delay", delay_us=200)
+    result = run_reads(
+        shim_child,
+        tmp_path,
+        root,
+        [WHOLE],
+        marker=root,
+        ops="open,read",
+        mode="delay",
+        delay_us=200,
+    )
     assert result["error"] is None, result["error"]
     # every file waited 2 x 200 us (open, pread): far above FAST_FILE
     assert result["seconds_per_file"] >= FAST_FILE
 
 
-@pytest.mark.parametrize("workers", [pytest.param(1, id="1-worker"),
-                                     pytest.param(2, id="2-workers")])
+@pytest.mark.parametrize(
+    "workers", [pytest.param(1, id="1-worker"), pytest.param(2, id="2-workers")]
+)
 def test_values_with_one_io_thread_in_flight_per_read(
     tmp_path: Path, shim_child: FaultyChild, workers: int
 ) -> None:
     root = tmp_path / "arr"
     make_array(root, "zstd", seed=22)
-    result = run_reads(shim_child, tmp_path, root, [WHOLE], workers=workers, io=2,
-                       marker=root, ops="open,read", mode="delay", delay_us=100)
+    result = run_reads(
+        shim_child,
+        tmp_path,
+        root,
+        [WHOLE],
+        workers=workers,
+        io=2,
+        marker=root,
+        ops="open,read",
+        mode="delay",
+        delay_us=100,
+    )
     assert result["error"] is None, result["error"]
     np.testing.assert_array_equal(np.load(tmp_path / "result-0.npy"), oracle(root, WHOLE))
     assert_nothing_left(result)
@@ -382,8 +464,9 @@ def test_fault_in_flight_names_the_key_and_leaves_nothing(
     root = tmp_path / "arr"
     data = make_array(root, "zstd", seed=23)
     number = getattr(errno, code)
-    result = run_reads(shim_child, tmp_path, root, [WHOLE], marker=root / TARGET, ops=ops,
-                       errno=number)
+    result = run_reads(
+        shim_child, tmp_path, root, [WHOLE], marker=root / TARGET, ops=ops, errno=number
+    )
     assert result["error"] is not None, "the fault did not surface"
     assert result["error"]["errno"] == number, result["error"]
     assert TARGET in result["error"]["message"], result["error"]
@@ -401,14 +484,31 @@ def test_stress_thousands_of_reads_under_latency_leave_nothing(
     rng = np.random.default_rng(24)
     data = rng.integers(0, 2**30, size=shape, dtype="int32")
     with with_pipeline(BATCHED):
-        arr = zarr.create_array(LocalStore(root), shape=shape, dtype="int32", chunks=(4, 4),
-                                compressors=ZstdCodec(level=1), fill_value=0)
+        arr = zarr.create_array(
+            LocalStore(root),
+            shape=shape,
+            dtype="int32",
+            chunks=(4, 4),
+            compressors=ZstdCodec(level=1),
+            fill_value=0,
+        )
         arr[...] = data
     starts = rng.integers(0, 200, size=(6, 2))
-    selections = [WHOLE] + [(slice(int(a), int(a) + 50), slice(int(b), int(b) + 50))
-                            for a, b in starts]
-    result = run_reads(shim_child, tmp_path, root, selections, io=64, repeat=2,
-                       marker=root, ops="open,read", mode="delay", delay_us=50)
+    selections = [WHOLE] + [
+        (slice(int(a), int(a) + 50), slice(int(b), int(b) + 50)) for a, b in starts
+    ]
+    result = run_reads(
+        shim_child,
+        tmp_path,
+        root,
+        selections,
+        io=64,
+        repeat=2,
+        marker=root,
+        ops="open,read",
+        mode="delay",
+        delay_us=50,
+    )
     assert result["error"] is None, result["error"]
     for i, sel in enumerate(selections):
         np.testing.assert_array_equal(np.load(tmp_path / f"result-{i}.npy"), data[sel])
@@ -421,8 +521,14 @@ def test_forked_child_gets_fresh_io_threads() -> None:
     import time
     import warnings
 
-    run_pipelined(list(range(20)), [1] * 20, lambda i, b: i, lambda i, f: None,
-                  io_concurrency=4, max_workers=1)  # the parent's IO pool exists
+    run_pipelined(
+        list(range(20)),
+        [1] * 20,
+        lambda i, b: i,
+        lambda i, f: None,
+        io_concurrency=4,
+        max_workers=1,
+    )  # the parent's IO pool exists
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)  # fork of a threaded process
         pid = os.fork()
@@ -430,8 +536,14 @@ def test_forked_child_gets_fresh_io_threads() -> None:
         code = 2
         try:
             got: list[int] = []
-            run_pipelined(list(range(20)), [1] * 20, lambda i, b: i,
-                          lambda i, f: got.append(f), io_concurrency=4, max_workers=1)
+            run_pipelined(
+                list(range(20)),
+                [1] * 20,
+                lambda i, b: i,
+                lambda i, f: got.append(f),
+                io_concurrency=4,
+                max_workers=1,
+            )
             code = 0 if sorted(got) == list(range(20)) else 1
         finally:
             os._exit(code)

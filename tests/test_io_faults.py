@@ -27,11 +27,11 @@ from typing import Any
 import numpy as np
 import pytest
 import zarr
+from shims import FaultyChild, build_faultfs
 from zarr.codecs import ZstdCodec
 from zarr.storage import LocalStore
 
 from helpers import BATCHED, FUSED, with_pipeline
-from shims import FaultyChild, build_faultfs
 
 TIMEOUT = 60.0
 SHAPE = (16, 16)
@@ -92,17 +92,27 @@ def key_region(key: str) -> tuple[slice, slice]:
 
 
 def run_child(
-    child: FaultyChild, tmp_path: Path, root: Path, op: str, selection: tuple[slice, ...],
-    value: np.ndarray | None = None, workers: int = 2, **faults: object,
+    child: FaultyChild,
+    tmp_path: Path,
+    root: Path,
+    op: str,
+    selection: tuple[slice, ...],
+    value: np.ndarray | None = None,
+    workers: int = 2,
+    **faults: object,
 ) -> tuple[dict[str, Any], list[str]]:
     """One read or write in the child with faults on TARGET's files: its
     outcome, and the shim's log (a line per fault or short transfer)."""
     log = tmp_path / "faultfs.log"
     log.unlink(missing_ok=True)
     args: dict[str, Any] = {
-        "root": str(root), "op": op, "workers": workers, "pipeline": FUSED,
+        "root": str(root),
+        "op": op,
+        "workers": workers,
+        "pipeline": FUSED,
         "selection": [(s.start, s.stop) for s in selection],
-        "result": str(tmp_path / "result.npy"), "value": str(tmp_path / "value.npy"),
+        "result": str(tmp_path / "result.npy"),
+        "value": str(tmp_path / "value.npy"),
     }
     if value is not None:
         np.save(args["value"], value)
@@ -143,8 +153,9 @@ WRITE_FAULTS = [
 ]
 
 
-@pytest.mark.parametrize("layout", [pytest.param("chunked", id="chunked"),
-                                    pytest.param("sharded", id="sharded")])
+@pytest.mark.parametrize(
+    "layout", [pytest.param("chunked", id="chunked"), pytest.param("sharded", id="sharded")]
+)
 @pytest.mark.parametrize(("ops", "code"), WRITE_FAULTS)
 def test_write_fault_raises_and_keeps_the_old_chunk(
     tmp_path: Path, faulty_child: FaultyChild, layout: str, ops: str, code: str
@@ -153,8 +164,16 @@ def test_write_fault_raises_and_keeps_the_old_chunk(
     old, new = old_and_new(seed=11)
     make_array(root, layout, old)
 
-    result, log = run_child(faulty_child, tmp_path, root, "write", (slice(None), slice(None)),
-                            value=new, ops=ops, errno=code)
+    result, log = run_child(
+        faulty_child,
+        tmp_path,
+        root,
+        "write",
+        (slice(None), slice(None)),
+        value=new,
+        ops=ops,
+        errno=code,
+    )
 
     assert log, "the shim injected no fault"
     assert_old_error(result, getattr(errno, code))
@@ -166,7 +185,8 @@ def test_write_fault_raises_and_keeps_the_old_chunk(
             np.testing.assert_array_equal(stored[region], old[region], err_msg=key)
         else:  # written before or after the failure, or not at all: whole either way
             assert np.array_equal(stored[region], old[region]) or np.array_equal(
-                stored[region], new[region]), key
+                stored[region], new[region]
+            ), key
     with with_pipeline(FUSED):
         np.testing.assert_array_equal(zarr.open_array(LocalStore(root), mode="r")[...], stored)
 
@@ -184,11 +204,17 @@ READ_SELECTIONS = [
 
 
 @pytest.mark.parametrize("selection", READ_SELECTIONS)
-@pytest.mark.parametrize("layout", [pytest.param("chunked", id="chunked"),
-                                    pytest.param("sharded", id="sharded")])
+@pytest.mark.parametrize(
+    "layout", [pytest.param("chunked", id="chunked"), pytest.param("sharded", id="sharded")]
+)
 @pytest.mark.parametrize(("ops", "code"), READ_FAULTS)
 def test_read_fault_raises_naming_the_key(
-    tmp_path: Path, faulty_child: FaultyChild, layout: str, selection: tuple[slice, ...], ops: str, code: str
+    tmp_path: Path,
+    faulty_child: FaultyChild,
+    layout: str,
+    selection: tuple[slice, ...],
+    ops: str,
+    code: str,
 ) -> None:
     root = tmp_path / "arr"
     old, _ = old_and_new(seed=12)
@@ -217,9 +243,14 @@ REGION = (slice(5, 13), slice(3, 11))
 
 
 @pytest.mark.parametrize("fault", [pytest.param(k, id=k) for k in TRANSFER_FAULTS])
-@pytest.mark.parametrize("layout", [pytest.param("chunked-raw", id="chunked-raw"),
-                                    pytest.param("chunked", id="chunked"),
-                                    pytest.param("sharded", id="sharded")])
+@pytest.mark.parametrize(
+    "layout",
+    [
+        pytest.param("chunked-raw", id="chunked-raw"),
+        pytest.param("chunked", id="chunked"),
+        pytest.param("sharded", id="sharded"),
+    ],
+)
 def test_short_and_interrupted_writes_store_the_same(
     tmp_path: Path, faulty_child: FaultyChild, layout: str, fault: str
 ) -> None:
@@ -227,8 +258,9 @@ def test_short_and_interrupted_writes_store_the_same(
     old, new = old_and_new(seed=13)
     make_array(root, layout, old)
 
-    result, log = run_child(faulty_child, tmp_path, root, "write", REGION, value=new[REGION],
-                            **TRANSFER_FAULTS[fault])
+    result, log = run_child(
+        faulty_child, tmp_path, root, "write", REGION, value=new[REGION], **TRANSFER_FAULTS[fault]
+    )
 
     assert result["ok"], result.get("traceback")
     assert log, "the shim touched no call"
@@ -243,9 +275,14 @@ def test_short_and_interrupted_writes_store_the_same(
     [pytest.param((slice(None), slice(None)), id="whole"), pytest.param(REGION, id="region")],
 )
 @pytest.mark.parametrize("fault", [pytest.param(k, id=k) for k in TRANSFER_FAULTS])
-@pytest.mark.parametrize("layout", [pytest.param("chunked-raw", id="chunked-raw"),
-                                    pytest.param("chunked", id="chunked"),
-                                    pytest.param("sharded", id="sharded")])
+@pytest.mark.parametrize(
+    "layout",
+    [
+        pytest.param("chunked-raw", id="chunked-raw"),
+        pytest.param("chunked", id="chunked"),
+        pytest.param("sharded", id="sharded"),
+    ],
+)
 def test_short_and_interrupted_reads_return_the_same(
     tmp_path: Path, faulty_child: FaultyChild, layout: str, fault: str, selection: tuple[slice, ...]
 ) -> None:
@@ -253,7 +290,9 @@ def test_short_and_interrupted_reads_return_the_same(
     old, _ = old_and_new(seed=14)
     make_array(root, layout, old)
 
-    result, log = run_child(faulty_child, tmp_path, root, "read", selection, **TRANSFER_FAULTS[fault])
+    result, log = run_child(
+        faulty_child, tmp_path, root, "read", selection, **TRANSFER_FAULTS[fault]
+    )
 
     assert result["ok"], result.get("traceback")
     assert log, "the shim touched no call"
@@ -278,15 +317,21 @@ def small_tmpfs(tmp_path: Path) -> Any:
         pytest.skip("mounting a tmpfs needs root")
     mnt = tmp_path / "mnt"
     mnt.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)],
-                             capture_output=True, text=True, timeout=30, check=False)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
     try:
         yield mnt
     finally:
-        if subprocess.run(["umount", str(mnt)], capture_output=True, timeout=30,
-                          check=False).returncode:
+        if subprocess.run(
+            ["umount", str(mnt)], capture_output=True, timeout=30, check=False
+        ).returncode:
             subprocess.run(["umount", "-l", str(mnt)], capture_output=True, timeout=30, check=False)
 
 
@@ -300,8 +345,9 @@ def test_full_disk_raises_enospc_and_tears_nothing(small_tmpfs: Path, layout: st
     unit = FULL_LAYOUTS[layout].get("shards", FULL_LAYOUTS[layout]["chunks"])[0]
     keys = [f"c/{i}/0" for i in range(FULL_SHAPE[0] // unit)]
     with with_pipeline(FUSED), zarr.config.set({"codec_pipeline.max_workers": 2}):
-        arr = zarr.create_array(LocalStore(root), shape=FULL_SHAPE, dtype="int32", fill_value=0,
-                                **FULL_LAYOUTS[layout])
+        arr = zarr.create_array(
+            LocalStore(root), shape=FULL_SHAPE, dtype="int32", fill_value=0, **FULL_LAYOUTS[layout]
+        )
         arr[:half] = old[:half]
         # fill the disk until one key's temporary file and a half fit
         unit_bytes = unit * FULL_SHAPE[1] * 4
@@ -324,7 +370,8 @@ def test_full_disk_raises_enospc_and_tears_nothing(small_tmpfs: Path, layout: st
             before = old[rows] if rows.start < half else np.zeros_like(old[rows])
             written += np.array_equal(stored[rows], new[rows])
             assert np.array_equal(stored[rows], before) or np.array_equal(
-                stored[rows], new[rows]), key
+                stored[rows], new[rows]
+            ), key
         assert written < len(keys)
         np.testing.assert_array_equal(arr[...], stored)
 
@@ -350,8 +397,9 @@ def test_sharded_io_error_filename_is_text(
     old, new = old_and_new(seed=16)
     make_array(root, "sharded", old)
 
-    result, log = run_child(faulty_child, tmp_path, root, op, selection, value=new[selection],
-                            ops="read", errno="EIO")
+    result, log = run_child(
+        faulty_child, tmp_path, root, op, selection, value=new[selection], ops="read", errno="EIO"
+    )
 
     assert log, "the shim injected no fault"
     assert_old_error(result, errno.EIO)

@@ -14,6 +14,7 @@ from zarr_fused import _localio
 
 from helpers import BATCHED, FUSED, assert_same_values, with_pipeline
 
+
 def test_read_whole_matches_file(tmp_path: Path) -> None:
     data = np.random.default_rng(0).bytes(100_001)
     (tmp_path / "f").write_bytes(data)
@@ -26,8 +27,11 @@ def test_read_whole_matches_file(tmp_path: Path) -> None:
 def test_read_whole_missing_like_localstore(tmp_path: Path, kind: str) -> None:
     (tmp_path / "dir").mkdir()
     (tmp_path / "file").write_bytes(b"x")
-    path = {"absent": tmp_path / "nope", "directory": tmp_path / "dir",
-            "through-a-file": tmp_path / "file" / "below"}[kind]
+    path = {
+        "absent": tmp_path / "nope",
+        "directory": tmp_path / "dir",
+        "through-a-file": tmp_path / "file" / "below",
+    }[kind]
     assert _localio.read_whole(path) is None
     assert LocalStore(tmp_path).get_sync(str(path.relative_to(tmp_path))) is None
 
@@ -91,8 +95,15 @@ def test_write_parts_error_leaves_old_file(tmp_path: Path) -> None:
 def test_missing_chunk_files_report_missing(tmp_path: Path, compressors: object) -> None:
     store = LocalStore(tmp_path / "a")
     with with_pipeline(FUSED):
-        arr = zarr.create_array(store, shape=(8, 8), chunks=(4, 4), dtype="<i4", fill_value=-1,
-                                compressors=compressors, config={"read_missing_chunks": False})
+        arr = zarr.create_array(
+            store,
+            shape=(8, 8),
+            chunks=(4, 4),
+            dtype="<i4",
+            fill_value=-1,
+            compressors=compressors,
+            config={"read_missing_chunks": False},
+        )
         arr[:4, :4] = 1
         assert_same_values(arr[:4, :4], np.ones((4, 4), "<i4"))
         with pytest.raises(ChunkNotFoundError):
@@ -144,8 +155,9 @@ def test_failed_write_keeps_previous_chunk(tmp_path: Path) -> None:
     # chunks written before or after the failure hold either old or new data,
     # whole; the blocked chunk reads as missing (a directory)
     for i in (0, 1, 3):
-        assert np.array_equal(got[4 * i:4 * i + 4], data[4 * i:4 * i + 4]) or np.array_equal(
-            got[4 * i:4 * i + 4], data[4 * i:4 * i + 4] + 100)
+        assert np.array_equal(got[4 * i : 4 * i + 4], data[4 * i : 4 * i + 4]) or np.array_equal(
+            got[4 * i : 4 * i + 4], data[4 * i : 4 * i + 4] + 100
+        )
     leftovers = [p for p in (tmp_path / "a").rglob("*.partial")]
     assert leftovers == []
 
@@ -170,8 +182,13 @@ def test_written_files_read_by_zarr(tmp_path: Path) -> None:
     store = LocalStore(tmp_path / "a")
     data = np.random.default_rng(2).random((30, 30)).astype(">f4")
     with with_pipeline(FUSED):
-        arr = zarr.create_array(store, shape=data.shape, chunks=(7, 8), dtype=data.dtype,
-                                compressors=zarr.codecs.BloscCodec(cname="zstd"))
+        arr = zarr.create_array(
+            store,
+            shape=data.shape,
+            chunks=(7, 8),
+            dtype=data.dtype,
+            compressors=zarr.codecs.BloscCodec(cname="zstd"),
+        )
         arr[...] = data
         arr[3:20, 5:9] = 0.5
     data[3:20, 5:9] = 0.5

@@ -32,11 +32,11 @@ import google_crc32c
 import numpy as np
 import pytest
 import zarr
+from shims import FaultyChild, child_env, communicate
 from zarr.codecs import BloscCodec, GzipCodec, ZstdCodec
 from zarr.storage import LocalStore
 
 from helpers import FUSED, with_pipeline
-from shims import FaultyChild, child_env, communicate
 
 TIMEOUT = 120.0
 MIB = 1 << 20
@@ -90,7 +90,9 @@ with zarr.config.set(config):
         result["checksum"] = int(values.astype(np.int64).sum())
 """
 # the same in a fresh process
-FRESH = "import json, sys\nargs = json.loads(sys.argv[1])\n" + MEASURE + "print(json.dumps(result))\n"
+FRESH = (
+    "import json, sys\nargs = json.loads(sys.argv[1])\n" + MEASURE + "print(json.dumps(result))\n"
+)
 
 
 def clear_refs_works() -> bool:
@@ -108,22 +110,29 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def measure_args(root: Path, op: str, selection: tuple[slice, ...], warm: tuple[slice, ...],
-                 seed: int = 0) -> dict[str, Any]:
+def measure_args(
+    root: Path, op: str, selection: tuple[slice, ...], warm: tuple[slice, ...], seed: int = 0
+) -> dict[str, Any]:
     return {
-        "root": str(root), "op": op, "seed": seed,
+        "root": str(root),
+        "op": op,
+        "seed": seed,
         "selection": [(s.start, s.stop) for s in selection],
         "warm": [(s.start, s.stop) for s in warm],
     }
 
 
-def measure(root: Path, op: str, selection: tuple[slice, ...], warm: tuple[slice, ...],
-            seed: int = 0) -> dict[str, Any]:
+def measure(
+    root: Path, op: str, selection: tuple[slice, ...], warm: tuple[slice, ...], seed: int = 0
+) -> dict[str, Any]:
     """Measured in a fresh process."""
     args = measure_args(root, op, selection, warm, seed)
     proc = subprocess.Popen(
-        [sys.executable, "-c", FRESH, json.dumps(args)], env=child_env(),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [sys.executable, "-c", FRESH, json.dumps(args)],
+        env=child_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     stdout, stderr = communicate(proc, TIMEOUT)
     assert proc.returncode == 0, stderr
@@ -161,7 +170,8 @@ def test_whole_array_read_grows_memory_by_its_output_only(
     assert result["checksum"] == int(data.astype(np.int64).sum())
     assert result["nbytes"] == data.nbytes
     assert result["growth"] <= data.nbytes + SLACK, (
-        f"peak grew by {result['growth'] / MIB:.1f} MiB for a {data.nbytes / MIB:.0f} MiB read")
+        f"peak grew by {result['growth'] / MIB:.1f} MiB for a {data.nbytes / MIB:.0f} MiB read"
+    )
 
 
 @pytest.mark.parametrize("layout", [pytest.param(k, id=k) for k in LAYOUTS])
@@ -172,11 +182,13 @@ def test_whole_array_write_needs_no_copy_of_its_input(
     root = tmp_path / layout
     with with_pipeline(FUSED):  # a copy of the stored array to overwrite
         zarr.create_array(LocalStore(root), shape=SHAPE, dtype="int32", **LAYOUTS[layout])[...] = (
-            data)
+            data
+        )
     result = measure(root, "write", ALL, WARM, seed=3)
     assert result["ok"], result
     assert result["growth"] <= SLACK, (
-        f"peak grew by {result['growth'] / MIB:.1f} MiB writing {np.prod(SHAPE) * 4 / MIB:.0f} MiB")
+        f"peak grew by {result['growth'] / MIB:.1f} MiB writing {np.prod(SHAPE) * 4 / MIB:.0f} MiB"
+    )
     expected = np.random.default_rng(3).integers(0, 1000, size=SHAPE, dtype="int32")
     with with_pipeline(FUSED):
         np.testing.assert_array_equal(zarr.open_array(LocalStore(root), mode="r")[...], expected)
@@ -217,8 +229,9 @@ def gzip_of_zeros(decoded: int) -> bytes:
 def blosc_of_zeros(decoded: int) -> bytes:
     import numcodecs
 
-    blosc = numcodecs.Blosc(cname="zstd", clevel=5, shuffle=numcodecs.Blosc.NOSHUFFLE,
-                            blocksize=1 << 24)
+    blosc = numcodecs.Blosc(
+        cname="zstd", clevel=5, shuffle=numcodecs.Blosc.NOSHUFFLE, blocksize=1 << 24
+    )
     return bytes(blosc.encode(bytes(decoded)))
 
 
@@ -291,8 +304,9 @@ def test_decompression_bomb_raises_without_growing_memory(
     plant_bomb(root, bomb, sharded)
     assert (root / "c" / "0" / "0").stat().st_size < 128 * 1024  # small on disk
 
-    answer = reader.run(MEASURE, measure_args(root, "read", selection,
-                                              warm=(slice(128, 256), slice(0, 128))))
+    answer = reader.run(
+        MEASURE, measure_args(root, "read", selection, warm=(slice(128, 256), slice(0, 128)))
+    )
 
     assert answer["ok"], answer.get("traceback")
     result = answer["result"]
@@ -309,7 +323,8 @@ def test_the_bombs_are_what_they_claim() -> None:
     import numcodecs
 
     assert bytes(numcodecs.Zstd().decode(zstd_rle_frame(3 * (1 << 17) + 5))) == b"\x07" * (
-        3 * (1 << 17) + 5)
+        3 * (1 << 17) + 5
+    )
     assert zlib.decompress(gzip_of_zeros(2 * MIB), 16 + zlib.MAX_WBITS) == bytes(2 * MIB)
     assert len(zstd_rle_frame(GIB)) < 33 * 1024
     assert len(gzip_of_zeros(64 * MIB)) < 128 * 1024

@@ -19,11 +19,18 @@ def test_two_ranks_write_and_read_their_regions(tmp_path: Path) -> None:
     if mpirun is None:
         pytest.skip("no mpirun on PATH (apt-get install openmpi-bin libopenmpi-dev)")
     pytest.importorskip("mpi4py", reason="mpi4py is not installed")
-    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-               OMPI_MCA_rmaps_base_oversubscribe="1")
+    env = dict(
+        os.environ,
+        OMPI_ALLOW_RUN_AS_ROOT="1",
+        OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+        OMPI_MCA_rmaps_base_oversubscribe="1",
+    )
     proc = subprocess.run(
         [mpirun, "-n", "2", sys.executable, str(EXAMPLE), str(tmp_path / "out.zarr")],
-        capture_output=True, text=True, env=env, timeout=180,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=180,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "all ranks ok" in proc.stdout

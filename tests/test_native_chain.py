@@ -28,11 +28,31 @@ from zarr_fused._identity import byte_identical
 from zarr_fused.errors import ChecksumError, ChunkSizeError, CorruptChunkError, DecompressionError
 
 from helpers import (
-    BATCHED, FUSED, assert_same_values, chunk_items, chunk_spec, make_store, with_pipeline,
+    BATCHED,
+    FUSED,
+    assert_same_values,
+    chunk_items,
+    chunk_spec,
+    make_store,
+    with_pipeline,
 )
 
-DTYPES = ["bool", "int8", "uint16", "int32", "uint64", "float16", "float32", "float64",
-          "complex64", "complex128", "datetime64[ms]", "timedelta64[ns]", "<U2", "S3"]
+DTYPES = [
+    "bool",
+    "int8",
+    "uint16",
+    "int32",
+    "uint64",
+    "float16",
+    "float32",
+    "float64",
+    "complex64",
+    "complex128",
+    "datetime64[ms]",
+    "timedelta64[ns]",
+    "<U2",
+    "S3",
+]
 
 
 @st.composite
@@ -41,17 +61,21 @@ def compressor_chains(draw: st.DrawFn, itemsize: int) -> tuple[list[Any], bool]:
     kind = draw(st.sampled_from(["none", "zstd", "gzip", "blosc"]))
     codecs: list[Any] = []
     if kind == "zstd":
-        codecs = [ZstdCodec(level=draw(st.sampled_from([-3, 0, 1, 5])), checksum=draw(st.booleans()))]
+        codecs = [
+            ZstdCodec(level=draw(st.sampled_from([-3, 0, 1, 5])), checksum=draw(st.booleans()))
+        ]
     elif kind == "gzip":
         codecs = [GzipCodec(level=draw(st.integers(0, 9)))]
     elif kind == "blosc":
-        codecs = [BloscCodec(
-            cname=draw(st.sampled_from(["lz4", "lz4hc", "zstd", "zlib", "blosclz"])),
-            clevel=draw(st.integers(0, 9)),
-            shuffle=draw(st.sampled_from(["noshuffle", "shuffle", "bitshuffle"])),
-            typesize=draw(st.sampled_from([1, itemsize])),
-            blocksize=draw(st.sampled_from([0, 256])),
-        )]
+        codecs = [
+            BloscCodec(
+                cname=draw(st.sampled_from(["lz4", "lz4hc", "zstd", "zlib", "blosclz"])),
+                clevel=draw(st.integers(0, 9)),
+                shuffle=draw(st.sampled_from(["noshuffle", "shuffle", "bitshuffle"])),
+                typesize=draw(st.sampled_from([1, itemsize])),
+                blocksize=draw(st.sampled_from([0, 256])),
+            )
+        ]
     crc = draw(st.sampled_from(["none", "after", "before"]))
     if crc == "after" or (crc == "before" and not codecs):
         codecs = [*codecs, Crc32cCodec()]
@@ -77,9 +101,15 @@ def cases(draw: st.DrawFn) -> dict[str, Any]:
         kwargs["serializer"] = BytesCodec(endian=draw(st.sampled_from(["little", "big"])))
     if ndim > 1 and draw(st.booleans()):
         kwargs["filters"] = [TransposeCodec(order=tuple(draw(st.permutations(range(ndim)))))]
-    return {"dtype": dtype, "shape": shape, "chunks": chunks, "kwargs": kwargs,
-            "deterministic": deterministic, "seed": draw(st.integers(0, 2**16)),
-            "wec": draw(st.booleans())}
+    return {
+        "dtype": dtype,
+        "shape": shape,
+        "chunks": chunks,
+        "kwargs": kwargs,
+        "deterministic": deterministic,
+        "seed": draw(st.integers(0, 2**16)),
+        "wec": draw(st.booleans()),
+    }
 
 
 def _data(dtype: np.dtype[Any], shape: tuple[int, ...], seed: int) -> np.ndarray:
@@ -97,7 +127,9 @@ def _data(dtype: np.dtype[Any], shape: tuple[int, ...], seed: int) -> np.ndarray
 
 
 @pytest.mark.filterwarnings("ignore::zarr.errors.UnstableSpecificationWarning")
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(case=cases())
 def test_property_chains_match_zarr(tmp_path_factory: Any, case: dict[str, Any]) -> None:
     data = _data(case["dtype"], case["shape"], case["seed"])
@@ -107,16 +139,21 @@ def test_property_chains_match_zarr(tmp_path_factory: Any, case: dict[str, Any])
         store = make_store("memory", tmp)
         with with_pipeline(path):
             arr = zarr.create_array(
-                store, shape=data.shape, chunks=case["chunks"], dtype=data.dtype,
+                store,
+                shape=data.shape,
+                chunks=case["chunks"],
+                dtype=data.dtype,
                 fill_value=np.zeros((), data.dtype)[()],
-                config={"write_empty_chunks": case["wec"]}, **case["kwargs"],
+                config={"write_empty_chunks": case["wec"]},
+                **case["kwargs"],
             )
             if path == FUSED:
                 assert arr._async_array.codec_pipeline.plan.chain.native
             arr[...] = data
             if data.ndim:
                 arr[tuple(slice(0, max(1, s // 2)) for s in data.shape)] = data[
-                    tuple(slice(0, max(1, s // 2)) for s in data.shape)][::-1 if data.ndim == 1 else 1]
+                    tuple(slice(0, max(1, s // 2)) for s in data.shape)
+                ][:: -1 if data.ndim == 1 else 1]
         stores[path] = store
     ours, theirs = chunk_items(stores[FUSED]), chunk_items(stores[BATCHED])
     assert sorted(ours) == sorted(theirs)
@@ -172,8 +209,9 @@ def test_corrupt_chunk_raises_naming_the_key(
     store = make_store(kind, tmp_path)
     data = np.arange(400, dtype="<f8").reshape(20, 20)
     with with_pipeline(FUSED):
-        arr = zarr.create_array(store, shape=(20, 20), chunks=(10, 10), dtype="<f8",
-                                compressors=compressors)
+        arr = zarr.create_array(
+            store, shape=(20, 20), chunks=(10, 10), dtype="<f8", compressors=compressors
+        )
         arr[...] = data
         _corrupt(store, "c/1/0", how)
         if expected is None:
@@ -203,8 +241,9 @@ def test_zarr_reads_what_zarr_fused_wrote_for_every_codec(tmp_path: Path) -> Non
     for name, (compressors, _, _) in CORRUPT_LAYOUTS.items():
         store = make_store("local", tmp_path, name)
         with with_pipeline(FUSED):
-            zarr.create_array(store, shape=data.shape, chunks=(8, 8), dtype=data.dtype,
-                              compressors=compressors)[...] = data
+            zarr.create_array(
+                store, shape=data.shape, chunks=(8, 8), dtype=data.dtype, compressors=compressors
+            )[...] = data
         with with_pipeline(BATCHED):
             assert_same_values(zarr.open_array(store, mode="r")[...], data, byte_order=False)
 
@@ -237,8 +276,14 @@ def test_empty_chunk_rule_matches_zarr(
     for path in (FUSED, BATCHED):
         store = make_store("local", tmp_path, path)
         with with_pipeline(path):
-            arr = zarr.create_array(store, shape=(8,), chunks=(4,), dtype=dtype, fill_value=fill,
-                                    compressors=compressors)
+            arr = zarr.create_array(
+                store,
+                shape=(8,),
+                chunks=(4,),
+                dtype=dtype,
+                fill_value=fill,
+                compressors=compressors,
+            )
             value = np.full(8, np.array(chunk_value, dtype=dtype), dtype=dtype)
             value[4] = np.array(1, dtype=dtype)  # the second chunk is never empty
             arr[...] = value
@@ -258,11 +303,26 @@ def test_empty_chunk_rule_matches_zarr(
 
 # (the array's data type, the byte order `bytes` stores): every kind, each
 # multi-byte type stored in the other byte order or in its own
-TWIN_DTYPES = [pytest.param(np.dtype(s), endian, id=f"{s}-{endian}") for s, endian in (
-    ("bool", "little"), ("int8", "little"), ("<u2", "big"), (">i4", "little"), ("<u8", "little"),
-    (">f2", "big"), ("<f4", "big"), (">f8", "little"), (">c8", "big"), ("<c16", "little"),
-    ("<M8[ms]", "big"), (">m8[ns]", "little"), ("<U2", "big"), (">U3", "little"), ("S3", "little"),
-)]
+TWIN_DTYPES = [
+    pytest.param(np.dtype(s), endian, id=f"{s}-{endian}")
+    for s, endian in (
+        ("bool", "little"),
+        ("int8", "little"),
+        ("<u2", "big"),
+        (">i4", "little"),
+        ("<u8", "little"),
+        (">f2", "big"),
+        ("<f4", "big"),
+        (">f8", "little"),
+        (">c8", "big"),
+        ("<c16", "little"),
+        ("<M8[ms]", "big"),
+        (">m8[ns]", "little"),
+        ("<U2", "big"),
+        (">U3", "little"),
+        ("S3", "little"),
+    )
+]
 # (chunk shape, transpose orders): 0-d, 1-d, 3-d without, with one and with two transposes
 TWIN_GEOMETRIES = [
     pytest.param(((), ()), id="0d"),
@@ -278,8 +338,10 @@ TWIN_TAILS = {
     "crc-zstd-checksum-crc": [Crc32cCodec(), ZstdCodec(level=3, checksum=True), Crc32cCodec()],
     "gzip": [GzipCodec(level=5)],
     "blosc-shuffle": [BloscCodec(cname="lz4", clevel=5, shuffle="shuffle")],
-    "blosc-bitshuffle-crc": [BloscCodec(cname="zstd", clevel=1, shuffle="bitshuffle"),
-                             Crc32cCodec()],
+    "blosc-bitshuffle-crc": [
+        BloscCodec(cname="zstd", clevel=1, shuffle="bitshuffle"),
+        Crc32cCodec(),
+    ],
 }
 TWIN_TAIL_PARAMS = [pytest.param(k, id=k) for k in TWIN_TAILS]
 
@@ -288,8 +350,14 @@ class TwinChain:
     """One chain for one chunk spec: zarr's codecs, the native chain, zarr's
     ChunkTransform."""
 
-    def __init__(self, dtype: np.dtype[Any], shape: tuple[int, ...],
-                 orders: tuple[tuple[int, ...], ...], endian: str, tail: list[Any]) -> None:
+    def __init__(
+        self,
+        dtype: np.dtype[Any],
+        shape: tuple[int, ...],
+        orders: tuple[tuple[int, ...], ...],
+        endian: str,
+        tail: list[Any],
+    ) -> None:
         self.spec = chunk_spec(shape, dtype)
         codecs = [*(TransposeCodec(order=o) for o in orders), BytesCodec(endian=endian), *tail]
         self.codecs = evolve_codecs(codecs, self.spec)
@@ -364,13 +432,23 @@ def test_native_encode_matches_reference(
 TWIN_ZARR_CASES = [
     pytest.param(">f8", ((3, 4, 5), ((2, 0, 1),)), "little", "raw", id="f8-T201-raw"),
     pytest.param("<i4", ((7,), ()), "big", "crc", id="i4-1d-be-crc"),
-    pytest.param("<U2", ((2, 1, 6), ((1, 2, 0), (1, 0, 2))), "big", "crc-zstd-checksum-crc",
-                 id="U2-T120-T102-be-crc-zstd-crc"),
+    pytest.param(
+        "<U2",
+        ((2, 1, 6), ((1, 2, 0), (1, 0, 2))),
+        "big",
+        "crc-zstd-checksum-crc",
+        id="U2-T120-T102-be-crc-zstd-crc",
+    ),
     pytest.param("<c16", ((), ()), "little", "zstd", id="c16-0d-zstd"),
     pytest.param(">u2", ((3, 4, 5), ()), "little", "gzip", id="u2-3d-gzip"),
     pytest.param("<M8[ms]", ((7,), ()), "big", "blosc-shuffle", id="M8-1d-be-blosc"),
-    pytest.param("bool", ((3, 4, 5), ((2, 0, 1),)), "little", "blosc-bitshuffle-crc",
-                 id="bool-T201-blosc-crc"),
+    pytest.param(
+        "bool",
+        ((3, 4, 5), ((2, 0, 1),)),
+        "little",
+        "blosc-bitshuffle-crc",
+        id="bool-T201-blosc-crc",
+    ),
 ]
 
 
@@ -404,8 +482,11 @@ TWIN_CORRUPT = [
 @pytest.mark.parametrize(("tail", "how", "error"), TWIN_CORRUPT)
 def test_corrupt_payload_raises_like_reference(tail: str, how: str, error: type) -> None:
     chain = TwinChain(np.dtype("<f8"), (3, 4, 5), (), "little", TWIN_TAILS[tail])
-    payload = bytearray(reference.encode_chunk(_twin_chunk(np.dtype("<f8"), (3, 4, 5), 14),
-                                               chain.codecs, chain.spec))
+    payload = bytearray(
+        reference.encode_chunk(
+            _twin_chunk(np.dtype("<f8"), (3, 4, 5), 14), chain.codecs, chain.spec
+        )
+    )
     if how == "flip":
         payload[len(payload) // 2] ^= 0x10
     elif how == "truncate":
@@ -425,8 +506,10 @@ def twin_cases(draw: st.DrawFn) -> tuple[TwinChain, np.ndarray]:
     dtype = np.dtype(draw(st.sampled_from(DTYPES)))
     ndim = draw(st.integers(0, 3))
     shape = tuple(draw(st.integers(1, 6)) for _ in range(ndim))
-    orders = tuple(tuple(draw(st.permutations(range(ndim))))
-                   for _ in range(draw(st.integers(0, 2)) if ndim > 1 else 0))
+    orders = tuple(
+        tuple(draw(st.permutations(range(ndim))))
+        for _ in range(draw(st.integers(0, 2)) if ndim > 1 else 0)
+    )
     tail, _ = draw(compressor_chains(dtype.itemsize))
     endian = draw(st.sampled_from(["little", "big"]))
     chain = TwinChain(dtype, shape, orders, endian, tail)

@@ -19,7 +19,10 @@ def sdist(tmp_path_factory: pytest.TempPathFactory) -> Path:
     outdir = tmp_path_factory.mktemp("dist")
     subprocess.run(
         [sys.executable, "-m", "build", "--sdist", "--no-isolation", "--outdir", str(outdir)],
-        cwd=ROOT, check=True, capture_output=True, timeout=300,
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        timeout=300,
     )
     (archive,) = outdir.glob("zarr_fused-*.tar.gz")
     return archive
@@ -37,9 +40,22 @@ def test_sdist_ships_sources_not_generated_code(sdist: Path) -> None:
 def test_installs_and_runs_from_sdist(sdist: Path, tmp_path: Path) -> None:
     target = tmp_path / "site"
     subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-         "--disable-pip-version-check", "--target", str(target), str(sdist)],
-        check=True, capture_output=True, timeout=600,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "--disable-pip-version-check",
+            "--target",
+            str(target),
+            str(sdist),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=600,
     )
     script = textwrap.dedent(
         f"""
@@ -56,7 +72,11 @@ def test_installs_and_runs_from_sdist(sdist: Path, tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("ZARR_")}
     env.update(PYTHONPATH=str(target), ZARR_CODEC_PIPELINE__PATH="zarr_fused.FusedCodecPipeline")
     out = subprocess.run(
-        [sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
+        [sys.executable, "-c", script],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
         timeout=120,
     )
     assert out.returncode == 0, out.stderr

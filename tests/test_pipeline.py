@@ -26,9 +26,9 @@ from zarr.codecs import (
 )
 from zarr.errors import ChunkNotFoundError
 
-from helpers import BATCHED, FUSED, assert_same_values, chunk_items, make_store, with_pipeline
 from zarr_fused._identity import byte_identical
 
+from helpers import BATCHED, FUSED, assert_same_values, chunk_items, make_store, with_pipeline
 
 # -- what we vary ---------------------------------------------------------------------
 
@@ -51,9 +51,7 @@ class Layout:
         kwargs.update(extra)
         if "filters" in kwargs and kwargs["filters"] == "transpose":
             kwargs["filters"] = [TransposeCodec(order=tuple(reversed(range(len(geometry.shape)))))]
-        return zarr.create_array(
-            store, shape=geometry.shape, chunks=chunks, dtype=dtype, **kwargs
-        )
+        return zarr.create_array(store, shape=geometry.shape, chunks=chunks, dtype=dtype, **kwargs)
 
 
 def _sharding(shape_of: str, **kwargs: Any) -> Any:
@@ -155,10 +153,13 @@ def sample(dtype: Any, shape: tuple[int, ...], seed: int = 0) -> np.ndarray:
     return data
 
 
-def write_through(path: str, store: Any, layout: Layout, geometry: Geometry, data: np.ndarray,
-                  **extra: Any) -> zarr.Array:
+def write_through(
+    path: str, store: Any, layout: Layout, geometry: Geometry, data: np.ndarray, **extra: Any
+) -> zarr.Array:
     with with_pipeline(path):
-        arr = layout.create(store, geometry, data.dtype, fill_value=np.zeros((), data.dtype)[()], **extra)
+        arr = layout.create(
+            store, geometry, data.dtype, fill_value=np.zeros((), data.dtype)[()], **extra
+        )
         arr[...] = data
     return arr
 
@@ -229,7 +230,8 @@ def test_geometry_layout_matches_zarr(tmp_path: Path, geometry: Geometry, layout
 
 
 @pytest.mark.parametrize(
-    "layout", [pytest.param(LAYOUTS[k], id=k) for k in ("raw", "zstd", "sharded", "sharded-start-crc")]
+    "layout",
+    [pytest.param(LAYOUTS[k], id=k) for k in ("raw", "zstd", "sharded", "sharded-start-crc")],
 )
 @pytest.mark.parametrize("kind", ["memory", "local", "zip", "nosync"])
 def test_store_kinds_match_zarr(tmp_path: Path, kind: str, layout: Layout) -> None:
@@ -286,7 +288,14 @@ def _numpy_equivalent(data: np.ndarray, arr: zarr.Array, how: str, selection: An
     if how == "basic":
         return data[selection]
     if how == "oindex":
-        return data[np.ix_(*[np.arange(s)[sel] if not isinstance(sel, int) else [sel] for s, sel in zip(data.shape, selection)])].reshape(np.asarray(arr.oindex[selection]).shape)
+        return data[
+            np.ix_(
+                *[
+                    np.arange(s)[sel] if not isinstance(sel, int) else [sel]
+                    for s, sel in zip(data.shape, selection)
+                ]
+            )
+        ].reshape(np.asarray(arr.oindex[selection]).shape)
     if how == "vindex":
         return data[selection]
     if how == "blocks":
@@ -358,7 +367,11 @@ def test_write_selections_match_zarr(
     for path in (FUSED, BATCHED):
         store = make_store("memory", tmp_path)
         arr = write_through(
-            path, store, layout, geometry, data,
+            path,
+            store,
+            layout,
+            geometry,
+            data,
             config={"write_empty_chunks": write_empty_chunks},
         )
         with with_pipeline(path):
@@ -397,8 +410,9 @@ def test_read_missing_chunks_false_raises_like_zarr(tmp_path: Path, layout: Layo
     layout = _resolve(layout, geometry)
     store = make_store("memory", tmp_path)
     with with_pipeline(FUSED):
-        arr = layout.create(store, geometry, "<f8", fill_value=0.0,
-                            config={"read_missing_chunks": False})
+        arr = layout.create(
+            store, geometry, "<f8", fill_value=0.0, config={"read_missing_chunks": False}
+        )
         arr[0:4, 0:3] = 1.0
         with pytest.raises(ChunkNotFoundError):
             arr[...]
@@ -407,9 +421,9 @@ def test_read_missing_chunks_false_raises_like_zarr(tmp_path: Path, layout: Layo
 
 # -- property test over the combinations --------------------------------------------
 
-from hypothesis import HealthCheck, given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-from zarr.testing.strategies import basic_indices  # noqa: E402
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from zarr.testing.strategies import basic_indices
 
 
 @st.composite
@@ -426,7 +440,9 @@ def cases(draw: st.DrawFn) -> tuple[Geometry, str, Layout, Any]:
     return geometry, dtype, LAYOUTS[name], selection
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(case=cases(), seed=st.integers(0, 2**16))
 def test_property_roundtrip_and_partial_write(tmp_path_factory: Any, case: Any, seed: int) -> None:
     geometry, dtype, layout, selection = case

@@ -35,14 +35,18 @@ def _array(store: Any, **kwargs: Any) -> zarr.Array:
     ("kwargs", "native"),
     [
         pytest.param({"compressors": None}, True, id="bytes"),
-        pytest.param({"compressors": None, "serializer": BytesCodec(endian="big")}, True, id="bytes-big"),
+        pytest.param(
+            {"compressors": None, "serializer": BytesCodec(endian="big")}, True, id="bytes-big"
+        ),
         pytest.param({"compressors": None, "dtype": "bool"}, True, id="bytes-bool"),
         pytest.param({"compressors": ZstdCodec(level=1)}, True, id="zstd"),
         pytest.param({"compressors": GzipCodec(level=1)}, True, id="gzip"),
         pytest.param({"compressors": BloscCodec(cname="lz4")}, True, id="blosc"),
         pytest.param({"compressors": [ZstdCodec(), Crc32cCodec()]}, True, id="zstd-crc32c"),
         pytest.param({"compressors": [Crc32cCodec(), ZstdCodec()]}, True, id="crc32c-zstd"),
-        pytest.param({"compressors": None, "filters": [TransposeCodec(order=(1, 0))]}, True, id="transpose"),
+        pytest.param(
+            {"compressors": None, "filters": [TransposeCodec(order=(1, 0))]}, True, id="transpose"
+        ),
         pytest.param({"compressors": None, "dtype": "<U4"}, True, id="unicode"),
         pytest.param({"compressors": [ZstdCodec(), GzipCodec()]}, False, id="two-compressors"),
         pytest.param({"compressors": BZ2(level=1)}, False, id="numcodecs-bz2"),
@@ -119,7 +123,10 @@ def test_native_compute_runs_off_the_event_loop(
             return False
         return True
 
-    for cls, method, kind in ((NativeChunkReader, "read", "read"), (NativeChunkWriter, "write", "write")):
+    for cls, method, kind in (
+        (NativeChunkReader, "read", "read"),
+        (NativeChunkWriter, "write", "write"),
+    ):
         real = getattr(cls, method)
 
         def spy(self: Any, *args: Any, _real: Any = real, _kind: str = kind) -> Any:
@@ -139,10 +146,14 @@ def test_native_compute_runs_off_the_event_loop(
 def test_native_info_reports_codecs() -> None:
     info = zarr_fused.native_info()
     assert info["extensions"] == {
-        "zarr_fused._scatter": True, "zarr_fused._localio": True, "zarr_fused._fileio": True,
+        "zarr_fused._scatter": True,
+        "zarr_fused._localio": True,
+        "zarr_fused._fileio": True,
         "zarr_fused._codecs": True,
-        "zarr_fused._codec_batch": True, "zarr_fused._shard_index": True,
-        "zarr_fused._shard": True, "zarr_fused._shard_local": True,
+        "zarr_fused._codec_batch": True,
+        "zarr_fused._shard_index": True,
+        "zarr_fused._shard": True,
+        "zarr_fused._shard_local": True,
     }
     assert set(info["codecs"]) == {"bytes", "transpose", "crc32c", "zstd", "gzip", "blosc"}
     assert {"zstd", "zlib", "blosc", "crc32c"} <= set(info["libraries"])
@@ -185,8 +196,14 @@ def test_strict_mode_by_environment_variable(tmp_path: Path) -> None:
         "ZARR_CODEC_PIPELINE__STRICT": "True",
         "PATH": "/usr/bin:/bin",
     }
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env,
-                         check=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+        timeout=120,
+    )
     assert out.stdout.strip() == "UnsupportedError"
 
 
@@ -208,7 +225,9 @@ def test_fallback_is_logged_with_reason(fused: None, caplog: pytest.LogCaptureFi
     assert any("read falls back" in m and "BZ2" in m for m in messages)
 
 
-def test_async_path_is_logged(tmp_path: Path, fused: None, caplog: pytest.LogCaptureFixture) -> None:
+def test_async_path_is_logged(
+    tmp_path: Path, fused: None, caplog: pytest.LogCaptureFixture
+) -> None:
     arr = _array(make_store("nosync", tmp_path), compressors=None)
     with caplog.at_level(logging.DEBUG, logger="zarr_fused"):
         arr[...] = 1.0
@@ -271,7 +290,10 @@ def _run(script: str, **env: str) -> subprocess.CompletedProcess[str]:
     full_env.update(env)
     return subprocess.run(
         [sys.executable, "-c", textwrap.dedent(script)],
-        capture_output=True, text=True, env=full_env, timeout=120,
+        capture_output=True,
+        text=True,
+        env=full_env,
+        timeout=120,
     )
 
 
@@ -332,10 +354,19 @@ def test_missing_extensions_degrade_cleanly() -> None:
 
 @pytest.mark.parametrize(
     ("value", "expected"),
-    [("True", "UnsupportedError"), ("true", "UnsupportedError"), ("1", "UnsupportedError"),
-     ("yes", "UnsupportedError"), ("ON", "UnsupportedError"), ("False", "fallback"),
-     ("false", "fallback"), ("0", "fallback"), ("off", "fallback"),
-     ("maybe", "fallback ZarrUserWarning"), ("2", "fallback ZarrUserWarning")],
+    [
+        ("True", "UnsupportedError"),
+        ("true", "UnsupportedError"),
+        ("1", "UnsupportedError"),
+        ("yes", "UnsupportedError"),
+        ("ON", "UnsupportedError"),
+        ("False", "fallback"),
+        ("false", "fallback"),
+        ("0", "fallback"),
+        ("off", "fallback"),
+        ("maybe", "fallback ZarrUserWarning"),
+        ("2", "fallback ZarrUserWarning"),
+    ],
 )
 def test_strict_mode_environment_spellings(value: str, expected: str) -> None:
     """What each spelling of ``ZARR_CODEC_PIPELINE__STRICT`` does, as the
@@ -358,10 +389,19 @@ def test_strict_mode_environment_spellings(value: str, expected: str) -> None:
         print(" ".join([outcome, *sorted(names)]))
         """
     )
-    env = {"ZARR_CODEC_PIPELINE__PATH": FUSED, "ZARR_CODEC_PIPELINE__STRICT": value,
-           "PATH": "/usr/bin:/bin"}
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env,
-                         check=True, timeout=120)
+    env = {
+        "ZARR_CODEC_PIPELINE__PATH": FUSED,
+        "ZARR_CODEC_PIPELINE__STRICT": value,
+        "PATH": "/usr/bin:/bin",
+    }
+    out = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+        timeout=120,
+    )
     assert out.stdout.strip() == expected
 
 
@@ -370,10 +410,16 @@ def test_docs_state_the_accepted_strict_spellings() -> None:
     import zarr_fused.config
 
     root = Path(__file__).resolve().parents[1]
-    readme_row = next(line for line in (root / "README.md").read_text().splitlines()
-                      if line.startswith("| `codec_pipeline.strict`"))
-    for text in (readme_row, zarr_fused.config.__doc__ or "",
-                 (root / "docs" / "configuration.md").read_text()):
+    readme_row = next(
+        line
+        for line in (root / "README.md").read_text().splitlines()
+        if line.startswith("| `codec_pipeline.strict`")
+    )
+    for text in (
+        readme_row,
+        zarr_fused.config.__doc__ or "",
+        (root / "docs" / "configuration.md").read_text(),
+    ):
         for spelling in ("true", "yes", "on", "false", "no", "off"):
             assert f"`{spelling}`" in text or f"``{spelling}``" in text, (spelling, text[:80])
 
@@ -401,7 +447,8 @@ def test_sharded_array_with_an_unregistered_inner_codec(fused: None) -> None:
         def compute_encoded_size(self, input_byte_length: int, chunk_spec: Any) -> int:
             return input_byte_length
 
-    arr = zarr.create_array({}, shape=(16,), chunks=(4,), shards=(8,), dtype="int32",
-                            compressors=[Noop()])
+    arr = zarr.create_array(
+        {}, shape=(16,), chunks=(4,), shards=(8,), dtype="int32", compressors=[Noop()]
+    )
     arr[...] = np.arange(16, dtype="int32")
     assert_same_values(arr[...], np.arange(16, dtype="int32"))

@@ -24,6 +24,12 @@ from typing import Any
 import numpy as np
 import pytest
 import zarr
+from zarr.abc.store import Store
+from zarr.codecs import BytesCodec, Crc32cCodec, ShardingCodec, ZstdCodec
+from zarr.storage import FsspecStore, LocalStore, ObjectStore
+
+from zarr_fused.errors import CorruptChunkError, CorruptShardError
+
 from helpers import BATCHED, FUSED, ZARR_FUSED, assert_same_values, with_pipeline
 from helpers.s3 import (
     ACCESS_KEY,
@@ -36,11 +42,6 @@ from helpers.s3 import (
     ServerUnavailable,
     Stats,
 )
-from zarr.abc.store import Store
-from zarr.codecs import BytesCodec, Crc32cCodec, ShardingCodec, ZstdCodec
-from zarr.storage import FsspecStore, LocalStore, ObjectStore
-
-from zarr_fused.errors import CorruptChunkError, CorruptShardError
 
 obstore_store = pytest.importorskip("obstore.store")
 s3fs = pytest.importorskip("s3fs")

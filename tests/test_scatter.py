@@ -25,9 +25,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from helpers.gil import spins_during
 from zarr_fused import _reference as reference
 from zarr_fused import _scatter as native
+
+from helpers.gil import spins_during
 
 SENTINEL = 0xA5
 
@@ -412,8 +413,9 @@ CHUNK_INTO = [
     [("<u2", False), ("<u2", True), (">f8", False), (">f8", True), ("|u1", False)],
     ids=["u2", "u2-swap", "f8be", "f8be-swap", "u1"],
 )
-def test_scatter_chunk_into_large_array(spec: str, swap: bool, selection: Any, source: str,
-                                        rng: np.random.Generator) -> None:
+def test_scatter_chunk_into_large_array(
+    spec: str, swap: bool, selection: Any, source: str, rng: np.random.Generator
+) -> None:
     dtype = np.dtype(spec)
     out = np.zeros((40, 64, 96), dtype=dtype.newbyteorder() if swap else dtype)
     target = out[selection].shape
@@ -485,7 +487,9 @@ def test_scatter_swap_without_byte_order_is_a_copy(spec: str, rng: np.random.Gen
     assert got.tobytes() == reference.scatter(src, swap=True).tobytes() == src.tobytes()
 
 
-@pytest.mark.parametrize("impl", [pytest.param(native, id="native"), pytest.param(reference, id="reference")])
+@pytest.mark.parametrize(
+    "impl", [pytest.param(native, id="native"), pytest.param(reference, id="reference")]
+)
 def test_scatter_swap_structured_raises(impl: Any) -> None:
     # per-field byte swapping is not implemented: refuse rather than reverse whole records
     dtype = np.dtype([("a", "<i4"), ("b", "<f8")])
@@ -605,9 +609,7 @@ def _read_only(array: np.ndarray) -> np.ndarray:
         pytest.param(lambda a: (a[::-1], a, None), False, id="reversed-self"),
         pytest.param(lambda a: (a[:5], a, slice(3, 8)), False, id="shifted-window"),
         pytest.param(lambda a: (a[2:4], a[3:], slice(0, 2)), False, id="view-into-view"),
-        pytest.param(
-            lambda a: (a, a.view(a.dtype.newbyteorder()), None), True, id="in-place-swap"
-        ),
+        pytest.param(lambda a: (a, a.view(a.dtype.newbyteorder()), None), True, id="in-place-swap"),
     ],
 )
 @pytest.mark.parametrize("impl", IMPLS)

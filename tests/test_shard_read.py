@@ -20,26 +20,50 @@ from zarr.testing.strategies import basic_indices, orthogonal_indices
 
 from zarr_fused import _reference as reference
 from zarr_fused import _shard_index as index_kernels
-from zarr_fused.shard.read import ShardReader
 from zarr_fused.errors import CorruptChunkError, CorruptShardError
+from zarr_fused.shard.read import ShardReader
 
 from helpers import (
-    BATCHED, FUSED, SIDE_BY_SIDE_CODECS, assert_same_values, chunk_spec, make_store, with_pipeline,
+    BATCHED,
+    FUSED,
+    SIDE_BY_SIDE_CODECS,
+    assert_same_values,
+    chunk_spec,
+    make_store,
+    with_pipeline,
 )
 
 PROTO = default_buffer_prototype()
 
 
-def _sharded(store: Any, *, shape=(16, 12), shards=(8, 6), inner=(4, 3), dtype="<i4",
-             index_location="end", inner_codecs=None, index_codecs=None, **kwargs: Any) -> zarr.Array:
+def _sharded(
+    store: Any,
+    *,
+    shape=(16, 12),
+    shards=(8, 6),
+    inner=(4, 3),
+    dtype="<i4",
+    index_location="end",
+    inner_codecs=None,
+    index_codecs=None,
+    **kwargs: Any,
+) -> zarr.Array:
     serializer = ShardingCodec(
         chunk_shape=inner,
         codecs=inner_codecs or [BytesCodec()],
         index_codecs=index_codecs or [BytesCodec(), Crc32cCodec()],
         index_location=index_location,
     )
-    return zarr.create_array(store, shape=shape, chunks=shards, dtype=dtype, serializer=serializer,
-                             compressors=None, fill_value=-1, **kwargs)
+    return zarr.create_array(
+        store,
+        shape=shape,
+        chunks=shards,
+        dtype=dtype,
+        serializer=serializer,
+        compressors=None,
+        fill_value=-1,
+        **kwargs,
+    )
 
 
 def _data(shape: tuple[int, ...] = (16, 12)) -> np.ndarray:
@@ -63,8 +87,9 @@ def _put(store: Any, key: str, data: bytes) -> None:
     zarr.core.sync.sync(store.set(key, PROTO.buffer.from_bytes(data)))
 
 
-def _with_index(shard: bytes, entries: list[tuple[int, int]], *, location: str = "end",
-                crc: bool = True) -> bytes:
+def _with_index(
+    shard: bytes, entries: list[tuple[int, int]], *, location: str = "end", crc: bool = True
+) -> bytes:
     """``shard`` with its index replaced by ``entries`` (crc recomputed)."""
     from zarr_fused._codecs import crc32c
 
@@ -92,21 +117,25 @@ def _corruptions(shard: bytes, n: int, location: str) -> dict[str, bytes]:
     data_start = index_size if location == "start" else 0
     return {
         "truncated": shard[: index_size // 2],
-        "index-crc": (shard[:-1] + bytes([shard[-1] ^ 1])) if location == "end"
+        "index-crc": (shard[:-1] + bytes([shard[-1] ^ 1]))
+        if location == "end"
         else bytes([shard[0] ^ 1]) + shard[1:],
         "past-end": _with_index(shard, [(e[0][0], len(shard) * 2)] + e[1:], location=location),
         # chunk 0 claims 1 TiB from where the last chunk was stored (now
         # missing, so no overlap gives it away): a partial read must not size
         # a buffer from that before the bytes arrive
-        "huge-length": _with_index(shard, [(e[-1][0], 2**40)] + e[1:-1] + [(MAX, MAX)],
-                                   location=location),
+        "huge-length": _with_index(
+            shard, [(e[-1][0], 2**40)] + e[1:-1] + [(MAX, MAX)], location=location
+        ),
         "overflow": _with_index(shard, [(2**63, 2**63 + 5)] + e[1:], location=location),
         "half-missing": _with_index(shard, [(MAX, 16)] + e[1:], location=location),
         "overlap": _with_index(shard, [e[0], (e[0][0] + 4, e[1][1])] + e[2:], location=location),
         "empty-entry": _with_index(shard, [(e[0][0] + 8, 0)] + e[1:], location=location),
         "into-index": _with_index(
-            shard, [((len(shard) - index_size) if location == "end" else 0, 16)] + e[1:],
-            location=location),
+            shard,
+            [((len(shard) - index_size) if location == "end" else 0, 16)] + e[1:],
+            location=location,
+        ),
     } | ({"before-data": b""} if data_start else {})
 
 
@@ -114,14 +143,29 @@ def _corruptions(shard: bytes, n: int, location: str) -> dict[str, bytes]:
 @pytest.mark.parametrize("location", ["end", "start"])
 @pytest.mark.parametrize(
     "corruption",
-    ["truncated", "index-crc", "past-end", "huge-length", "overflow", "half-missing", "overlap",
-     "into-index", "empty-entry"],
+    [
+        "truncated",
+        "index-crc",
+        "past-end",
+        "huge-length",
+        "overflow",
+        "half-missing",
+        "overlap",
+        "into-index",
+        "empty-entry",
+    ],
 )
-@pytest.mark.parametrize("selection", [pytest.param(Ellipsis, id="whole"),
-                                       pytest.param((slice(0, 4), slice(0, 3)), id="one-inner"),
-                                       pytest.param(([1, 5], [2]), id="orthogonal")])
-def test_bad_shard_raises_naming_the_key(tmp_path: Path, store_kind: str, location: str,
-                                         corruption: str, selection: Any) -> None:
+@pytest.mark.parametrize(
+    "selection",
+    [
+        pytest.param(Ellipsis, id="whole"),
+        pytest.param((slice(0, 4), slice(0, 3)), id="one-inner"),
+        pytest.param(([1, 5], [2]), id="orthogonal"),
+    ],
+)
+def test_bad_shard_raises_naming_the_key(
+    tmp_path: Path, store_kind: str, location: str, corruption: str, selection: Any
+) -> None:
     """memory: zarr's store and the Python fetch; local: zarr_fused's native
     file reads (whole shards and index-then-ranges)."""
     store = make_store(store_kind, tmp_path)
@@ -131,7 +175,9 @@ def test_bad_shard_raises_naming_the_key(tmp_path: Path, store_kind: str, locati
         shard = _get(store, "c/0/0")
         bad = _corruptions(shard, 4, location)[corruption]
         _put(store, "c/0/0", bad)
-        target = arr.oindex if isinstance(selection, tuple) and isinstance(selection[0], list) else arr
+        target = (
+            arr.oindex if isinstance(selection, tuple) and isinstance(selection[0], list) else arr
+        )
         # a partial read only checks what it fetches: a bad entry of an
         # untouched chunk may go unnoticed, never unchecked bytes
         try:
@@ -141,20 +187,36 @@ def test_bad_shard_raises_naming_the_key(tmp_path: Path, store_kind: str, locati
             if corruption in ("truncated", "index-crc"):
                 assert isinstance(exc, CorruptShardError)
         else:
-            assert corruption not in ("truncated", "index-crc", "overflow", "half-missing",
-                                      "empty-entry", "huge-length"), "a corrupt index was not detected"
-            assert np.array_equal(got, _data()[selection] if not isinstance(selection[0], list)
-                                  else _data()[np.ix_(*selection)])
+            assert corruption not in (
+                "truncated",
+                "index-crc",
+                "overflow",
+                "half-missing",
+                "empty-entry",
+                "huge-length",
+            ), "a corrupt index was not detected"
+            assert np.array_equal(
+                got,
+                _data()[selection]
+                if not isinstance(selection[0], list)
+                else _data()[np.ix_(*selection)],
+            )
         # other shards stay readable
         assert_same_values(arr[8:, 6:], _data()[8:, 6:])
 
 
 @pytest.mark.parametrize("store_kind", ["memory", "local"])
-@pytest.mark.parametrize("selection", [pytest.param(Ellipsis, id="whole"),
-                                       pytest.param((slice(12, 16), slice(6, 9)), id="one-inner"),
-                                       pytest.param((slice(8, 16), slice(6, 8)), id="column")])
-def test_bad_chunk_inside_shard_names_shard_and_inner_chunk(tmp_path: Path, store_kind: str,
-                                                            selection: Any) -> None:
+@pytest.mark.parametrize(
+    "selection",
+    [
+        pytest.param(Ellipsis, id="whole"),
+        pytest.param((slice(12, 16), slice(6, 9)), id="one-inner"),
+        pytest.param((slice(8, 16), slice(6, 8)), id="column"),
+    ],
+)
+def test_bad_chunk_inside_shard_names_shard_and_inner_chunk(
+    tmp_path: Path, store_kind: str, selection: Any
+) -> None:
     store = make_store(store_kind, tmp_path)
     with with_pipeline(FUSED), zarr.config.set({"codec_pipeline.max_workers": 1}):
         arr = _sharded(store, inner_codecs=[BytesCodec(), Crc32cCodec()])
@@ -168,9 +230,9 @@ def test_bad_chunk_inside_shard_names_shard_and_inner_chunk(tmp_path: Path, stor
         assert_same_values(arr[8:12, 6:12], _data()[8:12, 6:12])  # the rest reads
 
 
-
-def _relayout(shard: bytes, n: int, location: str, order: list[int],
-              gaps: list[int]) -> tuple[bytes, list[tuple[int, int]]]:
+def _relayout(
+    shard: bytes, n: int, location: str, order: list[int], gaps: list[int]
+) -> tuple[bytes, list[tuple[int, int]]]:
     """``shard`` with its inner chunks stored in ``order`` (chunk
     ``order[0]`` first), ``gaps[k]`` unused bytes before the k-th of them: a
     valid layout, since the index may list chunks in any order and need not
@@ -184,8 +246,10 @@ def _relayout(shard: bytes, n: int, location: str, order: list[int],
         body += b"\xa5" * gap
         off, size = e[i]
         moved[i] = (first + len(body), size)
-        body += shard[off:off + size]
-    raw = bytes(index_size) + bytes(body) if location == "start" else bytes(body) + bytes(index_size)
+        body += shard[off : off + size]
+    raw = (
+        bytes(index_size) + bytes(body) if location == "start" else bytes(body) + bytes(index_size)
+    )
     return _with_index(raw, moved, location=location), moved
 
 
@@ -211,14 +275,25 @@ def test_chunks_stored_out_of_order(tmp_path: Path, location: str, store_kind: s
             arr[0:8, 0:6]
 
 
-
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(order=st.permutations(range(4)), gaps=st.lists(st.integers(0, 40), min_size=4, max_size=4),
-       location=st.sampled_from(["end", "start"]),
-       selection=st.sampled_from([(slice(None), slice(None)), (slice(0, 8), slice(0, 6)),
-                                  (slice(1, 7), 4), (slice(4, 8), slice(0, 3))]))
-def test_any_storage_order_reads_the_same(tmp_path: Path, order: list[int], gaps: list[int],
-                                          location: str, selection: Any) -> None:
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    order=st.permutations(range(4)),
+    gaps=st.lists(st.integers(0, 40), min_size=4, max_size=4),
+    location=st.sampled_from(["end", "start"]),
+    selection=st.sampled_from(
+        [
+            (slice(None), slice(None)),
+            (slice(0, 8), slice(0, 6)),
+            (slice(1, 7), 4),
+            (slice(4, 8), slice(0, 3)),
+        ]
+    ),
+)
+def test_any_storage_order_reads_the_same(
+    tmp_path: Path, order: list[int], gaps: list[int], location: str, selection: Any
+) -> None:
     """Every storage order of a shard's chunks, with unused bytes between
     them, reads back the same, on memory and local stores."""
     for kind in ("memory", "local"):
@@ -229,7 +304,6 @@ def test_any_storage_order_reads_the_same(tmp_path: Path, order: list[int], gaps
             shard, _ = _relayout(_get(store, "c/0/0"), 4, location, list(order), gaps)
             _put(store, "c/0/0", shard)
             assert_same_values(arr[selection], _data()[selection])
-
 
 
 @pytest.mark.parametrize("hint", [0, 1 << 20], ids=["hint-too-small", "hint-fits"])
@@ -252,15 +326,25 @@ def test_local_partial_fetch_with_any_size_hint(tmp_path: Path, hint: int) -> No
 
     touched = np.array([0, 5, 15], dtype=np.intp)
     entries, payload, _ = _shard_local.fetch_partial_local(
-        path, 16, touched, take, checksum=True, big_endian=False, at_start=False,
-        size_hint=hint, give=lambda b: given.append(len(b)))
+        path,
+        16,
+        touched,
+        take,
+        checksum=True,
+        big_endian=False,
+        at_start=False,
+        size_hint=hint,
+        give=lambda b: given.append(len(b)),
+    )
     whole = (tmp_path / "a" / "c" / "0" / "0").read_bytes()
-    reference = _shard_index.parse_index(whole[-(16 * 16 + 4):], 16, checksum=True, big_endian=False)
+    reference = _shard_index.parse_index(
+        whole[-(16 * 16 + 4) :], 16, checksum=True, big_endian=False
+    )
     for i in touched:
         off, size = (int(v) for v in entries[i])
         ref_off, ref_size = (int(v) for v in reference[i])
         assert size == ref_size == 16 * 16 * 4
-        assert bytes(payload[off:off + size]) == whole[ref_off:ref_off + ref_size]
+        assert bytes(payload[off : off + size]) == whole[ref_off : ref_off + ref_size]
     assert len(payload) == 3 * 16 * 16 * 4
     if hint:
         assert taken == [hint] and given == []
@@ -268,16 +352,19 @@ def test_local_partial_fetch_with_any_size_hint(tmp_path: Path, hint: int) -> No
         assert taken == [1, 3 * 16 * 16 * 4] and given == [1]
 
 
-
 @pytest.mark.parametrize("store_kind", ["memory", "local"])
 @pytest.mark.parametrize("location", ["end", "start"])
-@pytest.mark.parametrize("index_codecs", [
-    pytest.param(("big", True), id="big-crc"),
-    pytest.param(("big", False), id="big"),
-    pytest.param(("little", False), id="little"),
-])
-def test_index_codecs_read_and_write_like_zarr(tmp_path: Path, store_kind: str, location: str,
-                                               index_codecs: tuple[str, bool]) -> None:
+@pytest.mark.parametrize(
+    "index_codecs",
+    [
+        pytest.param(("big", True), id="big-crc"),
+        pytest.param(("big", False), id="big"),
+        pytest.param(("little", False), id="little"),
+    ],
+)
+def test_index_codecs_read_and_write_like_zarr(
+    tmp_path: Path, store_kind: str, location: str, index_codecs: tuple[str, bool]
+) -> None:
     """Shard indexes in either byte order, with or without crc32c: zarr's
     shards read back right, and ours are byte-identical to zarr's."""
     endian, crc = index_codecs
@@ -298,19 +385,21 @@ def test_index_codecs_read_and_write_like_zarr(tmp_path: Path, store_kind: str, 
         assert _get(stores[FUSED], key) == _get(stores[BATCHED], key)
 
 
-
 @pytest.mark.parametrize("location", ["end", "start"])
 @pytest.mark.parametrize("max_workers", [1, 2])
-@pytest.mark.parametrize("selection", [
-    pytest.param((slice(0, 4), slice(0, 3)), id="one-inner"),
-    pytest.param((slice(0, 8, 5), slice(0, 3)), id="strided-half"),
-    pytest.param((slice(0, 3), slice(1, 11)), id="across-shards"),
-    pytest.param((slice(5, 7), slice(0, 2)), id="missing-inner"),
-    pytest.param((slice(9, 11), slice(7, 9)), id="missing-shard"),
-])
+@pytest.mark.parametrize(
+    "selection",
+    [
+        pytest.param((slice(0, 4), slice(0, 3)), id="one-inner"),
+        pytest.param((slice(0, 8, 5), slice(0, 3)), id="strided-half"),
+        pytest.param((slice(0, 3), slice(1, 11)), id="across-shards"),
+        pytest.param((slice(5, 7), slice(0, 2)), id="missing-inner"),
+        pytest.param((slice(9, 11), slice(7, 9)), id="missing-shard"),
+    ],
+)
 def test_local_partial_reads_fetch_and_decode_in_one_call(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, location: str, selection: Any,
-        max_workers: int) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, location: str, selection: Any, max_workers: int
+) -> None:
     """A planned partial read of a local shard, shard by shard, goes through
     `read_shard_local` (fetch and decode in one nogil call), with zarr's
     values, missing inner chunks and missing shards included; in waves
@@ -333,8 +422,11 @@ def test_local_partial_reads_fetch_and_decode_in_one_call(
         arr[...] = data
         assert not (tmp_path / "a" / "c" / "1" / "1").exists()
         assert_same_values(arr[selection], data[selection])
-    one_chunk = selection in [(slice(0, 4), slice(0, 3)), (slice(5, 7), slice(0, 2)),
-                              (slice(9, 11), slice(7, 9))]
+    one_chunk = selection in [
+        (slice(0, 4), slice(0, 3)),
+        (slice(5, 7), slice(0, 2)),
+        (slice(9, 11), slice(7, 9)),
+    ]
     assert bool(calls) == (max_workers == 1 or one_chunk)
 
 
@@ -405,8 +497,9 @@ def test_coalescing_follows_zarr_settings(gap: int, reads: int) -> None:
 
 
 @pytest.mark.parametrize("gap", [1 << 20, 4096], ids=["default-gap", "small-gap"])
-def test_local_reads_never_read_wide_gaps(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                          gap: int) -> None:
+def test_local_reads_never_read_wide_gaps(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gap: int
+) -> None:
     """On LocalStore the native reader coalesces with zarr's settings, but a
     gap wider than LOCAL_MAX_GAP is skipped with a second pread rather than
     read and thrown away."""
@@ -467,7 +560,9 @@ def sharded_cases(draw: st.DrawFn) -> dict[str, Any]:
     shards = tuple(i * draw(st.integers(1, 3)) for i in inner)
     shape = tuple(draw(st.integers(1, 2 * s + 1)) for s in shards)
     return {
-        "shape": shape, "inner": inner, "shards": shards,
+        "shape": shape,
+        "inner": inner,
+        "shards": shards,
         "location": draw(st.sampled_from(["start", "end"])),
         "crc": draw(st.booleans()),
         "zstd": draw(st.booleans()),
@@ -479,7 +574,9 @@ def sharded_cases(draw: st.DrawFn) -> dict[str, Any]:
     }
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(case=sharded_cases())
 def test_property_sharded_selections_match_zarr(case: dict[str, Any]) -> None:
     inner_codecs = [BytesCodec(endian="big" if case["big"] else "little")]
@@ -492,29 +589,36 @@ def test_property_sharded_selections_match_zarr(case: dict[str, Any]) -> None:
     store = MemoryStore()
     with with_pipeline(BATCHED):
         arr = zarr.create_array(
-            store, shape=shape, chunks=case["shards"], dtype=data.dtype, fill_value=-1,
+            store,
+            shape=shape,
+            chunks=case["shards"],
+            dtype=data.dtype,
+            fill_value=-1,
             compressors=None,
-            serializer=ShardingCodec(chunk_shape=case["inner"], codecs=inner_codecs,
-                                     index_location=case["location"]),
+            serializer=ShardingCodec(
+                chunk_shape=case["inner"], codecs=inner_codecs, index_location=case["location"]
+            ),
         )
         if case["partial_fill"]:
             arr[tuple(slice(0, max(1, s // 2)) for s in shape)] = data[
-                tuple(slice(0, max(1, s // 2)) for s in shape)]
+                tuple(slice(0, max(1, s // 2)) for s in shape)
+            ]
         else:
             arr[...] = data
         expected_arr = zarr.open_array(store, mode="r")
     draw = case["data"].draw
     if case["kind"] == "basic":
         selection = draw(basic_indices(shape=shape))
-        get = lambda a: a[selection]  # noqa: E731
+        get = lambda a: a[selection]
     elif case["kind"] == "orthogonal":
         selection, _ = draw(orthogonal_indices(shape=shape))
-        get = lambda a: a.oindex[selection]  # noqa: E731
+        get = lambda a: a.oindex[selection]
     else:
         n = draw(st.integers(1, 6))
-        selection = tuple(np.array(draw(st.lists(st.integers(0, s - 1), min_size=n, max_size=n)))
-                          for s in shape)
-        get = lambda a: a.vindex[selection]  # noqa: E731
+        selection = tuple(
+            np.array(draw(st.lists(st.integers(0, s - 1), min_size=n, max_size=n))) for s in shape
+        )
+        get = lambda a: a.vindex[selection]
     with with_pipeline(BATCHED):
         expected = np.asarray(get(expected_arr))
     with with_pipeline(FUSED), zarr.config.set({"codec_pipeline.max_workers": case["max_workers"]}):
@@ -523,14 +627,21 @@ def test_property_sharded_selections_match_zarr(case: dict[str, Any]) -> None:
 
 
 @pytest.mark.parametrize("max_workers", [1, 2, 4])
-@pytest.mark.parametrize("shards", [pytest.param((32, 32), id="one-shard"),
-                                    pytest.param((8, 8), id="many-shards")])
+@pytest.mark.parametrize(
+    "shards", [pytest.param((32, 32), id="one-shard"), pytest.param((8, 8), id="many-shards")]
+)
 def test_waves_and_per_shard_modes(max_workers: int, shards: tuple[int, int]) -> None:
     data = np.random.default_rng(5).random((32, 32)).astype("<f4")
     store = MemoryStore()
     with with_pipeline(FUSED), zarr.config.set({"codec_pipeline.max_workers": max_workers}):
-        arr = zarr.create_array(store, shape=(32, 32), chunks=(4, 4), shards=shards,
-                                dtype="<f4", compressors=ZstdCodec(level=1))
+        arr = zarr.create_array(
+            store,
+            shape=(32, 32),
+            chunks=(4, 4),
+            shards=shards,
+            dtype="<f4",
+            compressors=ZstdCodec(level=1),
+        )
         arr[...] = data
         assert_same_values(arr[...], data)
         assert_same_values(arr[3:29:3, 1:31:4], data[3:29:3, 1:31:4])
@@ -545,16 +656,23 @@ def test_waves_and_per_shard_modes(max_workers: int, shards: tuple[int, int]) ->
 # land far apart in the output, so most reads below take that path.
 
 
-
-def _side_array(store: Any, dtype: str, codecs: str, shape: tuple[int, ...]) -> tuple[zarr.Array, np.ndarray]:
+def _side_array(
+    store: Any, dtype: str, codecs: str, shape: tuple[int, ...]
+) -> tuple[zarr.Array, np.ndarray]:
     endian = "big" if dtype.startswith(">") else "little"
     data = np.random.default_rng(3).integers(0, 100, shape).astype(dtype)
     with with_pipeline(BATCHED):
         arr = zarr.create_array(
-            store, shape=shape, chunks=(6, 10, 20), dtype=dtype, fill_value=7, compressors=None,
-            serializer=ShardingCodec(chunk_shape=(3, 5, 4),
-                                     codecs=[BytesCodec(endian=endian),
-                                             *SIDE_BY_SIDE_CODECS[codecs]]),
+            store,
+            shape=shape,
+            chunks=(6, 10, 20),
+            dtype=dtype,
+            fill_value=7,
+            compressors=None,
+            serializer=ShardingCodec(
+                chunk_shape=(3, 5, 4),
+                codecs=[BytesCodec(endian=endian), *SIDE_BY_SIDE_CODECS[codecs]],
+            ),
         )
         arr[...] = data
         arr[0:3, 5:10, 8:12] = 7  # one inner chunk in the middle of a row: not stored
@@ -575,8 +693,9 @@ SIDE_SELECTIONS = [
 @pytest.mark.parametrize("codecs", list(SIDE_BY_SIDE_CODECS))
 @pytest.mark.parametrize("dtype", ["<u2", ">u2", "|b1", ">f8"])
 @pytest.mark.parametrize("store_kind", ["memory", "local"])
-def test_side_by_side_decode_matches_zarr(tmp_path: Path, store_kind: str, dtype: str, codecs: str,
-                                          selection: Any) -> None:
+def test_side_by_side_decode_matches_zarr(
+    tmp_path: Path, store_kind: str, dtype: str, codecs: str, selection: Any
+) -> None:
     store = make_store(store_kind, tmp_path)
     arr, data = _side_array(store, dtype, codecs, (12, 20, 38))  # partial edge chunks in x
     with with_pipeline(BATCHED):
@@ -599,8 +718,10 @@ def test_side_by_side_error_names_the_bad_inner_chunk(codecs: str) -> None:
     else:
         shard[offset + size // 2] ^= 0xFF
     _put(store, "c/0/0/0", bytes(shard))
-    with with_pipeline(FUSED), pytest.raises(CorruptChunkError,
-                                             match=r"inner chunk \(0, 0, 2\) of shard 'c/0/0/0'"):
+    with (
+        with_pipeline(FUSED),
+        pytest.raises(CorruptChunkError, match=r"inner chunk \(0, 0, 2\) of shard 'c/0/0/0'"),
+    ):
         zarr.open_array(store, mode="r")[...]
 
 
@@ -615,8 +736,9 @@ def test_read_memory_is_output_plus_a_few_shards(tmp_path: Path) -> None:
     shard_bytes = 256 * 256 * 4
     store = LocalStore(tmp_path / "a")
     with with_pipeline(FUSED), zarr.config.set({"codec_pipeline.max_workers": 2}):
-        arr = zarr.create_array(store, shape=shape, chunks=(64, 64), shards=shard, dtype="<i4",
-                                compressors=None)
+        arr = zarr.create_array(
+            store, shape=shape, chunks=(64, 64), shards=shard, dtype="<i4", compressors=None
+        )
         arr[...] = data
         arr[...]  # warm up (pool, caches)
         tracemalloc.start()
@@ -633,8 +755,9 @@ def test_read_memory_is_output_plus_a_few_shards(tmp_path: Path) -> None:
 @pytest.mark.parametrize("store_kind", ["memory", "local"])
 @pytest.mark.parametrize("location", ["end", "start"])
 @pytest.mark.parametrize("operation", ["whole", "partial", "write"])
-def test_truncated_shard_in_zarrs_words(tmp_path: Path, store_kind: str, location: str,
-                                        operation: str) -> None:
+def test_truncated_shard_in_zarrs_words(
+    tmp_path: Path, store_kind: str, location: str, operation: str
+) -> None:
     """zarr's own tests match its message for a shard shorter than its index."""
     store = make_store(store_kind, tmp_path)
     with with_pipeline(FUSED):
@@ -661,8 +784,11 @@ def test_truncated_shard_in_zarrs_words(tmp_path: Path, store_kind: str, locatio
 
 INDEX_GRIDS = [pytest.param(g, id="x".join(map(str, g))) for g in [(1,), (5,), (2, 3), (3, 2, 2)]]
 INDEX_LOCATIONS = [pytest.param(True, id="start"), pytest.param(False, id="end")]
-INDEX_CODECS = [pytest.param(c, e, id=f"{'be' if e else 'le'}{'-crc' if c else ''}")
-                for c in (False, True) for e in (False, True)]
+INDEX_CODECS = [
+    pytest.param(c, e, id=f"{'be' if e else 'le'}{'-crc' if c else ''}")
+    for c in (False, True)
+    for e in (False, True)
+]
 INDEX_MISSING = [pytest.param(m, id=m) for m in ("none", "some", "all-but-one")]
 
 
@@ -671,8 +797,9 @@ def _index_bytes(entries: Any, *, checksum: bool, big_endian: bool) -> bytes:
     of both parsers: struct for the pairs, google_crc32c for the checksum."""
     import google_crc32c
 
-    index = b"".join(struct.pack(">QQ" if big_endian else "<QQ", int(o), int(s))
-                     for o, s in entries)
+    index = b"".join(
+        struct.pack(">QQ" if big_endian else "<QQ", int(o), int(s)) for o, s in entries
+    )
     if checksum:
         index += struct.pack("<I", google_crc32c.value(index))
     return index
@@ -682,34 +809,48 @@ def _index_case(grid: tuple[int, ...], missing: str, seed: int) -> tuple[list[An
     """(payloads per inner chunk, None where missing; a storage order)."""
     rng = np.random.default_rng(seed)
     n = int(np.prod(grid))
-    absent = {"none": np.zeros(n, bool), "some": rng.random(n) < 0.4,
-              "all-but-one": np.arange(n) != rng.integers(n)}[missing]
+    absent = {
+        "none": np.zeros(n, bool),
+        "some": rng.random(n) < 0.4,
+        "all-but-one": np.arange(n) != rng.integers(n),
+    }[missing]
     payloads = [None if absent[i] else rng.bytes(int(rng.integers(1, 40))) for i in range(n)]
     return payloads, rng.permutation(n).astype(np.intp)
 
 
-def _native_index(shard: bytes, grid: tuple[int, ...], *, at_start: bool, checksum: bool,
-                  big_endian: bool) -> np.ndarray:
+def _native_index(
+    shard: bytes, grid: tuple[int, ...], *, at_start: bool, checksum: bool, big_endian: bool
+) -> np.ndarray:
     n = int(np.prod(grid))
     size = 16 * n + (4 if checksum else 0)
     start = 0 if at_start else len(shard) - size
-    return index_kernels.parse_index(shard[start : start + size], n, checksum=checksum,
-                                     big_endian=big_endian, shard_len=len(shard),
-                                     index_start=start, grid=grid, where="c/0/0")
+    return index_kernels.parse_index(
+        shard[start : start + size],
+        n,
+        checksum=checksum,
+        big_endian=big_endian,
+        shard_len=len(shard),
+        index_start=start,
+        grid=grid,
+        where="c/0/0",
+    )
 
 
 @pytest.mark.parametrize("missing", INDEX_MISSING)
 @pytest.mark.parametrize(("checksum", "big_endian"), INDEX_CODECS)
 @pytest.mark.parametrize("at_start", INDEX_LOCATIONS)
 @pytest.mark.parametrize("grid", INDEX_GRIDS)
-def test_parse_index_matches_reference(grid: tuple[int, ...], at_start: bool, checksum: bool,
-                                       big_endian: bool, missing: str) -> None:
+def test_parse_index_matches_reference(
+    grid: tuple[int, ...], at_start: bool, checksum: bool, big_endian: bool, missing: str
+) -> None:
     payloads, order = _index_case(grid, missing, seed=21)
-    shard = reference.assemble_shard(order, payloads, at_start=at_start, checksum=checksum,
-                                     big_endian=big_endian)
+    shard = reference.assemble_shard(
+        order, payloads, at_start=at_start, checksum=checksum, big_endian=big_endian
+    )
     assert shard is not None
-    expected = reference.shard_index(shard, len(payloads), at_start=at_start, checksum=checksum,
-                                     big_endian=big_endian, grid=grid)
+    expected = reference.shard_index(
+        shard, len(payloads), at_start=at_start, checksum=checksum, big_endian=big_endian, grid=grid
+    )
     ours = _native_index(shard, grid, at_start=at_start, checksum=checksum, big_endian=big_endian)
     assert ours.dtype == expected.dtype == np.uint64
     np.testing.assert_array_equal(ours, expected, strict=True)
@@ -722,8 +863,9 @@ def test_parse_index_matches_reference(grid: tuple[int, ...], at_start: bool, ch
             assert shard[off : off + size] == payload
 
 
-def _bad_entries(kind: str, entries: list[tuple[int, int]], shard_len: int, index_start: int,
-                 index_size: int) -> list[tuple[int, int]]:
+def _bad_entries(
+    kind: str, entries: list[tuple[int, int]], shard_len: int, index_start: int, index_size: int
+) -> list[tuple[int, int]]:
     """``entries`` (all present) with one made invalid the way ``kind`` says."""
     e = list(entries)
     m = reference.MISSING
@@ -748,37 +890,67 @@ def _bad_entries(kind: str, entries: list[tuple[int, int]], shard_len: int, inde
 
 
 BAD_INDEX_CASES = [
-    pytest.param(kind, checksum, big_endian,
-                 id=f"{kind}-{'be' if big_endian else 'le'}{'-crc' if checksum else ''}")
-    for kind in ("half-missing", "half-missing-size", "overflow", "past-end", "into-index",
-                 "overlap", "overlap-contained", "empty-inside-index", "crc", "truncated")
-    for checksum in (False, True) for big_endian in (False, True)
+    pytest.param(
+        kind,
+        checksum,
+        big_endian,
+        id=f"{kind}-{'be' if big_endian else 'le'}{'-crc' if checksum else ''}",
+    )
+    for kind in (
+        "half-missing",
+        "half-missing-size",
+        "overflow",
+        "past-end",
+        "into-index",
+        "overlap",
+        "overlap-contained",
+        "empty-inside-index",
+        "crc",
+        "truncated",
+    )
+    for checksum in (False, True)
+    for big_endian in (False, True)
     if checksum or kind != "crc"
 ]
 
 
 @pytest.mark.parametrize(("kind", "checksum", "big_endian"), BAD_INDEX_CASES)
 @pytest.mark.parametrize("at_start", INDEX_LOCATIONS)
-def test_bad_index_fails_like_reference(at_start: bool, kind: str, checksum: bool,
-                                        big_endian: bool) -> None:
+def test_bad_index_fails_like_reference(
+    at_start: bool, kind: str, checksum: bool, big_endian: bool
+) -> None:
     grid = (2, 3)
     payloads, order = _index_case(grid, "none", seed=22)
     n = len(payloads)
-    shard = reference.assemble_shard(order, payloads, at_start=at_start, checksum=checksum,
-                                     big_endian=big_endian)
+    shard = reference.assemble_shard(
+        order, payloads, at_start=at_start, checksum=checksum, big_endian=big_endian
+    )
     assert shard is not None
     size = 16 * n + (4 if checksum else 0)
     start = 0 if at_start else len(shard) - size
-    entries = [tuple(int(v) for v in row) for row in reference.shard_index(
-        shard, n, at_start=at_start, checksum=checksum, big_endian=big_endian)]
-    index = _index_bytes(_bad_entries(kind, entries, len(shard), start, size),
-                         checksum=checksum, big_endian=big_endian)
+    entries = [
+        tuple(int(v) for v in row)
+        for row in reference.shard_index(
+            shard, n, at_start=at_start, checksum=checksum, big_endian=big_endian
+        )
+    ]
+    index = _index_bytes(
+        _bad_entries(kind, entries, len(shard), start, size),
+        checksum=checksum,
+        big_endian=big_endian,
+    )
     if kind == "crc":
         index = index[:-1] + bytes([index[-1] ^ 0x40])
     elif kind == "truncated":
         index = index[:-3]
-    args = {"checksum": checksum, "big_endian": big_endian, "shard_len": len(shard),
-            "index_start": start, "grid": grid, "where": "c/0/0"}
+    args = {
+        "checksum": checksum,
+        "big_endian": big_endian,
+        "shard_len": len(shard),
+        "index_start": start,
+        "grid": grid,
+        "where": "c/0/0",
+    }
     outcomes = []
     for parse in (index_kernels.parse_index, reference.parse_index):
         try:
@@ -800,19 +972,27 @@ def raw_indexes(draw: st.DrawFn) -> dict[str, Any]:
     shard_len = size + draw(st.integers(0, 64))
     m = reference.MISSING
     field = st.one_of(st.integers(0, shard_len + 8), st.just(m), st.integers(2**63, m))
-    entry = st.one_of(st.just((m, m)), st.tuples(field, st.integers(0, 24)),
-                      st.tuples(st.integers(0, shard_len), field))
+    entry = st.one_of(
+        st.just((m, m)),
+        st.tuples(field, st.integers(0, 24)),
+        st.tuples(st.integers(0, shard_len), field),
+    )
     entries = draw(st.lists(entry, min_size=n, max_size=n))
-    return {"grid": grid, "entries": entries, "checksum": checksum, "big_endian": big_endian,
-            "shard_len": shard_len, "index_start": 0 if at_start else shard_len - size}
+    return {
+        "grid": grid,
+        "entries": entries,
+        "checksum": checksum,
+        "big_endian": big_endian,
+        "shard_len": shard_len,
+        "index_start": 0 if at_start else shard_len - size,
+    }
 
 
 @settings(max_examples=300, deadline=None, derandomize=True, database=None)
 @given(case=raw_indexes())
 def test_property_parse_index_matches_reference(case: dict[str, Any]) -> None:
     n = len(case["entries"])
-    index = _index_bytes(case["entries"], checksum=case["checksum"],
-                         big_endian=case["big_endian"])
+    index = _index_bytes(case["entries"], checksum=case["checksum"], big_endian=case["big_endian"])
     args = {k: case[k] for k in ("checksum", "big_endian", "shard_len", "index_start", "grid")}
     outcomes = []
     for parse in (index_kernels.parse_index, reference.parse_index):
@@ -823,12 +1003,14 @@ def test_property_parse_index_matches_reference(case: dict[str, Any]) -> None:
     assert outcomes[0] == outcomes[1]
 
 
-@pytest.mark.parametrize("missing", [pytest.param(False, id="full"),
-                                     pytest.param(True, id="with-missing")])
+@pytest.mark.parametrize(
+    "missing", [pytest.param(False, id="full"), pytest.param(True, id="with-missing")]
+)
 @pytest.mark.parametrize(("checksum", "big_endian"), INDEX_CODECS)
 @pytest.mark.parametrize("location", ["start", "end"])
-def test_reference_index_matches_zarr(location: str, checksum: bool, big_endian: bool,
-                                      missing: bool) -> None:
+def test_reference_index_matches_zarr(
+    location: str, checksum: bool, big_endian: bool, missing: bool
+) -> None:
     """The twin reads zarr's shards as zarr does: the same entries as zarr's
     own index decoding, and every present range decodes (by the chain's
     twin) to that inner chunk of the array."""
@@ -844,8 +1026,9 @@ def test_reference_index_matches_zarr(location: str, checksum: bool, big_endian:
     codec = arr.metadata.codecs[0]
     grid = (2, 2)  # shards (8, 6) of inner chunks (4, 3)
     shard = _get(store, "c/0/0")
-    ours = reference.shard_index(shard, 4, at_start=location == "start", checksum=checksum,
-                                 big_endian=big_endian, grid=grid)
+    ours = reference.shard_index(
+        shard, 4, at_start=location == "start", checksum=checksum, big_endian=big_endian, grid=grid
+    )
     size = 16 * 4 + (4 if checksum else 0)
     raw = shard[:size] if location == "start" else shard[-size:]
     theirs = codec._decode_shard_index_sync(PROTO.buffer.from_bytes(raw), grid)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import tempfile
 import threading
 import tracemalloc
@@ -23,21 +22,47 @@ from zarr.testing.strategies import basic_indices
 from zarr_fused import _reference as reference
 from zarr_fused import _shard_index as index_kernels
 from zarr_fused._identity import byte_identical
+from zarr_fused.errors import CorruptChunkError
 from zarr_fused.shard.write import ShardWriter
-from zarr_fused.errors import CorruptChunkError, ZarrFusedError
 
 from helpers import (
-    BATCHED, FUSED, SIDE_BY_SIDE_CODECS, assert_same_values, chunk_items, chunk_spec, make_store,
+    BATCHED,
+    FUSED,
+    SIDE_BY_SIDE_CODECS,
+    assert_same_values,
+    chunk_items,
+    chunk_spec,
+    make_store,
     with_pipeline,
 )
 
 
-def _create(store: Any, *, shape=(20, 17), shards=(8, 6), inner=(4, 3), dtype="<i4",
-            location="end", order="morton", codecs=None, fill_value=0, **kwargs: Any) -> zarr.Array:
+def _create(
+    store: Any,
+    *,
+    shape=(20, 17),
+    shards=(8, 6),
+    inner=(4, 3),
+    dtype="<i4",
+    location="end",
+    order="morton",
+    codecs=None,
+    fill_value=0,
+    **kwargs: Any,
+) -> zarr.Array:
     return zarr.create_array(
-        store, shape=shape, chunks=shards, dtype=dtype, compressors=None, fill_value=fill_value,
-        serializer=ShardingCodec(chunk_shape=inner, codecs=codecs or [BytesCodec()],
-                                 index_location=location, subchunk_write_order=order),
+        store,
+        shape=shape,
+        chunks=shards,
+        dtype=dtype,
+        compressors=None,
+        fill_value=fill_value,
+        serializer=ShardingCodec(
+            chunk_shape=inner,
+            codecs=codecs or [BytesCodec()],
+            index_location=location,
+            subchunk_write_order=order,
+        ),
         **kwargs,
     )
 
@@ -63,19 +88,26 @@ def write_cases(draw: st.DrawFn) -> dict[str, Any]:
     shards = (inner[0] * draw(st.integers(1, 3)), inner[1] * draw(st.integers(1, 3)))
     shape = (draw(st.integers(1, 2 * shards[0] + 1)), draw(st.integers(1, 2 * shards[1] + 1)))
     return {
-        "inner": inner, "shards": shards, "shape": shape,
+        "inner": inner,
+        "shards": shards,
+        "shape": shape,
         "codecs": draw(st.sampled_from(list(INNER_CODECS))),
         "location": draw(st.sampled_from(["start", "end"])),
         "order": draw(st.sampled_from(["morton", "lexicographic", "colexicographic", "unordered"])),
         "wec": draw(st.booleans()),
-        "writes": draw(st.lists(st.tuples(basic_indices(shape=shape), st.integers(0, 3)),
-                                min_size=1, max_size=4)),
+        "writes": draw(
+            st.lists(
+                st.tuples(basic_indices(shape=shape), st.integers(0, 3)), min_size=1, max_size=4
+            )
+        ),
         "max_workers": draw(st.sampled_from([1, 2, 3])),
     }
 
 
 @pytest.mark.parametrize("kind", ["memory", "local"])
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(case=write_cases())
 def test_property_partial_writes_match_zarr_bytes(kind: str, case: dict[str, Any]) -> None:
     """On MemoryStore shards are assembled in memory; on LocalStore their
@@ -84,13 +116,25 @@ def test_property_partial_writes_match_zarr_bytes(kind: str, case: dict[str, Any
     rng = np.random.default_rng(sum(case["shape"]))
     scratch = tempfile.TemporaryDirectory()
     for path in (FUSED, BATCHED):
-        store = MemoryStore() if kind == "memory" else LocalStore(
-            Path(scratch.name) / path.rsplit(".", 1)[-1])
-        with with_pipeline(path), zarr.config.set({"codec_pipeline.max_workers": case["max_workers"]}):
-            arr = _create(store, shape=case["shape"], shards=case["shards"], inner=case["inner"],
-                          location=case["location"], order=case["order"],
-                          codecs=INNER_CODECS[case["codecs"]],
-                          config={"write_empty_chunks": case["wec"]})
+        store = (
+            MemoryStore()
+            if kind == "memory"
+            else LocalStore(Path(scratch.name) / path.rsplit(".", 1)[-1])
+        )
+        with (
+            with_pipeline(path),
+            zarr.config.set({"codec_pipeline.max_workers": case["max_workers"]}),
+        ):
+            arr = _create(
+                store,
+                shape=case["shape"],
+                shards=case["shards"],
+                inner=case["inner"],
+                location=case["location"],
+                order=case["order"],
+                codecs=INNER_CODECS[case["codecs"]],
+                config={"write_empty_chunks": case["wec"]},
+            )
             for n, (selection, kind) in enumerate(case["writes"]):
                 shape = np.asarray(arr[selection]).shape
                 if kind == 0:  # the fill value: chunks and shards empty out
@@ -132,8 +176,9 @@ SIDE_WRITES = [
 @pytest.mark.parametrize("dtype", ["<u2", ">u2", "|b1", ">f8"])
 @pytest.mark.parametrize("sharded", [True, False], ids=["sharded", "unsharded"])
 @pytest.mark.parametrize("kind", ["memory", "local"])
-def test_side_by_side_encode_matches_zarr(tmp_path: Path, kind: str, sharded: bool, dtype: str,
-                                          codecs: str, selection: Any) -> None:
+def test_side_by_side_encode_matches_zarr(
+    tmp_path: Path, kind: str, sharded: bool, dtype: str, codecs: str, selection: Any
+) -> None:
     shape = (12, 20, 40)
     endian = "big" if dtype.startswith(">") else "little"
     value = np.random.default_rng(4).integers(0, 100, shape).astype(dtype)
@@ -146,12 +191,24 @@ def test_side_by_side_encode_matches_zarr(tmp_path: Path, kind: str, sharded: bo
         with with_pipeline(path):
             if sharded:
                 arr = zarr.create_array(
-                    store, shape=shape, chunks=(6, 10, 20), dtype=dtype, fill_value=7,
-                    compressors=None, serializer=ShardingCodec(chunk_shape=(3, 5, 4), codecs=chain))
+                    store,
+                    shape=shape,
+                    chunks=(6, 10, 20),
+                    dtype=dtype,
+                    fill_value=7,
+                    compressors=None,
+                    serializer=ShardingCodec(chunk_shape=(3, 5, 4), codecs=chain),
+                )
             else:
                 arr = zarr.create_array(
-                    store, shape=shape, chunks=(3, 5, 4), dtype=dtype, fill_value=7,
-                    serializer=chain[0], compressors=tuple(chain[1:]) or None)
+                    store,
+                    shape=shape,
+                    chunks=(3, 5, 4),
+                    dtype=dtype,
+                    fill_value=7,
+                    serializer=chain[0],
+                    compressors=tuple(chain[1:]) or None,
+                )
             arr[selection] = value
         stores[path] = store
     ours, theirs = chunk_items(stores[FUSED]), chunk_items(stores[BATCHED])
@@ -187,8 +244,9 @@ def test_memory_store_shards_survive_reused_assembly_buffers(codecs: str) -> Non
     store = MemoryStore()
     rng = np.random.default_rng(6)
     with with_pipeline(FUSED):
-        arr = _create(store, shape=(32, 24), shards=(8, 6), inner=(4, 3),
-                      codecs=INNER_CODECS[codecs])
+        arr = _create(
+            store, shape=(32, 24), shards=(8, 6), inner=(4, 3), codecs=INNER_CODECS[codecs]
+        )
         assert _keeps_a_copy(arr._async_array.store_path)
         first = rng.integers(-50, 50, (32, 24)).astype("<i4")
         arr[...] = first
@@ -257,8 +315,8 @@ def test_failed_shard_write_leaves_old_shards_readable(max_workers: int, fail_at
         got = zarr.open_array(inner, mode="r")[...]
     for i in range(3):
         for j in range(3):
-            block = got[i * 8:(i + 1) * 8, j * 6:(j + 1) * 6]
-            want = old[i * 8:(i + 1) * 8, j * 6:(j + 1) * 6]
+            block = got[i * 8 : (i + 1) * 8, j * 6 : (j + 1) * 6]
+            want = old[i * 8 : (i + 1) * 8, j * 6 : (j + 1) * 6]
             assert np.array_equal(block, want) or np.array_equal(block, want + 1000)
 
 
@@ -293,8 +351,8 @@ def test_threads_writing_disjoint_shards(tmp_path: Path, kind: str) -> None:
             i, j = block
             value = np.full((8, 6), i * 10 + j, "<i4")
             value[::3, ::2] = -(i * 10 + j)
-            arr[i * 8:(i + 1) * 8, j * 6:(j + 1) * 6] = value
-            expected[i * 8:(i + 1) * 8, j * 6:(j + 1) * 6] = value
+            arr[i * 8 : (i + 1) * 8, j * 6 : (j + 1) * 6] = value
+            expected[i * 8 : (i + 1) * 8, j * 6 : (j + 1) * 6] = value
 
         with ThreadPoolExecutor(8) as pool:
             list(pool.map(write, [(i, j) for i in range(4) for j in range(6)]))
@@ -310,8 +368,13 @@ def test_scalar_write_does_not_materialise_per_chunk(tmp_path: Path) -> None:
     temporary per inner chunk."""
     store = LocalStore(tmp_path / "a")
     with with_pipeline(FUSED), zarr.config.set({"codec_pipeline.max_workers": 2}):
-        arr = _create(store, shape=(512, 512), shards=(128, 128), inner=(16, 16),
-                      codecs=[BytesCodec(), ZstdCodec(level=1)])
+        arr = _create(
+            store,
+            shape=(512, 512),
+            shards=(128, 128),
+            inner=(16, 16),
+            codecs=[BytesCodec(), ZstdCodec(level=1)],
+        )
         arr[...] = 3
         tracemalloc.start()
         try:
@@ -336,8 +399,9 @@ def test_async_stores_still_match_zarr(tmp_path: Path) -> None:
     assert results[FUSED] == results[BATCHED]
 
 
-@pytest.mark.parametrize("value_shape", [(63,), (2, 64), (64, 1), (1, 64)],
-                         ids=["short", "extra-row", "column", "row"])
+@pytest.mark.parametrize(
+    "value_shape", [(63,), (2, 64), (64, 1), (1, 64)], ids=["short", "extra-row", "column", "row"]
+)
 def test_mismatched_value_behaves_like_zarr(value_shape: tuple[int, ...]) -> None:
     """A value that does not fit the selection raises what zarr raises, or,
     where zarr broadcasts it, stores what zarr stores."""
@@ -345,8 +409,9 @@ def test_mismatched_value_behaves_like_zarr(value_shape: tuple[int, ...]) -> Non
     for path in (FUSED, BATCHED):
         store = MemoryStore()
         with with_pipeline(path):
-            arr = zarr.create_array(store, shape=(64, 64), chunks=(8, 8), shards=(32, 32),
-                                    dtype="<i4")
+            arr = zarr.create_array(
+                store, shape=(64, 64), chunks=(8, 8), shards=(32, 32), dtype="<i4"
+            )
             try:
                 arr[3:4] = np.arange(int(np.prod(value_shape)), dtype="<i4").reshape(value_shape)
             except Exception as exc:
@@ -364,16 +429,22 @@ def test_mismatched_value_behaves_like_zarr(value_shape: tuple[int, ...]) -> Non
 # the inner chunks encoded by the chain's twin in zarr's subchunk order, must
 # rebuild the shards zarr writes byte for byte.
 
-ASSEMBLY_GRIDS = [pytest.param(g, id="x".join(map(str, g))) for g in [(1,), (6,), (2, 3), (2, 2, 3)]]
+ASSEMBLY_GRIDS = [
+    pytest.param(g, id="x".join(map(str, g))) for g in [(1,), (6,), (2, 3), (2, 2, 3)]
+]
 ASSEMBLY_LOCATIONS = [pytest.param(True, id="start"), pytest.param(False, id="end")]
-ASSEMBLY_INDEX_CODECS = [pytest.param(c, e, id=f"{'be' if e else 'le'}{'-crc' if c else ''}")
-                         for c in (False, True) for e in (False, True)]
+ASSEMBLY_INDEX_CODECS = [
+    pytest.param(c, e, id=f"{'be' if e else 'le'}{'-crc' if c else ''}")
+    for c in (False, True)
+    for e in (False, True)
+]
 ASSEMBLY_PAYLOADS = [pytest.param(k, id=k) for k in ("all", "some-none", "some-empty", "none")]
 ASSEMBLY_ORDERS = [pytest.param(k, id=k) for k in ("linear", "reversed", "shuffled")]
 
 
-def _assembly_case(grid: tuple[int, ...], payloads: str, order: str,
-                   seed: int) -> tuple[np.ndarray, list[Any]]:
+def _assembly_case(
+    grid: tuple[int, ...], payloads: str, order: str, seed: int
+) -> tuple[np.ndarray, list[Any]]:
     rng = np.random.default_rng(seed)
     n = int(np.prod(grid))
     absent = rng.random(n) < 0.4
@@ -387,8 +458,11 @@ def _assembly_case(grid: tuple[int, ...], payloads: str, order: str,
             chunks.append(np.empty(0, np.uint8) if payloads == "some-empty" else None)
         else:
             chunks.append(np.frombuffer(rng.bytes(int(rng.integers(1, 50))), np.uint8))
-    ordering = {"linear": np.arange(n), "reversed": np.arange(n)[::-1].copy(),
-                "shuffled": rng.permutation(n)}[order]
+    ordering = {
+        "linear": np.arange(n),
+        "reversed": np.arange(n)[::-1].copy(),
+        "shuffled": rng.permutation(n),
+    }[order]
     return ordering.astype(np.intp), chunks
 
 
@@ -397,8 +471,14 @@ def _assembly_case(grid: tuple[int, ...], payloads: str, order: str,
 @pytest.mark.parametrize(("checksum", "big_endian"), ASSEMBLY_INDEX_CODECS)
 @pytest.mark.parametrize("at_start", ASSEMBLY_LOCATIONS)
 @pytest.mark.parametrize("grid", ASSEMBLY_GRIDS)
-def test_assemble_shard_matches_reference(grid: tuple[int, ...], at_start: bool, checksum: bool,
-                                          big_endian: bool, payloads: str, order: str) -> None:
+def test_assemble_shard_matches_reference(
+    grid: tuple[int, ...],
+    at_start: bool,
+    checksum: bool,
+    big_endian: bool,
+    payloads: str,
+    order: str,
+) -> None:
     ordering, chunks = _assembly_case(grid, payloads, order, seed=31)
     kw = {"at_start": at_start, "checksum": checksum, "big_endian": big_endian}
     expected = reference.assemble_shard(ordering, chunks, **kw)
@@ -416,8 +496,10 @@ def test_property_assemble_shard_matches_reference(data: st.DataObject) -> None:
     n = data.draw(st.integers(1, 24), label="n")
     ordering = np.array(data.draw(st.permutations(range(n)), label="order"), dtype=np.intp)
     payload = st.one_of(st.none(), st.binary(min_size=0, max_size=40))
-    chunks = [None if p is None else np.frombuffer(p, np.uint8)
-              for p in data.draw(st.lists(payload, min_size=n, max_size=n), label="payloads")]
+    chunks = [
+        None if p is None else np.frombuffer(p, np.uint8)
+        for p in data.draw(st.lists(payload, min_size=n, max_size=n), label="payloads")
+    ]
     kw = {k: data.draw(st.booleans(), label=k) for k in ("at_start", "checksum", "big_endian")}
     expected = reference.assemble_shard(ordering, chunks, **kw)
     ours = index_kernels.assemble_shard(ordering, chunks, **kw)
@@ -435,8 +517,15 @@ def test_reference_assembly_matches_zarr(location: str, order: str, codecs: str)
     data = np.random.default_rng(32).integers(1, 1000, shape).astype("<i4")
     data[4:8, 0:3] = 0  # inner chunk (1, 0) of c/0/0: the fill value
     with with_pipeline(BATCHED):
-        arr = _create(store, shape=shape, shards=shards, inner=inner, location=location,
-                      order=order, codecs=INNER_CODECS[codecs])
+        arr = _create(
+            store,
+            shape=shape,
+            shards=shards,
+            inner=inner,
+            location=location,
+            order=order,
+            codecs=INNER_CODECS[codecs],
+        )
         arr[...] = data
     codec = arr.metadata.codecs[0]
     grid = (3, 2)
@@ -445,10 +534,15 @@ def test_reference_assembly_matches_zarr(location: str, order: str, codecs: str)
     chunks: list[Any] = []
     for i, j in np.ndindex(grid):
         block = data[4 * i : 4 * i + 4, 3 * j : 3 * j + 3]
-        chunks.append(None if not block.any() else reference.encode_chunk(block, inner_codecs, spec))
+        chunks.append(
+            None if not block.any() else reference.encode_chunk(block, inner_codecs, spec)
+        )
     assert chunks.count(None) == 1
-    ordering = [int(np.ravel_multi_index(c, grid))
-                for c in codec._subchunk_order_iter(grid, codec.subchunk_write_order)]
-    ours = reference.assemble_shard(ordering, chunks, at_start=location == "start",
-                                    checksum=True, big_endian=False)
+    ordering = [
+        int(np.ravel_multi_index(c, grid))
+        for c in codec._subchunk_order_iter(grid, codec.subchunk_write_order)
+    ]
+    ours = reference.assemble_shard(
+        ordering, chunks, at_start=location == "start", checksum=True, big_endian=False
+    )
     assert ours == chunk_items(store)["c/0/0"]

@@ -10,11 +10,12 @@ import pytest
 import zarr
 from zarr.storage import FsspecStore, LocalStore
 
-from helpers import BATCHED, FUSED, assert_same_values, chunk_items, with_pipeline
 from zarr_fused.io.stores import local_store_for
 
+from helpers import BATCHED, FUSED, assert_same_values, chunk_items, with_pipeline
+
 fsspec = pytest.importorskip("fsspec")
-from fsspec.implementations.local import LocalFileSystem  # noqa: E402
+from fsspec.implementations.local import LocalFileSystem
 
 LAYOUTS = {
     "chunks": {"chunks": (4, 5)},
@@ -47,8 +48,9 @@ def test_other_filesystems_keep_their_own_io(tmp_path: Path) -> None:
     assert local_store_for(FsspecStore.from_url("memory://x")) is None
     from fsspec.implementations.asyn_wrapper import AsyncFileSystemWrapper
 
-    traced = FsspecStore(fs=AsyncFileSystemWrapper(Tracing(), asynchronous=True),
-                         path=str(tmp_path))
+    traced = FsspecStore(
+        fs=AsyncFileSystemWrapper(Tracing(), asynchronous=True), path=str(tmp_path)
+    )
     assert local_store_for(traced) is None
     assert local_store_for(LocalStore(tmp_path)) is None
     assert local_store_for(zarr.storage.MemoryStore()) is None
@@ -63,8 +65,14 @@ def test_reads_and_writes_match_zarr_through_fsspec(
     for name, path in (("ours", FUSED), ("zarr", BATCHED)):
         store = _fsspec_store(tmp_path / name)
         with with_pipeline(path):
-            arr = zarr.create_array(store, shape=data.shape, dtype=data.dtype, fill_value=-1,
-                                    config={"write_empty_chunks": False}, **LAYOUTS[layout])
+            arr = zarr.create_array(
+                store,
+                shape=data.shape,
+                dtype=data.dtype,
+                fill_value=-1,
+                config={"write_empty_chunks": False},
+                **LAYOUTS[layout],
+            )
             arr[...] = data
             arr[1:6, 2:7] = 7
             arr[8:, :] = -1  # all fill value: deleted, like zarr
@@ -79,8 +87,7 @@ def test_reads_and_writes_match_zarr_through_fsspec(
         klass = getattr(module, cls)
         original = klass.read
 
-        def spy(self: Any, batch: Any, *args: Any, _original: Any = original,
-                **kwargs: Any) -> Any:
+        def spy(self: Any, batch: Any, *args: Any, _original: Any = original, **kwargs: Any) -> Any:
             seen.append(type(batch[0][0].store))
             return _original(self, batch, *args, **kwargs)
 

@@ -76,9 +76,7 @@ def test_disjoint_writers_and_readers(
     """16 threads each write their own block three times, reading it back
     after every write; the final array holds every thread's last write."""
     rng = np.random.default_rng(101)
-    rounds = [
-        rng.integers(-(2**30), 2**30, size=SHAPE, dtype="int32") for _ in range(3)
-    ]
+    rounds = [rng.integers(-(2**30), 2**30, size=SHAPE, dtype="int32") for _ in range(3)]
     with zarr.config.set({"codec_pipeline.max_workers": max_workers}):
         arr = create(store_kind, tmp_path, layout)
 
@@ -133,9 +131,7 @@ def test_readers_never_see_torn_chunks_beside_a_writer(
     data = rng.integers(-(2**30), 2**30, size=SHAPE, dtype="int32")
     written = (slice(0, BLOCK), slice(None))
     untouched = (slice(BLOCK, None), slice(None))
-    versions = [
-        np.full((BLOCK, SHAPE[1]), -(k + 1), dtype="int32") for k in range(4)
-    ]
+    versions = [np.full((BLOCK, SHAPE[1]), -(k + 1), dtype="int32") for k in range(4)]
     chunk_rows, chunk_cols = LAYOUTS[layout]["chunks"]
     n_readers = 8
     stop = threading.Event()
@@ -163,9 +159,7 @@ def test_readers_never_see_torn_chunks_beside_a_writer(
             for j in range(12):
                 if j % 3 == 0:
                     whole = arr[...]
-                    np.testing.assert_array_equal(
-                        whole[untouched], data[untouched], strict=True
-                    )
+                    np.testing.assert_array_equal(whole[untouched], data[untouched], strict=True)
                     top = whole[written]
                     allowed = {-(k + 1) for k in range(len(versions))}
                     for r in range(0, BLOCK, chunk_rows):

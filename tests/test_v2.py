@@ -13,7 +13,6 @@ import asyncio
 import base64
 import json
 import math
-import os
 import resource
 import zlib
 from pathlib import Path
@@ -23,8 +22,6 @@ import numcodecs
 import numpy as np
 import pytest
 import zarr
-from helpers import BATCHED, FUSED, assert_same_values, chunk_items, make_store, with_pipeline
-from helpers.differential import Value
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from zarr.codecs._v2 import V2Codec
@@ -32,13 +29,43 @@ from zarr.core.buffer import default_buffer_prototype
 from zarr.storage import LocalStore, MemoryStore
 
 from zarr_fused._identity import byte_identical
-from zarr_fused.errors import ChunkSizeError, CorruptChunkError, DecompressionError, UnsupportedError
+from zarr_fused.errors import (
+    ChunkSizeError,
+    CorruptChunkError,
+    DecompressionError,
+    UnsupportedError,
+)
+
+from helpers import BATCHED, FUSED, assert_same_values, chunk_items, make_store, with_pipeline
+from helpers.differential import Value
 
 STRICT = {"codec_pipeline.path": FUSED, "codec_pipeline.strict": True}
 
 DTYPES = [
-    "|b1", "|i1", "|u1", "<i2", ">i2", "<u4", ">i4", "<i8", ">u8", "<f2", ">f4", "<f8", ">f8",
-    "<c8", ">c16", "<M8[ns]", ">M8[s]", "<m8[ms]", ">m8[h]", "|S1", "|S5", "<U1", ">U3", "|V3",
+    "|b1",
+    "|i1",
+    "|u1",
+    "<i2",
+    ">i2",
+    "<u4",
+    ">i4",
+    "<i8",
+    ">u8",
+    "<f2",
+    ">f4",
+    "<f8",
+    ">f8",
+    "<c8",
+    ">c16",
+    "<M8[ns]",
+    ">M8[s]",
+    "<m8[ms]",
+    ">m8[h]",
+    "|S1",
+    "|S5",
+    "<U1",
+    ">U3",
+    "|V3",
 ]
 
 # every compressor setting zarr writes that runs natively: blosc with each
@@ -74,17 +101,34 @@ def values_of(dtype: np.dtype[Any], shape: tuple[int, ...], seed: int, mode: str
     """Seeded values of ``dtype`` (raw bytes for void types)."""
     if dtype.kind == "V":
         n = math.prod(shape) * dtype.itemsize
-        return np.random.default_rng(seed).integers(0, 256, n, dtype="u1").view(dtype).reshape(shape)
+        return (
+            np.random.default_rng(seed).integers(0, 256, n, dtype="u1").view(dtype).reshape(shape)
+        )
     return Value(seed, mode, "array", False).make(dtype, None, shape)
 
 
-def create(store: Any, dtype: str, compressor: Any, *, order: str = "C",
-           shape: tuple[int, ...] = (13, 11), chunks: tuple[int, ...] = (4, 5),
-           separator: str = ".", **kwargs: Any) -> Any:
+def create(
+    store: Any,
+    dtype: str,
+    compressor: Any,
+    *,
+    order: str = "C",
+    shape: tuple[int, ...] = (13, 11),
+    chunks: tuple[int, ...] = (4, 5),
+    separator: str = ".",
+    **kwargs: Any,
+) -> Any:
     return zarr.create_array(
-        store, shape=shape, chunks=chunks, dtype=dtype, zarr_format=2, order=order,
-        compressors=compressor, filters=kwargs.pop("filters", None),
-        chunk_key_encoding={"name": "v2", "separator": separator}, **kwargs,
+        store,
+        shape=shape,
+        chunks=chunks,
+        dtype=dtype,
+        zarr_format=2,
+        order=order,
+        compressors=compressor,
+        filters=kwargs.pop("filters", None),
+        chunk_key_encoding={"name": "v2", "separator": separator},
+        **kwargs,
     )
 
 
@@ -92,8 +136,7 @@ def must_be_identical(compressor: Any) -> bool:
     return byte_identical([V2Codec(filters=None, compressor=compressor)])
 
 
-def assert_same_chunks(fused_store: Any, zarr_store: Any, compressor: Any,
-                       dtype: str) -> None:
+def assert_same_chunks(fused_store: Any, zarr_store: Any, compressor: Any, dtype: str) -> None:
     """The same keys; the same bytes where claimed, else the same values
     when zarr reads zarr_fused's chunks."""
     ours, theirs = chunk_items(fused_store), chunk_items(zarr_store)
@@ -103,11 +146,21 @@ def assert_same_chunks(fused_store: Any, zarr_store: Any, compressor: Any,
             assert ours[key] == theirs[key], key
 
 
-def write_and_compare(tmp_path: Path, dtype: str, compressor: Any, order: str, *,
-                      store_kind: str = "memory", fill_value: Any = None,
-                      write_empty_chunks: bool = False, separator: str = ".",
-                      selection: Any = (slice(None),), seed: int = 0, mode: str = "random",
-                      strict: bool = True) -> tuple[Any, Any]:
+def write_and_compare(
+    tmp_path: Path,
+    dtype: str,
+    compressor: Any,
+    order: str,
+    *,
+    store_kind: str = "memory",
+    fill_value: Any = None,
+    write_empty_chunks: bool = False,
+    separator: str = ".",
+    selection: Any = (slice(None),),
+    seed: int = 0,
+    mode: str = "random",
+    strict: bool = True,
+) -> tuple[Any, Any]:
     """Write the same value through both pipelines into fresh stores,
     compare the stored chunks, then read each store through both pipelines."""
     kwargs: dict[str, Any] = {"config": {"write_empty_chunks": write_empty_chunks}}
@@ -116,8 +169,10 @@ def write_and_compare(tmp_path: Path, dtype: str, compressor: Any, order: str, *
     probe = np.empty((13, 11), dtype="u1")[selection]
     value = values_of(np.dtype(dtype), probe.shape, seed, mode)
     stores = {}
-    for name, path in (("fused", STRICT if strict else {"codec_pipeline.path": FUSED}),
-                       ("zarr", {"codec_pipeline.path": BATCHED})):
+    for name, path in (
+        ("fused", STRICT if strict else {"codec_pipeline.path": FUSED}),
+        ("zarr", {"codec_pipeline.path": BATCHED}),
+    ):
         with zarr.config.set(path):
             store = make_store(store_kind, tmp_path, name)
             array = create(store, dtype, compressor, order=order, separator=separator, **kwargs)
@@ -140,8 +195,9 @@ def write_and_compare(tmp_path: Path, dtype: str, compressor: Any, order: str, *
 @pytest.mark.parametrize("order", ["C", "F"])
 @pytest.mark.parametrize("dtype", [pytest.param(d, id=d) for d in DTYPES])
 def test_dtypes(tmp_path: Path, dtype: str, order: str) -> None:
-    write_and_compare(tmp_path, dtype, numcodecs.Blosc("lz4", 5, -1), order,
-                      selection=(slice(1, 12), slice(2, 9)))
+    write_and_compare(
+        tmp_path, dtype, numcodecs.Blosc("lz4", 5, -1), order, selection=(slice(1, 12), slice(2, 9))
+    )
 
 
 @pytest.mark.parametrize("order", ["C", "F"])
@@ -169,12 +225,21 @@ def test_stored_bytes_claimed(name: str) -> None:
 def test_stores_and_separators(tmp_path: Path, store_kind: str, separator: str) -> None:
     """Native LocalStore IO, MemoryStore and the async path (ZipStore, a
     store without synchronous IO) write the keys zarr writes."""
-    fused, theirs = write_and_compare(tmp_path, "<f8", numcodecs.Zstd(1), "F",
-                                      store_kind=store_kind, separator=separator,
-                                      selection=(slice(2, 13), slice(0, 7)))
+    fused, theirs = write_and_compare(
+        tmp_path,
+        "<f8",
+        numcodecs.Zstd(1),
+        "F",
+        store_kind=store_kind,
+        separator=separator,
+        selection=(slice(2, 13), slice(0, 7)),
+    )
     if store_kind == "local":
-        files = sorted(str(p.relative_to(tmp_path / "fused")) for p in
-                       (tmp_path / "fused").rglob("*") if p.is_file())
+        files = sorted(
+            str(p.relative_to(tmp_path / "fused"))
+            for p in (tmp_path / "fused").rglob("*")
+            if p.is_file()
+        )
         assert f"0{separator}0" in files
         assert f"3{separator}1" in files
 
@@ -184,9 +249,17 @@ def test_stores_and_separators(tmp_path: Path, store_kind: str, separator: str) 
 def test_write_empty_chunks(tmp_path: Path, store_kind: str, write_empty_chunks: bool) -> None:
     """Chunks left equal to the fill value are dropped exactly as zarr drops
     them (keys compared), and missing chunks read as the fill value."""
-    write_and_compare(tmp_path, ">i4", numcodecs.Blosc("zstd", 3, 2), "C", fill_value=7,
-                      store_kind=store_kind, write_empty_chunks=write_empty_chunks,
-                      mode="mixed", selection=(slice(0, 9), slice(None)))
+    write_and_compare(
+        tmp_path,
+        ">i4",
+        numcodecs.Blosc("zstd", 3, 2),
+        "C",
+        fill_value=7,
+        store_kind=store_kind,
+        write_empty_chunks=write_empty_chunks,
+        mode="mixed",
+        selection=(slice(0, 9), slice(None)),
+    )
 
 
 def test_write_fill_over_existing_deletes(tmp_path: Path) -> None:
@@ -203,12 +276,25 @@ def test_write_fill_over_existing_deletes(tmp_path: Path) -> None:
 # -- fill values as zarr 3 reads format-2 metadata ----------------------------------------
 
 
-def _write_zarray(root: Path, dtype: str, fill_value: Any, order: str = "C",
-                  compressor: dict[str, Any] | None = None) -> None:
+def _write_zarray(
+    root: Path,
+    dtype: str,
+    fill_value: Any,
+    order: str = "C",
+    compressor: dict[str, Any] | None = None,
+) -> None:
     root.mkdir(parents=True)
-    meta = {"zarr_format": 2, "shape": [6, 5], "chunks": [3, 2], "dtype": dtype,
-            "compressor": compressor, "fill_value": fill_value, "order": order,
-            "filters": None, "dimension_separator": "."}
+    meta = {
+        "zarr_format": 2,
+        "shape": [6, 5],
+        "chunks": [3, 2],
+        "dtype": dtype,
+        "compressor": compressor,
+        "fill_value": fill_value,
+        "order": order,
+        "filters": None,
+        "dimension_separator": ".",
+    }
     (root / ".zarray").write_text(json.dumps(meta))
 
 
@@ -248,8 +334,9 @@ def test_fill_values_from_metadata(tmp_path: Path, dtype: str, fill_value: Any) 
             results[name] = (before, array[...])
     assert_same_values(results["fused"][0], results["zarr"][0])
     assert_same_values(results["fused"][1], results["zarr"][1])
-    assert_same_chunks(LocalStore(tmp_path / "fused"), LocalStore(tmp_path / "zarr"),
-                       numcodecs.Zstd(1), dtype)
+    assert_same_chunks(
+        LocalStore(tmp_path / "fused"), LocalStore(tmp_path / "zarr"), numcodecs.Zstd(1), dtype
+    )
 
 
 # -- selections (hypothesis, seeded) -------------------------------------------------------
@@ -265,10 +352,19 @@ def _cases(draw: st.DrawFn) -> dict[str, Any]:
         "order": draw(st.sampled_from("CF")),
         "shape": shape,
         "chunks": chunks,
-        "write": draw(st.tuples(*(st.tuples(st.integers(0, s), st.integers(0, s),
-                                             st.integers(1, 3)) for s in shape))),
-        "read": draw(st.tuples(*(st.tuples(st.integers(-s, s), st.integers(-s, s),
-                                            st.integers(1, 3)) for s in shape))),
+        "write": draw(
+            st.tuples(
+                *(st.tuples(st.integers(0, s), st.integers(0, s), st.integers(1, 3)) for s in shape)
+            )
+        ),
+        "read": draw(
+            st.tuples(
+                *(
+                    st.tuples(st.integers(-s, s), st.integers(-s, s), st.integers(1, 3))
+                    for s in shape
+                )
+            )
+        ),
         "points": draw(st.integers(0, 2**16)),
         "seed": draw(st.integers(0, 2**16)),
         "write_empty_chunks": draw(st.booleans()),
@@ -280,8 +376,13 @@ def _slices(bounds: tuple[tuple[int, int, int], ...]) -> tuple[slice, ...]:
     return tuple(slice(a, b, step) for a, b, step in bounds)
 
 
-@settings(max_examples=120, derandomize=True, deadline=None, database=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@settings(
+    max_examples=120,
+    derandomize=True,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 @given(case=_cases())
 def test_selections(tmp_path_factory: pytest.TempPathFactory, case: dict[str, Any]) -> None:
     """Partial strided writes, then basic, orthogonal and coordinate reads:
@@ -292,8 +393,7 @@ def test_selections(tmp_path_factory: pytest.TempPathFactory, case: dict[str, An
     write_sel = _slices(case["write"])
     value = values_of(dtype, np.empty(shape, "u1")[write_sel].shape, case["seed"], "mixed")
     rng = np.random.default_rng(case["points"])
-    orthogonal = tuple(np.sort(rng.choice(s, rng.integers(1, s + 1), replace=False))
-                       for s in shape)
+    orthogonal = tuple(np.sort(rng.choice(s, rng.integers(1, s + 1), replace=False)) for s in shape)
     coords = tuple(rng.integers(0, s, 5) for s in shape)
     root = tmp_path_factory.mktemp("sel")
     stores = {}
@@ -302,12 +402,23 @@ def test_selections(tmp_path_factory: pytest.TempPathFactory, case: dict[str, An
         with zarr.config.set(config):
             store = make_store(case["store"], root, name)
             array = zarr.create_array(
-                store, shape=shape, chunks=case["chunks"], dtype=dtype, zarr_format=2,
-                order=case["order"], compressors=compressor, filters=None,
-                config={"write_empty_chunks": case["write_empty_chunks"]})
+                store,
+                shape=shape,
+                chunks=case["chunks"],
+                dtype=dtype,
+                zarr_format=2,
+                order=case["order"],
+                compressors=compressor,
+                filters=None,
+                config={"write_empty_chunks": case["write_empty_chunks"]},
+            )
             array[write_sel] = value
-            reads[name] = (array[_slices(case["read"])], array.oindex[orthogonal],
-                           array.vindex[coords], array[...])
+            reads[name] = (
+                array[_slices(case["read"])],
+                array.oindex[orthogonal],
+                array.vindex[coords],
+                array[...],
+            )
             stores[name] = store
     for ours, theirs in zip(reads["fused"], reads["zarr"], strict=True):
         assert_same_values(ours, theirs)
@@ -395,8 +506,9 @@ def test_decompression_bomb(tmp_path: Path, name: str) -> None:
     """A small frame that inflates to 256 MiB is refused with a size error
     without the process growing by anything like that."""
     store = LocalStore(tmp_path / "a")
-    compressor = {"zlib": numcodecs.Zlib(1), "gzip": numcodecs.GZip(1),
-                  "zstd": numcodecs.Zstd(1)}[name]
+    compressor = {"zlib": numcodecs.Zlib(1), "gzip": numcodecs.GZip(1), "zstd": numcodecs.Zstd(1)}[
+        name
+    ]
     with zarr.config.set(STRICT):
         create(store, "<f4", compressor)
     (tmp_path / "a" / "0.0").write_bytes(_bomb(name, 256 << 20))
@@ -438,13 +550,19 @@ def test_zlib_stream_given_to_gzip_is_corrupt(tmp_path: Path) -> None:
 
 FALLBACKS = [
     pytest.param({"filters": [numcodecs.Delta("<i4")]}, "<i4", "filters (delta)", id="delta"),
-    pytest.param({"filters": [numcodecs.FixedScaleOffset(0, 10, "<f8", "<i4")]}, "<f8",
-                 "filters (fixedscaleoffset)", id="fixedscaleoffset"),
-    pytest.param({"filters": [numcodecs.AsType("<f4", "<f8")]}, "<f8", "filters (astype)",
-                 id="astype"),
+    pytest.param(
+        {"filters": [numcodecs.FixedScaleOffset(0, 10, "<f8", "<i4")]},
+        "<f8",
+        "filters (fixedscaleoffset)",
+        id="fixedscaleoffset",
+    ),
+    pytest.param(
+        {"filters": [numcodecs.AsType("<f4", "<f8")]}, "<f8", "filters (astype)", id="astype"
+    ),
     pytest.param({"filters": [numcodecs.Shuffle(4)]}, "<i4", "filters (shuffle)", id="shuffle"),
-    pytest.param({"filters": [numcodecs.Quantize(2, "<f8")]}, "<f8", "filters (quantize)",
-                 id="quantize"),
+    pytest.param(
+        {"filters": [numcodecs.Quantize(2, "<f8")]}, "<f8", "filters (quantize)", id="quantize"
+    ),
     pytest.param({"compressors": numcodecs.LZ4()}, "<i4", "LZ4", id="lz4"),
     pytest.param({"compressors": numcodecs.BZ2()}, "<i4", "'bz2'", id="bz2"),
     pytest.param({"compressors": numcodecs.LZMA()}, "<i4", "'lzma'", id="lzma"),
@@ -463,8 +581,9 @@ def test_fallback_reason(kwargs: dict[str, Any], dtype: str, reason: str) -> Non
         value = (np.arange(40).reshape(4, 10) % 7).astype(dtype)
     with with_pipeline(FUSED):
         store = MemoryStore()
-        array = zarr.create_array(store, shape=(4, 10), chunks=(2, 4), dtype=dtype,
-                                  zarr_format=2, **kwargs)
+        array = zarr.create_array(
+            store, shape=(4, 10), chunks=(2, 4), dtype=dtype, zarr_format=2, **kwargs
+        )
         plan = array._async_array.codec_pipeline.plan
         assert reason in plan.fallback
         assert not plan.chain.native
@@ -473,9 +592,8 @@ def test_fallback_reason(kwargs: dict[str, Any], dtype: str, reason: str) -> Non
     with with_pipeline(BATCHED):
         expected = zarr.open_array(store, mode="r+")[...]
     assert_same_values(got, expected)
-    with zarr.config.set(STRICT):
-        with pytest.raises(UnsupportedError, match="natively"):
-            zarr.open_array(store, mode="r+")[...]
+    with zarr.config.set(STRICT), pytest.raises(UnsupportedError, match="natively"):
+        zarr.open_array(store, mode="r+")[...]
 
 
 def test_subclass_of_numcodecs_compressor_falls_back() -> None:
@@ -488,8 +606,13 @@ def test_subclass_of_numcodecs_compressor_falls_back() -> None:
 
     from zarr_fused._chain import native_chain_params
 
-    spec = ArraySpec(shape=(4,), dtype=parse_dtype("<i4", zarr_format=2), fill_value=0,
-                     config=ArrayConfig.from_dict({}), prototype=default_buffer_prototype())
+    spec = ArraySpec(
+        shape=(4,),
+        dtype=parse_dtype("<i4", zarr_format=2),
+        fill_value=0,
+        config=ArrayConfig.from_dict({}),
+        prototype=default_buffer_prototype(),
+    )
     reason, params = native_chain_params((codec,), spec)
     assert "my-zstd-v2-test" in reason
     assert params == {}
@@ -498,10 +621,14 @@ def test_subclass_of_numcodecs_compressor_falls_back() -> None:
 def test_native_plan_for_common_settings() -> None:
     """The settings of OME-Zarr 0.4 and xarray stores are native."""
     with with_pipeline(FUSED):
-        for compressor in (numcodecs.Blosc("zstd", 5, 2), numcodecs.Blosc("lz4", 5, 1),
-                           numcodecs.Zstd(3), numcodecs.Zlib(4), None):
+        for compressor in (
+            numcodecs.Blosc("zstd", 5, 2),
+            numcodecs.Blosc("lz4", 5, 1),
+            numcodecs.Zstd(3),
+            numcodecs.Zlib(4),
+            None,
+        ):
             array = create(MemoryStore(), "<u2", compressor, order="F")
             plan = array._async_array.codec_pipeline.plan
             assert plan.chain.native, plan.fallback
             assert plan.fallback == ""
-

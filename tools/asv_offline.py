@@ -47,9 +47,22 @@ def vendor_files() -> Path:
         return target
     CACHE.mkdir(parents=True, exist_ok=True)
     subprocess.run(
-        [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
-         "--disable-pip-version-check", SDIST, "-d", str(CACHE)],
-        check=True, stderr=subprocess.DEVNULL,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--quiet",
+            "--no-deps",
+            "--no-binary",
+            ":all:",
+            "--disable-pip-version-check",
+            SDIST,
+            "-d",
+            str(CACHE),
+        ],
+        check=True,
+        stderr=subprocess.DEVNULL,
     )
     (archive,) = CACHE.glob("asv-0.5.1.tar.gz")
     target.mkdir(exist_ok=True)

@@ -62,7 +62,7 @@ class _Tracker:
             fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
             try:
                 fut.set_result(fn(*args))
-            except Exception as exc:  # noqa: BLE001  (handed to the awaiting task)
+            except Exception as exc:
                 fut.set_exception(exc)
             self.tasks.append(fut)
             return fut
@@ -172,9 +172,7 @@ async def write_async(
     async def encode_async(item: WriteItem, existing: Buffer | None) -> Buffer | None:
         _, spec, chunk_selection, out_selection, is_complete = item
         transform = plan.async_transform
-        existing_array = (
-            None if existing is None else await transform.decode_chunk(existing, spec)
-        )
+        existing_array = None if existing is None else await transform.decode_chunk(existing, spec)
         merged = _merge_chunk_array(
             existing_array, value, out_selection, spec, chunk_selection, is_complete, drop_axes
         )
@@ -189,7 +187,9 @@ async def write_async(
             async with semaphore:
                 existing = await setter.get(prototype=spec.prototype)
         if chain is not None:
-            encoded = await tracker.compute(merge_and_encode, chain, existing, value, item, drop_axes)
+            encoded = await tracker.compute(
+                merge_and_encode, chain, existing, value, item, drop_axes
+            )
         else:
             encoded = await encode_async(item, existing)
         async with semaphore:

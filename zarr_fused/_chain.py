@@ -43,8 +43,6 @@ from zarr_fused._scatter_py import scatter_array, scatter_chunk
 from zarr_fused._v2 import V2Codec, v2_chain_params
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
-
     from zarr.abc.codec import Codec
     from zarr.core.array_spec import ArraySpec
     from zarr.core.buffer import Buffer, NDBuffer
@@ -158,8 +156,13 @@ class NativeChain:
         """A `DecodeBatch` whose errors name chunks with ``describe``."""
         return batch_kernels.DecodeBatch(self.kernel, capacity, ndim, describe)  # type: ignore[union-attr]
 
-    def encode_batch(self, capacity: int, ndim: int, describe: Any = describe_chunk,
-                     arena: np.ndarray | None = None) -> Any:
+    def encode_batch(
+        self,
+        capacity: int,
+        ndim: int,
+        describe: Any = describe_chunk,
+        arena: np.ndarray | None = None,
+    ) -> Any:
         """An `EncodeBatch`; its results are views into ``arena`` (see there)."""
         return batch_kernels.EncodeBatch(self.kernel, capacity, ndim, describe, arena)  # type: ignore[union-attr]
 
@@ -197,8 +200,13 @@ class NativeChain:
         if type(dst) is np.ndarray and dst.dtype == self.dtype:
             batch = self.decode_batch(1, max(dst.ndim, len(spec.shape)))
             if batch.add(
-                raw.as_numpy_array(), self.layout(spec.shape), chunk_selection, dst,
-                out_selection, drop_axes, key,
+                raw.as_numpy_array(),
+                self.layout(spec.shape),
+                chunk_selection,
+                dst,
+                out_selection,
+                drop_axes,
+                key,
             ):
                 batch.run()
                 return
@@ -258,8 +266,11 @@ def _bytes_to_bytes_params(codecs: tuple[Codec, ...], names: str) -> tuple[str, 
                 # zarr refuses it (numcodecs' c-blosc lacks it): so does its code
                 return f"zarr's blosc (numcodecs) has no {cname} compressor", {}
             params.update(
-                compressor="blosc", cname=cname, clevel=codec.clevel,  # type: ignore[attr-defined]
-                shuffle=codec.shuffle, typesize=codec.typesize,  # type: ignore[attr-defined]
+                compressor="blosc",
+                cname=cname,
+                clevel=codec.clevel,  # type: ignore[attr-defined]
+                shuffle=codec.shuffle,
+                typesize=codec.typesize,  # type: ignore[attr-defined]
                 blocksize=codec.blocksize,  # type: ignore[attr-defined]
             )
         else:
@@ -304,14 +315,13 @@ def native_chain_params(codecs: tuple[Codec, ...], spec: ArraySpec) -> tuple[str
     swap_unit = 0
     if stored != dtype and dtype.itemsize > 1:
         swap_unit = {"c": dtype.itemsize // 2, "U": 4}.get(dtype.kind, dtype.itemsize)
-    params.update(dtype=dtype, stored=stored, order=order, itemsize=dtype.itemsize,
-                  swap_unit=swap_unit)
+    params.update(
+        dtype=dtype, stored=stored, order=order, itemsize=dtype.itemsize, swap_unit=swap_unit
+    )
     return "", params
 
 
-def build_chain(
-    codecs: tuple[Codec, ...], spec: ArraySpec, transform: ChunkTransform
-) -> Chain:
+def build_chain(codecs: tuple[Codec, ...], spec: ArraySpec, transform: ChunkTransform) -> Chain:
     """The chain for an evolved codec list: native if the kernels cover it."""
     reason, params = native_chain_params(codecs, spec)
     fallback = TransformChain(transform, reason or "native chain declined this chunk")

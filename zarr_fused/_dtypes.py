@@ -53,11 +53,7 @@ def in_byte_order(values: np.ndarray, dtype: np.dtype[Any]) -> np.ndarray:
     differ only in byte order, the values with their bytes reversed and
     labelled ``dtype`` (NumPy's own cast skips the reversal for unit-less
     datetimes); otherwise ``values`` unchanged."""
-    if (
-        values.dtype != dtype
-        and values.dtype.kind in "mM"
-        and values.dtype.newbyteorder() == dtype
-    ):
+    if values.dtype != dtype and values.dtype.kind in "mM" and values.dtype.newbyteorder() == dtype:
         return values.byteswap().view(dtype)
     return values
 

@@ -35,8 +35,13 @@ __all__ = ["byte_identical"]
 _MEASURED_ON = {
     "zstd": "1.5.4",
     "blosc": "1.21.3",
-    "blosc_complibs": {"blosclz": "2.5.1", "lz4": "1.9.4", "lz4hc": "1.9.4", "zlib": "1.2.13",
-                       "zstd": "1.5.2"},
+    "blosc_complibs": {
+        "blosclz": "2.5.1",
+        "lz4": "1.9.4",
+        "lz4hc": "1.9.4",
+        "zlib": "1.2.13",
+        "zstd": "1.5.2",
+    },
     "numcodecs": "0.17.1",
     "numcodecs_zstd": "1.5.6",
     "numcodecs_blosc": "1.21.7.dev",
@@ -71,8 +76,11 @@ def _versions() -> dict[str, Any]:
         "zstd": ours["zstd"],
         "zlib": ours["zlib"],
         "blosc": ours["blosc"],
-        "blosc_complibs": {k: ours["blosc_complibs"][k] for k in _MEASURED_ON["blosc_complibs"]
-                           if k in ours["blosc_complibs"]},
+        "blosc_complibs": {
+            k: ours["blosc_complibs"][k]
+            for k in _MEASURED_ON["blosc_complibs"]
+            if k in ours["blosc_complibs"]
+        },
         "blosc_compressors": ours["blosc_compressors"],
         "numcodecs": numcodecs.__version__,
         "numcodecs_zstd": numcodecs.zstd.__version__,
@@ -82,8 +90,9 @@ def _versions() -> dict[str, Any]:
     }
 
 
-def _codec_identical(codec: Codec, versions: dict[str, Any], measured: bool,
-                     gzip_mtime_zero: bool) -> bool:
+def _codec_identical(
+    codec: Codec, versions: dict[str, Any], measured: bool, gzip_mtime_zero: bool
+) -> bool:
     from zarr.codecs.sharding import ShardingCodec
 
     if isinstance(codec, ShardingCodec):
@@ -92,17 +101,22 @@ def _codec_identical(codec: Codec, versions: dict[str, Any], measured: bool,
             for c in (*codec.codecs, *codec.index_codecs)
         )
     if type(codec) is V2Codec:  # zarr format 2
-        return v2_byte_identical(codec, versions, lambda c: _codec_identical(
-            c, versions, measured, gzip_mtime_zero))
+        return v2_byte_identical(
+            codec, versions, lambda c: _codec_identical(c, versions, measured, gzip_mtime_zero)
+        )
     if type(codec) is ZstdCodec:
         level = codec.level
         return versions["zstd"] == versions["numcodecs_zstd"] or (
-            measured and level in _MEASURED_ZSTD_LEVELS)
+            measured and level in _MEASURED_ZSTD_LEVELS
+        )
     if type(codec) is GzipCodec:
         # levels 1-9 only: at level 0 the stored blocks follow the size of
         # the output buffer, which Python's zlib module grows in steps
-        return (gzip_mtime_zero and versions["zlib"] == versions["python_zlib"]
-                and 1 <= codec.level <= 9)
+        return (
+            gzip_mtime_zero
+            and versions["zlib"] == versions["python_zlib"]
+            and 1 <= codec.level <= 9
+        )
     if type(codec) is BloscCodec:
         if codec.cname not in versions["blosc_compressors"]:
             return True  # zarr's own code encodes it

@@ -16,7 +16,13 @@ from types import ModuleType
 from typing import TYPE_CHECKING
 
 _EXTENSIONS = (
-    "_scatter", "_localio", "_fileio", "_codecs", "_codec_batch", "_shard_index", "_shard",
+    "_scatter",
+    "_localio",
+    "_fileio",
+    "_codecs",
+    "_codec_batch",
+    "_shard_index",
+    "_shard",
     "_shard_local",
 )
 
@@ -49,6 +55,7 @@ else:
     shard_local_kernels = _modules.get("_shard_local")
     io_kernels = _modules.get("_localio")
     fileio_kernels = _modules.get("_fileio")
+
 
 def missing_message() -> str:
     """Why the extensions are unusable and how to fix it ('' when they are fine)."""

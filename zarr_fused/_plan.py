@@ -38,8 +38,7 @@ if TYPE_CHECKING:
 
 __all__ = ["PipelinePlan", "build_plan", "shard_chain_reason"]
 
-Reader = (ChunkReader | NativeChunkReader | PipelinedChunkReader | PartialDecodeReader
-          | ShardReader)
+Reader = ChunkReader | NativeChunkReader | PipelinedChunkReader | PartialDecodeReader | ShardReader
 Writer = ChunkWriter | NativeChunkWriter | PartialEncodeWriter | ShardWriter
 
 logger = logging.getLogger("zarr_fused")
@@ -114,8 +113,10 @@ def _pin_inner_pipeline(
             # built from the parsed codec objects (not from their names, which
             # need not be registered)
             copy = _PinnedInnerSharding(
-                chunk_shape=codec.chunk_shape, codecs=codec.codecs,
-                index_codecs=codec.index_codecs, index_location=codec.index_location,
+                chunk_shape=codec.chunk_shape,
+                codecs=codec.codecs,
+                index_codecs=codec.index_codecs,
+                index_location=codec.index_location,
                 subchunk_write_order=codec.subchunk_write_order,
             )
             object.__setattr__(copy, "_inner_pipeline_class", pipeline_class)
@@ -182,8 +183,14 @@ def build_plan(
     reader, read_fallback = _reader(chain, array_bytes_codec, spec, partial_decode)
     writer, write_fallback = _writer(chain, array_bytes_codec, spec, partial_encode)
     return PipelinePlan(
-        async_array_bytes_codec, chain, async_transform, partial_decode, reader, writer,
-        read_fallback, write_fallback,
+        async_array_bytes_codec,
+        chain,
+        async_transform,
+        partial_decode,
+        reader,
+        writer,
+        read_fallback,
+        write_fallback,
     )
 
 
@@ -191,8 +198,9 @@ def build_plan(
 # partial mixins but only their async methods takes the whole-chunk path.
 
 
-def _reader(chain: Chain, array_bytes_codec: ArrayBytesCodec, spec: ArraySpec,
-            partial_decode: bool) -> tuple[Reader, str]:
+def _reader(
+    chain: Chain, array_bytes_codec: ArrayBytesCodec, spec: ArraySpec, partial_decode: bool
+) -> tuple[Reader, str]:
     """The synchronous reader, and why any reading falls back ("" if none)."""
     if partial_decode and hasattr(array_bytes_codec, "_decode_partial_sync"):
         reader = PartialDecodeReader(array_bytes_codec)
@@ -207,8 +215,9 @@ def _reader(chain: Chain, array_bytes_codec: ArrayBytesCodec, spec: ArraySpec,
     return ChunkReader(chain), chain.reason
 
 
-def _writer(chain: Chain, array_bytes_codec: ArrayBytesCodec, spec: ArraySpec,
-            partial_encode: bool) -> tuple[Writer, str]:
+def _writer(
+    chain: Chain, array_bytes_codec: ArrayBytesCodec, spec: ArraySpec, partial_encode: bool
+) -> tuple[Writer, str]:
     """The synchronous writer, and why any writing falls back ("" if none)."""
     if partial_encode and hasattr(array_bytes_codec, "_encode_partial_sync"):
         writer = PartialEncodeWriter(array_bytes_codec)

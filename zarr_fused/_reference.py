@@ -164,7 +164,8 @@ def _bytes_codec(codec: Any) -> tuple[Callable[[bytes], bytes], Callable[[bytes]
             computed = _crc32c(data[:-4])
             if stored != computed:
                 raise ChecksumError(
-                    f"chunk: crc32c mismatch (stored {stored:#010x}, computed {computed:#010x})")
+                    f"chunk: crc32c mismatch (stored {stored:#010x}, computed {computed:#010x})"
+                )
             return data[:-4]
 
         return crc_encode, crc_decode
@@ -174,12 +175,16 @@ def _bytes_codec(codec: Any) -> tuple[Callable[[bytes], bytes], Callable[[bytes]
     if kind is GzipCodec:
         level = codec.level
         # MTIME 0, as zarr_fused writes it (zarr writes the current time)
-        return ((lambda data: gzip.compress(data, compresslevel=level, mtime=0)),
-                gzip.decompress)
+        return ((lambda data: gzip.compress(data, compresslevel=level, mtime=0)), gzip.decompress)
     if kind is BloscCodec:
         shuffle = {"noshuffle": 0, "shuffle": 1, "bitshuffle": 2}[codec.shuffle]
-        blosc = numcodecs.Blosc(cname=codec.cname, clevel=codec.clevel, shuffle=shuffle,
-                                blocksize=codec.blocksize, typesize=codec.typesize)
+        blosc = numcodecs.Blosc(
+            cname=codec.cname,
+            clevel=codec.clevel,
+            shuffle=shuffle,
+            blocksize=codec.blocksize,
+            typesize=codec.typesize,
+        )
         return (lambda data: bytes(blosc.encode(data))), (lambda data: bytes(blosc.decode(data)))
     raise ValueError(f"not a codec the native kernels run: {kind.__name__}")
 
@@ -286,8 +291,13 @@ def _name(i: int, grid: tuple[int, ...] | None) -> str:
     return "inner chunk (" + ", ".join(str(int(c)) for c in coords) + ")"
 
 
-def _entries_problem(entries: np.ndarray, shard_len: int, index_start: int, index_len: int,
-                     grid: tuple[int, ...] | None) -> str | None:
+def _entries_problem(
+    entries: np.ndarray,
+    shard_len: int,
+    index_start: int,
+    index_len: int,
+    grid: tuple[int, ...] | None,
+) -> str | None:
     """None when every entry is missing or a byte range inside the shard,
     outside its index, overlapping no other; else what is wrong with the
     first bad entry (in index order; an overlap names the later-starting
@@ -316,9 +326,17 @@ def _entries_problem(entries: np.ndarray, shard_len: int, index_start: int, inde
     return None
 
 
-def parse_index(index: Any, n_chunks: int, *, checksum: bool, big_endian: bool,
-                shard_len: int = -1, index_start: int = 0, grid: tuple[int, ...] | None = None,
-                where: Any = "shard") -> np.ndarray:
+def parse_index(
+    index: Any,
+    n_chunks: int,
+    *,
+    checksum: bool,
+    big_endian: bool,
+    shard_len: int = -1,
+    index_start: int = 0,
+    grid: tuple[int, ...] | None = None,
+    where: Any = "shard",
+) -> np.ndarray:
     """Reference of `zarr_fused._shard.parse_index` (same parameters).
 
     Returns
@@ -330,16 +348,17 @@ def parse_index(index: Any, n_chunks: int, *, checksum: bool, big_endian: bool,
     raw = bytes(memoryview(index).cast("B"))
     expected = _index_size(n_chunks, checksum)
     if len(raw) != expected:
-        raise CorruptShardError.truncated(where() if callable(where) else where, len(raw),
-                                          expected)
+        raise CorruptShardError.truncated(where() if callable(where) else where, len(raw), expected)
     body = raw[: 16 * n_chunks]
     if checksum:
         stored = int.from_bytes(raw[16 * n_chunks :], "little")
         computed = _crc32c(body)
         if stored != computed:
             where = where() if callable(where) else where
-            raise CorruptShardError(f"{where}: crc32c mismatch in the shard index "
-                                    f"(stored {stored:#010x}, computed {computed:#010x})")
+            raise CorruptShardError(
+                f"{where}: crc32c mismatch in the shard index "
+                f"(stored {stored:#010x}, computed {computed:#010x})"
+            )
     entries = np.frombuffer(body, dtype=">u8" if big_endian else "<u8").reshape(n_chunks, 2)
     entries = entries.astype(np.uint64)
     problem = _entries_problem(entries, shard_len, index_start, expected, grid)
@@ -348,8 +367,16 @@ def parse_index(index: Any, n_chunks: int, *, checksum: bool, big_endian: bool,
     return entries
 
 
-def shard_index(shard: Any, n_chunks: int, *, at_start: bool, checksum: bool, big_endian: bool,
-                grid: tuple[int, ...] | None = None, where: Any = "shard") -> np.ndarray:
+def shard_index(
+    shard: Any,
+    n_chunks: int,
+    *,
+    at_start: bool,
+    checksum: bool,
+    big_endian: bool,
+    grid: tuple[int, ...] | None = None,
+    where: Any = "shard",
+) -> np.ndarray:
     """The checked index of a whole stored shard: its first or last
     ``16 * n_chunks (+ 4)`` bytes, through `parse_index` with the shard's
     length and index position."""
@@ -358,13 +385,21 @@ def shard_index(shard: Any, n_chunks: int, *, at_start: bool, checksum: bool, bi
     if len(raw) < size:
         raise CorruptShardError.truncated(where() if callable(where) else where, len(raw), size)
     start = 0 if at_start else len(raw) - size
-    return parse_index(raw[start : start + size], n_chunks, checksum=checksum,
-                       big_endian=big_endian, shard_len=len(raw), index_start=start, grid=grid,
-                       where=where)
+    return parse_index(
+        raw[start : start + size],
+        n_chunks,
+        checksum=checksum,
+        big_endian=big_endian,
+        shard_len=len(raw),
+        index_start=start,
+        grid=grid,
+        where=where,
+    )
 
 
-def assemble_shard(order: Any, payloads: Sequence[Any], *, at_start: bool, checksum: bool,
-                   big_endian: bool) -> bytes | None:
+def assemble_shard(
+    order: Any, payloads: Sequence[Any], *, at_start: bool, checksum: bool, big_endian: bool
+) -> bytes | None:
     """Reference of `zarr_fused._shard.assemble_shard`: the stored shard.
 
     Parameters

@@ -38,4 +38,3 @@ def assemble_shard(
     big_endian: bool,
     take: Callable[[int], np.ndarray[Any, np.dtype[np.uint8]]] | None = None,
 ) -> np.ndarray[Any, np.dtype[np.uint8]] | None: ...
-

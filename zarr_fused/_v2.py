@@ -76,8 +76,11 @@ def _blosc_params(compressor: Blosc, itemsize: int) -> tuple[str, dict[str, Any]
     if shuffle not in _BLOSC_SHUFFLES:
         return f"zarr format 2 Blosc with shuffle {shuffle} is run by zarr", {}
     return "", {
-        "compressor": "blosc", "cname": compressor.cname, "clevel": compressor.clevel,
-        "shuffle": _BLOSC_SHUFFLES[shuffle], "typesize": typesize,
+        "compressor": "blosc",
+        "cname": compressor.cname,
+        "clevel": compressor.clevel,
+        "shuffle": _BLOSC_SHUFFLES[shuffle],
+        "typesize": typesize,
         "blocksize": compressor.blocksize,
     }
 
@@ -88,8 +91,11 @@ def _compressor_params(compressor: Any, itemsize: int) -> tuple[str, dict[str, A
     if compressor is None:
         return "", {"compressor": None}
     if kind is Zstd:
-        return "", {"compressor": "zstd", "level": compressor.level,
-                    "checksum": bool(compressor.checksum)}
+        return "", {
+            "compressor": "zstd",
+            "level": compressor.level,
+            "checksum": bool(compressor.checksum),
+        }
     if kind is GZip:
         return "", {"compressor": "gzip", "level": compressor.level}
     if kind is Zlib:
@@ -97,8 +103,10 @@ def _compressor_params(compressor: Any, itemsize: int) -> tuple[str, dict[str, A
     if kind is Blosc:
         return _blosc_params(compressor, itemsize)
     if _codec_id(compressor) == "lz4":
-        return ("zarr format 2 LZ4 is run by zarr: zarr_fused is built without liblz4 "
-                "(it reaches the process only inside c-blosc)"), {}
+        return (
+            "zarr format 2 LZ4 is run by zarr: zarr_fused is built without liblz4 "
+            "(it reaches the process only inside c-blosc)"
+        ), {}
     return f"no native kernel for the zarr format 2 compressor {_codec_id(compressor)!r}", {}
 
 
@@ -135,10 +143,16 @@ def v2_chain_params(
         return reason, {}
     if compressor["compressor"] == "blosc":
         # the same checks as a format-3 blosc codec: both c-blosc builds
-        stand_in = (*layout_codecs(spec), BloscCodec(
-            cname=compressor["cname"], clevel=compressor["clevel"],
-            shuffle=compressor["shuffle"], typesize=compressor["typesize"],
-            blocksize=compressor["blocksize"]))
+        stand_in = (
+            *layout_codecs(spec),
+            BloscCodec(
+                cname=compressor["cname"],
+                clevel=compressor["clevel"],
+                shuffle=compressor["shuffle"],
+                typesize=compressor["typesize"],
+                blocksize=compressor["blocksize"],
+            ),
+        )
         reason, _ = layout_params(stand_in, spec)
         if reason:
             return reason, {}

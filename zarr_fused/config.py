@@ -46,8 +46,7 @@ from warnings import warn
 from zarr.core.config import config as zarr_config
 from zarr.errors import ZarrUserWarning
 
-__all__ = ["IO_CONCURRENCY_KEY", "MAX_WORKERS_CAP", "MAX_WORKERS_KEY", "STRICT_KEY",
-           "strict_mode"]
+__all__ = ["IO_CONCURRENCY_KEY", "MAX_WORKERS_CAP", "MAX_WORKERS_KEY", "STRICT_KEY", "strict_mode"]
 
 IO_CONCURRENCY_KEY: Final = "codec_pipeline.io_concurrency"
 MAX_WORKERS_KEY: Final = "codec_pipeline.max_workers"

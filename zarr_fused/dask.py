@@ -31,7 +31,9 @@ PIPELINE = "zarr_fused.FusedCodecPipeline"
 
 
 def worker_settings(
-    *, max_workers: int | None = None, strict: bool | None = None,
+    *,
+    max_workers: int | None = None,
+    strict: bool | None = None,
     settings: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The zarr configuration `register` installs (see the module doc)."""
@@ -59,7 +61,10 @@ class ZarrFusedPlugin(WorkerPlugin):
 
 
 def register(
-    client: Client, *, max_workers: int | None = None, strict: bool | None = None,
+    client: Client,
+    *,
+    max_workers: int | None = None,
+    strict: bool | None = None,
     settings: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Select zarr_fused in every worker of ``client``'s cluster, now and

@@ -65,8 +65,10 @@ class CorruptShardError(CorruptChunkError):
         """A shard too short for its index, in zarr's words (its tests match
         "too short to hold its index"); ``got`` None when unknown."""
         read = "" if got is None else f"read {got} bytes of index, "
-        return cls(f"{where}: the stored shard is too short to hold its index: {read}"
-                   f"expected {expected}. The shard is truncated or corrupt.")
+        return cls(
+            f"{where}: the stored shard is too short to hold its index: {read}"
+            f"expected {expected}. The shard is truncated or corrupt."
+        )
 
 
 class ZarrFusedWarning(UserWarning):

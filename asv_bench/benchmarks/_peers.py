@@ -55,7 +55,9 @@ def available(peer: str) -> bool:
 def data_dir() -> Path:
     """The cache folder for benchmark data: ``ZARR_FUSED_BENCH_DIR``, default
     ``<tmp>/zarr_fused_bench``, one subfolder per scale."""
-    root = Path(os.environ.get("ZARR_FUSED_BENCH_DIR", Path(tempfile.gettempdir()) / "zarr_fused_bench"))
+    root = Path(
+        os.environ.get("ZARR_FUSED_BENCH_DIR", Path(tempfile.gettempdir()) / "zarr_fused_bench")
+    )
     root = root / scale()
     root.mkdir(parents=True, exist_ok=True)
     return root
@@ -83,8 +85,15 @@ class Layout:
     def create(self, store: Any) -> zarr.Array:
         extra = {"zarr_format": 2, "order": self.order} if self.zarr_format == 2 else {}
         return zarr.create_array(
-            store, shape=self.shape, dtype=self.dtype, chunks=self.chunks, shards=self.shards,
-            compressors=self.compressors(), fill_value=0, overwrite=True, **extra,
+            store,
+            shape=self.shape,
+            dtype=self.dtype,
+            chunks=self.chunks,
+            shards=self.shards,
+            compressors=self.compressors(),
+            fill_value=0,
+            overwrite=True,
+            **extra,
         )
 
     def sample(self) -> np.ndarray:
@@ -132,10 +141,14 @@ def scale() -> str:
 
 
 def _layouts(size: str) -> dict[str, Layout]:
-    cube, shard, inner = ((512, 128, 32) if size == "full" else (64, 32, 8))
-    side, chunk = ((2048, 64) if size == "full" else (256, 32))
-    sharded = {"shape": (cube,) * 3, "dtype": "uint16", "chunks": (inner,) * 3,
-               "shards": (shard,) * 3}
+    cube, shard, inner = (512, 128, 32) if size == "full" else (64, 32, 8)
+    side, chunk = (2048, 64) if size == "full" else (256, 32)
+    sharded = {
+        "shape": (cube,) * 3,
+        "dtype": "uint16",
+        "chunks": (inner,) * 3,
+        "shards": (shard,) * 3,
+    }
     flat = {"shape": (side, side), "dtype": "float32", "chunks": (chunk, chunk)}
     return {
         "sharded-zstd": Layout("sharded-zstd", compressors=_zstd1, **sharded),
@@ -146,8 +159,9 @@ def _layouts(size: str) -> dict[str, Layout]:
         "unsharded-raw": Layout("unsharded-raw", **flat),
         "v2-blosc": Layout("v2-blosc", compressors=_v2_blosc_lz4, zarr_format=2, **flat),
         "v2-zstd": Layout("v2-zstd", compressors=_v2_zstd1, zarr_format=2, **flat),
-        "v2-blosc-F": Layout("v2-blosc-F", compressors=_v2_blosc_lz4, zarr_format=2, order="F",
-                             **flat),
+        "v2-blosc-F": Layout(
+            "v2-blosc-F", compressors=_v2_blosc_lz4, zarr_format=2, order="F", **flat
+        ),
     }
 
 
@@ -195,13 +209,19 @@ class Reader:
             import tensorstore as ts
 
             driver = ts_driver(path)
-            spec: dict[str, Any] = {"driver": driver, "kvstore": {"driver": "file", "path": str(path)}}
+            spec: dict[str, Any] = {
+                "driver": driver,
+                "kvstore": {"driver": "file", "path": str(path)},
+            }
             if store_kind == "memory":
                 # load the files into tensorstore's memory kvstore
                 src = ts.open(spec).result()
-                mem = ts.open({"driver": driver, "kvstore": {"driver": "memory"}},
-                              create=True, schema=src.schema,
-                              codec=src.codec).result()
+                mem = ts.open(
+                    {"driver": driver, "kvstore": {"driver": "memory"}},
+                    create=True,
+                    schema=src.schema,
+                    codec=src.codec,
+                ).result()
                 mem.write(src.read().result()).result()
                 self.handle = mem
             else:
@@ -252,10 +272,13 @@ class Writer:
                 if driver == "zarr":  # the .zarray document, as tensorstore reads it
                     metadata = {k: v for k, v in metadata.items() if k != "attributes"}
                 self.handle = ts.open(
-                    {"driver": driver, "kvstore": {"driver": "memory"},
-                     "metadata": metadata}, create=True).result()
+                    {"driver": driver, "kvstore": {"driver": "memory"}, "metadata": metadata},
+                    create=True,
+                ).result()
             else:
-                self.handle = ts.open({"driver": driver, "kvstore": {"driver": "file", "path": str(self.path)}}).result()
+                self.handle = ts.open(
+                    {"driver": driver, "kvstore": {"driver": "file", "path": str(self.path)}}
+                ).result()
         else:
             with pipeline(self.peer):
                 self.handle = zarr.open_array(store, mode="r+")

@@ -39,7 +39,7 @@ def _payloads(codec: str) -> tuple[Any, Any, list[bytes], list[bytes], np.ndarra
     items = CHUNK_BYTES // 4
     x = np.linspace(0, 50, N_CHUNKS * items)
     data = (np.sin(x) * 1000 + np.random.default_rng(0).normal(0, 1, x.size)).astype("<f4")
-    raw = [data[i * items:(i + 1) * items].tobytes() for i in range(N_CHUNKS)]
+    raw = [data[i * items : (i + 1) * items].tobytes() for i in range(N_CHUNKS)]
     encoded = [nc.encode(r) for r in raw]
     return nc, kernel, raw, encoded, data
 
@@ -71,7 +71,7 @@ class CodecKernels:
         if implementation == "native":  # what time_encode produces decodes to the data
             batch = kc.EncodeBatch(self.kernel, N_CHUNKS, 1, repr, self.arena)
             for i in range(N_CHUNKS):
-                batch.add(self.data[i * self.items:(i + 1) * self.items], self.layout, False, i)
+                batch.add(self.data[i * self.items : (i + 1) * self.items], self.layout, False, i)
             if [bytes(self.nc.decode(bytes(p))) for p in batch.run()] != list(self.raw):
                 raise AssertionError("native encoded wrong data")
 
@@ -84,36 +84,52 @@ class CodecKernels:
             fn(0, N_CHUNKS)
         else:
             step = -(-N_CHUNKS // self.threads)
-            list(self.pool.map(lambda lo: fn(lo, min(N_CHUNKS, lo + step)), range(0, N_CHUNKS, step)))
+            list(
+                self.pool.map(lambda lo: fn(lo, min(N_CHUNKS, lo + step)), range(0, N_CHUNKS, step))
+            )
 
     def time_decode(self, codec: str, implementation: str, threads: int) -> None:
         items = self.items
         if implementation == "native":
+
             def part(lo: int, hi: int) -> None:
                 batch = self.kc.DecodeBatch(self.kernel, hi - lo, 1)
                 for i in range(lo, hi):
-                    batch.add(self.encoded[i], self.layout, (), self.dest,
-                              (slice(i * items, (i + 1) * items),), (), i)
+                    batch.add(
+                        self.encoded[i],
+                        self.layout,
+                        (),
+                        self.dest,
+                        (slice(i * items, (i + 1) * items),),
+                        (),
+                        i,
+                    )
                 batch.run()
         else:
+
             def part(lo: int, hi: int) -> None:
                 for i in range(lo, hi):
-                    self.nc.decode(self.encoded[i], out=self.dest[i * items:(i + 1) * items])
+                    self.nc.decode(self.encoded[i], out=self.dest[i * items : (i + 1) * items])
+
         self._split(part)
 
     def time_encode(self, codec: str, implementation: str, threads: int) -> None:
         items = self.items
         if implementation == "native":
+
             def part(lo: int, hi: int) -> None:
-                batch = self.kc.EncodeBatch(self.kernel, hi - lo, 1, repr,
-                                            self.arena[lo * self.bound:hi * self.bound])
+                batch = self.kc.EncodeBatch(
+                    self.kernel, hi - lo, 1, repr, self.arena[lo * self.bound : hi * self.bound]
+                )
                 for i in range(lo, hi):
-                    batch.add(self.data[i * items:(i + 1) * items], self.layout, False, i)
+                    batch.add(self.data[i * items : (i + 1) * items], self.layout, False, i)
                 batch.run()
         else:
+
             def part(lo: int, hi: int) -> None:
                 for i in range(lo, hi):
                     self.nc.encode(self.raw[i])
+
         self._split(part)
 
 

@@ -45,14 +45,25 @@ class DaskSharded:
         self.source = root / "source.zarr"
         self.data = np.random.default_rng(0).integers(0, 4000, (edge,) * 3, dtype="<u2")
         if not (self.source / "zarr.json").exists():
-            arr = zarr.create_array(zarr.storage.LocalStore(self.source), shape=self.data.shape,
-                                    dtype="<u2", chunks=(self.inner,) * 3,
-                                    shards=(self.shard,) * 3, compressors=ZstdCodec(level=1),
-                                    overwrite=True)
+            arr = zarr.create_array(
+                zarr.storage.LocalStore(self.source),
+                shape=self.data.shape,
+                dtype="<u2",
+                chunks=(self.inner,) * 3,
+                shards=(self.shard,) * 3,
+                compressors=ZstdCodec(level=1),
+                overwrite=True,
+            )
             arr[...] = self.data
         self.target = root / f"out-{peer}.zarr"
-        self.cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                                    dashboard_address=None, host="127.0.0.1", silence_logs=50)
+        self.cluster = LocalCluster(
+            n_workers=2,
+            threads_per_worker=1,
+            processes=True,
+            dashboard_address=None,
+            host="127.0.0.1",
+            silence_logs=50,
+        )
         self.client = Client(self.cluster, set_as_default=False)
         if peer == "zarr_fused":
             zarr_fused.dask.register(self.client)
@@ -83,6 +94,12 @@ class DaskSharded:
 
         self.target.mkdir(parents=True, exist_ok=True)
         x = self.da.from_zarr(str(self.source), chunks=(self.shard,) * 3)
-        self.da.to_zarr(x, str(self.target), chunks=(self.inner,) * 3, shards=(self.shard,) * 3,
-                        compressors=ZstdCodec(level=1), mode="w",
-                        compute=False).compute(scheduler=self.client)
+        self.da.to_zarr(
+            x,
+            str(self.target),
+            chunks=(self.inner,) * 3,
+            shards=(self.shard,) * 3,
+            compressors=ZstdCodec(level=1),
+            mode="w",
+            compute=False,
+        ).compute(scheduler=self.client)

@@ -20,12 +20,18 @@ class Overhead:
         import zarr
         from zarr.storage import MemoryStore
 
-        self._config = zarr.config.set({"codec_pipeline.path": PIPELINES[pipeline],
-                                        "codec_pipeline.max_workers": threads})
+        self._config = zarr.config.set(
+            {"codec_pipeline.path": PIPELINES[pipeline], "codec_pipeline.max_workers": threads}
+        )
         self._config.__enter__()
         self.store = MemoryStore()
-        self.array = zarr.create_array(self.store, shape=(64, 64), chunks=(32, 32),
-                                       dtype="float32", compressors=zarr.codecs.ZstdCodec(level=1))
+        self.array = zarr.create_array(
+            self.store,
+            shape=(64, 64),
+            chunks=(32, 32),
+            dtype="float32",
+            compressors=zarr.codecs.ZstdCodec(level=1),
+        )
         self.value = np.arange(32 * 32, dtype="float32").reshape(32, 32)
         self.array[:32, :32] = self.value
         if not np.array_equal(self.array[:32, :32], self.value):

@@ -14,7 +14,17 @@ from typing import Any
 
 import numpy as np
 
-from ._peers import LAYOUTS, PEERS, STORES, THREADS, Reader, available, choose, data_dir, write_reference
+from ._peers import (
+    LAYOUTS,
+    PEERS,
+    STORES,
+    THREADS,
+    Reader,
+    available,
+    choose,
+    data_dir,
+    write_reference,
+)
 
 FUSED_PEERS = ("zarr_fused", "zarr-fused")
 
@@ -42,8 +52,15 @@ def _teardown(bench: Any) -> None:
 
 
 class ReadAll:
-    params = (choose(["sharded-zstd", "sharded-raw", "sharded-zstd-crc", "unsharded-blosc"],
-                     ["sharded-zstd", "unsharded-blosc"]), PEERS, STORES, THREADS)
+    params = (
+        choose(
+            ["sharded-zstd", "sharded-raw", "sharded-zstd-crc", "unsharded-blosc"],
+            ["sharded-zstd", "unsharded-blosc"],
+        ),
+        PEERS,
+        STORES,
+        THREADS,
+    )
     param_names = ["layout", "peer", "store", "threads"]
     timeout = 600
     number = 1

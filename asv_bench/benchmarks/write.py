@@ -14,8 +14,12 @@ FUSED_PEERS = ("zarr_fused", "zarr-fused")
 class WriteAll:
     """Writing a whole array into a fresh empty one (created untimed)."""
 
-    params = (choose(["sharded-zstd", "sharded-raw", "unsharded-blosc"], ["sharded-zstd"]), PEERS,
-              STORES, THREADS)
+    params = (
+        choose(["sharded-zstd", "sharded-raw", "unsharded-blosc"], ["sharded-zstd"]),
+        PEERS,
+        STORES,
+        THREADS,
+    )
     param_names = ["layout", "peer", "store", "threads"]
     timeout = 600
     number = 1
@@ -67,8 +71,14 @@ class UpdateOneInnerChunk:
         from ._peers import PIPELINES
 
         inner = 32
-        layout = Layout(f"update-{shard_edge}", (shard_edge,) * 3, "uint16", (inner,) * 3,
-                        (shard_edge,) * 3, lambda: zarr.codecs.ZstdCodec(level=1))
+        layout = Layout(
+            f"update-{shard_edge}",
+            (shard_edge,) * 3,
+            "uint16",
+            (inner,) * 3,
+            (shard_edge,) * 3,
+            lambda: zarr.codecs.ZstdCodec(level=1),
+        )
         self.data = layout.sample()
         self._config = zarr.config.set({"codec_pipeline.path": PIPELINES[pipeline]})
         self._config.__enter__()

@@ -32,24 +32,36 @@ def main(root: Path) -> int:
     zarr.config.set({"codec_pipeline.path": "zarr_fused.FusedCodecPipeline"})
     shape = (EDGE * size, EDGE, EDGE)
     if rank == 0:
-        zarr.create_array(zarr.storage.LocalStore(root), shape=shape, dtype="<u2",
-                          chunks=(16, 16, 16), shards=(EDGE, EDGE, EDGE), overwrite=True)
+        zarr.create_array(
+            zarr.storage.LocalStore(root),
+            shape=shape,
+            dtype="<u2",
+            chunks=(16, 16, 16),
+            shards=(EDGE, EDGE, EDGE),
+            overwrite=True,
+        )
     comm.Barrier()
     arr = zarr.open_array(zarr.storage.LocalStore(root), mode="r+")
-    arr[rank * EDGE:(rank + 1) * EDGE] = region_data(rank)
+    arr[rank * EDGE : (rank + 1) * EDGE] = region_data(rank)
     comm.Barrier()
     other = (rank + 1) % size
-    got = arr[other * EDGE:(other + 1) * EDGE]
+    got = arr[other * EDGE : (other + 1) * EDGE]
     ok = bool(np.array_equal(got, region_data(other)))
     if rank == 0:
         oracle = root.with_name(root.name + ".oracle")
-        with zarr.config.set({"codec_pipeline.path":
-                              "zarr.core.codec_pipeline.BatchedCodecPipeline"}):
-            ref = zarr.create_array(zarr.storage.LocalStore(oracle), shape=shape, dtype="<u2",
-                                    chunks=(16, 16, 16), shards=(EDGE, EDGE, EDGE),
-                                    overwrite=True)
+        with zarr.config.set(
+            {"codec_pipeline.path": "zarr.core.codec_pipeline.BatchedCodecPipeline"}
+        ):
+            ref = zarr.create_array(
+                zarr.storage.LocalStore(oracle),
+                shape=shape,
+                dtype="<u2",
+                chunks=(16, 16, 16),
+                shards=(EDGE, EDGE, EDGE),
+                overwrite=True,
+            )
             for r in range(size):
-                ref[r * EDGE:(r + 1) * EDGE] = region_data(r)
+                ref[r * EDGE : (r + 1) * EDGE] = region_data(r)
         for r in range(size):
             key = Path("c", str(r), "0", "0")
             ok &= (root / key).read_bytes() == (oracle / key).read_bytes()

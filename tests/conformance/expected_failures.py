@@ -71,8 +71,7 @@ EXPECTED: dict[str, dict[str, str]] = {
         "test_load_partial_shard_uses_config_defaults": _ASYNC_GET_RANGES,
         **{
             "tests/test_codecs/test_sharding.py::"
-            f"test_sharding_partial_shard_read__index_chunk_slice_fails[{store}-{location}]":
-            _PRIVATE_SHARD_INDEX
+            f"test_sharding_partial_shard_read__index_chunk_slice_fails[{store}-{location}]": _PRIVATE_SHARD_INDEX
             for store in ("local", "memory")
             for location in ("start", "end")
         },

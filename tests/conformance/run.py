@@ -111,9 +111,18 @@ def fetch_sdist(version: str) -> Path:
         log(f"downloading the zarr {version} sdist into {downloads}")
         subprocess.run(
             [
-                sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
-                "--no-binary", ":all:", "--disable-pip-version-check",
-                f"zarr=={version}", "-d", str(downloads),
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--quiet",
+                "--no-deps",
+                "--no-binary",
+                ":all:",
+                "--disable-pip-version-check",
+                f"zarr=={version}",
+                "-d",
+                str(downloads),
             ],
             check=True,
             stderr=subprocess.DEVNULL,
@@ -145,8 +154,17 @@ def run(name: str, sdist: Path, extra: list[str], workers: int) -> dict[str, obj
     )
     parallel = ["-n", str(workers)] if spec.get("parallel") and workers > 1 else []
     cmd = [
-        sys.executable, "-m", "pytest", "-q", "-p", "zarr_fused_conformance",
-        "-p", "no:cacheprovider", *parallel, *spec["paths"], *extra,  # type: ignore[misc]
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "zarr_fused_conformance",
+        "-p",
+        "no:cacheprovider",
+        *parallel,
+        *spec["paths"],
+        *extra,  # type: ignore[misc]
     ]
     log(f"run {name!r}: {' '.join(cmd[3:])}")
     start = time.monotonic()

@@ -134,8 +134,7 @@ def pytest_collection_modifyitems(
         stale = sorted(wanted - seen)
         if stale and os.environ.get("ZF_CONFORMANCE_FULL") == "1":
             raise pytest.UsageError(
-                "expected_failures.py lists tests that were not collected in run "
-                f"{RUN!r}: {stale}"
+                f"expected_failures.py lists tests that were not collected in run {RUN!r}: {stale}"
             )
 
 

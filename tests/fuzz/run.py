@@ -76,11 +76,11 @@ def _mutate(rng: random.Random, data: bytes, pool: list[bytes]) -> bytes:
         elif op == 2:
             buf[pos:pos] = bytes(rng.randrange(256) for _ in range(rng.randrange(1, 9)))
         elif op == 3 and buf:
-            del buf[pos:pos + rng.randrange(1, 17)]
+            del buf[pos : pos + rng.randrange(1, 17)]
         elif op == 4 and len(buf) >= 8:
             at = rng.randrange(len(buf) - 7)
             value = rng.choice((0, 2**64 - 1, 2**63, 2**40, rng.randrange(2**16), len(buf)))
-            buf[at:at + 8] = value.to_bytes(8, rng.choice(("little", "big")))
+            buf[at : at + 8] = value.to_bytes(8, rng.choice(("little", "big")))
         else:
             other = rng.choice(pool)
             cut = rng.randrange(len(other) + 1)
@@ -117,8 +117,10 @@ def mutation_loop(name: str, seconds: float, seed: int) -> int:
         finally:
             signal.alarm(0)
         execs += 1
-    print(f"fuzz: {name} engine=mutation execs={execs} seconds={time.monotonic() - start:.0f} "
-          f"outcomes={dict(outcomes)}")
+    print(
+        f"fuzz: {name} engine=mutation execs={execs} seconds={time.monotonic() - start:.0f} "
+        f"outcomes={dict(outcomes)}"
+    )
     return 0
 
 
@@ -129,8 +131,9 @@ def atheris_run(name: str, seconds: float, seed: int, extra: list[str]) -> int:
     # atheris instruments modules as they are first imported.
     with atheris.instrument_imports(include=["zarr_fused", "targets"]):
         import targets
+
+        import zarr_fused.pipeline
         import zarr_fused.shard.read  # noqa: F401  (the sharded read path)
-        import zarr_fused.pipeline  # noqa: F401
     if name not in targets.TARGETS:
         sys.exit(f"unknown target {name!r}; targets: {sorted(targets.TARGETS)}")
     targets.configure()
@@ -147,17 +150,28 @@ def atheris_run(name: str, seconds: float, seed: int, extra: list[str]) -> int:
         # the summary goes out just before
         if not reported and time.monotonic() - start >= seconds - 1:
             reported = True
-            print(f"fuzz: {name} engine=atheris coverage={native} "
-                  f"execs={sum(outcomes.values())} seconds={time.monotonic() - start:.0f} "
-                  f"outcomes={dict(outcomes)}", flush=True)
+            print(
+                f"fuzz: {name} engine=atheris coverage={native} "
+                f"execs={sum(outcomes.values())} seconds={time.monotonic() - start:.0f} "
+                f"outcomes={dict(outcomes)}",
+                flush=True,
+            )
 
     work = WORK / name
     work.mkdir(parents=True, exist_ok=True)
     CRASHES.mkdir(parents=True, exist_ok=True)
-    args = [sys.argv[0], f"-seed={seed}", f"-max_total_time={int(seconds)}",
-            f"-timeout={TIMEOUT}", "-rss_limit_mb=4096",
-            f"-artifact_prefix={CRASHES}/{name}-", "-print_final_stats=1", *extra,
-            str(work), str(CORPUS / name)]
+    args = [
+        sys.argv[0],
+        f"-seed={seed}",
+        f"-max_total_time={int(seconds)}",
+        f"-timeout={TIMEOUT}",
+        "-rss_limit_mb=4096",
+        f"-artifact_prefix={CRASHES}/{name}-",
+        "-print_final_stats=1",
+        *extra,
+        str(work),
+        str(CORPUS / name),
+    ]
     atheris.Setup(args, one_input)
     atheris.Fuzz()
     return 0
@@ -169,8 +183,7 @@ def _target_names() -> list[str]:
     import subprocess
 
     code = "import sys; sys.path.insert(0, sys.argv[1]); import targets; print(*targets.TARGETS)"
-    return subprocess.check_output([sys.executable, "-P", "-c", code, str(HERE)],
-                                   text=True).split()
+    return subprocess.check_output([sys.executable, "-P", "-c", code, str(HERE)], text=True).split()
 
 
 def main() -> int:
@@ -197,6 +210,7 @@ def main() -> int:
     if engine == "auto":
         try:
             import atheris  # noqa: F401
+
             engine = "atheris"
         except ImportError:
             engine = "mutation"
@@ -206,8 +220,19 @@ def main() -> int:
 
         rc = 0
         for name in names:
-            cmd = [sys.executable, "-P", __file__, "--target", name, "--seconds",
-                   str(args.seconds), "--seed", str(args.seed), "--engine", engine]
+            cmd = [
+                sys.executable,
+                "-P",
+                __file__,
+                "--target",
+                name,
+                "--seconds",
+                str(args.seconds),
+                "--seed",
+                str(args.seed),
+                "--engine",
+                engine,
+            ]
             if args.libfuzzer_args:
                 cmd += ["--", *args.libfuzzer_args]
             rc |= subprocess.call(cmd)

@@ -16,8 +16,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-import targets  # noqa: E402
-from targets import CHUNK_CODECS, ShardConfig, chunk_seed, shard_seed  # noqa: E402
+import targets
+from targets import CHUNK_CODECS, ShardConfig, chunk_seed, shard_seed
 
 CORPUS = HERE / "corpus"
 
@@ -26,7 +26,7 @@ def _index_of(seed: bytes, config: ShardConfig) -> tuple[bytes, int]:
     """The index bytes of a shard seed and the payload length around them."""
     shard = seed[1:]
     size = 64 + (4 if config.index_crc else 0)
-    raw = shard[:size] if config.at_start else shard[len(shard) - size:]
+    raw = shard[:size] if config.at_start else shard[len(shard) - size :]
     return raw, len(shard) - size
 
 
@@ -36,10 +36,17 @@ def seeds() -> dict[str, dict[str, bytes]]:
         valid = chunk_seed(name)
         flipped = bytearray(valid)
         flipped[len(valid) // 2] ^= 0x40
-        out[f"chunk-{name}"] = {"valid": valid, "flipped": bytes(flipped),
-                                "truncated": valid[: len(valid) * 2 // 3]}
-    configs = [ShardConfig(0, False, True, False), ShardConfig(1, True, True, False),
-               ShardConfig(2, False, False, True), ShardConfig(5, False, True, False)]
+        out[f"chunk-{name}"] = {
+            "valid": valid,
+            "flipped": bytes(flipped),
+            "truncated": valid[: len(valid) * 2 // 3],
+        }
+    configs = [
+        ShardConfig(0, False, True, False),
+        ShardConfig(1, True, True, False),
+        ShardConfig(2, False, False, True),
+        ShardConfig(5, False, True, False),
+    ]
     whole, partial, index = {}, {}, {}
     for c in configs:
         seed = shard_seed(c)
@@ -47,8 +54,9 @@ def seeds() -> dict[str, dict[str, bytes]]:
         tag += ("-crc" if c.index_crc else "") + ("-be" if c.big_endian else "")
         whole[tag] = partial[tag] = seed
         raw, payload = _index_of(seed, c)
-        flags = (1 if c.index_crc else 0) | (2 if c.big_endian else 0) | 4 \
-            | (8 if c.at_start else 0)
+        flags = (
+            (1 if c.index_crc else 0) | (2 if c.big_endian else 0) | 4 | (8 if c.at_start else 0)
+        )
         index[tag] = bytes([flags, 3]) + struct.pack("<H", payload) + raw
     # entries pointing past the shard (the raw codecs, no index crc): one
     # too long, one of the right length that starts past the end (a reader

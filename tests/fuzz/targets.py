@@ -78,8 +78,9 @@ class Violation(AssertionError):
 # -- the shard index on its own ---------------------------------------------------
 
 
-def reference_index(raw: bytes, n: int, *, checksum: bool, big_endian: bool,
-                    shard_len: int, index_start: int) -> list[tuple[int, int]] | str:
+def reference_index(
+    raw: bytes, n: int, *, checksum: bool, big_endian: bool, shard_len: int, index_start: int
+) -> list[tuple[int, int]] | str:
     """The (offset, nbytes) pairs of a valid index, or why it is invalid.
 
     Written from the sharding specification and zarr_fused's documented
@@ -91,7 +92,7 @@ def reference_index(raw: bytes, n: int, *, checksum: bool, big_endian: bool,
 
     if len(raw) != 16 * n + (4 if checksum else 0):
         return "length"
-    if checksum and struct.unpack("<I", raw[16 * n:])[0] != crc32c(raw[: 16 * n]):
+    if checksum and struct.unpack("<I", raw[16 * n :])[0] != crc32c(raw[: 16 * n]):
         return "crc"
     pairs = list(struct.iter_unpack(">QQ" if big_endian else "<QQ", raw[: 16 * n]))
     index_end = index_start + len(raw)
@@ -129,11 +130,24 @@ def target_index(data: bytes) -> str:
     payload = int.from_bytes(data[2:4], "little")
     shard_len = payload + len(raw) if known else -1
     index_start = 0 if at_start or not known else payload
-    expected = reference_index(raw, n, checksum=checksum, big_endian=big_endian,
-                               shard_len=shard_len, index_start=index_start)
+    expected = reference_index(
+        raw,
+        n,
+        checksum=checksum,
+        big_endian=big_endian,
+        shard_len=shard_len,
+        index_start=index_start,
+    )
     try:
-        got = parse_index(raw, n, checksum=checksum, big_endian=big_endian,
-                          shard_len=shard_len, index_start=index_start, where="'c/0/0'")
+        got = parse_index(
+            raw,
+            n,
+            checksum=checksum,
+            big_endian=big_endian,
+            shard_len=shard_len,
+            index_start=index_start,
+            where="'c/0/0'",
+        )
     except CorruptShardError as exc:
         if not isinstance(expected, str):
             raise Violation(f"parse_index rejected a valid index: {exc}") from exc
@@ -214,8 +228,9 @@ def _compare(pair: Pair, data: bytes, selections: list[Any]) -> str:
             if not tracing:
                 tracemalloc.stop()
         if peak > ALLOC_BOUND:
-            raise Violation(f"{selection}: zarr_fused allocated {peak} bytes at peak "
-                            f"(bound {ALLOC_BOUND})")
+            raise Violation(
+                f"{selection}: zarr_fused allocated {peak} bytes at peak (bound {ALLOC_BOUND})"
+            )
         if isinstance(got, Exception):
             if pair.key not in str(got):
                 raise Violation(f"{selection}: the error does not name {pair.key!r}: {got}")
@@ -224,8 +239,9 @@ def _compare(pair: Pair, data: bytes, selections: list[Any]) -> str:
         try:
             expected: Any = _read(pair.zarr_array, selection)
         except Exception as exc:  # zarr's own verdict on these bytes
-            raise Violation(f"{selection}: zarr_fused read values where zarr raised "
-                            f"{type(exc).__name__}: {exc}") from exc
+            raise Violation(
+                f"{selection}: zarr_fused read values where zarr raised {type(exc).__name__}: {exc}"
+            ) from exc
         if got.dtype != expected.dtype or not np.array_equal(got, expected):
             raise Violation(f"{selection}: zarr_fused read {got!r}, zarr read {expected!r}")
     return outcome
@@ -249,9 +265,16 @@ CHUNK_SELECTIONS = [Ellipsis, (slice(1, 4), slice(2, 5)), ([0, 5], [1, 3])]
 
 def _chunk_array(name: str) -> Callable[[MemoryStore], zarr.Array]:
     def create(store: MemoryStore) -> zarr.Array:
-        return zarr.create_array(store, shape=CHUNK_SHAPE, chunks=CHUNK_SHAPE, dtype=CHUNK_DTYPE,
-                                 serializer=BytesCodec(), compressors=CHUNK_CODECS[name](),
-                                 fill_value=7)
+        return zarr.create_array(
+            store,
+            shape=CHUNK_SHAPE,
+            chunks=CHUNK_SHAPE,
+            dtype=CHUNK_DTYPE,
+            serializer=BytesCodec(),
+            compressors=CHUNK_CODECS[name](),
+            fill_value=7,
+        )
+
     return create
 
 
@@ -276,6 +299,7 @@ def chunk_target(name: str) -> Callable[[bytes], str]:
             stored = with_crc(stored[:-4])
         pair = _pair(("chunk", name), _chunk_array(name), "c/0/0")
         return _compare(pair, stored, CHUNK_SELECTIONS)
+
     target.__name__ = f"target_chunk_{name.replace('-', '_')}"
     return target
 
@@ -321,31 +345,49 @@ class ShardConfig:
         return cls((b & 0x0F) % len(INNER_CODECS), bool(b & 0x10), not b & 0x20, bool(b & 0x40))
 
     def to_byte(self, fix_crc: bool = False) -> int:
-        return (self.inner | (0x10 if self.at_start else 0) | (0 if self.index_crc else 0x20)
-                | (0x40 if self.big_endian else 0) | (0x80 if fix_crc else 0))
+        return (
+            self.inner
+            | (0x10 if self.at_start else 0)
+            | (0 if self.index_crc else 0x20)
+            | (0x40 if self.big_endian else 0)
+            | (0x80 if fix_crc else 0)
+        )
 
     def fix_index_crc(self, shard: bytes) -> bytes:
         size = 16 * 4 + 4
         if not self.index_crc or len(shard) < size:
             return shard
         if self.at_start:
-            return with_crc(shard[:size - 4]) + shard[size:]
-        return shard[:len(shard) - size] + with_crc(shard[len(shard) - size:-4])
+            return with_crc(shard[: size - 4]) + shard[size:]
+        return shard[: len(shard) - size] + with_crc(shard[len(shard) - size : -4])
 
     def create(self, store: MemoryStore) -> zarr.Array:
         index_codecs = [BytesCodec(endian="big" if self.big_endian else "little")]
         if self.index_crc:
             index_codecs.append(Crc32cCodec())
-        serializer = ShardingCodec(chunk_shape=INNER_SHAPE, codecs=INNER_CODECS[self.inner](),
-                                   index_codecs=index_codecs,
-                                   index_location="start" if self.at_start else "end")
-        return zarr.create_array(store, shape=SHARD_SHAPE, chunks=SHARD_SHAPE, dtype=SHARD_DTYPE,
-                                 serializer=serializer, compressors=None, fill_value=-1)
+        serializer = ShardingCodec(
+            chunk_shape=INNER_SHAPE,
+            codecs=INNER_CODECS[self.inner](),
+            index_codecs=index_codecs,
+            index_location="start" if self.at_start else "end",
+        )
+        return zarr.create_array(
+            store,
+            shape=SHARD_SHAPE,
+            chunks=SHARD_SHAPE,
+            dtype=SHARD_DTYPE,
+            serializer=serializer,
+            compressors=None,
+            fill_value=-1,
+        )
 
 
 WHOLE_SELECTIONS = [Ellipsis, ([0, 7], [1, 5])]
-PARTIAL_SELECTIONS = [(slice(0, 4), slice(0, 3)), (slice(None), slice(4, 6)),
-                      (slice(5, 6), slice(1, 2))]
+PARTIAL_SELECTIONS = [
+    (slice(0, 4), slice(0, 3)),
+    (slice(None), slice(4, 6)),
+    (slice(5, 6), slice(1, 2)),
+]
 
 
 def _shard_target(selections: list[Any], partial: bool) -> Callable[[bytes], str]:
@@ -356,6 +398,7 @@ def _shard_target(selections: list[Any], partial: bool) -> Callable[[bytes], str
         pair = _pair(("shard", config), config.create, "c/0/0")
         shard = config.fix_index_crc(data[1:]) if data[0] & 0x80 else data[1:]
         return _compare(pair, shard, selections)
+
     return target
 
 

@@ -13,9 +13,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import zarr
-
 import targets
+import zarr
 
 CORPUS = Path(__file__).resolve().parent / "corpus"
 
@@ -35,8 +34,9 @@ def _cases() -> list[object]:
     cases = []
     for path in sorted(CORPUS.glob("*/*")):
         name = f"{path.parent.name}/{path.name}"
-        marks = ([pytest.mark.xfail(strict=True, reason=KNOWN_BUGS[name])]
-                 if name in KNOWN_BUGS else [])
+        marks = (
+            [pytest.mark.xfail(strict=True, reason=KNOWN_BUGS[name])] if name in KNOWN_BUGS else []
+        )
         cases.append(pytest.param(path, id=name, marks=marks))
     return cases
 
@@ -55,8 +55,9 @@ def test_every_target_has_seeds() -> None:
 def test_valid_seeds_read_the_same(name: str) -> None:
     """The harness compares values: a valid seed reads the same both ways
     (so the fuzz runs start from inputs that reach the decoders)."""
-    seeds = [p for p in (CORPUS / name).iterdir()
-             if p.name == "valid" or p.name.startswith("inner")]
+    seeds = [
+        p for p in (CORPUS / name).iterdir() if p.name == "valid" or p.name.startswith("inner")
+    ]
     assert seeds
     assert {targets.TARGETS[name](p.read_bytes()) for p in seeds} == {"same"}
 
@@ -76,14 +77,20 @@ def test_harness_flags_wrong_values(monkeypatch: pytest.MonkeyPatch) -> None:
         targets.TARGETS["chunk-zstd"]((CORPUS / "chunk-zstd" / "valid").read_bytes())
 
 
-@pytest.mark.parametrize("entry", [pytest.param((0, 16), id="overlaps-first"),
-                                   pytest.param((2**64 - 1, 4), id="half-missing"),
-                                   pytest.param((2**63, 2**63), id="overflow")])
+@pytest.mark.parametrize(
+    "entry",
+    [
+        pytest.param((0, 16), id="overlaps-first"),
+        pytest.param((2**64 - 1, 4), id="half-missing"),
+        pytest.param((2**63, 2**63), id="overflow"),
+    ],
+)
 def test_reference_index_rejects(entry: tuple[int, int]) -> None:
     """The index oracle is independent of parse_index and rejects what the
     specification does."""
     pairs = [(0, 16), entry, (2**64 - 1, 2**64 - 1)]
     raw = b"".join(struct.pack("<QQ", *p) for p in pairs)
-    got = targets.reference_index(raw, 3, checksum=False, big_endian=False, shard_len=-1,
-                                  index_start=0)
+    got = targets.reference_index(
+        raw, 3, checksum=False, big_endian=False, shard_len=-1, index_start=0
+    )
     assert isinstance(got, str)

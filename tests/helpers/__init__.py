@@ -102,6 +102,10 @@ def chunk_spec(shape: tuple[int, ...], dtype: Any) -> ArraySpec:
     """The spec of one chunk of ``shape`` and NumPy ``dtype`` (default fill
     value, C order, CPU buffers), as codecs receive it."""
     zdtype = get_data_type_from_native_dtype(np.dtype(dtype))
-    return ArraySpec(shape=shape, dtype=zdtype, fill_value=zdtype.default_scalar(),
-                     config=ArrayConfig(order="C", write_empty_chunks=True),
-                     prototype=default_buffer_prototype())
+    return ArraySpec(
+        shape=shape,
+        dtype=zdtype,
+        fill_value=zdtype.default_scalar(),
+        config=ArrayConfig(order="C", write_empty_chunks=True),
+        prototype=default_buffer_prototype(),
+    )

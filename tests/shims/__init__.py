@@ -40,7 +40,10 @@ def build_faultfs(directory: Path) -> Path:
     target = directory / "faultfs.so"
     result = subprocess.run(
         [compiler, "-shared", "-fPIC", "-O1", "-o", str(target), str(SOURCE), "-ldl"],
-        capture_output=True, text=True, timeout=120, check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
     if result.returncode != 0:
         pytest.skip(f"the faultfs shim did not build: {result.stderr.strip()[:400]}")
@@ -120,8 +123,11 @@ class FaultyChild:
         if self.proc is None or self.proc.poll() is not None:
             self.close()
             self.proc = subprocess.Popen(
-                [sys.executable, "-c", WORKER], env=child_env(self.shim),
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0,
+                [sys.executable, "-c", WORKER],
+                env=child_env(self.shim),
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                bufsize=0,
             )
         values = {f"FAULTFS_{k.upper()}": str(v) for k, v in faults.items()}
         line = json.dumps({"faults": values, "code": code, "args": args}) + "\n"

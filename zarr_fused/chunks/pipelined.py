@@ -37,8 +37,8 @@ if TYPE_CHECKING:
     from zarr.core.buffer import NDBuffer
 
     from zarr_fused._chain import NativeChain
-    from zarr_fused.chunks.read import NativeChunkReader
     from zarr_fused._items import ReadItem
+    from zarr_fused.chunks.read import NativeChunkReader
 
 __all__ = ["PipelinedChunkReader", "group_size"]
 
@@ -131,8 +131,14 @@ class PipelinedChunkReader:
         if self._direct_is_faster():
             return self._read_direct_timed(batch, out, drop_axes, max_workers)
         read = _PipelinedRead(self.chain, batch, out, drop_axes, prefix, io_concurrency)
-        run_pipelined(read.groups, read.costs, read.fetch, read.consume,
-                      io_concurrency=io_concurrency, max_workers=max_workers)
+        run_pipelined(
+            read.groups,
+            read.costs,
+            read.fetch,
+            read.consume,
+            io_concurrency=io_concurrency,
+            max_workers=max_workers,
+        )
         if read.fastest != float("inf"):
             self.seconds_per_file = read.fastest
             self.probed = time.monotonic()
@@ -143,11 +149,16 @@ class PipelinedChunkReader:
         compute threads to read them themselves (see the class docstring)."""
         seen = self.seconds_per_file
         now = time.monotonic()
-        return (seen is not None and seen < FAST_FILE and now >= self.slow_until
-                and now - self.probed < PROBE_INTERVAL)
+        return (
+            seen is not None
+            and seen < FAST_FILE
+            and now >= self.slow_until
+            and now - self.probed < PROBE_INTERVAL
+        )
 
-    def _read_direct_timed(self, batch: Sequence[ReadItem], out: NDBuffer,
-                           drop_axes: tuple[int, ...], max_workers: int) -> tuple[GetResult, ...]:
+    def _read_direct_timed(
+        self, batch: Sequence[ReadItem], out: NDBuffer, drop_axes: tuple[int, ...], max_workers: int
+    ) -> tuple[GetResult, ...]:
         start = time.perf_counter()
         result = self.direct.read(batch, out, drop_axes, max_workers)
         took = (time.perf_counter() - start) * min(max_workers, len(batch)) / len(batch)
@@ -161,8 +172,15 @@ class _PipelinedRead:
     """One pipelined read: groups of chunk files fetched on the IO threads
     (`fetch`) and decoded into the output on the compute threads (`consume`)."""
 
-    def __init__(self, chain: NativeChain, batch: Sequence[ReadItem], out: NDBuffer,
-                 drop_axes: tuple[int, ...], prefix: bytes, io_concurrency: int) -> None:
+    def __init__(
+        self,
+        chain: NativeChain,
+        batch: Sequence[ReadItem],
+        out: NDBuffer,
+        drop_axes: tuple[int, ...],
+        prefix: bytes,
+        io_concurrency: int,
+    ) -> None:
         self.chain = chain
         self.batch = batch
         self.out = out
@@ -174,8 +192,9 @@ class _PipelinedRead:
         self.paths = [prefix + os.fsencode(item[0].path) for item in batch]
         self.bounds = [chain.encode_bound(chain.layout(item[1].shape).nbytes) for item in batch]
         self.size = group_size(len(batch), io_concurrency, max(self.bounds))
-        self.groups = [range(s, min(len(batch), s + self.size))
-                       for s in range(0, len(batch), self.size)]
+        self.groups = [
+            range(s, min(len(batch), s + self.size)) for s in range(0, len(batch), self.size)
+        ]
         self.costs = [sum(self.bounds[i] for i in g) for g in self.groups]
         # Buffers of consumed requests are handed to the next ones: fresh
         # memory costs a page fault per page (large allocations are mmapped),
@@ -195,13 +214,14 @@ class _PipelinedRead:
 
     def fetch(self, group: range, state: Batch[range, _Fetched]) -> _Fetched:
         arena = self._arena(self.costs[group.start // self.size])
-        caps = np.array(self.bounds[group.start:group.stop], dtype=np.intp)
+        caps = np.array(self.bounds[group.start : group.stop], dtype=np.intp)
         offsets = np.zeros(len(group), dtype=np.intp)
         np.cumsum(caps[:-1], out=offsets[1:])
         lengths = np.empty(len(group), dtype=np.intp)
         start = time.perf_counter()
         done = fileio_kernels.read_files_into(  # type: ignore[union-attr]
-            self.paths[group.start:group.stop], arena, offsets, caps, lengths, state.stop_flag)
+            self.paths[group.start : group.stop], arena, offsets, caps, lengths, state.stop_flag
+        )
         if done:
             per_file = (time.perf_counter() - start) / done
             with self.lock:
@@ -230,9 +250,16 @@ class _PipelinedRead:
                 self.statuses[i] = PRESENT
                 payload = fetched.oversize.get(i)
                 if payload is None:
-                    payload = fetched.arena[offset:offset + length]
-                queued = decode.add(payload, chain.layout(spec.shape), chunk_selection, dst,
-                                    out_selection, self.drop_axes, getter)
+                    payload = fetched.arena[offset : offset + length]
+                queued = decode.add(
+                    payload,
+                    chain.layout(spec.shape),
+                    chunk_selection,
+                    dst,
+                    out_selection,
+                    self.drop_axes,
+                    getter,
+                )
             if not queued:
                 general.append((i, payload))
             offset += self.bounds[i]
@@ -249,5 +276,6 @@ class _PipelinedRead:
                 fill_missing(self.out, out_selection, spec)
             else:
                 raw = spec.prototype.buffer.from_bytes(bytes(payload))
-                self.chain.decode_into(raw, spec, chunk_selection, self.out, out_selection,
-                                       self.drop_axes, getter)
+                self.chain.decode_into(
+                    raw, spec, chunk_selection, self.out, out_selection, self.drop_axes, getter
+                )

@@ -93,8 +93,13 @@ class _ChunkRead:
     files of) a group's chunks, decode them into ``out`` in one nogil call;
     chunks the kernels do not take go through the chain one by one."""
 
-    def __init__(self, chain: NativeChain, batch: Sequence[ReadItem], out: NDBuffer,
-                 drop_axes: tuple[int, ...]) -> None:
+    def __init__(
+        self,
+        chain: NativeChain,
+        batch: Sequence[ReadItem],
+        out: NDBuffer,
+        drop_axes: tuple[int, ...],
+    ) -> None:
         self.chain = chain
         self.batch = batch
         self.out = out
@@ -117,8 +122,9 @@ class _ChunkRead:
             layout = chain.layout(spec.shape)
             if self.prefix is not None:
                 path = self.prefix + os.fsencode(getter.path)
-                if group.add_file(path, layout, chunk_selection, dst, out_selection,
-                                  drop_axes, getter):
+                if group.add_file(
+                    path, layout, chunk_selection, dst, out_selection, drop_axes, getter
+                ):
                     statuses[i] = PRESENT
                     queued_items.append(i)
                 else:
@@ -128,8 +134,15 @@ class _ChunkRead:
             if raw is None:
                 queued = group.add_missing(dst, out_selection, getter)
             else:
-                queued = group.add(raw.as_numpy_array(), layout, chunk_selection, dst,
-                                   out_selection, drop_axes, getter)
+                queued = group.add(
+                    raw.as_numpy_array(),
+                    layout,
+                    chunk_selection,
+                    dst,
+                    out_selection,
+                    drop_axes,
+                    getter,
+                )
             if queued:
                 statuses[i] = PRESENT if raw is not None else MISSING
                 queued_items.append(i)

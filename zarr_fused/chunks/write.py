@@ -137,8 +137,13 @@ class _ChunkWrite:
     """One `NativeChunkWriter.write` call, group by group: decode the chunks
     written in part, merge, encode the group in one nogil call, store."""
 
-    def __init__(self, chain: NativeChain, batch: Sequence[WriteItem], value: NDBuffer,
-                 drop_axes: tuple[int, ...]) -> None:
+    def __init__(
+        self,
+        chain: NativeChain,
+        batch: Sequence[WriteItem],
+        value: NDBuffer,
+        drop_axes: tuple[int, ...],
+    ) -> None:
         self.chain = chain
         self.batch = batch
         self.value = value
@@ -162,11 +167,17 @@ class _ChunkWrite:
     def _merged(self, merged: np.ndarray, spec: ArraySpec, *, queued: bool = False) -> _Merged:
         """What to do with a merged chunk; with ``queued``, the kernel's
         empty-chunk test replaces zarr's where it can run it."""
-        kernel_checks = queued and self.empty_pattern is not None and merged.dtype == self.chain.dtype
-        if not kernel_checks and chunk_is_empty(spec.prototype.nd_buffer.from_ndarray_like(merged), spec):
+        kernel_checks = (
+            queued and self.empty_pattern is not None and merged.dtype == self.chain.dtype
+        )
+        if not kernel_checks and chunk_is_empty(
+            spec.prototype.nd_buffer.from_ndarray_like(merged), spec
+        ):
             return None, None
         if self.chain.encode_swap(merged) is None:
-            return self.chain.fallback.encode(spec.prototype.nd_buffer.from_ndarray_like(merged), spec), None
+            return self.chain.fallback.encode(
+                spec.prototype.nd_buffer.from_ndarray_like(merged), spec
+            ), None
         return None, merged
 
     def _scalar_chunk(self, item: WriteItem) -> Buffer | None:
@@ -179,12 +190,14 @@ class _ChunkWrite:
         with self._shared_lock:
             if memo and memo_key in self._shared:
                 return self._shared[memo_key]
-            merged = merge_owned(None, self.value, out_selection, spec, chunk_selection, True,
-                                 self.drop_axes)
+            merged = merge_owned(
+                None, self.value, out_selection, spec, chunk_selection, True, self.drop_axes
+            )
             ready, array = self._merged(merged, spec)
             if array is not None:
-                ready = self.chain.encode(spec.prototype.nd_buffer.from_ndarray_like(array), spec,
-                                          setter)
+                ready = self.chain.encode(
+                    spec.prototype.nd_buffer.from_ndarray_like(array), spec, setter
+                )
             if memo:
                 self._shared[memo_key] = ready
         return ready
@@ -231,14 +244,25 @@ class _ChunkWrite:
             if self.scalar and is_complete:
                 results.append((i, self._scalar_chunk(self.batch[i]), -1))
                 continue
-            merged = merge_owned(existing.get(i), self.value, out_selection, spec,
-                                 chunk_selection, is_complete, self.drop_axes)
+            merged = merge_owned(
+                existing.get(i),
+                self.value,
+                out_selection,
+                spec,
+                chunk_selection,
+                is_complete,
+                self.drop_axes,
+            )
             ready, array = self._merged(merged, spec, queued=True)
             position = -1
             if array is not None:
                 position = encoding.add(
-                    array, chain.layout(spec.shape), chain.encode_swap(array), setter,
-                    self._path(setter), self.empty_pattern is not None and array.dtype == chain.dtype,
+                    array,
+                    chain.layout(spec.shape),
+                    chain.encode_swap(array),
+                    setter,
+                    self._path(setter),
+                    self.empty_pattern is not None and array.dtype == chain.dtype,
                 )
             results.append((i, ready, position))
         self._store(results, encoding.run() if len(encoding) else [])

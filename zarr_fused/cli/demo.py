@@ -26,8 +26,8 @@ from zarr.codecs import ZstdCodec
 from zarr.core.metadata import ArrayV3Metadata
 from zarr.storage import LocalStore
 
-from zarr_fused._identity import byte_identical
 from zarr_fused._cpus import available_cpus
+from zarr_fused._identity import byte_identical
 from zarr_fused._version import __version__
 from zarr_fused.cli.sample import sample_data, sample_geometry
 

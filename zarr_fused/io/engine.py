@@ -164,8 +164,9 @@ def io_threads(threads: int) -> ThreadPoolExecutor:
     if pool is None or _io_size < threads:
         with _io_lock:
             if _io_pool is None or _io_size < threads:
-                _io_pool = ThreadPoolExecutor(max_workers=threads,
-                                              thread_name_prefix="zarr_fused-fileio")
+                _io_pool = ThreadPoolExecutor(
+                    max_workers=threads, thread_name_prefix="zarr_fused-fileio"
+                )
                 _io_size = threads
             pool = _io_pool
     return pool
@@ -208,7 +209,8 @@ class Batch[R, F]:
     workers: int
     lock: threading.Lock = field(default_factory=threading.Lock)
     done: queue.SimpleQueue[tuple[int, Future[F]] | _Stop] = field(
-        default_factory=queue.SimpleQueue)
+        default_factory=queue.SimpleQueue
+    )
     futures: dict[int, Future[F]] = field(default_factory=dict)
     next_index: int = 0
     admitted: int = 0
@@ -271,7 +273,7 @@ class Batch[R, F]:
             try:
                 if not future.cancelled() and not self.stopped:
                     self.consume(self.requests[index], future.result())
-            except BaseException as exc:  # noqa: BLE001 (handed to the caller of run_pipelined)
+            except BaseException as exc:
                 with self.lock:
                     self.fail(index, exc)
             finally:
@@ -331,8 +333,14 @@ def run_pipelined[R, F](
         return
     workers = 1 if in_worker_thread() else max(1, min(max_workers, n))
     batch: Batch[R, F] = Batch(
-        requests, costs, fetch, consume, io_threads(io_concurrency),
-        max_admitted=2 * io_concurrency + workers, budget=budget, workers=workers,
+        requests,
+        costs,
+        fetch,
+        consume,
+        io_threads(io_concurrency),
+        max_admitted=2 * io_concurrency + workers,
+        budget=budget,
+        workers=workers,
     )
     with batch.lock:
         batch.admit()

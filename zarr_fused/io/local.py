@@ -35,8 +35,9 @@ __all__ = ["LOCAL_MAX_GAP", "local_files", "make_parents", "read_shard_part", "w
 LOCAL_MAX_GAP = 16 << 10
 
 
-def local_files(batch: Sequence[tuple[Any, ...]], *, write: bool = False,
-                shard_io: bool = False) -> bytes | None:
+def local_files(
+    batch: Sequence[tuple[Any, ...]], *, write: bool = False, shard_io: bool = False
+) -> bytes | None:
     """The path prefix of the batch's keys when they all live in one
     `zarr.storage.LocalStore` (exactly that class, so subclasses keep their
     own IO); zarr_fused then does the file IO itself, inside its nogil
@@ -93,9 +94,11 @@ def read_shard_part(
     """
     if decode_into is None:
         return shard_local_kernels.fetch_partial_local(  # type: ignore[union-attr]
-            path, n_chunks, touched, take, give=give, **settings)
+            path, n_chunks, touched, take, give=give, **settings
+        )
     return shard_local_kernels.read_shard_local(  # type: ignore[union-attr]
-        decode_into, 0, path, n_chunks, touched, take, give, **settings)
+        decode_into, 0, path, n_chunks, touched, take, give, **settings
+    )
 
 
 def write_parts(path: bytes, parts: Any) -> None:

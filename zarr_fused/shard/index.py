@@ -34,8 +34,16 @@ if TYPE_CHECKING:
     from zarr.codecs.sharding import ShardingCodec
     from zarr.core.array_spec import ArraySpec
 
-__all__ = ["MISSING_OFFSET", "IndexFormat", "WholeShard", "index_format", "index_size",
-           "inner_describer", "inner_grid", "read_whole_shard"]
+__all__ = [
+    "MISSING_OFFSET",
+    "IndexFormat",
+    "WholeShard",
+    "index_format",
+    "index_size",
+    "inner_describer",
+    "inner_grid",
+    "read_whole_shard",
+]
 
 # The index format's facts have one home, the index kernel (`_shard_index`):
 # the sentinel a missing inner chunk has in both fields, and the index size.
@@ -78,14 +86,26 @@ class IndexFormat:
     def size(self, n_chunks: int) -> int:
         return index_size(n_chunks, self.checksum)
 
-    def parse(self, raw: Any, n_chunks: int, grid: tuple[int, ...], key: Any,
-              shard_len: int = -1, index_start: int = 0) -> np.ndarray:
+    def parse(
+        self,
+        raw: Any,
+        n_chunks: int,
+        grid: tuple[int, ...],
+        key: Any,
+        shard_len: int = -1,
+        index_start: int = 0,
+    ) -> np.ndarray:
         """The checked ``(n_chunks, 2)`` entries of the index bytes ``raw``
         (checked against the shard's length when it is known); errors name
         ``key``."""
         return index_kernels.parse_index(  # type: ignore[union-attr]
-            raw, n_chunks, checksum=self.checksum, big_endian=self.big_endian,
-            shard_len=shard_len, index_start=index_start, grid=grid,
+            raw,
+            n_chunks,
+            checksum=self.checksum,
+            big_endian=self.big_endian,
+            shard_len=shard_len,
+            index_start=index_start,
+            grid=grid,
             where=lambda: describe_key(key),
         )
 
@@ -98,8 +118,11 @@ def index_format(codec: ShardingCodec) -> IndexFormat | None:
         return None
     if len(codecs) == 2 and type(codecs[1]) is not Crc32cCodec or len(codecs) > 2:
         return None
-    return IndexFormat(checksum=len(codecs) == 2, big_endian=codecs[0].endian == "big",
-                       at_start=codec.index_location == "start")
+    return IndexFormat(
+        checksum=len(codecs) == 2,
+        big_endian=codecs[0].endian == "big",
+        at_start=codec.index_location == "start",
+    )
 
 
 @dataclass
@@ -114,8 +137,9 @@ class WholeShard:
     buffer: np.ndarray | None
 
 
-def read_whole_shard(key: Any, spec: ArraySpec, fmt: IndexFormat, grid: tuple[int, ...],
-                     prefix: bytes | None) -> WholeShard | None:
+def read_whole_shard(
+    key: Any, spec: ArraySpec, fmt: IndexFormat, grid: tuple[int, ...], prefix: bytes | None
+) -> WholeShard | None:
     """Read the shard at ``key`` in one get and check its index; None when
     it is not stored. ``prefix`` (see `zarr_fused.io.local.local_files`)
     reads the file natively into a pooled buffer."""
@@ -139,7 +163,7 @@ def read_whole_shard(key: Any, spec: ArraySpec, fmt: IndexFormat, grid: tuple[in
         buffers.give(buffer)
         raise CorruptShardError.truncated(describe_key(key), length, size)
     start = 0 if fmt.at_start else length - size
-    entries = fmt.parse(data[start:start + size], n, grid, key, length, start)
+    entries = fmt.parse(data[start : start + size], n, grid, key, length, start)
     return WholeShard(data, entries, buffer)
 
 

@@ -88,7 +88,9 @@ class _Shard:
 class ShardReader:
     """Native reads of shards through their index (see the module docstring)."""
 
-    def __init__(self, codec: ShardingCodec, chain: NativeChain, fallback: PartialDecodeReader) -> None:
+    def __init__(
+        self, codec: ShardingCodec, chain: NativeChain, fallback: PartialDecodeReader
+    ) -> None:
         self.codec = codec
         self.chain = chain
         self.fallback = fallback
@@ -108,8 +110,14 @@ class ShardReader:
 
     # -- fetching ----------------------------------------------------------------------
 
-    def _fetch(self, getter: Any, spec: ArraySpec, touched: np.ndarray | None,
-               grid: tuple[int, ...], shard: _Shard) -> None:
+    def _fetch(
+        self,
+        getter: Any,
+        spec: ArraySpec,
+        touched: np.ndarray | None,
+        grid: tuple[int, ...],
+        shard: _Shard,
+    ) -> None:
         """Fill in ``shard`` (payload and index), or mark it missing.
 
         ``touched`` None means every inner chunk (one get for the shard).
@@ -123,9 +131,13 @@ class ShardReader:
                 shard.payload, shard.entries, shard.buffer = whole.data, whole.entries, whole.buffer
         elif prefix is not None:
             fetched = read_shard_part(
-                prefix + os.fsencode(getter.path), math.prod(grid),
-                np.ascontiguousarray(touched, dtype=np.intp), buffers.take, buffers.give,
-                self._shard_part_settings(getter, spec, grid, len(touched)))
+                prefix + os.fsencode(getter.path),
+                math.prod(grid),
+                np.ascontiguousarray(touched, dtype=np.intp),
+                buffers.take,
+                buffers.give,
+                self._shard_part_settings(getter, spec, grid, len(touched)),
+            )
             if fetched is None:
                 shard.missing = True
             else:
@@ -133,8 +145,14 @@ class ShardReader:
         else:
             self._fetch_ranges(getter, spec, touched, grid, shard)
 
-    def _fetch_ranges(self, getter: Any, spec: ArraySpec, touched: np.ndarray,
-                      grid: tuple[int, ...], shard: _Shard) -> None:
+    def _fetch_ranges(
+        self,
+        getter: Any,
+        spec: ArraySpec,
+        touched: np.ndarray,
+        grid: tuple[int, ...],
+        shard: _Shard,
+    ) -> None:
         """`_fetch` of some inner chunks from any store: the index, then the
         touched chunks' byte ranges, coalesced as zarr's settings say."""
         n = math.prod(grid)
@@ -164,33 +182,40 @@ class ShardReader:
                 raise CorruptShardError(
                     f"{describe_key(getter)}: inner chunk {int(present[i])} should hold "
                     f"{int(lengths[i])} bytes from byte {int(starts[i])}, the shard has "
-                    f"{len(data)} there (truncated shard)")
+                    f"{len(data)} there (truncated shard)"
+                )
         shard.entries[present, 0], shard.payload = _pack(fetched, lengths)
 
-    def _shard_part_settings(self, getter: Any, spec: ArraySpec, grid: tuple[int, ...],
-                        n_touched: int) -> dict[str, Any]:
+    def _shard_part_settings(
+        self, getter: Any, spec: ArraySpec, grid: tuple[int, ...], n_touched: int
+    ) -> dict[str, Any]:
         """The settings of `read_shard_part` for a shard of this codec."""
         # what the touched chunks hold when each encodes to about its raw
         # size (the codecs' worst case), so that one buffer usually fits them
         inner_nbytes = math.prod(self.inner_shape) * spec.dtype.to_native_dtype().itemsize
         return {
-            "checksum": self.fmt.checksum, "big_endian": self.fmt.big_endian,
+            "checksum": self.fmt.checksum,
+            "big_endian": self.fmt.big_endian,
             "at_start": self.fmt.at_start,
             "max_gap": min(spec.config.sharding_coalesce_max_gap_bytes, LOCAL_MAX_GAP),
             "max_coalesced": spec.config.sharding_coalesce_max_bytes,
             "size_hint": n_touched * (inner_nbytes + inner_nbytes // 16 + 1024),
-            "grid": grid, "where": lambda: describe_key(getter),
+            "grid": grid,
+            "where": lambda: describe_key(getter),
         }
 
-    def _get_ranges(self, getter: Any, spec: ArraySpec,
-                    ranges: list[RangeByteRequest]) -> list[np.ndarray] | None:
+    def _get_ranges(
+        self, getter: Any, spec: ArraySpec, ranges: list[RangeByteRequest]
+    ) -> list[np.ndarray] | None:
         """The bytes of ``ranges`` of the key, None when it is missing."""
         store = getattr(getter, "store", None)
         if isinstance(store, Store) and _store_supports_sync_io(store):
             results: list[Any] = [None] * len(ranges)
             try:
                 for i, buf in store.get_ranges_sync(
-                    getter.path, ranges, prototype=spec.prototype,
+                    getter.path,
+                    ranges,
+                    prototype=spec.prototype,
                     max_gap_bytes=spec.config.sharding_coalesce_max_gap_bytes,
                     max_coalesced_bytes=spec.config.sharding_coalesce_max_bytes,
                 ):
@@ -230,10 +255,17 @@ class ShardReader:
 
     # -- selections the planner does not cover -------------------------------------------
 
-    def _fetch_general(self, getter: Any, spec: ArraySpec, chunk_selection: Any,
-                       grid: tuple[int, ...], shard: _Shard) -> None:
+    def _fetch_general(
+        self,
+        getter: Any,
+        spec: ArraySpec,
+        chunk_selection: Any,
+        grid: tuple[int, ...],
+        shard: _Shard,
+    ) -> None:
         indexer = get_indexer(
-            chunk_selection, shape=spec.shape,
+            chunk_selection,
+            shape=spec.shape,
             chunk_grid=ChunkGrid.from_sizes(spec.shape, self.inner_shape),
         )
         items = list(indexer)
@@ -245,13 +277,21 @@ class ShardReader:
             return
         linear = np.unique(np.ravel_multi_index(tuple(np.array(sorted(coords)).T), grid))
         inner = _Shard(shard.index, None)
-        self._fetch(getter, spec, None if len(linear) == int(np.prod(grid)) else linear, grid, inner)
+        self._fetch(
+            getter, spec, None if len(linear) == int(np.prod(grid)) else linear, grid, inner
+        )
         shard.missing = inner.missing
         shard.entries = (inner.entries, inner.payload)
         shard.buffer, inner.buffer = inner.buffer, None
 
-    def _decode_general(self, item: ReadItem, shard: _Shard, out: NDBuffer,
-                        drop_axes: tuple[int, ...], pattern: bytes) -> None:
+    def _decode_general(
+        self,
+        item: ReadItem,
+        shard: _Shard,
+        out: NDBuffer,
+        drop_axes: tuple[int, ...],
+        pattern: bytes,
+    ) -> None:
         getter, spec, _, out_selection, _ = item
         indexer, items = shard.payload
         temp = spec.prototype.nd_buffer.empty(
@@ -264,8 +304,15 @@ class ShardReader:
             array = array.reshape(indexer.sel_shape)
         scatter_array(out, out_selection, array, drop_axes)
 
-    def _decode_general_items(self, getter: Any, spec: ArraySpec, items: list[Any],
-                              shard: _Shard, temp: NDBuffer, pattern: bytes) -> None:
+    def _decode_general_items(
+        self,
+        getter: Any,
+        spec: ArraySpec,
+        items: list[Any],
+        shard: _Shard,
+        temp: NDBuffer,
+        pattern: bytes,
+    ) -> None:
         """Decode the inner chunks an indexer ``items`` names into ``temp``:
         natively where the kernels take the selection, else with NumPy."""
         chain = self.chain
@@ -283,9 +330,10 @@ class ShardReader:
                 queued = group.add_missing(array, temp_selection, (getter, lin))
                 raw = None
             else:
-                raw = payload[off:off + size]
-                queued = group.add(raw, layout, inner_selection, array, temp_selection, (),
-                                   (getter, lin))
+                raw = payload[off : off + size]
+                queued = group.add(
+                    raw, layout, inner_selection, array, temp_selection, (), (getter, lin)
+                )
             if not queued:
                 general.append((lin, raw, inner_selection, temp_selection))
         group.run()
@@ -302,8 +350,13 @@ class _ReadBatch:
     """One `ShardReader.read` call: its shards and the steps that fetch and
     decode them (see the module docstring for shard-by-shard vs waves)."""
 
-    def __init__(self, reader: ShardReader, batch: Sequence[ReadItem], out: NDBuffer,
-                 drop_axes: tuple[int, ...]) -> None:
+    def __init__(
+        self,
+        reader: ShardReader,
+        batch: Sequence[ReadItem],
+        out: NDBuffer,
+        drop_axes: tuple[int, ...],
+    ) -> None:
         self.reader = reader
         self.chain = reader.chain
         self.batch = batch
@@ -319,7 +372,9 @@ class _ReadBatch:
         self.statuses: list[GetResult] = [PRESENT] * len(batch)
         plan_selection = shard_kernels.plan_selection  # type: ignore[union-attr]
         self.shards = [
-            _Shard(i, None if drop_axes else plan_selection(spec.shape, inner_shape, chunk_selection))
+            _Shard(
+                i, None if drop_axes else plan_selection(spec.shape, inner_shape, chunk_selection)
+            )
             for i, (_, spec, chunk_selection, _, _) in enumerate(batch)
         ]
 
@@ -329,13 +384,15 @@ class _ReadBatch:
         # to spread (one inner chunk in all: a point or small-box read);
         # else in waves, the inner chunks of a wave's shards spread over the
         # workers.
-        if (len(shards) >= 2 * max_workers or max_workers <= 1
-                or (len(shards) == 1 and shards[0].plan is not None
-                    and shards[0].plan.n_touched <= 1)):
+        if (
+            len(shards) >= 2 * max_workers
+            or max_workers <= 1
+            or (len(shards) == 1 and shards[0].plan is not None and shards[0].plan.n_touched <= 1)
+        ):
             run_parallel(self.one_shard, shards, max_workers)
         else:
             for start in range(0, len(shards), max_workers):
-                self.wave(shards[start:start + max_workers], max_workers)
+                self.wave(shards[start : start + max_workers], max_workers)
         return tuple(self.statuses)
 
     def _group(self, capacity: int) -> Any:
@@ -371,14 +428,21 @@ class _ReadBatch:
             return False
         getter, _, _, out_selection, _ = self.batch[shard.index]
         return shard_kernels.add_shard(  # type: ignore[union-attr]
-            group, shard.payload, shard.entries, shard.plan, self.layout, self.dst,
-            out_selection, getter,
+            group,
+            shard.payload,
+            shard.entries,
+            shard.plan,
+            self.layout,
+            self.dst,
+            out_selection,
+            getter,
         )
 
     def finish_general(self, shard: _Shard) -> None:
         if not shard.missing:
-            self.reader._decode_general(self.batch[shard.index], shard, self.out,
-                                        self.drop_axes, self.pattern)
+            self.reader._decode_general(
+                self.batch[shard.index], shard, self.out, self.drop_axes, self.pattern
+            )
 
     def read_shard_part(self, shard: _Shard) -> bool:
         """Fetch and decode a partly touched local shard in one native call
@@ -392,15 +456,20 @@ class _ReadBatch:
             return False
         group = self._group(plan.n_touched)
         if not shard_kernels.add_shard(  # type: ignore[union-attr]
-                group, None, None, plan, self.layout, self.dst, out_selection, getter,
-                defer=True):
+            group, None, None, plan, self.layout, self.dst, out_selection, getter, defer=True
+        ):
             return False
         grid = inner_grid(spec, self.reader.inner_shape)
         touched = np.ascontiguousarray(plan.touched(), dtype=np.intp)
         found = read_shard_part(
-            prefix + os.fsencode(getter.path), math.prod(grid), touched, buffers.take,
-            buffers.give, self.reader._shard_part_settings(getter, spec, grid, len(touched)),
-            decode_into=group)
+            prefix + os.fsencode(getter.path),
+            math.prod(grid),
+            touched,
+            buffers.take,
+            buffers.give,
+            self.reader._shard_part_settings(getter, spec, grid, len(touched)),
+            decode_into=group,
+        )
         if not found:
             self._missing(shard)
         return True
@@ -438,7 +507,7 @@ def _pack(fetched: list[np.ndarray], lengths: np.ndarray) -> tuple[np.ndarray, n
     np.cumsum(lengths[:-1], out=offsets[1:])
     payload = np.empty(sum(len(data) for data in fetched), dtype=np.uint8)
     for offset, data in zip(offsets, fetched):
-        payload[int(offset):int(offset) + len(data)] = data
+        payload[int(offset) : int(offset) + len(data)] = data
     return offsets, payload
 
 

@@ -123,7 +123,9 @@ class _ShardJob:
 class ShardWriter:
     """Native writes of whole and partial shards (see the module docstring)."""
 
-    def __init__(self, codec: ShardingCodec, chain: NativeChain, fallback: PartialEncodeWriter) -> None:
+    def __init__(
+        self, codec: ShardingCodec, chain: NativeChain, fallback: PartialEncodeWriter
+    ) -> None:
         self.codec = codec
         self.chain = chain
         self.fallback = fallback
@@ -157,13 +159,19 @@ class ShardWriter:
         _, spec0, *_ = batch[0]
         inner_spec = self.codec._get_chunk_spec(spec0)
         data = value.as_ndarray_like()
-        if (type(data) is not np.ndarray or drop_axes or not chain.handles(inner_spec)
-                or chain.encode_swap(data) is None):
+        if (
+            type(data) is not np.ndarray
+            or drop_axes
+            or not chain.handles(inner_spec)
+            or chain.encode_swap(data) is None
+        ):
             self.fallback.write(batch, value, drop_axes, max_workers)
             return
         plan_selection = shard_kernels.plan_selection  # type: ignore[union-attr]
-        plans = [plan_selection(spec.shape, self.inner_shape, chunk_selection)
-                 for _, spec, chunk_selection, _, _ in batch]
+        plans = [
+            plan_selection(spec.shape, self.inner_shape, chunk_selection)
+            for _, spec, chunk_selection, _, _ in batch
+        ]
         general = [item for item, plan in zip(batch, plans) if plan is None]
         native = [(item, plan) for item, plan in zip(batch, plans) if plan is not None]
         ctx = self._context(batch, value, data, drop_axes, inner_spec)
@@ -184,19 +192,31 @@ class ShardWriter:
         if general:
             self.fallback.write(general, value, drop_axes, max_workers)
 
-    def _context(self, batch: Sequence[WriteItem], value: NDBuffer, data: np.ndarray,
-                 drop_axes: tuple[int, ...], inner_spec: ArraySpec) -> _Write:
+    def _context(
+        self,
+        batch: Sequence[WriteItem],
+        value: NDBuffer,
+        data: np.ndarray,
+        drop_axes: tuple[int, ...],
+        inner_spec: ArraySpec,
+    ) -> _Write:
         chain = self.chain
         _, spec0, *_ = batch[0]
         prefix = local_files(batch, write=True, shard_io=True)
         if prefix is not None:
             make_parents(prefix, batch)
         return _Write(
-            value=value, data=data, drop_axes=drop_axes, inner_spec=inner_spec,
-            swap=bool(chain.encode_swap(data)), layout=chain.layout(self.inner_shape),
-            empty_pattern=(empty_rule_pattern(inner_spec, chain.dtype)
-                           if data.dtype == chain.dtype else None),
-            describe=inner_describer(inner_grid(spec0, self.inner_shape)), prefix=prefix,
+            value=value,
+            data=data,
+            drop_axes=drop_axes,
+            inner_spec=inner_spec,
+            swap=bool(chain.encode_swap(data)),
+            layout=chain.layout(self.inner_shape),
+            empty_pattern=(
+                empty_rule_pattern(inner_spec, chain.dtype) if data.dtype == chain.dtype else None
+            ),
+            describe=inner_describer(inner_grid(spec0, self.inner_shape)),
+            prefix=prefix,
         )
 
     def _encode_scalar(self, ctx: _Write) -> np.ndarray | None:
@@ -223,8 +243,9 @@ class ShardWriter:
 
     # -- one shard ----------------------------------------------------------------------------
 
-    def _load(self, setter: Any, spec: ArraySpec, grid: tuple[int, ...],
-              prefix: bytes | None) -> tuple[list[Any], np.ndarray | None]:
+    def _load(
+        self, setter: Any, spec: ArraySpec, grid: tuple[int, ...], prefix: bytes | None
+    ) -> tuple[list[Any], np.ndarray | None]:
         """The stored payload of every inner chunk by linear index (views,
         None for none), and the pooled buffer they live in."""
         payloads: list[Any] = [None] * math.prod(grid)
@@ -234,7 +255,7 @@ class ShardWriter:
         entries, data = whole.entries, whole.data
         for lin in np.flatnonzero(entries[:, 0] != MISSING_OFFSET):
             off, length = int(entries[lin, 0]), int(entries[lin, 1])
-            payloads[lin] = data[off:off + length]
+            payloads[lin] = data[off : off + length]
         return payloads, whole.buffer
 
     def _prepare(self, ctx: _Write, item: WriteItem, plan: Any) -> _ShardJob | None:
@@ -280,8 +301,15 @@ class ShardWriter:
             return True
         if ctx.empty_pattern is not None or not any(whole for *_, whole in items):
             done = shard_kernels.add_shard_encode(  # type: ignore[union-attr]
-                state.encoding, ctx.data, out_selection, state.plan, ctx.layout, setter,
-                ctx.swap, ctx.empty_pattern is not None)
+                state.encoding,
+                ctx.data,
+                out_selection,
+                state.plan,
+                ctx.layout,
+                setter,
+                ctx.swap,
+                ctx.empty_pattern is not None,
+            )
             if done is None:
                 return False
             state.queued.extend(int(lin) for lin in done)
@@ -322,7 +350,9 @@ class ShardWriter:
             chunk = existing.get(lin)
             if chunk is None:
                 chunk = inner_spec.prototype.nd_buffer.create(
-                    shape=self.inner_shape, dtype=chain.dtype, order=inner_spec.order,
+                    shape=self.inner_shape,
+                    dtype=chain.dtype,
+                    order=inner_spec.order,
                     fill_value=fill_value_or_default(inner_spec),
                 ).as_ndarray_like()
             chunk[sel] = in_byte_order(data if block is None else block[block_sel], chunk.dtype)
@@ -331,8 +361,9 @@ class ShardWriter:
             ):
                 payloads[lin] = None
                 continue
-            state.encoding.add(chunk, ctx.layout, bool(chain.encode_swap(chunk)), (setter, lin),
-                               None, checks_empty)
+            state.encoding.add(
+                chunk, ctx.layout, bool(chain.encode_swap(chunk)), (setter, lin), None, checks_empty
+            )
             state.queued.append(lin)
 
     def _finish(self, ctx: _Write, state: _ShardJob) -> None:
@@ -343,13 +374,17 @@ class ShardWriter:
         for lin, result in zip(state.queued, state.encoding.results()):
             payloads[lin] = None if result is False else result  # False: all fill value
         fmt = self.fmt
-        layout_args = {"at_start": fmt.at_start, "checksum": fmt.checksum,
-                       "big_endian": fmt.big_endian}
+        layout_args = {
+            "at_start": fmt.at_start,
+            "checksum": fmt.checksum,
+            "big_endian": fmt.big_endian,
+        }
         try:
             if ctx.prefix is not None:
                 # straight from the payloads to the file (writev), no copy
                 parts = index_kernels.shard_parts(  # type: ignore[union-attr]
-                    self._order(state.grid), payloads, **layout_args)
+                    self._order(state.grid), payloads, **layout_args
+                )
                 if parts is None:
                     setter.delete_sync()
                 else:
@@ -357,8 +392,11 @@ class ShardWriter:
                 return
             reuse = _keeps_a_copy(setter)
             blob = index_kernels.assemble_shard(  # type: ignore[union-attr]
-                self._order(state.grid), payloads, **layout_args,
-                take=buffers.take if reuse else None)
+                self._order(state.grid),
+                payloads,
+                **layout_args,
+                take=buffers.take if reuse else None,
+            )
             try:
                 if blob is None:
                     setter.delete_sync()
