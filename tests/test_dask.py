@@ -208,7 +208,36 @@ def test_worker_killed_mid_job_result_still_right(client: Any, tmp_path: Path) -
     pid = next(iter(client.run(os.getpid).values()))
     os.kill(pid, signal.SIGKILL)
     assert future.result(timeout=120) == data.sum(dtype="u8")
-    client.wait_for_workers(2, timeout=60)
+    client.wait_for_workers(2, timeout=300)  # a loaded CI host restarts slowly
     assert pid not in client.run(os.getpid).values()  # really a new process
     paths = client.run(lambda: zarr.config.get("codec_pipeline.path"))
     assert set(paths.values()) == {FUSED}, paths
+
+
+def _sizes_in_task() -> tuple[int, int]:
+    import zarr_fused as zf
+
+    return zf.default_max_workers()[0], len(os.sched_getaffinity(0))
+
+
+def test_threaded_worker_shares_the_cpus_between_its_task_threads() -> None:
+    """A worker in this process (``processes=False``) with 2 task threads:
+    each task's pool gets the CPUs divided by the task threads, so the tasks
+    together never run more compute threads than there are CPUs."""
+    saved = dict(os.environ)
+    cluster = distributed.LocalCluster(
+        n_workers=1,
+        threads_per_worker=2,
+        processes=False,  # in-process transport: no port is opened
+        dashboard_address=None,
+        silence_logs=50,
+    )
+    try:
+        with distributed.Client(cluster) as c:
+            count, cpus = c.submit(_sizes_in_task, pure=False).result(timeout=120)
+    finally:
+        cluster.close(timeout=30)
+        os.environ.clear()
+        os.environ.update(saved)
+    assert count == max(1, cpus // 2), (count, cpus)
+    assert 2 * count <= max(2, cpus), (count, cpus)
