@@ -121,6 +121,10 @@ class PipelinedChunkReader:
         drop_axes: tuple[int, ...],
         max_workers: int,
     ) -> tuple[GetResult, ...]:
+        if len(batch) <= max_workers:
+            # the compute threads already keep every file of the batch in
+            # flight: IO threads could only add a hand-off per chunk
+            return self.direct.read(batch, out, drop_axes, max_workers)
         dst = out.as_ndarray_like()
         io_concurrency = resolve_io_concurrency()
         prefix = None
