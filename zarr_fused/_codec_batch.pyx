@@ -167,7 +167,7 @@ cdef class ChunkLayout:
 # are neighbours along the array's last axis, a read decodes them side by
 # side into one scratch (small enough to stay in L2) and scatters them
 # together, each row of the output in one run; a write gathers them the
-# same way before encoding each. docs/changelog.md records the gain.
+# same way before encoding each. docs/performance.md ("Design measurements") records the gain.
 cdef enum:
     _SIDE_MAX = 8
     _SIDE_MAX_BYTES = 1 << 20

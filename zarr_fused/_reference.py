@@ -12,11 +12,11 @@ reference              kernel                                          tests
 =====================  ==============================================  =====
 `scatter`, `fill`      `zarr_fused._scatter.scatter` / ``.fill``       test_scatter
 `decode_chunk`         a native chain's decode (`_codecs.ChainKernel`  test_native_chain
-                       with `_codecs.DecodeBatch`)
+                       with `_codec_batch.DecodeBatch`)
 `encode_chunk`         a native chain's encode (``EncodeBatch``)       test_native_chain
-`parse_index`          `zarr_fused._shard.parse_index`                 test_shard_read
+`parse_index`          `zarr_fused._shard_index.parse_index`           test_shard_read
 `shard_index`          the index of a whole shard (slice + parse)      test_shard_read
-`assemble_shard`       `zarr_fused._shard.assemble_shard`              test_shard_write
+`assemble_shard`       `zarr_fused._shard_index.assemble_shard`        test_shard_write
 =====================  ==============================================  =====
 
 Signatures follow the kernels; errors are the same exception classes (and,
@@ -337,7 +337,7 @@ def parse_index(
     grid: tuple[int, ...] | None = None,
     where: Any = "shard",
 ) -> np.ndarray:
-    """Reference of `zarr_fused._shard.parse_index` (same parameters).
+    """Reference of `zarr_fused._shard_index.parse_index` (same parameters).
 
     Returns
     -------
@@ -400,7 +400,7 @@ def shard_index(
 def assemble_shard(
     order: Any, payloads: Sequence[Any], *, at_start: bool, checksum: bool, big_endian: bool
 ) -> bytes | None:
-    """Reference of `zarr_fused._shard.assemble_shard`: the stored shard.
+    """Reference of `zarr_fused._shard_index.assemble_shard`: the stored shard.
 
     Parameters
     ----------

@@ -65,8 +65,9 @@ cdef extern from *:
 # its cache lines to be read from memory, one row at a time. The kernels
 # below ask for the lines of the row ``_PREFETCH_ROWS`` ahead while copying
 # the current one, so those reads overlap instead of queueing (the gain is
-# in docs/changelog.md). Rows longer than ``_PREFETCH_MAX_SPAN`` bytes are
-# left to the hardware prefetchers, which follow them well.
+# in docs/performance.md, "Design measurements"). Rows longer than
+# ``_PREFETCH_MAX_SPAN`` bytes are left to the hardware prefetchers, which
+# follow them well.
 cdef enum:
     _PREFETCH_ROWS = 4
     _PREFETCH_MAX_SPAN = 1024

@@ -6,7 +6,7 @@ uint64 per inner chunk (16 bytes each), optionally followed by a crc32c
 of those bytes (4), at the start or the end of the shard. An inner chunk
 that is not stored has `MISSING_OFFSET` in both fields. Decoding and
 checking the entries against the shard is native
-(`zarr_fused._shard.parse_index`); this module is the one Python home of
+(`zarr_fused._shard_index.parse_index`); this module is the one Python home of
 the format's facts and of loading a shard with its index checked, which
 the read and the write side share.
 """
