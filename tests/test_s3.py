@@ -559,17 +559,6 @@ BAD_SELECTIONS = {
     "whole": (lambda a: a[...], lambda d: d),
     "one-inner": (lambda a: a[0:4, 0:5], lambda d: d[0:4, 0:5]),
 }
-# Today sharded reads on stores without sync IO go through zarr's sharding
-# codec: its index checks raise bare ValueErrors (or an ExceptionGroup from
-# zarr's coalesced fetch, for an offset past 2**63), and zarr_fused's inner
-# chunk decode under it names "inner chunk (0, 0)" but not the shard's key.
-# The native shard engine over async stores (issue 15, next phase) turns these
-# into CorruptChunkError naming the key; strict, so the marks go when it lands.
-_ASYNC_SHARD_ERRORS = pytest.mark.xfail(
-    strict=True,
-    reason="issue 15: async-store shard reads go through zarr's sharding codec, "
-    "whose errors do not name the shard key",
-)
 BAD_CASES = [
     pytest.param(
         kind,
@@ -577,8 +566,6 @@ BAD_CASES = [
         corruption,
         selection,
         id=f"{kind}-{location}-{corruption}-{selection}",
-        # the one case whose read never touches the bad entry
-        marks=() if (corruption, selection) == ("overlap", "one-inner") else _ASYNC_SHARD_ERRORS,
     )
     for kind in STORES
     for location in ("end", "start")
@@ -658,29 +645,13 @@ FAULTS = {
 }
 
 
-# Store errors pass through zarr_fused unchanged today (as through zarr's
-# pipelines): obstore's 5xx errors carry the URL, hence the key; its body
-# errors and s3fs' OSErrors do not. Naming the key is the IO layer's job in
-# the async engine (issue 15, next phase).
-_STORE_ERRORS_UNNAMED = pytest.mark.xfail(
-    strict=True, reason="issue 15: a store error that does not name the key reaches the user as is"
-)
-
-
 def _fault_cases() -> list[Any]:
-    out = []
-    for param in cases(
+    return cases(
         ("kind", "case", "layout"),
         list(FAULTS),
         ["shard-end-zstd-crc", "unsharded-zstd-crc"],
         s3fs=lambda case, layout: layout == "shard-end-zstd-crc",
-    ):
-        kind, case, _layout = param.values
-        unnamed = case == "get-truncate-always" or (kind == "s3fs" and case.endswith("-500"))
-        out.append(
-            pytest.param(*param.values, id=param.id, marks=_STORE_ERRORS_UNNAMED if unnamed else ())
-        )
-    return out
+    )
 
 
 @pytest.mark.parametrize(("kind", "case", "layout"), _fault_cases())
