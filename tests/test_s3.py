@@ -320,6 +320,30 @@ def test_read_matches_zarr(
     assert_same_values(got, expected)
 
 
+@pytest.mark.parametrize("selection", ["whole", "basic", "basic-int", "block"])
+@pytest.mark.parametrize("layout", ["shard-end-zstd-crc", "shard-start-zstd"])
+def test_sharded_basic_reads_skip_zarrs_codec(
+    monkeypatch: pytest.MonkeyPatch,
+    proxy: LatencyProxy,
+    written: Callable[[str, str], str],
+    layout: str,
+    selection: str,
+) -> None:
+    """Basic selections of natively readable shards go to the native engine
+    over the async store, never to zarr's sharding codec."""
+    store = open_store("obstore", proxy, written("obstore", layout))
+    with with_pipeline(BATCHED):
+        expected = SELECTIONS[selection].read(zarr.open_array(store, mode="r"))
+
+    async def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("zarr's sharding codec read a shard")
+
+    monkeypatch.setattr(ShardingCodec, "_decode_partial_single", refuse)
+    with with_pipeline(FUSED):
+        got = SELECTIONS[selection].read(zarr.open_array(store, mode="r"))
+    assert_same_values(got, expected)
+
+
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 @pytest.mark.parametrize("kind", STORES)
 def test_unwritten_array_reads_fill(proxy: LatencyProxy, kind: str, layout: str) -> None:
