@@ -33,9 +33,11 @@ import numpy as np
 from zarr.abc.store import RangeByteRequest, SuffixByteRequest
 from zarr.core._coalesce import coalesce_ranges
 
+from zarr_fused._cpus import resolve_max_workers
 from zarr_fused._dtypes import fill_pattern
 from zarr_fused._items import MISSING, PRESENT, describe_key
 from zarr_fused._native import shard_kernels
+from zarr_fused._pool import partition
 from zarr_fused._scatter_py import fill_missing
 from zarr_fused.errors import CorruptShardError
 from zarr_fused.shard.index import MISSING_OFFSET, index_format, inner_describer, inner_grid
@@ -152,6 +154,9 @@ class _AsyncBatch:
         self.layout = self.chain.layout(reader.inner_shape)
         self.ndim = max(self.dst.ndim, len(reader.inner_shape))
         self.describe = inner_describer(self.grid)
+        workers = resolve_max_workers()
+        #: workers one shard's decodes spread over (1 when shards go round)
+        self.spread = workers if len(batch) < 2 * workers else 1
 
     def _group(self, capacity: int) -> Any:
         group = self.chain.kernel_batch(capacity, self.ndim, self.describe)
@@ -159,12 +164,11 @@ class _AsyncBatch:
         return group
 
     async def shard(self, i: int, plan: Any) -> GetResult:
-        getter, spec, _, out_selection, _ = self.batch[i]
+        _, spec, _, out_selection, _ = self.batch[i]
         if not plan.n_touched:
             return PRESENT
         if plan.all_touched:
-            raw = await self.requests.get(getter, spec.prototype)
-            found = raw is not None and await self.tracker.compute(self.decode_whole, i, plan, raw)
+            found = await self.whole(i, plan)
         else:
             found = await self.partial(i, plan)
         if not found:
@@ -174,9 +178,25 @@ class _AsyncBatch:
 
     # -- a shard read whole ---------------------------------------------------------------
 
-    def decode_whole(self, i: int, plan: Any, raw: Buffer) -> bool:
-        """Check the index of a whole shard and decode its inner chunks (in
-        the pool)."""
+    async def whole(self, i: int, plan: Any) -> bool:
+        """Fetch a shard in one GET and decode it; False when it is not
+        stored. With fewer shards than can keep the pool busy, its inner
+        chunks are spread over the workers."""
+        getter, spec, *_ = self.batch[i]
+        raw = await self.requests.get(getter, spec.prototype)
+        if raw is None:
+            return False
+        group = await self.tracker.compute(self.queue_whole, i, plan, raw)
+        n = len(group)
+        parts = partition(n, self.spread) if self.spread > 1 else [range(n)]
+        await asyncio.gather(
+            *(self.tracker.compute(group.run_range, r.start, r.stop) for r in parts)
+        )
+        return True
+
+    def queue_whole(self, i: int, plan: Any, raw: Buffer) -> Any:
+        """Check the index of a whole shard and queue the decodes of its
+        inner chunks (in the pool)."""
         getter, _, _, out_selection, _ = self.batch[i]
         data = raw.as_numpy_array()
         size = self.fmt.size(self.n_chunks)
@@ -191,8 +211,7 @@ class _AsyncBatch:
             group, data, entries, plan, self.layout, self.dst, out_selection, getter
         )
         assert queued, "`applies` admits only basic output selections"
-        group.run()
-        return True
+        return group
 
     # -- a shard read in part --------------------------------------------------------------
 
