@@ -275,6 +275,8 @@ SELECTIONS = {
     "coordinate": Selection(lambda a: a.vindex[_PTS], lambda d: d[_PTS]),
     "mask": Selection(lambda a: a.vindex[_MASK], lambda d: d[_MASK]),
     "block": Selection(lambda a: a.blocks[1, 0:2], None),
+    # part of shard (0, 0), its missing inner chunk (0, 1) included
+    "partial-shard": Selection(lambda a: a[1:4, 0:12], lambda d: d[1:4, 0:12]),
 }
 
 
@@ -320,7 +322,7 @@ def test_read_matches_zarr(
     assert_same_values(got, expected)
 
 
-@pytest.mark.parametrize("selection", ["whole", "basic", "basic-int", "block"])
+@pytest.mark.parametrize("selection", ["whole", "basic", "basic-int", "block", "partial-shard"])
 @pytest.mark.parametrize("layout", ["shard-end-zstd-crc", "shard-start-zstd"])
 def test_sharded_basic_reads_skip_zarrs_codec(
     monkeypatch: pytest.MonkeyPatch,
@@ -342,6 +344,24 @@ def test_sharded_basic_reads_skip_zarrs_codec(
     with with_pipeline(FUSED):
         got = SELECTIONS[selection].read(zarr.open_array(store, mode="r"))
     assert_same_values(got, expected)
+
+
+# every shard read whole; every shard read in part (its index, then ranges)
+@pytest.mark.parametrize("selection", ["whole", "rows"])
+def test_sharded_reads_respect_async_concurrency(
+    proxy: LatencyProxy, written: Callable[[str, str], str], selection: str
+) -> None:
+    """Every request of a sharded read (index, whole shard, merged range)
+    counts against ``async.concurrency``."""
+    store = open_store("obstore", proxy, written("obstore", "shard-end-zstd-crc"))
+    with with_pipeline(FUSED), zarr.config.set({"async.concurrency": 2}):
+        arr = zarr.open_array(store, mode="r")
+        proxy.reset(latency=0.05)  # long enough for the requests to overlap
+        got = arr[...] if selection == "whole" else arr[::8, :]
+    stats = proxy.reset()
+    assert stats.count("GET") > 2
+    assert stats.max_in_flight <= 2, stats.summary()
+    assert got.size > 0
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
