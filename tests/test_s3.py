@@ -24,9 +24,10 @@ from typing import Any
 import numpy as np
 import pytest
 import zarr
-from zarr.abc.store import Store
+from zarr.abc.store import ByteRequest, Store, SuffixByteRequest
 from zarr.codecs import BytesCodec, Crc32cCodec, ShardingCodec, ZstdCodec
-from zarr.storage import FsspecStore, LocalStore, ObjectStore
+from zarr.core.buffer import Buffer
+from zarr.storage import FsspecStore, LocalStore, ObjectStore, WrapperStore
 
 from zarr_fused.errors import CorruptChunkError, CorruptShardError
 
@@ -362,6 +363,29 @@ def test_sharded_reads_respect_async_concurrency(
     assert stats.count("GET") > 2
     assert stats.max_in_flight <= 2, stats.summary()
     assert got.size > 0
+
+
+class _ShardVanishes(WrapperStore[Store]):
+    """Deletes the shard ``c/0/0`` as soon as its index has been read (a
+    shard deleted by another writer between two requests of a read)."""
+
+    async def get(
+        self, key: str, prototype: Any, byte_range: ByteRequest | None = None
+    ) -> Buffer | None:
+        buf = await self._store.get(key, prototype, byte_range)
+        if key == "c/0/0" and isinstance(byte_range, SuffixByteRequest):
+            await self._store.delete(key)
+        return buf
+
+
+def test_shard_deleted_mid_read_reads_as_missing(proxy: LatencyProxy) -> None:
+    """A shard gone after its index was read reads as missing (as in zarr)."""
+    store = open_store("obstore", proxy, new_prefix())
+    write_with(BATCHED, store, LAYOUTS["shard-end-zstd-crc"], sample())
+    with with_pipeline(FUSED):
+        got = zarr.open_array(_ShardVanishes(store))[1:4, 0:12]
+    assert proxy.stats.count("GET") > 0
+    assert_same_values(got, np.full((3, 12), FILL, "<u2"))
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
