@@ -148,18 +148,21 @@ class _AsyncBatch:
         self.requests = requests
         self.tracker = tracker
         spec0 = batch[0][1]
-        self.grid = inner_grid(spec0, reader.inner_shape)
-        self.n_chunks = math.prod(self.grid)
         self.pattern = fill_pattern(spec0, self.dst.dtype)
         self.layout = self.chain.layout(reader.inner_shape)
         self.ndim = max(self.dst.ndim, len(reader.inner_shape))
-        self.describe = inner_describer(self.grid)
         workers = resolve_max_workers()
         #: workers one shard's decodes spread over (1 when shards go round)
         self.spread = workers if len(batch) < 2 * workers else 1
 
-    def _group(self, capacity: int) -> Any:
-        group = self.chain.kernel_batch(capacity, self.ndim, self.describe)
+    def _grid(self, i: int) -> tuple[int, ...]:
+        """Inner chunks per dimension of the ``i``-th shard."""
+        return inner_grid(self.batch[i][1], self.reader.inner_shape)
+
+    def _group(self, i: int, capacity: int) -> Any:
+        """A decode batch for the ``i``-th shard, naming its inner chunks."""
+        describe = inner_describer(self._grid(i))
+        group = self.chain.kernel_batch(capacity, self.ndim, describe)
         group.set_fill(self.pattern)
         return group
 
@@ -199,14 +202,16 @@ class _AsyncBatch:
         inner chunks (in the pool)."""
         getter, _, _, out_selection, _ = self.batch[i]
         data = raw.as_numpy_array()
-        size = self.fmt.size(self.n_chunks)
+        grid = self._grid(i)
+        n_chunks = math.prod(grid)
+        size = self.fmt.size(n_chunks)
         if len(data) < size:
             raise CorruptShardError.truncated(describe_key(getter), len(data), size)
         start = 0 if self.fmt.at_start else len(data) - size
         entries = self.fmt.parse(
-            data[start : start + size], self.n_chunks, self.grid, getter, len(data), start
+            data[start : start + size], n_chunks, grid, getter, len(data), start
         )
-        group = self._group(plan.n_touched)
+        group = self._group(i, plan.n_touched)
         queued = shard_kernels.add_shard(  # type: ignore[union-attr]
             group, data, entries, plan, self.layout, self.dst, out_selection, getter
         )
@@ -219,19 +224,21 @@ class _AsyncBatch:
         """Fetch the index, then the touched chunks' merged ranges, decoding
         each as it arrives; False when the shard is not stored."""
         getter, spec, _, out_selection, _ = self.batch[i]
-        size = self.fmt.size(self.n_chunks)
+        grid = self._grid(i)
+        n_chunks = math.prod(grid)
+        size = self.fmt.size(n_chunks)
         at = RangeByteRequest(0, size) if self.fmt.at_start else SuffixByteRequest(size)
         index = await self.requests.get(getter, spec.prototype, at)
         if index is None:
             return False
-        entries = self.fmt.parse(index.as_numpy_array(), self.n_chunks, self.grid, getter)
+        entries = self.fmt.parse(index.as_numpy_array(), n_chunks, grid, getter)
         region = self.dst[out_selection]
         stored, missing = [], []
         for lin, inner_sel, block_sel, _ in plan.items():
             off, n = (int(v) for v in entries[lin])
             if n == 0:  # no encoded chunk is empty; and an empty range is no request
                 raise CorruptShardError(
-                    f"{self.describe((getter, lin))} has an empty entry ({off:#x}, 0)"
+                    f"{inner_describer(grid)((getter, lin))} has an empty entry ({off:#x}, 0)"
                 )
             (missing if off == MISSING_OFFSET else stored).append(
                 (lin, off, n, inner_sel, block_sel)
@@ -273,7 +280,7 @@ class _AsyncBatch:
         shard's output block), in the pool."""
         getter = self.batch[i][0]
         data = raw.as_numpy_array()
-        group = self._group(len(members))
+        group = self._group(i, len(members))
         for lin, off, n, inner_sel, block_sel in members:
             chunk = data[off - start : off - start + n]
             # the lengths come from the stored index: check them against
@@ -293,7 +300,7 @@ class _AsyncBatch:
     def fill_chunks(self, i: int, region: np.ndarray, missing: list[Any]) -> None:
         """Fill the touched inner chunks the index marks missing (in the pool)."""
         getter = self.batch[i][0]
-        group = self._group(len(missing))
+        group = self._group(i, len(missing))
         for lin, _, _, _, block_sel in missing:
             if not group.add_missing(region, block_sel, (getter, lin)):
                 region[block_sel] = np.frombuffer(self.pattern, self.dst.dtype)[0]
