@@ -113,7 +113,8 @@ class _Requests:
     ) -> Buffer | None:
         async with self.limiter:
             with _naming(getter, "reading"):
-                return await getter.get(prototype=prototype, byte_range=byte_range)  # type: ignore[no-any-return]
+                buf: Buffer | None = await getter.get(prototype=prototype, byte_range=byte_range)
+                return buf
 
     async def set(self, setter: Any, value: Buffer | None) -> None:
         """Store ``value`` at ``setter`` (delete it when None)."""

@@ -144,7 +144,8 @@ class _AsyncBatch:
         self.chain = reader.chain
         self.batch = batch
         self.out = out
-        self.dst = out.as_ndarray_like()
+        # a NumPy array: `AsyncShardReader.applies` checked it
+        self.dst: np.ndarray = out.as_ndarray_like()  # type: ignore[assignment]
         self.requests = requests
         self.tracker = tracker
         spec0 = batch[0][1]
@@ -212,7 +213,7 @@ class _AsyncBatch:
             data[start : start + size], n_chunks, grid, getter, len(data), start
         )
         group = self._group(i, plan.n_touched)
-        queued = shard_kernels.add_shard(  # type: ignore[union-attr]
+        queued = shard_kernels.add_shard(
             group, data, entries, plan, self.layout, self.dst, out_selection, getter
         )
         assert queued, "`applies` admits only basic output selections"
@@ -233,7 +234,8 @@ class _AsyncBatch:
             return False
         entries = self.fmt.parse(index.as_numpy_array(), n_chunks, grid, getter)
         region = self.dst[out_selection]
-        stored, missing = [], []
+        stored: list[tuple[Any, ...]] = []
+        missing: list[tuple[Any, ...]] = []
         for lin, inner_sel, block_sel, _ in plan.items():
             off, n = (int(v) for v in entries[lin])
             if n == 0:  # no encoded chunk is empty; and an empty range is no request
@@ -292,7 +294,9 @@ class _AsyncBatch:
                 )
             if not group.add(chunk, self.layout, inner_sel, region, block_sel, (), (getter, lin)):
                 decoded = self.chain.decode_array(
-                    _RawBuffer(chunk), self._inner_spec(i), (getter, lin)
+                    _RawBuffer(chunk),  # type: ignore[arg-type]
+                    self._inner_spec(i),
+                    (getter, lin),
                 )
                 region[block_sel] = decoded[inner_sel]
         group.run()
