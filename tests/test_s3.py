@@ -24,9 +24,10 @@ from typing import Any
 import numpy as np
 import pytest
 import zarr
-from zarr.abc.store import Store
+from zarr.abc.store import ByteRequest, Store, SuffixByteRequest
 from zarr.codecs import BytesCodec, Crc32cCodec, ShardingCodec, ZstdCodec
-from zarr.storage import FsspecStore, LocalStore, ObjectStore
+from zarr.core.buffer import Buffer
+from zarr.storage import FsspecStore, LocalStore, ObjectStore, WrapperStore
 
 from zarr_fused.errors import CorruptChunkError, CorruptShardError
 
@@ -275,6 +276,8 @@ SELECTIONS = {
     "coordinate": Selection(lambda a: a.vindex[_PTS], lambda d: d[_PTS]),
     "mask": Selection(lambda a: a.vindex[_MASK], lambda d: d[_MASK]),
     "block": Selection(lambda a: a.blocks[1, 0:2], None),
+    # part of shard (0, 0), its missing inner chunk (0, 1) included
+    "partial-shard": Selection(lambda a: a[1:4, 0:12], lambda d: d[1:4, 0:12]),
 }
 
 
@@ -318,6 +321,71 @@ def test_read_matches_zarr(
     with with_pipeline(FUSED):
         got = sel.read(zarr.open_array(store, mode="r"))
     assert_same_values(got, expected)
+
+
+@pytest.mark.parametrize("selection", ["whole", "basic", "basic-int", "block", "partial-shard"])
+@pytest.mark.parametrize("layout", ["shard-end-zstd-crc", "shard-start-zstd"])
+def test_sharded_basic_reads_skip_zarrs_codec(
+    monkeypatch: pytest.MonkeyPatch,
+    proxy: LatencyProxy,
+    written: Callable[[str, str], str],
+    layout: str,
+    selection: str,
+) -> None:
+    """Basic selections of natively readable shards go to the native engine
+    over the async store, never to zarr's sharding codec."""
+    store = open_store("obstore", proxy, written("obstore", layout))
+    with with_pipeline(BATCHED):
+        expected = SELECTIONS[selection].read(zarr.open_array(store, mode="r"))
+
+    async def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("zarr's sharding codec read a shard")
+
+    monkeypatch.setattr(ShardingCodec, "_decode_partial_single", refuse)
+    with with_pipeline(FUSED):
+        got = SELECTIONS[selection].read(zarr.open_array(store, mode="r"))
+    assert_same_values(got, expected)
+
+
+# every shard read whole; every shard read in part (its index, then ranges)
+@pytest.mark.parametrize("selection", ["whole", "rows"])
+def test_sharded_reads_respect_async_concurrency(
+    proxy: LatencyProxy, written: Callable[[str, str], str], selection: str
+) -> None:
+    """Every request of a sharded read (index, whole shard, merged range)
+    counts against ``async.concurrency``."""
+    store = open_store("obstore", proxy, written("obstore", "shard-end-zstd-crc"))
+    with with_pipeline(FUSED), zarr.config.set({"async.concurrency": 2}):
+        arr = zarr.open_array(store, mode="r")
+        proxy.reset(latency=0.05)  # long enough for the requests to overlap
+        got = arr[...] if selection == "whole" else arr[::8, :]
+    stats = proxy.reset()
+    assert stats.count("GET") > 2
+    assert stats.max_in_flight <= 2, stats.summary()
+    assert got.size > 0
+
+
+class _ShardVanishes(WrapperStore[Store]):
+    """Deletes the shard ``c/0/0`` as soon as its index has been read (a
+    shard deleted by another writer between two requests of a read)."""
+
+    async def get(
+        self, key: str, prototype: Any, byte_range: ByteRequest | None = None
+    ) -> Buffer | None:
+        buf = await self._store.get(key, prototype, byte_range)
+        if key == "c/0/0" and isinstance(byte_range, SuffixByteRequest):
+            await self._store.delete(key)
+        return buf
+
+
+def test_shard_deleted_mid_read_reads_as_missing(proxy: LatencyProxy) -> None:
+    """A shard gone after its index was read reads as missing (as in zarr)."""
+    store = open_store("obstore", proxy, new_prefix())
+    write_with(BATCHED, store, LAYOUTS["shard-end-zstd-crc"], sample())
+    with with_pipeline(FUSED):
+        got = zarr.open_array(_ShardVanishes(store))[1:4, 0:12]
+    assert proxy.stats.count("GET") > 0
+    assert_same_values(got, np.full((3, 12), FILL, "<u2"))
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
@@ -559,17 +627,6 @@ BAD_SELECTIONS = {
     "whole": (lambda a: a[...], lambda d: d),
     "one-inner": (lambda a: a[0:4, 0:5], lambda d: d[0:4, 0:5]),
 }
-# Today sharded reads on stores without sync IO go through zarr's sharding
-# codec: its index checks raise bare ValueErrors (or an ExceptionGroup from
-# zarr's coalesced fetch, for an offset past 2**63), and zarr_fused's inner
-# chunk decode under it names "inner chunk (0, 0)" but not the shard's key.
-# The native shard engine over async stores (issue 15, next phase) turns these
-# into CorruptChunkError naming the key; strict, so the marks go when it lands.
-_ASYNC_SHARD_ERRORS = pytest.mark.xfail(
-    strict=True,
-    reason="issue 15: async-store shard reads go through zarr's sharding codec, "
-    "whose errors do not name the shard key",
-)
 BAD_CASES = [
     pytest.param(
         kind,
@@ -577,8 +634,6 @@ BAD_CASES = [
         corruption,
         selection,
         id=f"{kind}-{location}-{corruption}-{selection}",
-        # the one case whose read never touches the bad entry
-        marks=() if (corruption, selection) == ("overlap", "one-inner") else _ASYNC_SHARD_ERRORS,
     )
     for kind in STORES
     for location in ("end", "start")
@@ -658,29 +713,13 @@ FAULTS = {
 }
 
 
-# Store errors pass through zarr_fused unchanged today (as through zarr's
-# pipelines): obstore's 5xx errors carry the URL, hence the key; its body
-# errors and s3fs' OSErrors do not. Naming the key is the IO layer's job in
-# the async engine (issue 15, next phase).
-_STORE_ERRORS_UNNAMED = pytest.mark.xfail(
-    strict=True, reason="issue 15: a store error that does not name the key reaches the user as is"
-)
-
-
 def _fault_cases() -> list[Any]:
-    out = []
-    for param in cases(
+    return cases(
         ("kind", "case", "layout"),
         list(FAULTS),
         ["shard-end-zstd-crc", "unsharded-zstd-crc"],
         s3fs=lambda case, layout: layout == "shard-end-zstd-crc",
-    ):
-        kind, case, _layout = param.values
-        unnamed = case == "get-truncate-always" or (kind == "s3fs" and case.endswith("-500"))
-        out.append(
-            pytest.param(*param.values, id=param.id, marks=_STORE_ERRORS_UNNAMED if unnamed else ())
-        )
-    return out
+    )
 
 
 @pytest.mark.parametrize(("kind", "case", "layout"), _fault_cases())

@@ -1,12 +1,16 @@
 """The asynchronous path, for stores without synchronous IO (ZipStore,
 remote stores) and codecs without synchronous implementations.
 
-Reads fetch every chunk concurrently (bounded by ``async.concurrency``) and
+Sharded reads whose index and inner chunks are native go to the shard
+engine's async reader (`zarr_fused.shard.async_read`); other reads fetch
+every chunk concurrently (bounded by ``async.concurrency``) and
 hand each chunk to the thread pool the moment its bytes arrive, so decoding
 overlaps the fetches still in flight; writes launch each chunk's ``set`` the
 moment its encode finishes. When anything fails, every fetch, decode, encode
 and write still pending is cancelled and every one already running is
 awaited before the error propagates: nothing keeps running unobserved.
+A store error that does not name its key is re-raised as an `OSError` that
+does, the original as its ``__cause__``.
 
 With ``codec_pipeline.max_workers`` = 1 there is no pool and decoding runs
 inline, as in zarr's own pipeline.
@@ -15,7 +19,7 @@ inline, as in zarr's own pipeline.
 from __future__ import annotations
 
 import asyncio
-from contextlib import AbstractAsyncContextManager, nullcontext
+from contextlib import AbstractAsyncContextManager, contextmanager, nullcontext
 from typing import TYPE_CHECKING, Any
 
 from zarr.abc.codec import ArrayBytesCodecPartialDecodeMixin
@@ -23,16 +27,18 @@ from zarr.core.chunk_utils import _merge_chunk_array, chunk_is_empty
 from zarr.core.config import config as zarr_config
 
 from zarr_fused._cpus import resolve_max_workers
-from zarr_fused._items import MISSING, PRESENT
+from zarr_fused._items import MISSING, PRESENT, describe_key
 from zarr_fused._pool import get_pool
 from zarr_fused._scatter_py import fill_missing, scatter_chunk
 from zarr_fused.chunks.merge import merge_and_encode
+from zarr_fused.errors import ZarrFusedError
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable
+    from collections.abc import Awaitable, Callable, Iterator
     from concurrent.futures import Future, ThreadPoolExecutor
 
     from zarr.abc.codec import GetResult
+    from zarr.abc.store import ByteRequest
     from zarr.core.buffer import Buffer, NDBuffer
 
     from zarr_fused._chain import Chain
@@ -90,14 +96,47 @@ class _Tracker:
                 t.exception()
 
 
-def _request_limiter() -> AbstractAsyncContextManager[Any]:
-    """What each store request of a batch runs under: ``async.concurrency``
-    requests in flight at most, or any number when it is ``None`` (as in
-    zarr's pipelines)."""
-    limit = zarr_config.get("async.concurrency")
-    if limit is None:
-        return nullcontext()
-    return asyncio.Semaphore(max(1, int(limit)))
+class _Requests:
+    """The store requests of one batch: at most ``async.concurrency`` in
+    flight (any number when it is ``None``, as in zarr's pipelines), and a
+    store error that does not name the key wrapped in one that does (the
+    original as its ``__cause__``)."""
+
+    def __init__(self) -> None:
+        limit = zarr_config.get("async.concurrency")
+        self.limiter: AbstractAsyncContextManager[Any] = (
+            nullcontext() if limit is None else asyncio.Semaphore(max(1, int(limit)))
+        )
+
+    async def get(
+        self, getter: Any, prototype: Any, byte_range: ByteRequest | None = None
+    ) -> Buffer | None:
+        async with self.limiter:
+            with _naming(getter, "reading"):
+                buf: Buffer | None = await getter.get(prototype=prototype, byte_range=byte_range)
+                return buf
+
+    async def set(self, setter: Any, value: Buffer | None) -> None:
+        """Store ``value`` at ``setter`` (delete it when None)."""
+        async with self.limiter:
+            with _naming(setter, "writing"):
+                if value is None:
+                    await setter.delete()
+                else:
+                    await setter.set(value)
+
+
+@contextmanager
+def _naming(key: Any, doing: str) -> Iterator[None]:
+    """Re-raise a store error that does not name ``key`` as an `OSError`
+    that does."""
+    try:
+        yield
+    except Exception as exc:
+        path = getattr(key, "path", None)
+        if path is None or path in str(exc) or isinstance(exc, ZarrFusedError):
+            raise
+        raise OSError(f"{doing} {describe_key(key)}: {type(exc).__name__}: {exc}") from exc
 
 
 async def read_async(
@@ -107,6 +146,15 @@ async def read_async(
     drop_axes: tuple[int, ...],
 ) -> tuple[GetResult, ...]:
     """Read a batch without synchronous store IO."""
+    shard_reader = plan.async_shard_reader
+    plans = None if shard_reader is None else shard_reader.applies(batch, out, drop_axes)
+    if plans is not None:
+        assert shard_reader is not None
+        tracker = _Tracker(resolve_max_workers())
+        try:
+            return await shard_reader.read(batch, plans, out, _Requests(), tracker)
+        finally:
+            await tracker.drain()
     codec = plan.array_bytes_codec
     if plan.partial_decode and isinstance(codec, ArrayBytesCodecPartialDecodeMixin):
         # The codec fetches only the byte ranges it needs (coalesced), as in
@@ -125,7 +173,7 @@ async def read_async(
         return tuple(results)
 
     chain = plan.chain
-    semaphore = _request_limiter()
+    requests = _Requests()
     tracker = _Tracker(resolve_max_workers())
 
     def decode_sync(item: ReadItem, raw: Buffer, chain: Chain) -> None:
@@ -134,8 +182,7 @@ async def read_async(
 
     async def read_one(item: ReadItem) -> GetResult:
         getter, spec, chunk_selection, out_selection, _ = item
-        async with semaphore:
-            raw = await getter.get(prototype=spec.prototype)
+        raw = await requests.get(getter, spec.prototype)
         if raw is None:
             fill_missing(out, out_selection, spec)
             return MISSING
@@ -166,7 +213,7 @@ async def write_async(
     encode finishes.
     """
     chain = plan.chain
-    semaphore = _request_limiter()
+    requests = _Requests()
     tracker = _Tracker(resolve_max_workers())
 
     async def encode_async(item: WriteItem, existing: Buffer | None) -> Buffer | None:
@@ -184,19 +231,14 @@ async def write_async(
         setter, spec, _, _, is_complete = item
         existing = None
         if not is_complete:
-            async with semaphore:
-                existing = await setter.get(prototype=spec.prototype)
+            existing = await requests.get(setter, spec.prototype)
         if chain is not None:
             encoded = await tracker.compute(
                 merge_and_encode, chain, existing, value, item, drop_axes
             )
         else:
             encoded = await encode_async(item, existing)
-        async with semaphore:
-            if encoded is None:
-                await setter.delete()
-            else:
-                await setter.set(encoded)
+        await requests.set(setter, encoded)
 
     try:
         await asyncio.gather(*(tracker.task(write_one(item)) for item in batch))

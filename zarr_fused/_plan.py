@@ -26,6 +26,7 @@ from zarr_fused.chunks.pipelined import PipelinedChunkReader
 from zarr_fused.chunks.read import ChunkReader, NativeChunkReader, PartialDecodeReader
 from zarr_fused.chunks.write import ChunkWriter, NativeChunkWriter, PartialEncodeWriter
 from zarr_fused.errors import UnsupportedError
+from zarr_fused.shard.async_read import AsyncShardReader
 from zarr_fused.shard.index import index_format
 from zarr_fused.shard.read import ShardReader
 from zarr_fused.shard.write import ShardWriter
@@ -60,6 +61,8 @@ class PipelinePlan:
     read_fallback: str
     #: why some of the writing runs on zarr's own code ("" when none does)
     write_fallback: str
+    #: the native shard reads of the async path (None: zarr's sharding codec)
+    async_shard_reader: AsyncShardReader | None = None
 
     @property
     def fallback(self) -> str:
@@ -191,6 +194,7 @@ def build_plan(
         writer,
         read_fallback,
         write_fallback,
+        AsyncShardReader(reader.codec, reader.chain) if isinstance(reader, ShardReader) else None,
     )
 
 
