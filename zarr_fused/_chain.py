@@ -52,6 +52,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Chain",
     "NativeChain",
+    "StoredBytes",
     "TransformChain",
     "build_chain",
     "native_chain_params",
@@ -59,6 +60,13 @@ __all__ = [
 
 # dtype kinds the native chain stores: fixed-size, no Python objects
 NATIVE_KINDS = frozenset("biufcmMSUV")
+
+
+class StoredBytes(Protocol):
+    """Stored bytes as `NativeChain.decode_array` reads them: a zarr
+    `Buffer`, or any view with the same method (the shard reader's)."""
+
+    def as_numpy_array(self) -> np.ndarray: ...
 
 
 class Chain(Protocol):
@@ -170,7 +178,7 @@ class NativeChain:
         """The most bytes a chunk of ``nbytes`` can encode to."""
         return self.kernel.max_encoded_size(nbytes)
 
-    def decode_array(self, raw: Buffer, spec: ArraySpec, key: Any = None) -> np.ndarray:
+    def decode_array(self, raw: StoredBytes, spec: ArraySpec, key: Any = None) -> np.ndarray:
         """The whole chunk as a new NumPy array of the array's data type."""
         array = empty(spec.shape, self.dtype)
         batch = self.decode_batch(1, array.ndim)
