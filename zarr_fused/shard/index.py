@@ -47,8 +47,12 @@ __all__ = [
 
 # The index format's facts have one home, the index kernel (`_shard_index`):
 # the sentinel a missing inner chunk has in both fields, and the index size.
-#: the offset (and length) of an inner chunk that is not stored
-MISSING_OFFSET = np.uint64(index_kernels.MISSING_ENTRY)
+#: the offset (and length) of an inner chunk that is not stored. Without the
+#: extensions the shard engine never runs; the format's value (all bits set)
+#: then only lets this module import.
+MISSING_OFFSET = np.uint64(
+    np.iinfo(np.uint64).max if index_kernels is None else index_kernels.MISSING_ENTRY
+)
 
 
 def index_size(n_chunks: int, checksum: bool) -> int:
