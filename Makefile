@@ -16,13 +16,14 @@ build: bootstrap
 demo: bootstrap
 	$(PY) -m zarr_fused demo
 
-# our tests; the kernel, shard and corpus tests under ASan/UBSan (without the
-# slow shard-write suite, which `make test-asan` adds); the short seeded fuzz
-# budget; zarr's whole test suite against zarr_fused; the quick asv run and the
-# docs build (warnings are errors)
+# the lint target first (it is quick, and a finding fails CI before the long
+# runs); our tests; the kernel, shard and corpus tests under ASan/UBSan
+# (without the slow shard-write suite, which `make test-asan` adds); the short
+# seeded fuzz budget; zarr's whole test suite against zarr_fused; the quick
+# asv run and the docs build (warnings are errors)
 CI_ASAN_TESTS := tests/test_codecs.py tests/test_scatter.py tests/test_localio.py \
 	tests/test_native_chain.py tests/test_shard_read.py tests/fuzz
-test: bootstrap
+test: bootstrap lint
 	$(PY) -m pytest tests
 	ASAN_TESTS="$(CI_ASAN_TESTS)" PY=$(PY) bash tests/fuzz/test_asan.sh
 	FUZZ_SECONDS=15 FUZZ_SEED=1 FUZZ_TARGET=all PY=$(PY) bash tests/fuzz/fuzz.sh

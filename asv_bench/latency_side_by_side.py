@@ -205,7 +205,7 @@ def write_scenarios(repeat: int) -> list[str]:
 
 def child(args: argparse.Namespace) -> int:
     if args.pin == "on":
-        os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
+        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
     cpus = sorted(os.sched_getaffinity(0))
     label = (
         "cold page cache"
@@ -214,8 +214,10 @@ def child(args: argparse.Namespace) -> int:
     )
     _flush(
         [
-            f"# {label}, CPUs {cpus} ({'pinned' if args.pin == 'on' else 'unpinned'}), "
-            f"{args.repeat} rounds"
+            (
+                f"# {label}, CPUs {cpus} ({'pinned' if args.pin == 'on' else 'unpinned'}), "
+                f"{args.repeat} rounds"
+            )
         ]
     )
     if "read" in args.ops:

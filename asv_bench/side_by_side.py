@@ -24,6 +24,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +86,17 @@ def table(
     return lines
 
 
+def _read_part(reader: Any, part: list[Any], pool: Any) -> None:
+    """Read every selection of ``part``, inline or over ``pool``, dropping
+    each result at once as a caller would."""
+    if pool is None:
+        for sel in part:
+            reader.read(sel)
+    else:
+        for _ in pool.map(reader.read, part):
+            pass
+
+
 def sliced_rounds(
     readers: dict[str, Any],
     selections: list[Any],
@@ -117,17 +129,7 @@ def sliced_rounds(
             order = names[turn % len(names) :] + names[: turn % len(names)]
             turn += 1
             for name in order:
-                reader = readers[name]
-
-                def read_part() -> None:
-                    if pool is None:
-                        for sel in part:  # each result dropped at once, as a caller would
-                            reader.read(sel)
-                    else:
-                        for _ in pool.map(reader.read, part):
-                            pass
-
-                w, c = _timed(read_part)
+                w, c = _timed(partial(_read_part, readers[name], part, pool))
                 w_round[name] += w
                 c_round[name] += c
                 per_slice[name].append(w)
@@ -295,7 +297,7 @@ def scenario_arrays(layout_names: list[str], repeat: int, store_kind: str = "loc
             if not np.array_equal(writer.read_back(), data):
                 raise SystemExit(f"{p} wrote wrong data to {name}")
         results = rounds(
-            {p: ((lambda w=w: w.write(data)), w.prepare) for p, w in writers.items()}, repeat
+            {p: (partial(w.write, data), w.prepare) for p, w in writers.items()}, repeat
         )
         out += table(
             f"write all: {name} ({store_kind}, {nbytes / 2**20:.0f} MiB)",
@@ -305,16 +307,88 @@ def scenario_arrays(layout_names: list[str], repeat: int, store_kind: str = "loc
     return out
 
 
-def scenario_codecs(repeat: int) -> list[str]:
-    """Native batch kernels against numcodecs on the same payloads."""
-    import threading
+def _codec_tables(
+    label: str, nc: Any, params: dict[str, Any], data: Any, raw: list[bytes], repeat: int
+) -> list[str]:
+    """Decode and encode tables of one codec configuration: the native batch
+    kernels against numcodecs, inline and on two threads."""
     from concurrent.futures import ThreadPoolExecutor
 
+    import numpy as np
+
+    from zarr_fused import _codec_batch as kb
+    from zarr_fused import _codecs as kc
+
+    n_chunks = len(raw)
+    chunk_bytes = len(raw[0])
+    items = chunk_bytes // 4
+    out: list[str] = []
+    kernel = kc.ChainKernel(itemsize=4, **params)
+    payloads = [nc.encode(r) for r in raw]
+    assert all(bytes(kernel.decode(p, chunk_bytes)) == r for p, r in zip(payloads, raw))
+    dest = np.empty(n_chunks * items, dtype="<f4")
+    layout = kb.ChunkLayout((items,), 4, None)
+    # encoded chunks go to a reused buffer, as the sharded writer does
+    bound = kernel.max_encoded_size(chunk_bytes)
+    arena = np.empty(n_chunks * bound, dtype=np.uint8)
+
+    def native_decode(lo: int, hi: int) -> None:
+        batch = kb.DecodeBatch(kernel, hi - lo, 1)
+        for i in range(lo, hi):
+            batch.add(payloads[i], layout, (), dest, (slice(i * items, (i + 1) * items),), (), i)
+        batch.run()
+
+    def native_encode(lo: int, hi: int) -> list[Any]:
+        batch = kb.EncodeBatch(kernel, hi - lo, 1, repr, arena[lo * bound : hi * bound])
+        for i in range(lo, hi):
+            batch.add(data[i * items : (i + 1) * items], layout, False, i)
+        return batch.run()
+
+    # what the native encoder produces decodes (with numcodecs) to the data
+    if [bytes(nc.decode(bytes(p))) for p in native_encode(0, n_chunks)] != raw:
+        raise SystemExit(f"native {label} encode is wrong")
+
+    def numcodecs_decode(lo: int, hi: int) -> None:
+        for i in range(lo, hi):
+            nc.decode(payloads[i], out=dest[i * items : (i + 1) * items])
+
+    def numcodecs_encode(lo: int, hi: int) -> None:
+        for i in range(lo, hi):
+            nc.encode(raw[i])
+
+    pool = ThreadPoolExecutor(2)
+
+    def on(threads: int, fn: Callable[[int, int], None]) -> Callable[[], None]:
+        if threads == 1:
+            return lambda: fn(0, n_chunks)
+        half = n_chunks // 2
+        return lambda: list(pool.map(lambda lh: fn(*lh), [(0, half), (half, n_chunks)]))
+
+    for op, (ours, theirs) in {
+        "decode": (native_decode, numcodecs_decode),
+        "encode": (native_encode, numcodecs_encode),
+    }.items():
+        cases = {}
+        for threads in (1, 2):
+            cases[f"numcodecs/{threads}t"] = (on(threads, theirs), None)
+            cases[f"native/{threads}t"] = (on(threads, ours), None)
+        results = rounds(cases, repeat)
+        out += table(
+            f"{op} {n_chunks} x 64 KiB float32, {label}",
+            results,
+            ours="native/1t",
+            unit=("GB/s", n_chunks * chunk_bytes),
+        )
+    pool.shutdown()
+    return out
+
+
+def scenario_codecs(repeat: int) -> list[str]:
+    """Native batch kernels against numcodecs on the same payloads."""
     import numcodecs
     import numcodecs.blosc
     import numpy as np
 
-    from zarr_fused import _codec_batch as kb
     from zarr_fused import _codecs as kc
 
     numcodecs.blosc.use_threads = False  # as zarr sets it
@@ -327,74 +401,21 @@ def scenario_codecs(repeat: int) -> list[str]:
     raw = [data[i * items : (i + 1) * items].tobytes() for i in range(n_chunks)]
     out: list[str] = []
     configs = {
-        "zstd-1": (numcodecs.Zstd(level=1), dict(compressor="zstd", level=1)),
+        "zstd-1": (numcodecs.Zstd(level=1), {"compressor": "zstd", "level": 1}),
         "blosc-lz4-shuffle": (
             numcodecs.Blosc("lz4", 5, 1, typesize=4),
-            dict(compressor="blosc", cname="lz4", clevel=5, shuffle="shuffle", typesize=4),
+            {
+                "compressor": "blosc",
+                "cname": "lz4",
+                "clevel": 5,
+                "shuffle": "shuffle",
+                "typesize": 4,
+            },
         ),
-        "gzip-1": (numcodecs.GZip(1), dict(compressor="gzip", level=1)),
+        "gzip-1": (numcodecs.GZip(1), {"compressor": "gzip", "level": 1}),
     }
     for label, (nc, params) in configs.items():
-        kernel = kc.ChainKernel(itemsize=4, **params)
-        payloads = [nc.encode(r) for r in raw]
-        assert all(bytes(kernel.decode(p, chunk_bytes)) == r for p, r in zip(payloads, raw))
-        dest = np.empty(n_chunks * items, dtype="<f4")
-        layout = kb.ChunkLayout((items,), 4, None)
-        # encoded chunks go to a reused buffer, as the sharded writer does
-        bound = kernel.max_encoded_size(chunk_bytes)
-        arena = np.empty(n_chunks * bound, dtype=np.uint8)
-
-        def native_decode(lo: int, hi: int) -> None:
-            batch = kb.DecodeBatch(kernel, hi - lo, 1)
-            for i in range(lo, hi):
-                batch.add(
-                    payloads[i], layout, (), dest, (slice(i * items, (i + 1) * items),), (), i
-                )
-            batch.run()
-
-        def native_encode(lo: int, hi: int) -> list[Any]:
-            batch = kb.EncodeBatch(kernel, hi - lo, 1, repr, arena[lo * bound : hi * bound])
-            for i in range(lo, hi):
-                batch.add(data[i * items : (i + 1) * items], layout, False, i)
-            return batch.run()
-
-        # what the native encoder produces decodes (with numcodecs) to the data
-        if [bytes(nc.decode(bytes(p))) for p in native_encode(0, n_chunks)] != raw:
-            raise SystemExit(f"native {label} encode is wrong")
-
-        def numcodecs_decode(lo: int, hi: int) -> None:
-            for i in range(lo, hi):
-                nc.decode(payloads[i], out=dest[i * items : (i + 1) * items])
-
-        def numcodecs_encode(lo: int, hi: int) -> None:
-            for i in range(lo, hi):
-                nc.encode(raw[i])
-
-        pool = ThreadPoolExecutor(2)
-
-        def on(threads: int, fn: Callable[[int, int], None]) -> Callable[[], None]:
-            if threads == 1:
-                return lambda: fn(0, n_chunks)
-            half = n_chunks // 2
-            return lambda: list(pool.map(lambda lh: fn(*lh), [(0, half), (half, n_chunks)]))
-
-        for op, (ours, theirs) in {
-            "decode": (native_decode, numcodecs_decode),
-            "encode": (native_encode, numcodecs_encode),
-        }.items():
-            cases = {}
-            for threads in (1, 2):
-                cases[f"numcodecs/{threads}t"] = (on(threads, theirs), None)
-                cases[f"native/{threads}t"] = (on(threads, ours), None)
-            results = rounds(cases, repeat)
-            out += table(
-                f"{op} {n_chunks} x 64 KiB float32, {label}",
-                results,
-                ours="native/1t",
-                unit=("GB/s", n_chunks * chunk_bytes),
-            )
-        if threading.active_count() > 1:
-            pool.shutdown()
+        out += _codec_tables(label, nc, params, data, raw, repeat)
     # crc32c alone: 4 MiB 25 times per round (one call takes a fraction of a
     # millisecond, too short to time alone on a noisy machine)
     blob = rng.bytes(4 * 2**20)
@@ -534,7 +555,7 @@ def main(argv: list[str] | None = None) -> int:
                 "--pin",
                 pin,
             ]
-            res = subprocess.run(cmd, capture_output=True, text=True)
+            res = subprocess.run(cmd, capture_output=True, text=True, check=False)
             if res.returncode:
                 sys.stderr.write(res.stderr)
                 return res.returncode
@@ -542,11 +563,13 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(lines))
         return 0
     if args.pin == "on":
-        os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
+        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
     cpus = sorted(os.sched_getaffinity(0))
     header = [
-        f"# scenario {args.scenario}, store {args.store}, CPUs {cpus} "
-        f"({'pinned' if args.pin == 'on' else 'unpinned'}), {args.repeat} rounds"
+        (
+            f"# scenario {args.scenario}, store {args.store}, CPUs {cpus} "
+            f"({'pinned' if args.pin == 'on' else 'unpinned'}), {args.repeat} rounds"
+        )
     ]
     lines = header + SCENARIOS[args.scenario](args.repeat, args.store)
     print("\n".join(lines), flush=True)

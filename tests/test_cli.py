@@ -43,6 +43,7 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
         text=True,
         timeout=120,
         env=env,
+        check=False,
     )
 
 
@@ -212,7 +213,7 @@ def test_bench_sample_subprocess() -> None:
     assert res.returncode == 0, res.stderr
     rows = table_rows(res.stdout)
     assert list(rows) == ALL_PEERS
-    for name, row in rows.items():
+    for row in rows.values():
         assert row.rstrip().endswith("identical"), row
     assert f"all {len(ALL_PEERS)} pipelines read identical data" in res.stdout
     assert "checked against the data written" in res.stdout
@@ -270,7 +271,7 @@ def test_bench_selection(
     shape: tuple[int, ...],
 ) -> None:
     out_json = tmp_path / "r.json"
-    code, out, err = call(
+    code, _out, err = call(
         capsys,
         "bench",
         str(disk["floats"]),
@@ -491,7 +492,7 @@ def test_bench_difference_against_reference_pipeline(
 ) -> None:
     _sabotage(monkeypatch, "zarr-fused", "value")
     out_json = tmp_path / "r.json"
-    code, out, err = call(
+    code, out, _err = call(
         capsys, "bench", str(disk["floats"]), "--repeat", "1", "--json", str(out_json)
     )
     assert code == 1
@@ -515,7 +516,7 @@ def test_plot_without_matplotlib(tmp_path: Path) -> None:
         """
     )
     res = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False
     )
     assert res.returncode == 2
     assert res.stderr == "zarr-fused: --plot needs matplotlib: pip install matplotlib\n"
@@ -716,7 +717,7 @@ def test_console_script() -> None:
     if not script.exists():
         pytest.skip("zarr-fused script not installed next to this interpreter")
     res = subprocess.run(
-        [str(script), "bench", "--help"], capture_output=True, text=True, timeout=120
+        [str(script), "bench", "--help"], capture_output=True, text=True, timeout=120, check=False
     )
     assert res.returncode == 0
     assert res.stdout.startswith("usage: zarr-fused bench")

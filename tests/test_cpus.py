@@ -413,9 +413,11 @@ def test_resolve_max_workers_none_is_available_cpus() -> None:
     ],
 )
 def test_resolve_max_workers_invalid_warns_and_uses_default(value: Any) -> None:
-    with zarr.config.set({MAX_WORKERS_KEY: value}):
-        with pytest.warns(ZarrUserWarning, match="max_workers"):
-            workers = resolve_max_workers()
+    with (
+        zarr.config.set({MAX_WORKERS_KEY: value}),
+        pytest.warns(ZarrUserWarning, match="max_workers"),
+    ):
+        workers = resolve_max_workers()
     assert workers == available_cpus()[0]
 
 
@@ -428,9 +430,11 @@ def test_resolve_max_workers_invalid_warns_and_uses_default(value: Any) -> None:
     ],
 )
 def test_resolve_max_workers_above_cap_warns_and_clamps(value: Any) -> None:
-    with zarr.config.set({MAX_WORKERS_KEY: value}):
-        with pytest.warns(ZarrUserWarning, match="max_workers") as record:
-            workers = resolve_max_workers()
+    with (
+        zarr.config.set({MAX_WORKERS_KEY: value}),
+        pytest.warns(ZarrUserWarning, match="max_workers") as record,
+    ):
+        workers = resolve_max_workers()
     assert workers == MAX_WORKERS_CAP
     assert str(MAX_WORKERS_CAP) in str(record[0].message)
 

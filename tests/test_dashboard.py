@@ -87,6 +87,7 @@ def _render(url: str) -> tuple[str, list[str]]:
         capture_output=True,
         text=True,
         timeout=120,
+        check=False,
     )
     console = [line for line in out.stderr.splitlines() if ":CONSOLE" in line]
     return out.stdout, console

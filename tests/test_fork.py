@@ -154,7 +154,7 @@ def test_child_process_reads_and_writes(tmp_path: Path, method: str, layout: str
     ],
 )
 def test_pipeline_pickles_and_rebuilds_plan(layout: str) -> None:
-    arr, data = make_array(MemoryStore(), layout, seed=21)
+    arr, _data = make_array(MemoryStore(), layout, seed=21)
     pipeline = arr._async_array.codec_pipeline
     assert pipeline.plan is not None
 

@@ -209,9 +209,11 @@ def test_strict_mode_by_environment_variable(tmp_path: Path) -> None:
 
 def test_invalid_strict_value_warns_and_falls_back(fused: None) -> None:
     arr = _array({}, compressors=BZ2(level=1))
-    with zarr.config.set({"codec_pipeline.strict": "maybe"}):
-        with pytest.warns(ZarrUserWarning, match="codec_pipeline.strict"):
-            arr[...] = 3.0
+    with (
+        zarr.config.set({"codec_pipeline.strict": "maybe"}),
+        pytest.warns(ZarrUserWarning, match="codec_pipeline.strict"),
+    ):
+        arr[...] = 3.0
     assert_same_values(arr[...], np.full((10, 6), 3.0))
 
 
@@ -294,6 +296,7 @@ def _run(script: str, **env: str) -> subprocess.CompletedProcess[str]:
         text=True,
         env=full_env,
         timeout=120,
+        check=False,
     )
 
 
@@ -350,6 +353,56 @@ def test_missing_extensions_degrade_cleanly() -> None:
     assert "warned True 1" in lines
     assert "'codecs': []" in out.stdout and "False" in out.stdout
     assert "strict NativeExtensionError" in lines
+
+
+_EXTENSIONS = (
+    "_scatter",
+    "_localio",
+    "_fileio",
+    "_codecs",
+    "_codec_batch",
+    "_shard_index",
+    "_shard",
+    "_shard_local",
+)
+
+
+@pytest.mark.parametrize(
+    "missing",
+    [pytest.param(",".join(_EXTENSIONS), id="all")]
+    + [pytest.param(name, id=name) for name in _EXTENSIONS],
+)
+def test_missing_extensions_fall_back_on_every_path(tmp_path: Path, missing: str) -> None:
+    """Without some or all compiled modules (never built, a partial build,
+    built for another interpreter), zarr_fused imports and every path
+    (unsharded and sharded, LocalStore and MemoryStore) takes zarr's code."""
+    out = _run(
+        f"""
+        import sys, warnings
+        for name in {missing!r}.split(","):
+            sys.modules["zarr_fused." + name] = None  # as if it had never been built
+        import numpy as np, zarr
+        from zarr.storage import LocalStore, MemoryStore
+        warnings.simplefilter("ignore")  # the one "compiled extensions" warning
+        expected = np.arange(20, dtype="<i2")
+        expected[3:7] = 9
+        results = []
+        with zarr.config.set({{"codec_pipeline.path": "zarr_fused.FusedCodecPipeline"}}):
+            for n, store in enumerate([LocalStore({str(tmp_path)!r}), MemoryStore()]):
+                for shards in (None, (8,)):
+                    a = zarr.create_array(
+                        store, name=f"a{{n}}{{shards}}", shape=(20,), chunks=(4,),
+                        shards=shards, dtype="<i2",
+                    )
+                    a[:] = np.arange(20)
+                    a[3:7] = 9
+                    results.append(bool((a[:] == expected).all()))
+                    results.append(bool((a[1:15:3] == expected[1:15:3]).all()))
+        print("values", results)
+        """
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "values " + str([True] * 8)
 
 
 @pytest.mark.parametrize(

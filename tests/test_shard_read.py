@@ -697,7 +697,7 @@ def test_side_by_side_decode_matches_zarr(
     tmp_path: Path, store_kind: str, dtype: str, codecs: str, selection: Any
 ) -> None:
     store = make_store(store_kind, tmp_path)
-    arr, data = _side_array(store, dtype, codecs, (12, 20, 38))  # partial edge chunks in x
+    _arr, data = _side_array(store, dtype, codecs, (12, 20, 38))  # partial edge chunks in x
     with with_pipeline(BATCHED):
         expected = zarr.open_array(store, mode="r")[selection]
     assert_same_values(expected, data[selection], byte_order=False)

@@ -135,11 +135,11 @@ def test_property_partial_writes_match_zarr_bytes(kind: str, case: dict[str, Any
                 codecs=INNER_CODECS[case["codecs"]],
                 config={"write_empty_chunks": case["wec"]},
             )
-            for n, (selection, kind) in enumerate(case["writes"]):
+            for n, (selection, value_kind) in enumerate(case["writes"]):
                 shape = np.asarray(arr[selection]).shape
-                if kind == 0:  # the fill value: chunks and shards empty out
+                if value_kind == 0:  # the fill value: chunks and shards empty out
                     arr[selection] = 0
-                elif kind == 1:  # a scalar
+                elif value_kind == 1:  # a scalar
                     arr[selection] = 7 + n
                 else:
                     arr[selection] = np.random.default_rng(n).integers(-50, 50, shape).astype("<i4")

@@ -225,7 +225,7 @@ def test_stored_bytes_claimed(name: str) -> None:
 def test_stores_and_separators(tmp_path: Path, store_kind: str, separator: str) -> None:
     """Native LocalStore IO, MemoryStore and the async path (ZipStore, a
     store without synchronous IO) write the keys zarr writes."""
-    fused, theirs = write_and_compare(
+    write_and_compare(
         tmp_path,
         "<f8",
         numcodecs.Zstd(1),

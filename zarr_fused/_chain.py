@@ -52,6 +52,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Chain",
     "NativeChain",
+    "StoredBytes",
     "TransformChain",
     "build_chain",
     "native_chain_params",
@@ -59,6 +60,13 @@ __all__ = [
 
 # dtype kinds the native chain stores: fixed-size, no Python objects
 NATIVE_KINDS = frozenset("biufcmMSUV")
+
+
+class StoredBytes(Protocol):
+    """Stored bytes as `NativeChain.decode_array` reads them: a zarr
+    `Buffer`, or any view with the same method (the shard reader's)."""
+
+    def as_numpy_array(self) -> np.ndarray: ...
 
 
 class Chain(Protocol):
@@ -124,7 +132,7 @@ class NativeChain:
         self.dtype: np.dtype[Any] = params.pop("dtype")
         self.stored: np.dtype[Any] = params.pop("stored")
         self.order: tuple[int, ...] | None = params.pop("order")
-        self.kernel = codec_kernels.ChainKernel(**params)  # type: ignore[union-attr]
+        self.kernel = codec_kernels.ChainKernel(**params)
         self.fallback = fallback
         self._layouts: dict[tuple[int, ...], Any] = {}
         self._lock = threading.Lock()
@@ -144,17 +152,17 @@ class NativeChain:
         """The element layout of a chunk of ``shape`` (cached per shape)."""
         layout = self._layouts.get(shape)
         if layout is None:
-            layout = batch_kernels.ChunkLayout(shape, self.dtype.itemsize, self.order)  # type: ignore[union-attr]
+            layout = batch_kernels.ChunkLayout(shape, self.dtype.itemsize, self.order)
             with self._lock:
                 self._layouts[shape] = layout
         return layout
 
     def decode_batch(self, capacity: int, ndim: int) -> Any:
-        return batch_kernels.DecodeBatch(self.kernel, capacity, ndim, describe_chunk)  # type: ignore[union-attr]
+        return batch_kernels.DecodeBatch(self.kernel, capacity, ndim, describe_chunk)
 
     def kernel_batch(self, capacity: int, ndim: int, describe: Any) -> Any:
         """A `DecodeBatch` whose errors name chunks with ``describe``."""
-        return batch_kernels.DecodeBatch(self.kernel, capacity, ndim, describe)  # type: ignore[union-attr]
+        return batch_kernels.DecodeBatch(self.kernel, capacity, ndim, describe)
 
     def encode_batch(
         self,
@@ -164,13 +172,13 @@ class NativeChain:
         arena: np.ndarray | None = None,
     ) -> Any:
         """An `EncodeBatch`; its results are views into ``arena`` (see there)."""
-        return batch_kernels.EncodeBatch(self.kernel, capacity, ndim, describe, arena)  # type: ignore[union-attr]
+        return batch_kernels.EncodeBatch(self.kernel, capacity, ndim, describe, arena)
 
     def encode_bound(self, nbytes: int) -> int:
         """The most bytes a chunk of ``nbytes`` can encode to."""
-        return self.kernel.max_encoded_size(nbytes)  # type: ignore[no-any-return]
+        return self.kernel.max_encoded_size(nbytes)
 
-    def decode_array(self, raw: Buffer, spec: ArraySpec, key: Any = None) -> np.ndarray:
+    def decode_array(self, raw: StoredBytes, spec: ArraySpec, key: Any = None) -> np.ndarray:
         """The whole chunk as a new NumPy array of the array's data type."""
         array = empty(spec.shape, self.dtype)
         batch = self.decode_batch(1, array.ndim)
@@ -249,17 +257,17 @@ def _bytes_to_bytes_params(codecs: tuple[Codec, ...], names: str) -> tuple[str, 
     compressor, crc32c before and/or after it; ``(why not, {})`` otherwise."""
     params: dict[str, Any] = {"compressor": None, "outer_crcs": 0, "inner_crcs": 0}
     for codec in codecs:
-        kind = type(codec)
-        if kind is Crc32cCodec:
+        # exact types: a subclass may change what the codec does
+        if type(codec) is Crc32cCodec:
             params["outer_crcs" if params["compressor"] else "inner_crcs"] += 1
         elif params["compressor"] is not None:
             return f"no native kernel for the codec chain {names}", {}
-        elif kind is ZstdCodec:
-            params.update(compressor="zstd", level=codec.level, checksum=codec.checksum)  # type: ignore[attr-defined]
-        elif kind is GzipCodec:
-            params.update(compressor="gzip", level=codec.level)  # type: ignore[attr-defined]
-        elif kind is BloscCodec:
-            cname = codec.cname  # type: ignore[attr-defined]
+        elif type(codec) is ZstdCodec:
+            params.update(compressor="zstd", level=codec.level, checksum=codec.checksum)
+        elif type(codec) is GzipCodec:
+            params.update(compressor="gzip", level=codec.level)
+        elif type(codec) is BloscCodec:
+            cname = codec.cname
             if cname not in codec_kernels.library_versions()["blosc_compressors"]:
                 return f"the system c-blosc has no {cname} compressor", {}
             if cname not in _zarr_blosc_compressors():
@@ -268,10 +276,10 @@ def _bytes_to_bytes_params(codecs: tuple[Codec, ...], names: str) -> tuple[str, 
             params.update(
                 compressor="blosc",
                 cname=cname,
-                clevel=codec.clevel,  # type: ignore[attr-defined]
+                clevel=codec.clevel,
                 shuffle=codec.shuffle,
-                typesize=codec.typesize,  # type: ignore[attr-defined]
-                blocksize=codec.blocksize,  # type: ignore[attr-defined]
+                typesize=codec.typesize,
+                blocksize=codec.blocksize,
             )
         else:
             return f"no native kernel for the codec chain {names}", {}
@@ -291,13 +299,14 @@ def native_chain_params(codecs: tuple[Codec, ...], spec: ArraySpec) -> tuple[str
     names = " -> ".join(type(c).__name__ for c in codecs)
     order: tuple[int, ...] | None = None
     index = 0
-    while index < len(codecs) and type(codecs[index]) is TransposeCodec:
-        step = codecs[index].order  # type: ignore[attr-defined]
-        order = step if order is None else tuple(order[i] for i in step)
+    for codec in codecs:
+        if type(codec) is not TransposeCodec:
+            break
+        order = codec.order if order is None else tuple(order[i] for i in codec.order)
         index += 1
-    if index >= len(codecs) or type(codecs[index]) is not BytesCodec:
+    bytes_codec = codecs[index] if index < len(codecs) else None
+    if type(bytes_codec) is not BytesCodec:
         return f"no native kernel for the codec chain {names}", {}
-    bytes_codec: BytesCodec = codecs[index]  # type: ignore[assignment]
     reason, params = _bytes_to_bytes_params(codecs[index + 1 :], names)
     if reason:
         return reason, {}

@@ -1,7 +1,7 @@
 """Typed interface of the compiled `zarr_fused._codec_batch` (see _codec_batch.pyx)."""
 
 from collections.abc import Buffer, Callable, Sequence
-from typing import Any
+from typing import Any, Self
 
 import numpy as np
 from typing_extensions import disjoint_base
@@ -34,7 +34,7 @@ class DecodeBatch(TaskBatch):
         capacity: int,
         max_ndim: int,
         describe: Callable[[Any], str] = ...,
-    ) -> DecodeBatch: ...
+    ) -> Self: ...
     def add(
         self,
         payload: Buffer,
@@ -68,7 +68,7 @@ class EncodeBatch(TaskBatch):
         max_ndim: int,
         describe: Callable[[Any], str] = ...,
         arena: np.ndarray[Any, np.dtype[np.uint8]] | None = None,
-    ) -> EncodeBatch: ...
+    ) -> Self: ...
     def add(
         self,
         chunk: np.ndarray[Any, Any],

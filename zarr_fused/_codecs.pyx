@@ -441,7 +441,8 @@ cdef Py_ssize_t _gzip_compress(ChainKernel k, Workspace ws, const uint8_t* src, 
         st.code = ZF_ERR_ENCODE
         st.msg = "deflateReset failed"
         return -1
-    if not zlib_format and zl.deflateSetHeader(z, &_GZIP_HEADER) != zl.Z_OK:  # reset by deflateReset
+    # the gzip header is reset by deflateReset: set it again each time
+    if not zlib_format and zl.deflateSetHeader(z, &_GZIP_HEADER) != zl.Z_OK:
         st.code = ZF_ERR_ENCODE
         st.msg = "deflateSetHeader failed"
         return -1

@@ -71,7 +71,7 @@ def _versions() -> dict[str, Any]:
     import numcodecs.blosc
     import numcodecs.zstd
 
-    ours = codec_kernels.library_versions()  # type: ignore[union-attr]
+    ours = codec_kernels.library_versions()
     return {
         "zstd": ours["zstd"],
         "zlib": ours["zlib"],

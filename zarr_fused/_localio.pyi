@@ -2,11 +2,11 @@
 
 import os
 from collections.abc import Buffer, Sequence
-from typing import Any, TypeAlias
+from typing import Any
 
 import numpy as np
 
-_Path: TypeAlias = str | bytes | os.PathLike[str] | os.PathLike[bytes]
+type _Path = str | bytes | os.PathLike[str] | os.PathLike[bytes]
 
 def read_whole(path: _Path) -> bytes | None: ...
 def write_parts(path: _Path, parts: Sequence[Buffer]) -> None: ...

@@ -33,6 +33,11 @@ for _name in _EXTENSIONS:
         _modules[_name] = __import__(f"zarr_fused.{_name}", fromlist=["_"])
     except ImportError as _exc:  # missing or built for another interpreter
         _errors[_name] = _exc
+# The paths use kernels of several extensions each (a native chain needs
+# _codecs and _codec_batch, the shard engine four more), and they test one
+# handle before using the others: with a partial set a path would pass its
+# check and fail inside. So the handles are all or nothing.
+_usable = {} if _errors else _modules
 
 if TYPE_CHECKING:
     # mypy checks the calls into each extension against its .pyi stub; at
@@ -47,14 +52,14 @@ if TYPE_CHECKING:
     from zarr_fused import _shard_index as index_kernels
     from zarr_fused import _shard_local as shard_local_kernels
 else:
-    scatter_kernels = _modules.get("_scatter")
-    codec_kernels = _modules.get("_codecs")
-    batch_kernels = _modules.get("_codec_batch")
-    index_kernels = _modules.get("_shard_index")
-    shard_kernels = _modules.get("_shard")
-    shard_local_kernels = _modules.get("_shard_local")
-    io_kernels = _modules.get("_localio")
-    fileio_kernels = _modules.get("_fileio")
+    scatter_kernels = _usable.get("_scatter")
+    codec_kernels = _usable.get("_codecs")
+    batch_kernels = _usable.get("_codec_batch")
+    index_kernels = _usable.get("_shard_index")
+    shard_kernels = _usable.get("_shard")
+    shard_local_kernels = _usable.get("_shard_local")
+    io_kernels = _usable.get("_localio")
+    fileio_kernels = _usable.get("_fileio")
 
 
 def missing_message() -> str:

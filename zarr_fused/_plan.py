@@ -15,7 +15,7 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from zarr.abc.codec import _codec_supports_sync
+from zarr.abc.codec import ArrayBytesCodec, _codec_supports_sync
 from zarr.codecs.sharding import ShardingCodec
 from zarr.core.chunk_utils import ChunkTransform, evolve_codecs
 from zarr.core.codec_pipeline import AsyncChunkTransform
@@ -32,7 +32,7 @@ from zarr_fused.shard.read import ShardReader
 from zarr_fused.shard.write import ShardWriter
 
 if TYPE_CHECKING:
-    from zarr.abc.codec import ArrayBytesCodec, Codec, CodecPipeline
+    from zarr.abc.codec import Codec, CodecPipeline
     from zarr.core.array_spec import ArraySpec
 
     from zarr_fused._chain import Chain
@@ -169,7 +169,11 @@ def build_plan(
     async_codecs = _pin_inner_pipeline(codecs, pipeline_class)
     async_transform = AsyncChunkTransform(codecs=async_codecs)
     async_array_bytes_codec = next(
-        (pinned for c, pinned in zip(codecs, async_codecs, strict=True) if c is array_bytes_codec),
+        (
+            pinned
+            for c, pinned in zip(codecs, async_codecs, strict=True)
+            if c is array_bytes_codec and isinstance(pinned, ArrayBytesCodec)
+        ),
         array_bytes_codec,
     )
     if spec is None or sync_transform is None:

@@ -69,7 +69,7 @@ def scatter_array(
                 return
     if isinstance(src, np.ndarray) and hasattr(dst, "dtype"):
         src = in_byte_order(src, dst.dtype)
-    dst[out_selection] = src
+    out[out_selection] = src
 
 
 def scatter_chunk(

@@ -1,14 +1,14 @@
 """Typed interface of the compiled `zarr_fused._shard_local` (see _shard_local.pyx)."""
 
 from collections.abc import Callable
-from typing import Any, TypeAlias
+from typing import Any
 
 import numpy as np
 
 from zarr_fused._codec_batch import DecodeBatch
 
-_Take: TypeAlias = Callable[[int], np.ndarray[Any, np.dtype[np.uint8]]]
-_Give: TypeAlias = Callable[[np.ndarray[Any, np.dtype[np.uint8]]], Any]
+type _Take = Callable[[int], np.ndarray[Any, np.dtype[np.uint8]]]
+type _Give = Callable[[np.ndarray[Any, np.dtype[np.uint8]]], Any]
 
 def fetch_partial_local(
     path: bytes,

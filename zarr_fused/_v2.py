@@ -167,7 +167,9 @@ def v2_byte_identical(
     format-3 codec that runs the same kernel (``identical``); Zlib as gzip
     without the header's time stamp. Filters, and compressors zarr's code
     runs, are zarr's own bytes."""
-    compressor = codec.compressor
+    # a numcodecs codec: numcodecs has no type information, so its attributes
+    # are looked up untyped once its exact class is known
+    compressor: Any = codec.compressor
     if codec.filters or compressor is None:
         return True
     kind = type(compressor)

@@ -46,7 +46,7 @@ def _payloads(codec: str) -> tuple[Any, Any, list[bytes], list[bytes], np.ndarra
 
 class CodecKernels:
     params = (choose(list(CODECS), ["zstd-1"]), ["native", "numcodecs"], THREADS)
-    param_names = ["codec", "implementation", "threads"]
+    param_names = ("codec", "implementation", "threads")
 
     def setup(self, codec: str, implementation: str, threads: int) -> None:
         try:
@@ -134,8 +134,8 @@ class CodecKernels:
 
 
 class Crc32c:
-    params = [["native", "google_crc32c"]]
-    param_names = ["implementation"]
+    params = (("native", "google_crc32c"),)
+    param_names = ("implementation",)
 
     def setup(self, implementation: str) -> None:
         self.blob = np.random.default_rng(0).bytes(16 * 2**20)

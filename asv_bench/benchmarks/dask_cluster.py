@@ -21,7 +21,7 @@ class DaskSharded:
     ``da.to_zarr(x, path)`` (write-all) of a sharded zstd array."""
 
     params = (PEERS,)
-    param_names = ["peer"]
+    param_names = ("peer",)
     timeout = 600
     number = 1
     repeat = (2, 5, 60.0)

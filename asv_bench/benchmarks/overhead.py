@@ -12,7 +12,7 @@ from ._peers import PIPELINES, THREADS, available
 
 class Overhead:
     params = (list(PIPELINES), THREADS)
-    param_names = ["pipeline", "threads"]
+    param_names = ("pipeline", "threads")
 
     def setup(self, pipeline: str, threads: int) -> None:
         if not available(pipeline):

@@ -61,7 +61,7 @@ class ReadAll:
         STORES,
         THREADS,
     )
-    param_names = ["layout", "peer", "store", "threads"]
+    param_names = ("layout", "peer", "store", "threads")
     timeout = 600
     number = 1
     repeat = (2, 5, 60.0)
@@ -83,7 +83,7 @@ class ReadPatterns:
     """Small reads of the sharded zstd cube: one inner chunk, a thin slab."""
 
     params = (PEERS, THREADS)
-    param_names = ["peer", "threads"]
+    param_names = ("peer", "threads")
     timeout = 300
 
     def setup(self, peer: str, threads: int) -> None:

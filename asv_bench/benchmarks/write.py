@@ -20,7 +20,7 @@ class WriteAll:
         STORES,
         THREADS,
     )
-    param_names = ["layout", "peer", "store", "threads"]
+    param_names = ("layout", "peer", "store", "threads")
     timeout = 600
     number = 1
     repeat = (2, 5, 60.0)
@@ -61,7 +61,7 @@ class UpdateOneInnerChunk:
     shard read plus one shard write, not a re-encode of every inner chunk."""
 
     params = (choose([64, 128, 256], [64]), ["zarr_fused", "zarr-fused"])
-    param_names = ["shard_edge", "pipeline"]
+    param_names = ("shard_edge", "pipeline")
     timeout = 300
 
     def setup(self, shard_edge: int, pipeline: str) -> None:

@@ -35,6 +35,7 @@ input at the chunk's key, opened once with each pipeline.
 
 from __future__ import annotations
 
+import itertools
 import struct
 import tracemalloc
 import warnings
@@ -112,7 +113,7 @@ def reference_index(
         if size:
             used.append((off, off + size))
     used.sort()
-    if any(b[0] < a[1] for a, b in zip(used, used[1:])):
+    if any(b[0] < a[1] for a, b in itertools.pairwise(used)):
         return "overlap"
     return pairs
 

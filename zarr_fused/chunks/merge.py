@@ -3,7 +3,7 @@ chunk paths, the shard engine and the async path."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 from zarr.core.chunk_utils import _merge_chunk_array, chunk_is_empty, fill_value_or_default
@@ -50,18 +50,24 @@ def merge_owned(
     drop_axes: tuple[int, ...],
 ) -> np.ndarray:
     """zarr's `_merge_chunk_array`, for an ``existing`` array the caller owns
-    (freshly decoded), which is merged in place instead of copied first."""
+    (freshly decoded), which is merged in place instead of copied first.
+
+    The native paths that call it run on CPU buffers only, whose arrays are
+    NumPy's: the casts below say so to the type checker."""
     if is_complete and value.shape != ():
         selected = value[out_selection]
         if selected.shape == spec.shape:
-            return selected.as_ndarray_like()  # type: ignore[return-value]
+            return cast("np.ndarray", selected.as_ndarray_like())
     if existing is None:
-        chunk = spec.prototype.nd_buffer.create(
-            shape=spec.shape,
-            dtype=spec.dtype.to_native_dtype(),
-            order=spec.order,
-            fill_value=fill_value_or_default(spec),
-        ).as_ndarray_like()
+        chunk = cast(
+            "np.ndarray",
+            spec.prototype.nd_buffer.create(
+                shape=spec.shape,
+                dtype=spec.dtype.to_native_dtype(),
+                order=spec.order,
+                fill_value=fill_value_or_default(spec),
+            ).as_ndarray_like(),
+        )
     else:
         chunk = existing
     if chunk_selection == () or is_scalar(value.as_ndarray_like(), spec.dtype.to_native_dtype()):
@@ -71,5 +77,7 @@ def merge_owned(
         if drop_axes:
             item = tuple(None if i in drop_axes else slice(None) for i in range(spec.ndim))
             chunk_value = chunk_value[item]
-    chunk[chunk_selection] = in_byte_order(chunk_value.as_ndarray_like(), chunk.dtype)
-    return chunk  # type: ignore[return-value]
+    chunk[chunk_selection] = in_byte_order(
+        cast("np.ndarray", chunk_value.as_ndarray_like()), chunk.dtype
+    )
+    return chunk

@@ -23,13 +23,10 @@ from __future__ import annotations
 import sys
 import threading
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from zarr.storage import LocalStore
 from zarr.storage._common import StorePath
-
-if TYPE_CHECKING:
-    from collections.abc import Sequence
 
 __all__ = ["local_store_for", "with_local_files"]
 
@@ -79,9 +76,9 @@ def local_store_for(store: Any, *, write: bool = False) -> LocalStore | None:
         return _cache[key]
 
 
-def with_local_files(
-    batch: Sequence[tuple[Any, ...]], *, write: bool = False
-) -> Sequence[tuple[Any, ...]]:
+def with_local_files[Item: tuple[Any, ...]](
+    batch: list[Item], *, write: bool = False
+) -> list[Item]:
     """``batch`` with its getters/setters moved to the equivalent
     `LocalStore` when they address an `FsspecStore` on local files (see
     `local_store_for`); otherwise ``batch`` itself."""
@@ -92,7 +89,7 @@ def with_local_files(
     if local is None:
         return batch
     store = first.store
-    moved = []
+    moved: list[Any] = []  # the items of `batch`, each with another getter
     for getter, *rest in batch:
         if type(getter) is not StorePath or getter.store is not store:
             return batch

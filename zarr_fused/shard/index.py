@@ -47,13 +47,17 @@ __all__ = [
 
 # The index format's facts have one home, the index kernel (`_shard_index`):
 # the sentinel a missing inner chunk has in both fields, and the index size.
-#: the offset (and length) of an inner chunk that is not stored
-MISSING_OFFSET = np.uint64(index_kernels.MISSING_ENTRY)  # type: ignore[union-attr]
+#: the offset (and length) of an inner chunk that is not stored. Without the
+#: extensions the shard engine never runs; the format's value (all bits set)
+#: then only lets this module import.
+MISSING_OFFSET = np.uint64(
+    np.iinfo(np.uint64).max if index_kernels is None else index_kernels.MISSING_ENTRY
+)
 
 
 def index_size(n_chunks: int, checksum: bool) -> int:
     """Bytes of the index of a shard of ``n_chunks`` inner chunks."""
-    return index_kernels.index_nbytes(n_chunks, checksum)  # type: ignore[union-attr,no-any-return]
+    return index_kernels.index_nbytes(n_chunks, checksum)
 
 
 def inner_grid(spec: ArraySpec, inner_shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -98,7 +102,7 @@ class IndexFormat:
         """The checked ``(n_chunks, 2)`` entries of the index bytes ``raw``
         (checked against the shard's length when it is known); errors name
         ``key``."""
-        return index_kernels.parse_index(  # type: ignore[union-attr]
+        return index_kernels.parse_index(
             raw,
             n_chunks,
             checksum=self.checksum,
@@ -174,9 +178,9 @@ def _read_file(path: bytes, size_hint: int) -> tuple[np.ndarray, int]:
     Returns the buffer and the file's length, -1 when the file is missing.
     """
     buffer = buffers.take(size_hint)
-    length = io_kernels.read_into(path, buffer)  # type: ignore[union-attr]
+    length = io_kernels.read_into(path, buffer)
     while length is not None and length > len(buffer):  # too small: length is the size
         buffers.give(buffer)
         buffer = buffers.take(length)
-        length = io_kernels.read_into(path, buffer)  # type: ignore[union-attr]
+        length = io_kernels.read_into(path, buffer)
     return buffer, -1 if length is None else length

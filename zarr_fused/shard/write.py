@@ -28,7 +28,7 @@ import math
 import os
 import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 from zarr.core.chunk_utils import chunk_is_empty, fill_value_or_default
@@ -54,6 +54,7 @@ if TYPE_CHECKING:
     from zarr.codecs.sharding import ShardingCodec
     from zarr.core.array_spec import ArraySpec
     from zarr.core.buffer import NDBuffer
+    from zarr.core.indexing import SelectorTuple
 
     from zarr_fused._chain import NativeChain
     from zarr_fused._items import WriteItem
@@ -93,6 +94,13 @@ class _Write:
     @property
     def scalar(self) -> bool:
         return self.value.shape == ()
+
+
+def _value_block(data: np.ndarray, out_selection: SelectorTuple) -> np.ndarray:
+    """The part of the written value that lands in one shard, as a view.
+    Shards reach the native writer only with basic selections (a kernel
+    plan exists), whose ``out_selection`` is a tuple of ints and slices."""
+    return data[(*cast("tuple[int | slice, ...]", out_selection), Ellipsis)]
 
 
 @dataclass
@@ -167,7 +175,7 @@ class ShardWriter:
         ):
             self.fallback.write(batch, value, drop_axes, max_workers)
             return
-        plan_selection = shard_kernels.plan_selection  # type: ignore[union-attr]
+        plan_selection = shard_kernels.plan_selection
         plans = [
             plan_selection(spec.shape, self.inner_shape, chunk_selection)
             for _, spec, chunk_selection, _, _ in batch
@@ -300,7 +308,7 @@ class ShardWriter:
                     payloads[lin] = ctx.scalar_payload
             return True
         if ctx.empty_pattern is not None or not any(whole for *_, whole in items):
-            done = shard_kernels.add_shard_encode(  # type: ignore[union-attr]
+            done = shard_kernels.add_shard_encode(
                 state.encoding,
                 ctx.data,
                 out_selection,
@@ -317,7 +325,7 @@ class ShardWriter:
         # zarr's empty rule needs Python (NaN or complex fill values)
         inner_spec = ctx.inner_spec
         data = ctx.data
-        block = data[(*out_selection, Ellipsis)] if out_selection != () else data
+        block = _value_block(data, out_selection) if out_selection != () else data
         for lin, _, block_selection, whole in items:
             if not whole:
                 continue
@@ -344,17 +352,21 @@ class ShardWriter:
                 decoding.add(payloads[lin], ctx.layout, (), existing[lin], (), (), (setter, lin))
         decoding.run()
         data = ctx.data
-        block = None if ctx.scalar else data[(*out_selection, Ellipsis)]
+        block = None if ctx.scalar else _value_block(data, out_selection)
         checks_empty = ctx.empty_pattern is not None
         for lin, sel, block_sel in partial:
             chunk = existing.get(lin)
             if chunk is None:
-                chunk = inner_spec.prototype.nd_buffer.create(
-                    shape=self.inner_shape,
-                    dtype=chain.dtype,
-                    order=inner_spec.order,
-                    fill_value=fill_value_or_default(inner_spec),
-                ).as_ndarray_like()
+                # a CPU buffer (the chain handles inner_spec): a NumPy array
+                chunk = cast(
+                    "np.ndarray",
+                    inner_spec.prototype.nd_buffer.create(
+                        shape=self.inner_shape,
+                        dtype=chain.dtype,
+                        order=inner_spec.order,
+                        fill_value=fill_value_or_default(inner_spec),
+                    ).as_ndarray_like(),
+                )
             chunk[sel] = in_byte_order(data if block is None else block[block_sel], chunk.dtype)
             if not checks_empty and chunk_is_empty(
                 inner_spec.prototype.nd_buffer.from_ndarray_like(chunk), inner_spec
@@ -382,16 +394,14 @@ class ShardWriter:
         try:
             if ctx.prefix is not None:
                 # straight from the payloads to the file (writev), no copy
-                parts = index_kernels.shard_parts(  # type: ignore[union-attr]
-                    self._order(state.grid), payloads, **layout_args
-                )
+                parts = index_kernels.shard_parts(self._order(state.grid), payloads, **layout_args)
                 if parts is None:
                     setter.delete_sync()
                 else:
                     write_parts(ctx.prefix + os.fsencode(setter.path), parts)
                 return
             reuse = _keeps_a_copy(setter)
-            blob = index_kernels.assemble_shard(  # type: ignore[union-attr]
+            blob = index_kernels.assemble_shard(
                 self._order(state.grid),
                 payloads,
                 **layout_args,
