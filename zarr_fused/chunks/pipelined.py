@@ -223,7 +223,7 @@ class _PipelinedRead:
         np.cumsum(caps[:-1], out=offsets[1:])
         lengths = np.empty(len(group), dtype=np.intp)
         start = time.perf_counter()
-        done = fileio_kernels.read_files_into(  # type: ignore[union-attr]
+        done = fileio_kernels.read_files_into(
             self.paths[group.start : group.stop], arena, offsets, caps, lengths, state.stop_flag
         )
         if done:
@@ -233,7 +233,7 @@ class _PipelinedRead:
         oversize: dict[int, bytes] = {}
         for k in np.flatnonzero(lengths[:done] < -1).tolist():
             # larger than any chunk we would write: read it whole
-            whole = io_kernels.read_whole(self.paths[group.start + k])  # type: ignore[union-attr]
+            whole = io_kernels.read_whole(self.paths[group.start + k])
             lengths[k] = -1 if whole is None else len(whole)
             if whole is not None:
                 oversize[group.start + k] = whole

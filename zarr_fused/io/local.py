@@ -93,10 +93,10 @@ def read_shard_part(
     release of the GIL) and return whether the shard exists.
     """
     if decode_into is None:
-        return shard_local_kernels.fetch_partial_local(  # type: ignore[union-attr]
+        return shard_local_kernels.fetch_partial_local(
             path, n_chunks, touched, take, give=give, **settings
         )
-    return shard_local_kernels.read_shard_local(  # type: ignore[union-attr]
+    return shard_local_kernels.read_shard_local(
         decode_into, 0, path, n_chunks, touched, take, give, **settings
     )
 
@@ -104,4 +104,4 @@ def read_shard_part(
 def write_parts(path: bytes, parts: Any) -> None:
     """Write ``parts`` (buffers, in order) as the file at ``path``,
     atomically (writev into a temporary file, then rename)."""
-    io_kernels.write_parts(path, parts)  # type: ignore[union-attr]
+    io_kernels.write_parts(path, parts)

@@ -294,7 +294,7 @@ class _AsyncBatch:
                 )
             if not group.add(chunk, self.layout, inner_sel, region, block_sel, (), (getter, lin)):
                 decoded = self.chain.decode_array(
-                    _RawBuffer(chunk),  # type: ignore[arg-type]
+                    _RawBuffer(chunk),
                     self._inner_spec(i),
                     (getter, lin),
                 )

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 import os
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 from zarr.abc.store import RangeByteRequest, Store, SuffixByteRequest, _store_supports_sync_io
@@ -297,7 +297,8 @@ class ShardReader:
         temp = spec.prototype.nd_buffer.empty(
             shape=indexer.shape, dtype=spec.dtype.to_native_dtype(), order=spec.order
         )
-        array = temp.as_ndarray_like()
+        # a CPU buffer (the chain handles spec), so a NumPy array
+        array = cast("np.ndarray", temp.as_ndarray_like())
         if items:
             self._decode_general_items(getter, spec, items, shard, temp, pattern)
         if hasattr(indexer, "sel_shape"):
@@ -361,7 +362,8 @@ class _ReadBatch:
         self.chain = reader.chain
         self.batch = batch
         self.out = out
-        self.dst = out.as_ndarray_like()
+        # `ShardReader.read` checked it is a NumPy array (`writes_into`)
+        self.dst = cast("np.ndarray", out.as_ndarray_like())
         self.drop_axes = drop_axes
         _, spec0, *_ = batch[0]
         inner_shape = reader.inner_shape
@@ -370,7 +372,7 @@ class _ReadBatch:
         self.ndim = max(self.dst.ndim, len(inner_shape))
         self.describe = inner_describer(inner_grid(spec0, inner_shape))
         self.statuses: list[GetResult] = [PRESENT] * len(batch)
-        plan_selection = shard_kernels.plan_selection  # type: ignore[union-attr]
+        plan_selection = shard_kernels.plan_selection
         self.shards = [
             _Shard(
                 i, None if drop_axes else plan_selection(spec.shape, inner_shape, chunk_selection)
@@ -427,7 +429,7 @@ class _ReadBatch:
         if shard.plan is None:
             return False
         getter, _, _, out_selection, _ = self.batch[shard.index]
-        return shard_kernels.add_shard(  # type: ignore[union-attr]
+        return shard_kernels.add_shard(
             group,
             shard.payload,
             shard.entries,
@@ -455,7 +457,7 @@ class _ReadBatch:
         if prefix is None:
             return False
         group = self._group(plan.n_touched)
-        if not shard_kernels.add_shard(  # type: ignore[union-attr]
+        if not shard_kernels.add_shard(
             group, None, None, plan, self.layout, self.dst, out_selection, getter, defer=True
         ):
             return False
