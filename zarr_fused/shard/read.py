@@ -59,6 +59,7 @@ if TYPE_CHECKING:
     from zarr_fused._chain import NativeChain
     from zarr_fused._items import ReadItem
     from zarr_fused.chunks.read import PartialDecodeReader
+    from zarr_fused.shard.pipelined import ShardIO
 
 __all__ = ["LOCAL_MAX_GAP", "ShardReader"]
 
@@ -89,7 +90,11 @@ class ShardReader:
     """Native reads of shards through their index (see the module docstring)."""
 
     def __init__(
-        self, codec: ShardingCodec, chain: NativeChain, fallback: PartialDecodeReader
+        self,
+        codec: ShardingCodec,
+        chain: NativeChain,
+        fallback: PartialDecodeReader,
+        io: ShardIO | None = None,
     ) -> None:
         self.codec = codec
         self.chain = chain
@@ -99,6 +104,10 @@ class ShardReader:
         assert fmt is not None, "the plan admits only native index formats"
         self.fmt = fmt
         self._fill_cache: tuple[Any, bytes] | None = None
+        #: whether LocalStore batches go through the IO threads; the plan
+        #: passes it in (`zarr_fused.shard.pipelined`), so this module sits
+        #: below the IO engine; None: always the direct path
+        self.io = io
 
     def _fill(self, spec: ArraySpec, dtype: np.dtype[Any]) -> bytes:
         key = (spec.fill_value, dtype)
@@ -251,7 +260,15 @@ class ShardReader:
         # `writes_into` looks at
         if not self.chain.writes_into(dst, spec0):
             return self.fallback.read(batch, out, drop_axes, max_workers)
-        return _ReadBatch(self, batch, out, drop_axes).run(max_workers)
+        read = _ReadBatch(self, batch, out, drop_axes)
+        io = self.io
+        if io is not None:
+            local = local_files(batch, shard_io=True) is not None
+            io_concurrency = io.applies(len(batch), max_workers, local)
+            if io_concurrency:
+                io.run(read, io_concurrency, max_workers)
+                return tuple(read.statuses)
+        return read.run(max_workers)
 
     # -- selections the planner does not cover -------------------------------------------
 
@@ -478,12 +495,44 @@ class _ReadBatch:
         if self.read_shard_part(shard):
             return
         self.fetch(shard)
+        self.decode_fetched(shard)
+
+    def decode_fetched(self, shard: _Shard) -> None:
+        """Decode a fetched shard into the output and release its bytes."""
         group = self._group(shard.plan.n_touched if shard.plan is not None else 0)
         if self.queue(group, shard):
             group.run()
         else:
             self.finish_general(shard)
         shard.release()
+
+    def cost(self, shard: _Shard) -> int:
+        """The most bytes the fetch of ``shard`` should hold (the bound on
+        bytes in flight of the pipelined read): its touched inner chunks
+        at about their raw size, which the codecs' worst case is, and the
+        index."""
+        getter, spec, *_ = self.batch[shard.index]
+        grid = inner_grid(spec, self.reader.inner_shape)
+        n = math.prod(grid)
+        plan = shard.plan
+        touched = n if plan is None or plan.all_touched else plan.n_touched
+        settings = self.reader._shard_part_settings(getter, spec, grid, touched)
+        return int(settings["size_hint"]) + self.reader.fmt.size(n)
+
+    def fetched_io(self, shard: _Shard) -> tuple[int, int]:
+        """About the file calls the fetch of ``shard`` made (open, index,
+        ranges; 0 when it read no file) and the bytes it holds."""
+        plan = shard.plan
+        if shard.missing:
+            return 1, 0
+        if (plan is not None and not plan.n_touched) or (plan is None and shard.entries is None):
+            return 0, 0
+        payload = shard.payload
+        if shard.plan is None and shard.entries is not None:
+            payload = shard.entries[1]
+        nbytes = getattr(payload, "nbytes", 0)
+        whole = plan is not None and plan.all_touched
+        return (2 if whole else 3), int(nbytes)
 
     def wave(self, shards: list[_Shard], max_workers: int) -> None:
         """Fetch ``shards`` in parallel, then spread all their inner chunks
