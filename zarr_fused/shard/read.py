@@ -104,6 +104,8 @@ class ShardReader:
         assert fmt is not None, "the plan admits only native index formats"
         self.fmt = fmt
         self._fill_cache: tuple[Any, bytes] | None = None
+        #: the largest whole shard read so far (see `read_whole_shard`)
+        self._whole_hint = 0
         #: whether LocalStore batches go through the IO threads; the plan
         #: passes it in (`zarr_fused.shard.pipelined`), so this module sits
         #: below the IO engine; None: always the direct path
@@ -133,10 +135,13 @@ class ShardReader:
         """
         prefix = local_files([(getter,)], shard_io=True)
         if touched is None:
-            whole = read_whole_shard(getter, spec, self.fmt, grid, prefix)
+            whole = read_whole_shard(getter, spec, self.fmt, grid, prefix, self._whole_hint)
             if whole is None:
                 shard.missing = True
             else:
+                # shards of an array are about alike: the next is read into a
+                # buffer that holds this one, with a single open
+                self._whole_hint = max(self._whole_hint, len(whole.data))
                 shard.payload, shard.entries, shard.buffer = whole.data, whole.entries, whole.buffer
         elif prefix is not None:
             fetched = read_shard_part(
