@@ -23,8 +23,9 @@ threads costs wake-ups that a shard served from the page cache does not
 repay, so while file calls answer within `FAST_CALL`, the compute threads
 read their shards themselves (the direct path of ``ShardReader``). The
 first read of a reader is pipelined, and so is a read `PROBE_INTERVAL`
-after the last pipelined one (only a pipelined read measures the files:
-a direct read's time includes decoding).
+(or `PROBE_SPACING` times its duration) after the last pipelined one (only
+a pipelined read measures the files: a direct read's time includes
+decoding).
 """
 
 from __future__ import annotations
@@ -50,6 +51,11 @@ CALL_BYTES = 256 << 10
 #: seconds after which a direct read is pipelined again, to look afresh at
 #: how fast the files answer (a cache that went cold, a slower filesystem)
 PROBE_INTERVAL = 1.0
+#: and at least this many times the last pipelined read's duration: a
+#: pipelined read of a hot cache costs more than a direct one (more
+#: buffers in flight, each faulted in afresh), so reads that take longer
+#: than `PROBE_INTERVAL` must not all become probes
+PROBE_SPACING = 20
 
 
 class ShardBatch(Protocol):
@@ -71,8 +77,10 @@ class ShardIO:
         #: seconds per file call seen by the last pipelined read; None
         #: before the first
         self.seconds_per_call: float | None = None
-        #: when the last pipelined read ended (time.monotonic)
+        #: when the last pipelined read ended (time.monotonic), and how
+        #: long it took
         self.probed = 0.0
+        self.took = 0.0
 
     def applies(self, n_shards: int, max_workers: int, local: bool) -> int:
         """The IO requests in flight to pipeline a batch of ``n_shards``
@@ -97,13 +105,14 @@ class ShardIO:
         return (
             seen is not None
             and seen < FAST_CALL
-            and time.monotonic() - self.probed < PROBE_INTERVAL
+            and time.monotonic() - self.probed < max(PROBE_INTERVAL, PROBE_SPACING * self.took)
         )
 
     def run(self, read: ShardBatch, io_concurrency: int, max_workers: int) -> None:
         """Fetch every shard of ``read`` on the IO threads and decode each
         on a compute thread as soon as it is in."""
         timing = _Timing()
+        began = time.monotonic()
 
         def fetch(shard: Any, state: Batch[Any, Any]) -> Any:
             start = time.perf_counter()
@@ -131,6 +140,7 @@ class ShardIO:
         if timing.fastest != float("inf"):
             self.seconds_per_call = timing.fastest
             self.probed = time.monotonic()
+            self.took = self.probed - began
 
 
 class _Timing:
