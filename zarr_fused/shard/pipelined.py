@@ -51,11 +51,13 @@ CALL_BYTES = 256 << 10
 #: seconds after which a direct read is pipelined again, to look afresh at
 #: how fast the files answer (a cache that went cold, a slower filesystem)
 PROBE_INTERVAL = 1.0
-#: and at least this many times the last pipelined read's duration: a
-#: pipelined read of a hot cache costs more than a direct one (more
-#: buffers in flight, each faulted in afresh), so reads that take longer
-#: than `PROBE_INTERVAL` must not all become probes
+#: and at least this many times the duration of recent reads: a pipelined
+#: read of a hot cache costs more than a direct one (more buffers in
+#: flight, each faulted in afresh), so reads that take a good part of
+#: `PROBE_INTERVAL` must not become probes every other time
 PROBE_SPACING = 20
+#: how much of a read's duration is still counted at the next read
+TOOK_DECAY = 0.9
 
 
 class ShardBatch(Protocol):
@@ -77,9 +79,9 @@ class ShardIO:
         #: seconds per file call seen by the last pipelined read; None
         #: before the first
         self.seconds_per_call: float | None = None
-        #: when the last pipelined read ended (time.monotonic), and how
-        #: long it took
+        #: when the last pipelined read ended (time.monotonic)
         self.probed = 0.0
+        #: how long recent reads took (seconds; decays by `TOOK_DECAY`)
         self.took = 0.0
 
     def applies(self, n_shards: int, max_workers: int, local: bool) -> int:
@@ -99,6 +101,10 @@ class ShardIO:
         if io_concurrency <= 1 or self._direct_is_faster():
             return 0
         return io_concurrency
+
+    def note_direct(self, seconds: float) -> None:
+        """Note how long a direct read took (spaces the probes)."""
+        self.took = max(seconds, TOOK_DECAY * self.took)
 
     def _direct_is_faster(self) -> bool:
         seen = self.seconds_per_call
@@ -140,7 +146,7 @@ class ShardIO:
         if timing.fastest != float("inf"):
             self.seconds_per_call = timing.fastest
             self.probed = time.monotonic()
-            self.took = self.probed - began
+            self.took = max(self.probed - began, TOOK_DECAY * self.took)
 
 
 class _Timing:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -273,6 +274,10 @@ class ShardReader:
             if io_concurrency:
                 io.run(read, io_concurrency, max_workers)
                 return tuple(read.statuses)
+            start = time.perf_counter()
+            statuses = read.run(max_workers)
+            io.note_direct(time.perf_counter() - start)
+            return statuses
         return read.run(max_workers)
 
     # -- selections the planner does not cover -------------------------------------------
