@@ -34,8 +34,11 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Protocol
 
+import numpy as np
+
 from zarr_fused._native import io_kernels, shard_local_kernels
 from zarr_fused.io.engine import Batch, resolve_io_concurrency, run_pipelined
+from zarr_fused.shard.index import MISSING_OFFSET
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -66,6 +69,7 @@ class ShardBatch(Protocol):
     shards: Sequence[Any]
 
     def fetch(self, shard: Any) -> Any: ...
+    def fetch_part(self, shard: Any, touched: Any) -> Any: ...
     def decode_fetched(self, shard: Any) -> None: ...
     def cost(self, shard: Any) -> int: ...
     def fetched_io(self, shard: Any) -> tuple[int, int]: ...
@@ -119,30 +123,30 @@ class ShardIO:
         on a compute thread as soon as it is in."""
         timing = _Timing()
         began = time.monotonic()
+        requests = _Requests(read, io_concurrency)
 
-        def fetch(shard: Any, state: Batch[Any, Any]) -> Any:
+        def fetch(request: Any, state: Batch[Any, Any]) -> Any:
             start = time.perf_counter()
-            read.fetch(shard)
-            calls, nbytes = read.fetched_io(shard)
+            fetched = requests.fetch(request)
+            calls, nbytes = read.fetched_io(fetched)
             if calls:
                 calls += nbytes // CALL_BYTES
                 timing.note((time.perf_counter() - start) / calls)
-            return shard
+            return fetched
 
         try:
             run_pipelined(
-                read.shards,
-                [read.cost(s) for s in read.shards],
+                requests.items,
+                requests.costs,
                 fetch,
-                lambda shard, _: read.decode_fetched(shard),
+                requests.consume,
                 io_concurrency=io_concurrency,
                 max_workers=max_workers,
             )
         finally:
             # shards fetched but not decoded (the batch failed) give their
             # buffers back; run_pipelined returned, so no fetch still runs
-            for shard in read.shards:
-                shard.release()
+            requests.release()
         if timing.fastest != float("inf"):
             self.seconds_per_call = timing.fastest
             self.probed = time.monotonic()
@@ -163,3 +167,96 @@ class _Timing:
     def note(self, seconds: float) -> None:
         with self.lock:
             self.fastest = min(self.fastest, seconds)
+
+
+class _Part:
+    """One IO request of a shard split over several (see `_Requests`)."""
+
+    __slots__ = ("fetched", "shard", "touched")
+
+    def __init__(self, shard: Any, touched: Any) -> None:
+        self.shard = shard
+        self.touched = touched
+        self.fetched: Any = None
+
+
+class _Requests:
+    """The IO requests of one pipelined read: a shard each, or, while there
+    are fewer shards than IO threads, a planned partial shard's touched
+    inner chunks split over several requests. Each part reads the index
+    (again) and its chunks' ranges: the ranges of one request are read one
+    after another, and zarr stores inner chunks in Morton order, so a slab's
+    chunks lie apart in the file. A shard is decoded once its last part is
+    in, from its parts' chunks packed into one buffer."""
+
+    def __init__(self, read: ShardBatch, io_concurrency: int) -> None:
+        self.read = read
+        self.items: list[Any] = []
+        self.costs: list[int] = []
+        #: per split shard (by id): how many parts it has, those in
+        self.parts: dict[int, tuple[int, list[_Part]]] = {}
+        self.lock = threading.Lock()
+        split = -(-2 * io_concurrency // max(1, len(read.shards)))
+        for shard in read.shards:
+            plan = shard.plan
+            n = 1 if plan is None or plan.all_touched else min(split, plan.n_touched)
+            cost = read.cost(shard)
+            if n <= 1:
+                self.items.append(shard)
+                self.costs.append(cost)
+                continue
+            touched = np.array_split(np.asarray(plan.touched(), dtype=np.intp), n)
+            parts = [_Part(shard, t) for t in touched]
+            self.parts[id(shard)] = (n, [])
+            self.items += parts
+            self.costs += [-(-cost // n)] * n
+
+    def fetch(self, request: Any) -> Any:
+        if isinstance(request, _Part):
+            request.fetched = self.read.fetch_part(request.shard, request.touched)
+            return request.fetched
+        return self.read.fetch(request)
+
+    def consume(self, request: Any, fetched: Any) -> None:
+        if not isinstance(request, _Part):
+            self.read.decode_fetched(request)
+            return
+        shard = request.shard
+        with self.lock:
+            expected, done = self.parts[id(shard)]
+            done.append(request)
+            if len(done) < expected:
+                return
+        _assemble(shard, done)
+        self.read.decode_fetched(shard)
+
+    def release(self) -> None:
+        for request in self.items:
+            if isinstance(request, _Part) and request.fetched is not None:
+                request.fetched.release()
+        for shard in self.read.shards:
+            shard.release()
+
+
+def _assemble(shard: Any, parts: list[_Part]) -> None:
+    """Fill in ``shard`` from its fetched parts: missing when any part found
+    no file (the shard vanished between them), else the parts' chunks packed
+    into one payload with the entries pointing into it."""
+    if any(p.fetched.missing for p in parts):
+        shard.missing = True
+        return
+    entries = parts[0].fetched.entries.copy()
+    total = sum(len(p.fetched.payload) for p in parts)
+    payload = np.empty(total, dtype=np.uint8)
+    base = 0
+    for part in parts:
+        got = part.fetched
+        size = len(got.payload)
+        payload[base : base + size] = got.payload
+        rows = part.touched
+        present = got.entries[rows, 0] != MISSING_OFFSET
+        entries[rows] = got.entries[rows]
+        entries[rows[present], 0] += np.uint64(base)
+        base += size
+        got.release()
+    shard.entries, shard.payload = entries, payload

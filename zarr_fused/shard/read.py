@@ -516,6 +516,14 @@ class _ReadBatch:
             self.finish_general(shard)
         shard.release()
 
+    def fetch_part(self, shard: _Shard, touched: np.ndarray) -> _Shard:
+        """Fetch the index and the ``touched`` inner chunks of a planned
+        shard into a new `_Shard` (part of ``shard``)."""
+        getter, spec, *_ = self.batch[shard.index]
+        part = _Shard(shard.index, shard.plan)
+        self.reader._fetch(getter, spec, touched, inner_grid(spec, self.reader.inner_shape), part)
+        return part
+
     def cost(self, shard: _Shard) -> int:
         """The most bytes the fetch of ``shard`` should hold (the bound on
         bytes in flight of the pipelined read): its touched inner chunks
