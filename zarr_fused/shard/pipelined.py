@@ -8,8 +8,11 @@ another), and each request goes on to its shard's coalesced inner-chunk
 ranges as soon as the index is parsed, in the same native call
 (`zarr_fused.io.local.read_shard_part`: ``open``, index ``pread``, range
 ``preadv``; the GIL released throughout). A shard read whole is one
-request too. A compute thread decodes each shard into the output as soon
-as its request is in, while the other shards are still in flight.
+request too. While there are few shards, a partial shard's touched inner
+chunks are split over several requests, whose ranges are then read in
+parallel (`_Requests`). A compute thread decodes each shard into the
+output as soon as its request (its last part) is in, while the other
+shards are still in flight.
 
 The index bytes are untrusted either way: the native fetch checks every
 entry against the file's length and the codec's limits before sizing or
