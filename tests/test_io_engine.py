@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 import zarr
 from shims import FaultyChild, build_faultfs
-from zarr.codecs import BloscCodec, ZstdCodec
+from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec, ShardingCodec, ZstdCodec
 from zarr.errors import ZarrUserWarning
 from zarr.storage import LocalStore
 
@@ -35,6 +35,7 @@ from zarr_fused.io.engine import (
     resolve_io_concurrency,
     run_pipelined,
 )
+from zarr_fused.shard.pipelined import FAST_CALL
 
 from helpers import BATCHED, FUSED, with_pipeline
 
@@ -262,6 +263,19 @@ def snapshot():
     return (sorted([t.ident, t.name] for t in threading.enumerate()),
             sorted(os.listdir("/proc/self/fd")))
 
+def force_io(reader):
+    # each read through the IO threads, however fast the files answer
+    # (the readers otherwise read fast files directly)
+    if hasattr(reader, "seconds_per_file"):
+        reader.seconds_per_file = None
+    else:
+        reader.io.seconds_per_call = None
+
+def seen(reader):
+    if hasattr(reader, "seconds_per_file"):
+        return reader.seconds_per_file
+    return reader.io.seconds_per_call
+
 def fill(pool, n):
     # every thread of the pool started (executors start them lazily), so
     # that what a read adds afterwards shows
@@ -285,19 +299,19 @@ with zarr.config.set(config):
     hop = _pool._hop_executor()  # the hop off zarr's event loop (its own bounded pool)
     fill(hop, hop._max_workers)
     before = snapshot()
-    sels = [tuple(slice(a, b, s) for a, b, s in sel) for sel in args["selections"]]
     outcome = None
+    measured = []
     try:
         for k in range(args["repeat"]):
-            for i, sel in enumerate(sels):
-                # each read through the IO threads, however fast the files
-                # answer (the reader otherwise reads fast files directly)
-                plan_reader.seconds_per_file = None
-                np.save(args["result"] + f"-{i}.npy", arr[sel])
+            for i, sel in enumerate(args["selections"]):  # expressions over arr
+                force_io(plan_reader)
+                np.save(args["result"] + f"-{i}.npy", eval(sel, {"arr": arr, "np": np}))
+                measured.append(seen(plan_reader))
         arr[...]  # once more, as the reader chooses
-    except OSError as e:
-        outcome = {"errno": e.errno, "message": str(e)}
-    result = {"reader": reader, "seconds_per_file": plan_reader.seconds_per_file,
+    except Exception as e:
+        outcome = {"type": type(e).__name__, "errno": getattr(e, "errno", None),
+                   "message": str(e)}
+    result = {"reader": reader, "seconds_per_file": seen(plan_reader), "measured": measured,
               "before": before, "after": snapshot(), "error": outcome,
               "io_threads": sum(t.name.startswith("zarr_fused-fileio")
                                 for t in threading.enumerate())}
@@ -341,11 +355,12 @@ def run_reads(
     child: FaultyChild,
     tmp_path: Path,
     root: Path,
-    selections: list[tuple[slice, ...]],
+    selections: list[tuple[slice, ...]] | list[str],
     *,
     workers: int = 2,
     io: int = 8,
     repeat: int = 1,
+    reader: str = "PipelinedChunkReader",
     **faults: object,
 ) -> dict[str, Any]:
     args = {
@@ -353,13 +368,14 @@ def run_reads(
         "workers": workers,
         "io": io,
         "repeat": repeat,
-        "selections": [[(s.start, s.stop, s.step) for s in sel] for sel in selections],
+        # expressions over the array ``arr``, evaluated in the child
+        "selections": [sel if isinstance(sel, str) else f"arr[{sel!r}]" for sel in selections],
         "result": str(tmp_path / "result"),
     }
     answer = child.run(READ, args, **faults)
     assert answer["ok"], answer.get("traceback")
     result: dict[str, Any] = answer["result"]
-    assert result["reader"] == "PipelinedChunkReader", result
+    assert result["reader"] == reader, result
     return result
 
 
@@ -558,3 +574,230 @@ def test_forked_child_gets_fresh_io_threads() -> None:
             pytest.fail("the forked child hung on the inherited IO pool")
         time.sleep(0.05)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+# -- sharded reads through the IO threads ------------------------------------------------
+
+SHARDED = "ShardReader"
+INNER = (4, 4)
+SHARD = (16, 16)  # 4 x 4 shard files of 4 x 4 inner chunks: keys c/i/j, one digit each
+#: one shard not stored, and one inner chunk of another (all fill value)
+GONE_SHARD = "c/1/2"
+FILL_BOX = (slice(0, 4), slice(4, 8))  # inner chunk (0, 1) of shard c/0/0
+
+
+def make_sharded(
+    root: Path, seed: int, *, checksum: bool = True, shape: tuple[int, ...] = SHAPE
+) -> np.ndarray:
+    """A sharded int32 array (zstd inner chunks; the index with or without
+    its crc32c), one shard and one inner chunk missing; its values."""
+    rng = np.random.default_rng(seed)
+    data = rng.integers(-(2**20), 2**20, size=shape, dtype="int32")
+    data[FILL_BOX] = 7
+    index_codecs = [BytesCodec(), Crc32cCodec()] if checksum else [BytesCodec()]
+    serializer = ShardingCodec(
+        chunk_shape=INNER, codecs=[BytesCodec(), ZstdCodec(level=1)], index_codecs=index_codecs
+    )
+    with with_pipeline(BATCHED):
+        arr = zarr.create_array(
+            LocalStore(root),
+            shape=shape,
+            dtype=data.dtype,
+            chunks=SHARD,
+            serializer=serializer,
+            compressors=None,
+            fill_value=7,
+        )
+        arr[...] = data
+    (root / GONE_SHARD).unlink()
+    data[16:32, 32:48] = 7
+    return data
+
+
+def sharded_oracle(root: Path, expression: str) -> np.ndarray:
+    with with_pipeline(BATCHED):
+        arr = zarr.open_array(LocalStore(root), mode="r")
+        return np.asarray(eval(expression, {"arr": arr, "np": np}))
+
+
+MASK = "np.random.default_rng(3).random((64, 64)) < 0.3"
+SHARDED_SELECTIONS = [
+    # (expression over arr, whether it touches enough shards to be pipelined)
+    pytest.param("arr[...]", True, id="whole-shards"),
+    pytest.param("arr[5:6]", True, id="thin-slab"),
+    pytest.param("arr[3:61, 5:40]", True, id="partial-shards"),
+    pytest.param("arr[1:60:3, ::5]", True, id="strided"),
+    pytest.param("arr[17:19, 33:35]", False, id="one-inner-chunk"),
+    pytest.param("arr[16:32, 32:48]", False, id="missing-shard"),
+    pytest.param("arr.oindex[[1, 20, 40, 63], [0, 17, 33, 62]]", True, id="oindex"),
+    pytest.param("arr.vindex[[1, 20, 40, 63], [0, 17, 33, 62]]", True, id="vindex"),
+    pytest.param(f"arr.vindex[{MASK}]", True, id="mask"),
+    pytest.param("arr[0, :]", True, id="drop-axis"),
+]
+
+
+@pytest.mark.parametrize(("expression", "pipelined"), SHARDED_SELECTIONS)
+def test_sharded_values_under_latency_equal_zarrs(
+    tmp_path: Path, shim_child: FaultyChild, expression: str, pipelined: bool
+) -> None:
+    root = tmp_path / "arr"
+    make_sharded(root, seed=31)
+    result = run_reads(
+        shim_child,
+        tmp_path,
+        root,
+        [expression],
+        reader=SHARDED,
+        marker=root,
+        ops="open,read",
+        mode="delay",
+        delay_us=300,
+    )
+    assert result["error"] is None, result["error"]
+    expected = sharded_oracle(root, expression)
+    np.testing.assert_array_equal(np.load(tmp_path / "result-0.npy"), expected)
+    # the shards went through the IO threads (a measured read), or, with
+    # fewer shards than the workers can take shard by shard, did not
+    assert (result["measured"][0] is not None) == pipelined, result["measured"]
+    assert_nothing_left(result)
+
+
+@pytest.mark.parametrize(
+    ("workers", "io"),
+    [pytest.param(1, 2, id="1-worker-2-io"), pytest.param(2, 32, id="2-workers-32-io")],
+)
+def test_sharded_slow_files_keep_the_reads_on_the_io_threads(
+    tmp_path: Path, shim_child: FaultyChild, workers: int, io: int
+) -> None:
+    root = tmp_path / "arr"
+    data = make_sharded(root, seed=32)
+    result = run_reads(
+        shim_child,
+        tmp_path,
+        root,
+        ["arr[5:6]"],
+        workers=workers,
+        io=io,
+        reader=SHARDED,
+        marker=root,
+        ops="open,read",
+        mode="delay",
+        delay_us=200,
+    )
+    assert result["error"] is None, result["error"]
+    np.testing.assert_array_equal(np.load(tmp_path / "result-0.npy"), data[5:6])
+    # every shard waited 3 x 200 us (open, index, ranges): far above FAST_CALL
+    assert result["seconds_per_file"] >= FAST_CALL
+    assert_nothing_left(result)
+
+
+def _corrupt_entry(path: Path, entry: int, offset: int, length: int) -> None:
+    """Overwrite one ``(offset, nbytes)`` entry of the index at the end of
+    a shard without a checksum."""
+    raw = bytearray(path.read_bytes())
+    start = len(raw) - 16 * (SHARD[0] // INNER[0]) * (SHARD[1] // INNER[1]) + 16 * entry
+    raw[start : start + 16] = np.array([offset, length], dtype="<u8").tobytes()
+    path.write_bytes(bytes(raw))
+
+
+BAD_SHARDS = [
+    # (how the shard at c/2/1 is broken, the selection, the index's checksum)
+    pytest.param("length-past-end", "arr[...]", False, id="length-past-end-whole"),
+    pytest.param("length-past-end", "arr[32:33]", False, id="length-past-end-partial"),
+    pytest.param("offset-overflow", "arr[32:33]", False, id="offset-overflow-partial"),
+    pytest.param("truncated", "arr[32:33]", True, id="truncated-partial"),
+    pytest.param("truncated", "arr[...]", True, id="truncated-whole"),
+    pytest.param("bad-checksum", "arr[32:33]", True, id="bad-checksum-partial"),
+]
+
+
+@pytest.mark.parametrize(("damage", "expression", "checksum"), BAD_SHARDS)
+def test_sharded_crafted_bad_index_under_latency_names_the_key(
+    tmp_path: Path, shim_child: FaultyChild, damage: str, expression: str, checksum: bool
+) -> None:
+    root = tmp_path / "arr"
+    make_sharded(root, seed=33, checksum=checksum)
+    path = root / "c" / "2" / "1"
+    if damage == "length-past-end":
+        _corrupt_entry(path, 0, 0, path.stat().st_size + 100)
+    elif damage == "offset-overflow":
+        _corrupt_entry(path, 0, 2**64 - 10, 20)
+    elif damage == "truncated":
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    else:
+        raw = bytearray(path.read_bytes())
+        raw[-1] ^= 0xFF
+        path.write_bytes(bytes(raw))
+    result = run_reads(
+        shim_child,
+        tmp_path,
+        root,
+        [expression],
+        reader=SHARDED,
+        marker=root,
+        ops="open,read",
+        mode="delay",
+        delay_us=200,
+    )
+    assert result["error"] is not None, "the bad index did not surface"
+    assert result["error"]["type"] == "CorruptShardError", result["error"]
+    assert "c/2/1" in result["error"]["message"], result["error"]
+    assert_nothing_left(result)
+
+
+SHARD_TARGET = "c/2/1"
+
+
+@pytest.mark.parametrize("expression", ["arr[...]", "arr[32:33]"], ids=["whole", "partial"])
+@pytest.mark.parametrize(("ops", "code"), READ_FAULTS)
+def test_sharded_fault_in_flight_names_the_key_and_leaves_nothing(
+    tmp_path: Path, shim_child: FaultyChild, ops: str, code: str, expression: str
+) -> None:
+    root = tmp_path / "arr"
+    data = make_sharded(root, seed=34)
+    number = getattr(errno, code)
+    result = run_reads(
+        shim_child,
+        tmp_path,
+        root,
+        [expression],
+        reader=SHARDED,
+        marker=root / SHARD_TARGET,
+        ops=ops,
+        errno=number,
+    )
+    assert result["error"] is not None, "the fault did not surface"
+    assert result["error"]["errno"] == number, result["error"]
+    assert SHARD_TARGET in result["error"]["message"], result["error"]
+    assert_nothing_left(result)
+    with with_pipeline(FUSED):
+        np.testing.assert_array_equal(zarr.open_array(LocalStore(root), mode="r")[...], data)
+
+
+def test_sharded_stress_many_reads_under_latency_leave_nothing(
+    tmp_path: Path, shim_child: FaultyChild
+) -> None:
+    root = tmp_path / "arr"
+    shape = (256, 256)  # 256 shard files of 16 inner chunks
+    data = make_sharded(root, seed=35, shape=shape)
+    rng = np.random.default_rng(35)
+    starts = rng.integers(0, 200, size=(6, 2))
+    selections = ["arr[...]"] + [f"arr[{a}:{a + 50}, {b}:{b + 50}]" for a, b in starts.tolist()]
+    result = run_reads(
+        shim_child,
+        tmp_path,
+        root,
+        selections,
+        io=64,
+        repeat=2,
+        reader=SHARDED,
+        marker=root,
+        ops="open,read",
+        mode="delay",
+        delay_us=50,
+    )
+    assert result["error"] is None, result["error"]
+    for i, expression in enumerate(selections):
+        expected = eval(expression, {"arr": data, "np": np})
+        np.testing.assert_array_equal(np.load(tmp_path / f"result-{i}.npy"), expected)
+    assert_nothing_left(result)

@@ -403,7 +403,9 @@ def test_local_partial_reads_fetch_and_decode_in_one_call(
     """A planned partial read of a local shard, shard by shard, goes through
     `read_shard_local` (fetch and decode in one nogil call), with zarr's
     values, missing inner chunks and missing shards included; in waves
-    (several workers, few shards) it does not."""
+    (several workers, few shards) it does not. (That is the direct path of
+    the compute threads: ``io_concurrency`` 1 here, since with IO threads
+    a fresh reader's first read goes through them, `zarr_fused.shard.pipelined`.)"""
     from zarr_fused.io import local as _local_io
 
     calls: list[bytes] = []
@@ -417,7 +419,8 @@ def test_local_partial_reads_fetch_and_decode_in_one_call(
     data = _data()
     data[4:8, 0:3] = -1  # one inner chunk of shard (0, 0) is all fill: not stored
     data[8:16, 6:12] = -1  # shard (1, 1) is all fill: no file
-    with with_pipeline(FUSED), zarr.config.set({"codec_pipeline.max_workers": max_workers}):
+    config = {"codec_pipeline.max_workers": max_workers, "codec_pipeline.io_concurrency": 1}
+    with with_pipeline(FUSED), zarr.config.set(config):
         arr = _sharded(LocalStore(tmp_path / "a"), index_location=location)
         arr[...] = data
         assert not (tmp_path / "a" / "c" / "1" / "1").exists()

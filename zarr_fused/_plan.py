@@ -28,6 +28,7 @@ from zarr_fused.chunks.write import ChunkWriter, NativeChunkWriter, PartialEncod
 from zarr_fused.errors import UnsupportedError
 from zarr_fused.shard.async_read import AsyncShardReader
 from zarr_fused.shard.index import index_format
+from zarr_fused.shard.pipelined import ShardIO
 from zarr_fused.shard.read import ShardReader
 from zarr_fused.shard.write import ShardWriter
 
@@ -215,7 +216,8 @@ def _reader(
         reason, inner = shard_chain_reason(array_bytes_codec, spec)
         if inner is None:
             return reader, reason
-        return ShardReader(array_bytes_codec, inner, reader), reason  # type: ignore[arg-type]
+        shards = ShardReader(array_bytes_codec, inner, reader, ShardIO())  # type: ignore[arg-type]
+        return shards, reason
     if isinstance(chain, NativeChain):
         # LocalStore chunk files go through the IO threads; any other store
         # through the NativeChunkReader the pipelined reader wraps

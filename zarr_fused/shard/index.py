@@ -142,17 +142,25 @@ class WholeShard:
 
 
 def read_whole_shard(
-    key: Any, spec: ArraySpec, fmt: IndexFormat, grid: tuple[int, ...], prefix: bytes | None
+    key: Any,
+    spec: ArraySpec,
+    fmt: IndexFormat,
+    grid: tuple[int, ...],
+    prefix: bytes | None,
+    size_hint: int = 0,
 ) -> WholeShard | None:
     """Read the shard at ``key`` in one get and check its index; None when
     it is not stored. ``prefix`` (see `zarr_fused.io.local.local_files`)
-    reads the file natively into a pooled buffer."""
+    reads the file natively into a pooled buffer, first one of
+    ``size_hint`` bytes (at least four times the index)."""
     n = math.prod(grid)
     size = fmt.size(n)
     buffer = None
     if prefix is not None:
-        # a first guess of the shard's size; a bigger shard is read again
-        buffer, length = _read_file(prefix + os.fsencode(key.path), 4 * size)
+        # a first guess of the shard's size; a bigger shard is opened again
+        # (a round trip more on a network filesystem: callers that read
+        # many shards pass the largest they have seen)
+        buffer, length = _read_file(prefix + os.fsencode(key.path), max(4 * size, size_hint))
         if length == -1:
             buffers.give(buffer)
             return None

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
@@ -59,6 +60,7 @@ if TYPE_CHECKING:
     from zarr_fused._chain import NativeChain
     from zarr_fused._items import ReadItem
     from zarr_fused.chunks.read import PartialDecodeReader
+    from zarr_fused.shard.pipelined import ShardIO
 
 __all__ = ["LOCAL_MAX_GAP", "ShardReader"]
 
@@ -89,7 +91,11 @@ class ShardReader:
     """Native reads of shards through their index (see the module docstring)."""
 
     def __init__(
-        self, codec: ShardingCodec, chain: NativeChain, fallback: PartialDecodeReader
+        self,
+        codec: ShardingCodec,
+        chain: NativeChain,
+        fallback: PartialDecodeReader,
+        io: ShardIO | None = None,
     ) -> None:
         self.codec = codec
         self.chain = chain
@@ -99,6 +105,12 @@ class ShardReader:
         assert fmt is not None, "the plan admits only native index formats"
         self.fmt = fmt
         self._fill_cache: tuple[Any, bytes] | None = None
+        #: the largest whole shard read so far (see `read_whole_shard`)
+        self._whole_hint = 0
+        #: whether LocalStore batches go through the IO threads; the plan
+        #: passes it in (`zarr_fused.shard.pipelined`), so this module sits
+        #: below the IO engine; None: always the direct path
+        self.io = io
 
     def _fill(self, spec: ArraySpec, dtype: np.dtype[Any]) -> bytes:
         key = (spec.fill_value, dtype)
@@ -124,10 +136,13 @@ class ShardReader:
         """
         prefix = local_files([(getter,)], shard_io=True)
         if touched is None:
-            whole = read_whole_shard(getter, spec, self.fmt, grid, prefix)
+            whole = read_whole_shard(getter, spec, self.fmt, grid, prefix, self._whole_hint)
             if whole is None:
                 shard.missing = True
             else:
+                # shards of an array are about alike: the next is read into a
+                # buffer that holds this one, with a single open
+                self._whole_hint = max(self._whole_hint, len(whole.data))
                 shard.payload, shard.entries, shard.buffer = whole.data, whole.entries, whole.buffer
         elif prefix is not None:
             fetched = read_shard_part(
@@ -251,7 +266,19 @@ class ShardReader:
         # `writes_into` looks at
         if not self.chain.writes_into(dst, spec0):
             return self.fallback.read(batch, out, drop_axes, max_workers)
-        return _ReadBatch(self, batch, out, drop_axes).run(max_workers)
+        read = _ReadBatch(self, batch, out, drop_axes)
+        io = self.io
+        if io is not None:
+            local = local_files(batch, shard_io=True) is not None
+            io_concurrency = io.applies(len(batch), max_workers, local)
+            if io_concurrency:
+                io.run(read, io_concurrency, max_workers)
+                return tuple(read.statuses)
+            start = time.perf_counter()
+            statuses = read.run(max_workers)
+            io.note_direct(time.perf_counter() - start)
+            return statuses
+        return read.run(max_workers)
 
     # -- selections the planner does not cover -------------------------------------------
 
@@ -480,12 +507,52 @@ class _ReadBatch:
         if self.read_shard_part(shard):
             return
         self.fetch(shard)
+        self.decode_fetched(shard)
+
+    def decode_fetched(self, shard: _Shard) -> None:
+        """Decode a fetched shard into the output and release its bytes."""
         group = self._group(shard.plan.n_touched if shard.plan is not None else 0)
         if self.queue(group, shard):
             group.run()
         else:
             self.finish_general(shard)
         shard.release()
+
+    def fetch_part(self, shard: _Shard, touched: np.ndarray) -> _Shard:
+        """Fetch the index and the ``touched`` inner chunks of a planned
+        shard into a new `_Shard` (part of ``shard``)."""
+        getter, spec, *_ = self.batch[shard.index]
+        part = _Shard(shard.index, shard.plan)
+        self.reader._fetch(getter, spec, touched, inner_grid(spec, self.reader.inner_shape), part)
+        return part
+
+    def cost(self, shard: _Shard) -> int:
+        """The most bytes the fetch of ``shard`` should hold (the bound on
+        bytes in flight of the pipelined read): its touched inner chunks
+        at about their raw size, which the codecs' worst case is, and the
+        index."""
+        getter, spec, *_ = self.batch[shard.index]
+        grid = inner_grid(spec, self.reader.inner_shape)
+        n = math.prod(grid)
+        plan = shard.plan
+        touched = n if plan is None or plan.all_touched else plan.n_touched
+        settings = self.reader._shard_part_settings(getter, spec, grid, touched)
+        return int(settings["size_hint"]) + self.reader.fmt.size(n)
+
+    def fetched_io(self, shard: _Shard) -> tuple[int, int]:
+        """About the file calls the fetch of ``shard`` made (open, index,
+        ranges; 0 when it read no file) and the bytes it holds."""
+        plan = shard.plan
+        if shard.missing:
+            return 1, 0
+        if (plan is not None and not plan.n_touched) or (plan is None and shard.entries is None):
+            return 0, 0
+        payload = shard.payload
+        if shard.plan is None and shard.entries is not None:
+            payload = shard.entries[1]
+        nbytes = getattr(payload, "nbytes", 0)
+        whole = plan is not None and plan.all_touched
+        return (2 if whole else 3), int(nbytes)
 
     def wave(self, shards: list[_Shard], max_workers: int) -> None:
         """Fetch ``shards`` in parallel, then spread all their inner chunks

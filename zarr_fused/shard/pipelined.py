@@ -1,0 +1,266 @@
+"""Sharded reads from a LocalStore, IO pipelined with decoding.
+
+`ShardIO` runs the shards of one `zarr_fused.shard.read.ShardReader` batch
+through the IO threads of `zarr_fused.io.engine`: each touched shard is one
+IO request, so up to ``io_concurrency`` shards have their index read at
+once (a thin slab across many shards no longer waits for one index after
+another), and each request goes on to its shard's coalesced inner-chunk
+ranges as soon as the index is parsed, in the same native call
+(`zarr_fused.io.local.read_shard_part`: ``open``, index ``pread``, range
+``preadv``; the GIL released throughout). A shard read whole is one
+request too. While there are few shards, a partial shard's touched inner
+chunks are split over several requests, whose ranges are then read in
+parallel (`_Requests`). A compute thread decodes each shard into the
+output as soon as its request (its last part) is in, while the other
+shards are still in flight.
+
+The index bytes are untrusted either way: the native fetch checks every
+entry against the file's length and the codec's limits before sizing or
+reading anything, and raises `zarr_fused.errors.CorruptShardError` naming
+the key; a failed ``open``/``pread`` raises ``OSError`` with the file's path.
+The first failure cancels the shards not yet started (`run_pipelined`).
+
+Which threads read the files follows how fast they answer, as for
+unsharded chunks (`zarr_fused.chunks.pipelined`): the hand-off between
+threads costs wake-ups that a shard served from the page cache does not
+repay, so while file calls answer within `FAST_CALL`, the compute threads
+read their shards themselves (the direct path of ``ShardReader``). The
+first read of a reader is pipelined, and so is a read `PROBE_INTERVAL`
+(or `PROBE_SPACING` times its duration) after the last pipelined one (only
+a pipelined read measures the files: a direct read's time includes
+decoding).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+
+from zarr_fused._native import io_kernels, shard_local_kernels
+from zarr_fused.io.engine import Batch, resolve_io_concurrency, run_pipelined
+from zarr_fused.shard.index import MISSING_OFFSET
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+__all__ = ["CALL_BYTES", "FAST_CALL", "PROBE_INTERVAL", "ShardIO"]
+
+#: a file call (open, pread) answered faster than this (seconds) comes from
+#: the page cache or a fast local disk: the compute threads read themselves
+FAST_CALL = 50e-6
+#: bytes a page-cache copy moves in about `FAST_CALL`: a large read counts
+#: as that many calls, so that copying is not taken for latency
+CALL_BYTES = 256 << 10
+#: seconds after which a direct read is pipelined again, to look afresh at
+#: how fast the files answer (a cache that went cold, a slower filesystem)
+PROBE_INTERVAL = 1.0
+#: and at least this many times the duration of recent reads: a pipelined
+#: read of a hot cache costs more than a direct one (more buffers in
+#: flight, each faulted in afresh), so reads that take a good part of
+#: `PROBE_INTERVAL` must not become probes every other time
+PROBE_SPACING = 20
+#: how much of a read's duration is still counted at the next read
+TOOK_DECAY = 0.9
+
+
+class ShardBatch(Protocol):
+    """What `ShardIO` needs of one batch of `ShardReader` (its `_ReadBatch`)."""
+
+    @property
+    def shards(self) -> Sequence[Any]: ...
+
+    def fetch(self, shard: Any) -> Any: ...
+    def fetch_part(self, shard: Any, touched: Any) -> Any: ...
+    def decode_fetched(self, shard: Any) -> None: ...
+    def cost(self, shard: Any) -> int: ...
+    def fetched_io(self, shard: Any) -> tuple[int, int]: ...
+
+
+class ShardIO:
+    """The choice between the IO threads and the direct path for the
+    batches of one `ShardReader`, and the pipelined read itself."""
+
+    def __init__(self) -> None:
+        #: seconds per file call seen by the last pipelined read; None
+        #: before the first
+        self.seconds_per_call: float | None = None
+        #: when the last pipelined read ended (time.monotonic)
+        self.probed = 0.0
+        #: how long recent reads took (seconds; decays by `TOOK_DECAY`)
+        self.took = 0.0
+
+    def applies(self, n_shards: int, max_workers: int, local: bool) -> int:
+        """The IO requests in flight to pipeline a batch of ``n_shards``
+        shards with, 0 when the direct path serves it.
+
+        Only where the direct path goes shard by shard (enough shards for
+        every worker, or one worker): with few shards and several workers
+        it spreads each shard's inner chunks over all of them, which one
+        compute thread per request would not.
+        """
+        if not local or n_shards < 2 or io_kernels is None or shard_local_kernels is None:
+            return 0
+        if n_shards < 2 * max_workers and max_workers > 1:
+            return 0
+        io_concurrency = resolve_io_concurrency()
+        if io_concurrency <= 1 or self._direct_is_faster():
+            return 0
+        return io_concurrency
+
+    def note_direct(self, seconds: float) -> None:
+        """Note how long a direct read took (spaces the probes)."""
+        self.took = max(seconds, TOOK_DECAY * self.took)
+
+    def _direct_is_faster(self) -> bool:
+        seen = self.seconds_per_call
+        return (
+            seen is not None
+            and seen < FAST_CALL
+            and time.monotonic() - self.probed < max(PROBE_INTERVAL, PROBE_SPACING * self.took)
+        )
+
+    def run(self, read: ShardBatch, io_concurrency: int, max_workers: int) -> None:
+        """Fetch every shard of ``read`` on the IO threads and decode each
+        on a compute thread as soon as it is in."""
+        timing = _Timing()
+        began = time.monotonic()
+        requests = _Requests(read, io_concurrency)
+
+        def fetch(request: Any, state: Batch[Any, Any]) -> Any:
+            start = time.perf_counter()
+            fetched = requests.fetch(request)
+            calls, nbytes = read.fetched_io(fetched)
+            if calls:
+                calls += nbytes // CALL_BYTES
+                timing.note((time.perf_counter() - start) / calls)
+            return fetched
+
+        try:
+            run_pipelined(
+                requests.items,
+                requests.costs,
+                fetch,
+                requests.consume,
+                io_concurrency=io_concurrency,
+                max_workers=max_workers,
+            )
+        finally:
+            # shards fetched but not decoded (the batch failed) give their
+            # buffers back; run_pipelined returned, so no fetch still runs
+            requests.release()
+        if timing.fastest != float("inf"):
+            self.seconds_per_call = timing.fastest
+            self.probed = time.monotonic()
+            self.took = max(self.probed - began, TOOK_DECAY * self.took)
+
+
+class _Timing:
+    """The fastest request's seconds per file call: an IO thread may wait
+    for a CPU in the middle of a request (many share the cores), which a
+    mean would count as file latency; a real round trip slows them all."""
+
+    __slots__ = ("fastest", "lock")
+
+    def __init__(self) -> None:
+        self.fastest = float("inf")
+        self.lock = threading.Lock()
+
+    def note(self, seconds: float) -> None:
+        with self.lock:
+            self.fastest = min(self.fastest, seconds)
+
+
+class _Part:
+    """One IO request of a shard split over several (see `_Requests`)."""
+
+    __slots__ = ("fetched", "shard", "touched")
+
+    def __init__(self, shard: Any, touched: Any) -> None:
+        self.shard = shard
+        self.touched = touched
+        self.fetched: Any = None
+
+
+class _Requests:
+    """The IO requests of one pipelined read: a shard each, or, while there
+    are fewer shards than IO threads, a planned partial shard's touched
+    inner chunks split over several requests. Each part reads the index
+    (again) and its chunks' ranges: the ranges of one request are read one
+    after another, and zarr stores inner chunks in Morton order, so a slab's
+    chunks lie apart in the file. A shard is decoded once its last part is
+    in, from its parts' chunks packed into one buffer."""
+
+    def __init__(self, read: ShardBatch, io_concurrency: int) -> None:
+        self.read = read
+        self.items: list[Any] = []
+        self.costs: list[int] = []
+        #: per split shard (by id): how many parts it has, those in
+        self.parts: dict[int, tuple[int, list[_Part]]] = {}
+        self.lock = threading.Lock()
+        split = -(-2 * io_concurrency // max(1, len(read.shards)))
+        for shard in read.shards:
+            plan = shard.plan
+            n = 1 if plan is None or plan.all_touched else min(split, plan.n_touched)
+            cost = read.cost(shard)
+            if n <= 1:
+                self.items.append(shard)
+                self.costs.append(cost)
+                continue
+            touched = np.array_split(np.asarray(plan.touched(), dtype=np.intp), n)
+            parts = [_Part(shard, t) for t in touched]
+            self.parts[id(shard)] = (n, [])
+            self.items += parts
+            self.costs += [-(-cost // n)] * n
+
+    def fetch(self, request: Any) -> Any:
+        if isinstance(request, _Part):
+            request.fetched = self.read.fetch_part(request.shard, request.touched)
+            return request.fetched
+        return self.read.fetch(request)
+
+    def consume(self, request: Any, fetched: Any) -> None:
+        if not isinstance(request, _Part):
+            self.read.decode_fetched(request)
+            return
+        shard = request.shard
+        with self.lock:
+            expected, done = self.parts[id(shard)]
+            done.append(request)
+            if len(done) < expected:
+                return
+        _assemble(shard, done)
+        self.read.decode_fetched(shard)
+
+    def release(self) -> None:
+        for request in self.items:
+            if isinstance(request, _Part) and request.fetched is not None:
+                request.fetched.release()
+        for shard in self.read.shards:
+            shard.release()
+
+
+def _assemble(shard: Any, parts: list[_Part]) -> None:
+    """Fill in ``shard`` from its fetched parts: missing when any part found
+    no file (the shard vanished between them), else the parts' chunks packed
+    into one payload with the entries pointing into it."""
+    if any(p.fetched.missing for p in parts):
+        shard.missing = True
+        return
+    entries = parts[0].fetched.entries.copy()
+    total = sum(len(p.fetched.payload) for p in parts)
+    payload = np.empty(total, dtype=np.uint8)
+    base = 0
+    for part in parts:
+        got = part.fetched
+        size = len(got.payload)
+        payload[base : base + size] = got.payload
+        rows = part.touched
+        present = got.entries[rows, 0] != MISSING_OFFSET
+        entries[rows] = got.entries[rows]
+        entries[rows[present], 0] += np.uint64(base)
+        base += size
+        got.release()
+    shard.entries, shard.payload = entries, payload
