@@ -733,12 +733,15 @@ def test_side_by_side_error_names_the_bad_inner_chunk(codecs: str) -> None:
 
 def test_read_memory_is_output_plus_a_few_shards(tmp_path: Path) -> None:
     """Reading N bytes peaks at about N plus a shard or so per worker, not
-    N plus everything stored."""
+    N plus everything stored, on the compute threads' own path. (Through the
+    IO threads, which a slow host or a sanitizer build picks, the bytes in
+    flight have their own documented bound, tested in test_io_engine.)"""
     shape, shard = (8 * 256, 256), (256, 256)
     data = np.random.default_rng(0).integers(0, 2**31, shape, dtype="<i4")
     shard_bytes = 256 * 256 * 4
     store = LocalStore(tmp_path / "a")
-    with with_pipeline(FUSED), zarr.config.set({"codec_pipeline.max_workers": 2}):
+    settings = {"codec_pipeline.max_workers": 2, "codec_pipeline.io_concurrency": 1}
+    with with_pipeline(FUSED), zarr.config.set(settings):
         arr = zarr.create_array(
             store, shape=shape, chunks=(64, 64), shards=shard, dtype="<i4", compressors=None
         )
