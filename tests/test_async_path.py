@@ -315,3 +315,24 @@ def test_inner_chunks_use_the_arrays_pipeline_whatever_the_config(
         calls.clear()
         assert_same_values(moved[1:6, 2:7], data[1:6, 2:7])
         assert calls.count("read") >= 2, calls  # the shards, then their inner chunks
+
+
+@pytest.mark.parametrize("shape", [(40,), (12, 8)], ids=["1d", "2d"])
+def test_scalar_reads_of_sharded_arrays(tmp_path: Path, shape: tuple[int, ...]) -> None:
+    """Single-element reads of a sharded array on a store without sync IO
+    (a 0-d output region) give zarr's values."""
+    data = np.arange(int(np.prod(shape)), dtype="<i4").reshape(shape)
+    store = make_store("nosync", tmp_path)
+    with with_pipeline(FUSED):
+        arr = zarr.create_array(
+            store,
+            shape=shape,
+            dtype=data.dtype,
+            chunks=tuple(max(1, s // 4) for s in shape),
+            shards=tuple(max(1, s // 2) for s in shape),
+            compressors=None,
+        )
+        arr[...] = data
+        for point in [(0,) * len(shape), tuple(s - 1 for s in shape), tuple(s // 3 for s in shape)]:
+            assert arr[point] == data[point]
+            assert arr.get_basic_selection(point) == data[point]

@@ -233,7 +233,10 @@ class _AsyncBatch:
         if index is None:
             return False
         entries = self.fmt.parse(index.as_numpy_array(), n_chunks, grid, getter)
-        region = self.dst[out_selection]
+        # a view even when every index is an integer (a 0-d output): numpy
+        # returns a scalar for dst[()], which the kernels cannot write into
+        sel = out_selection if isinstance(out_selection, tuple) else (out_selection,)
+        region = self.dst[(*sel, Ellipsis)]
         stored: list[tuple[Any, ...]] = []
         missing: list[tuple[Any, ...]] = []
         for lin, inner_sel, block_sel, _ in plan.items():
