@@ -134,7 +134,13 @@ def _naming(key: Any, doing: str) -> Iterator[None]:
         yield
     except Exception as exc:
         path = getattr(key, "path", None)
-        if path is None or path in str(exc) or isinstance(exc, ZarrFusedError):
+        # NotImplementedError is a store's answer about its API (ZipStore
+        # cannot delete), not an IO failure: zarr's callers expect it as is
+        if (
+            path is None
+            or path in str(exc)
+            or isinstance(exc, (ZarrFusedError, NotImplementedError))
+        ):
             raise
         raise OSError(f"{doing} {describe_key(key)}: {type(exc).__name__}: {exc}") from exc
 
