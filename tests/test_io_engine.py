@@ -379,6 +379,19 @@ def run_reads(
     return result
 
 
+def assert_fault_named(
+    result: dict[str, Any], number: int, target: str, root: Path, data: np.ndarray
+) -> None:
+    """The injected fault surfaced with its errno, naming ``target``; nothing
+    was left behind, and the data is still there and readable."""
+    assert result["error"] is not None, "the fault did not surface"
+    assert result["error"]["errno"] == number, result["error"]
+    assert target in result["error"]["message"], result["error"]
+    assert_nothing_left(result)
+    with with_pipeline(FUSED):
+        np.testing.assert_array_equal(zarr.open_array(LocalStore(root), mode="r")[...], data)
+
+
 def assert_nothing_left(result: dict[str, Any]) -> None:
     threads_before, fds_before = result["before"]
     threads_after, fds_after = result["after"]
@@ -483,13 +496,7 @@ def test_fault_in_flight_names_the_key_and_leaves_nothing(
     result = run_reads(
         shim_child, tmp_path, root, [WHOLE], marker=root / TARGET, ops=ops, errno=number
     )
-    assert result["error"] is not None, "the fault did not surface"
-    assert result["error"]["errno"] == number, result["error"]
-    assert TARGET in result["error"]["message"], result["error"]
-    assert_nothing_left(result)
-    # the data is still there and readable
-    with with_pipeline(FUSED):
-        np.testing.assert_array_equal(zarr.open_array(LocalStore(root), mode="r")[...], data)
+    assert_fault_named(result, number, TARGET, root, data)
 
 
 def test_stress_thousands_of_reads_under_latency_leave_nothing(
@@ -766,12 +773,7 @@ def test_sharded_fault_in_flight_names_the_key_and_leaves_nothing(
         ops=ops,
         errno=number,
     )
-    assert result["error"] is not None, "the fault did not surface"
-    assert result["error"]["errno"] == number, result["error"]
-    assert SHARD_TARGET in result["error"]["message"], result["error"]
-    assert_nothing_left(result)
-    with with_pipeline(FUSED):
-        np.testing.assert_array_equal(zarr.open_array(LocalStore(root), mode="r")[...], data)
+    assert_fault_named(result, number, SHARD_TARGET, root, data)
 
 
 def test_sharded_stress_many_reads_under_latency_leave_nothing(
