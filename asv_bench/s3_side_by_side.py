@@ -6,6 +6,10 @@ bytes, for zarr_fused, zarr's two pipelines, zarrs and tensorstore.
     python asv_bench/s3_side_by_side.py                      # 0 and 20 ms, every scenario
     python asv_bench/s3_side_by_side.py --latency 20 --scenario sharded --repeat 5
     python asv_bench/s3_side_by_side.py --json run.json
+    python asv_bench/s3_side_by_side.py --scenario sharded --operation slab --max-gap 0 \
+        --max-gap 65536 --max-gap 1048576                  # the coalescing cost model
+    python asv_bench/s3_side_by_side.py --latency 20 --scenario unsharded \
+        --fused-concurrency 10 --fused-concurrency 32 --fused-concurrency 64
 
 zarr_fused and zarr's pipelines read through zarr's ``ObjectStore`` over
 obstore's ``S3Store`` (``--store s3fs``: ``FsspecStore`` over s3fs); zarrs
@@ -26,6 +30,7 @@ peers at 20 ms, and only as ratios measured in one run.
 from __future__ import annotations
 
 import argparse
+import itertools as it
 import json
 import os
 import statistics
@@ -60,6 +65,9 @@ PIPELINES = {
     "zarrs": "zarrs.ZarrsCodecPipeline",
 }
 PEERS = [*PIPELINES, "tensorstore"]
+# "zarr_fused@N": zarr_fused with ``codec_pipeline.async_concurrency`` = N
+# (--fused-concurrency); the bare name runs with its default
+VARIANT = "@"
 WRITER = "zarr-batched"  # writes the arrays every peer reads
 
 
@@ -175,7 +183,10 @@ def tensorstore_spec(endpoint: str, prefix: str) -> dict[str, Any]:
 
 
 def zarr_config(peer: str) -> dict[str, Any]:
-    cfg: dict[str, Any] = {"codec_pipeline.path": PIPELINES[peer]}
+    base, _, limit = peer.partition(VARIANT)
+    cfg: dict[str, Any] = {"codec_pipeline.path": PIPELINES[base]}
+    if limit:
+        cfg["codec_pipeline.async_concurrency"] = int(limit)
     if peer == "zarrs":
         cfg["codec_pipeline.strict"] = True  # no silent fallback to zarr's pipeline
     return cfg
@@ -313,7 +324,17 @@ def measure(
     return results
 
 
+def coalescing(max_gap: int | None) -> dict[str, Any]:
+    """zarr's configuration for a ``--max-gap`` value: the gap (bytes) a
+    sharded read reads through to merge two inner chunks' ranges into one
+    GET. zarr_fused's async shard reader and zarr's sharding codec both take
+    it from the array's config; tensorstore and zarrs have their own."""
+    return {} if max_gap is None else {"array.sharding_coalesce_max_gap_bytes": max_gap}
+
+
 def table(title: str, results: dict[str, Result], ours: str = "zarr_fused") -> list[str]:
+    if ours not in results:  # only variants ran: the first is the base
+        ours = next((p for p in results if p.startswith(ours)), ours)
     lines = [
         f"### {title}",
         "",
@@ -350,6 +371,20 @@ def main(argv: list[str] | None = None) -> int:
         help="added ms per request (repeatable; default 0 and 20)",
     )
     parser.add_argument("--peer", action="append", choices=PEERS, help="only these peers")
+    parser.add_argument(
+        "--fused-concurrency",
+        type=int,
+        action="append",
+        help="run zarr_fused with this codec_pipeline.async_concurrency (repeatable; "
+        "each a peer zarr_fused@N)",
+    )
+    parser.add_argument(
+        "--max-gap",
+        type=int,
+        action="append",
+        help="zarr's array.sharding_coalesce_max_gap_bytes for the zarr peers (repeatable; "
+        "each operation runs once per value; default: zarr's, 1 MiB)",
+    )
     parser.add_argument("--store", choices=["obstore", "s3fs"], default="obstore")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--json", type=Path, help="also write the results here")
@@ -361,6 +396,9 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("AWS_REGION", REGION)
     peers = []
     for peer in args.peer or PEERS:
+        if peer == "zarr_fused" and args.fused_concurrency:
+            peers.extend(f"{peer}{VARIANT}{n}" for n in args.fused_concurrency)
+            continue
         why = available(peer)
         if why:
             print(f"skipping {peer}: {why}", file=sys.stderr)
@@ -390,13 +428,23 @@ def main(argv: list[str] | None = None) -> int:
                     )
                 for latency in latencies:
                     proxy.reset(latency=latency / 1000)
-                    for operation in scenario.operations:
+                    for operation, gap in it.product(scenario.operations, args.max_gap or [None]):
                         if args.operation and operation not in args.operation:
                             continue
-                        results = measure(
-                            scenario, operation, peers, proxy, moto, args.store, source, args.repeat
+                        with zarr.config.set(coalescing(gap)):
+                            results = measure(
+                                scenario,
+                                operation,
+                                peers,
+                                proxy,
+                                moto,
+                                args.store,
+                                source,
+                                args.repeat,
+                            )
+                        title = f"{name} {operation}, {latency:g} ms" + (
+                            "" if gap is None else f", max gap {gap} B"
                         )
-                        title = f"{name} {operation}, {latency:g} ms"
                         print("\n".join(table(title, results)), flush=True)
                         out["results"][title] = {p: r.row() for p, r in results.items()}
     except ServerUnavailable as exc:

@@ -17,13 +17,28 @@ from zarr.core.array_spec import ArrayConfig, ArraySpec
 from zarr.core.buffer import default_buffer_prototype
 from zarr.core.buffer.cpu import NDBuffer
 from zarr.core.dtype import Int32
+from zarr.errors import ZarrUserWarning
 from zarr.registry import register_codec
 
 import zarr_fused
-from zarr_fused._async_path import read_async, write_async
+from zarr_fused._async_path import (
+    ASYNC_CONCURRENCY_CAP,
+    DEFAULT_ASYNC_CONCURRENCY,
+    read_async,
+    request_limit,
+    write_async,
+)
 from zarr_fused.errors import CorruptChunkError
 
-from helpers import BATCHED, FUSED, assert_same_values, chunk_items, make_store, with_pipeline
+from helpers import (
+    BATCHED,
+    FUSED,
+    NoSyncIOStore,
+    assert_same_values,
+    chunk_items,
+    make_store,
+    with_pipeline,
+)
 
 
 def _spec(shape: tuple[int, ...]) -> ArraySpec:
@@ -336,3 +351,93 @@ def test_scalar_reads_of_sharded_arrays(tmp_path: Path, shape: tuple[int, ...]) 
         for point in [(0,) * len(shape), tuple(s - 1 for s in shape), tuple(s // 3 for s in shape)]:
             assert arr[point] == data[point]
             assert arr.get_basic_selection(point) == data[point]
+
+
+# -- requests in flight: ``codec_pipeline.async_concurrency`` and zarr's ``async.concurrency``
+
+# name -> (zarr configuration, environment, the limit request_limit gives)
+LIMIT_RULES: dict[str, tuple[dict[str, Any], dict[str, str], int | None]] = {
+    "default": ({}, {}, DEFAULT_ASYNC_CONCURRENCY),
+    "zarr-set": ({"async.concurrency": 4}, {}, 4),
+    "zarr-unlimited": ({"async.concurrency": None}, {}, None),
+    "zarr-default-from-env": ({}, {"ZARR_ASYNC__CONCURRENCY": "10"}, 10),
+    "ours": ({"codec_pipeline.async_concurrency": 64}, {}, 64),
+    "ours-over-zarr": ({"codec_pipeline.async_concurrency": 16, "async.concurrency": 4}, {}, 16),
+    "ours-from-env-string": ({"codec_pipeline.async_concurrency": " 12 "}, {}, 12),
+}
+
+
+@pytest.mark.parametrize("rule", list(LIMIT_RULES))
+def test_request_limit_rule(monkeypatch: pytest.MonkeyPatch, rule: str) -> None:
+    settings, env, expected = LIMIT_RULES[rule]
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with zarr.config.set(settings):
+        assert request_limit() == expected
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        pytest.param(0, DEFAULT_ASYNC_CONCURRENCY, id="zero"),
+        pytest.param("many", DEFAULT_ASYNC_CONCURRENCY, id="not-an-integer"),
+        pytest.param(True, DEFAULT_ASYNC_CONCURRENCY, id="bool"),
+        pytest.param(5000, ASYNC_CONCURRENCY_CAP, id="above-cap"),
+    ],
+)
+def test_request_limit_invalid_values_warn(value: Any, expected: int) -> None:
+    with (
+        zarr.config.set({"codec_pipeline.async_concurrency": value}),
+        pytest.warns(ZarrUserWarning, match="async_concurrency"),
+    ):
+        assert request_limit() == expected
+
+
+class InFlightStore(NoSyncIOStore):
+    """A memory store without synchronous IO whose every request takes a
+    50 ms and counts the requests in flight at once."""
+
+    def __init__(self, store: Any) -> None:
+        super().__init__(store)
+        self.now = self.peak = 0
+
+    async def _timed(self, call: Any) -> Any:
+        self.now += 1
+        self.peak = max(self.peak, self.now)
+        try:
+            await asyncio.sleep(0.05)
+            return await call
+        finally:
+            self.now -= 1
+
+    async def get(self, key: str, prototype: Any, byte_range: Any = None) -> Any:
+        return await self._timed(self._store.get(key, prototype, byte_range))
+
+    async def set(self, key: str, value: Any) -> None:
+        await self._timed(self._store.set(key, value))
+
+
+# name -> (zarr configuration, requests in flight expected at the peak)
+IN_FLIGHT: dict[str, tuple[dict[str, Any], int]] = {
+    "default": ({}, DEFAULT_ASYNC_CONCURRENCY),
+    "zarr-set": ({"async.concurrency": 4}, 4),
+    "ours": ({"codec_pipeline.async_concurrency": 48}, 48),
+    "zarr-unlimited": ({"async.concurrency": None}, 100),  # every chunk at once
+}
+
+
+@pytest.mark.parametrize("operation", ["read", "write"])
+@pytest.mark.parametrize("setting", list(IN_FLIGHT))
+def test_unsharded_requests_in_flight(setting: str, operation: str) -> None:
+    """A batch of 100 chunks keeps exactly the configured number of
+    requests in flight (reads: GETs; writes: PUTs)."""
+    settings, expected = IN_FLIGHT[setting]
+    data = np.random.default_rng(151).integers(0, 99, (40, 40)).astype("<i4")
+    store = InFlightStore(zarr.storage.MemoryStore())
+    with with_pipeline(FUSED), zarr.config.set(settings):
+        arr = zarr.create_array(store, shape=data.shape, chunks=(4, 4), dtype=data.dtype)
+        arr[...] = data
+        if operation == "read":
+            store.peak = 0
+            assert_same_values(arr[...], data)
+    assert store.peak == expected

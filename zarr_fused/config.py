@@ -23,6 +23,21 @@ zarr_fused is configured through zarr's own configuration object
     latencies above ~1 ms. ``1``: no IO threads, the compute threads read
     their own files. Invalid values warn and use the default, as for
     ``max_workers``; values above 1024 are clamped.
+``codec_pipeline.async_concurrency``
+    Store requests (GET, PUT, DELETE) one read or write keeps in flight on a
+    store without synchronous IO: zarr's ``ObjectStore`` and ``FsspecStore``
+    (S3, GCS, HTTP), ``ZipStore``. ``None`` (default): zarr's own
+    ``async.concurrency`` when it has been set, else 32
+    (`zarr_fused._async_path.DEFAULT_ASYNC_CONCURRENCY`; on an object store
+    each request is a round trip of tens of ms, and 32 requests in flight read
+    and write faster than zarr's 10, see the tuning guide). "Set" means a value
+    other than zarr's default of 10 (by ``zarr.config.set``, a YAML file or
+    ``ZARR_ASYNC__CONCURRENCY``), or ``ZARR_ASYNC__CONCURRENCY`` present in
+    the environment; ``async.concurrency`` = ``None`` lifts the limit, as in
+    zarr's pipelines. To hold zarr_fused to exactly 10, set this key to 10.
+    An integer here wins over ``async.concurrency``. Invalid values (not an
+    integer, or < 1) warn with `zarr.errors.ZarrUserWarning` and follow the
+    default rule; values above 1024 warn and are clamped.
 ``codec_pipeline.strict``
     ``False`` (default): where a native path does not apply (a codec chain
     zarr_fused has no kernel for, missing compiled extensions), fall back to
@@ -46,8 +61,16 @@ from warnings import warn
 from zarr.core.config import config as zarr_config
 from zarr.errors import ZarrUserWarning
 
-__all__ = ["IO_CONCURRENCY_KEY", "MAX_WORKERS_CAP", "MAX_WORKERS_KEY", "STRICT_KEY", "strict_mode"]
+__all__ = [
+    "ASYNC_CONCURRENCY_KEY",
+    "IO_CONCURRENCY_KEY",
+    "MAX_WORKERS_CAP",
+    "MAX_WORKERS_KEY",
+    "STRICT_KEY",
+    "strict_mode",
+]
 
+ASYNC_CONCURRENCY_KEY: Final = "codec_pipeline.async_concurrency"
 IO_CONCURRENCY_KEY: Final = "codec_pipeline.io_concurrency"
 MAX_WORKERS_KEY: Final = "codec_pipeline.max_workers"
 STRICT_KEY: Final = "codec_pipeline.strict"

@@ -16,8 +16,8 @@ pattern so that no read costs more requests than zarr's pipelines:
   the output.
 
 Every request of the batch (index, whole shard, merged range) shares the
-batch's limiter: ``async.concurrency`` requests in flight, as the async path
-uses for unsharded chunks. Missing shards and inner chunks are filled
+batch's limiter: `zarr_fused._async_path.request_limit` requests in flight,
+as the async path uses for unsharded chunks. Missing shards and inner chunks are filled
 natively. The engine applies to basic selections that the shard planner
 covers, decoded straight into a NumPy output of the chain's own dtype; any
 other batch goes to zarr's sharding codec (`applies` says which).

@@ -1,0 +1,143 @@
+"""Arrays on S3: moto's S3 server on 127.0.0.1 behind the latency-adding,
+request-counting proxy of the tests (``tests/helpers/s3.py``), read and
+written through zarr's ``ObjectStore`` over obstore's ``S3Store`` (zarr's
+pipelines, zarr_fused, zarrs) or tensorstore's ``s3`` kvstore.
+
+The scenarios, stores and peers are those of ``asv_bench/s3_side_by_side.py``
+(which also reports requests and bytes); the arrays are smaller under
+``ZARR_FUSED_BENCH_SCALE=small``. Each benchmark process starts its own
+server and proxy in ``setup`` (moto keeps its objects in memory, so nothing
+outlives the process that wrote it; asv's ``setup_cache`` runs in another
+one) and stops them in ``teardown``; both starts are bounded by the helper's
+timeouts, and a server that cannot start skips the benchmark. Without added
+latency moto's own ~3 ms per request dominates: compare peers at 20 ms.
+
+Not part of the quick CI run (``ZARR_FUSED_BENCH_QUICK=1``): each setup
+starts two servers and uploads an array, tens of seconds for the four
+benchmarks even at the small scale.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ._peers import QUICK, available, choose, scale
+
+# s3_side_by_side (asv_bench/) and the tests' server helpers (tests/helpers/)
+_ROOT = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(_ROOT / "asv_bench"), str(_ROOT / "tests")]
+
+PEERS = choose(["zarr_fused", "zarr-fused", "zarr-batched", "zarrs", "tensorstore"], ["zarr_fused"])
+LATENCIES = choose([0, 20], [0])  # ms added per request
+
+
+def _scenario(name: str) -> Any:
+    """The side-by-side scenario ``name``, shrunk at the small scale."""
+    from s3_side_by_side import SCENARIOS
+
+    scenario = SCENARIOS[name]
+    if scale() == "full":
+        return scenario
+    if scenario.inner is not None:  # 2 x 2 x 2 shards of 4 x 4 x 4 inner chunks
+        return dataclasses.replace(scenario, shape=(64,) * 3, chunks=(32,) * 3, inner=(8,) * 3)
+    return dataclasses.replace(scenario, shape=(512, 512), chunks=(32, 32))  # 256 objects
+
+
+class _S3:
+    """One scenario's source array on a fresh moto server, opened by one
+    peer through the proxy (``latency`` ms per request)."""
+
+    scenario = ""
+    params = (PEERS, LATENCIES)
+    param_names = ("peer", "latency_ms")
+    timeout = 600
+    number = 1
+    repeat = (2, 5, 60.0)
+
+    def setup(self, peer: str, latency_ms: int) -> None:
+        if QUICK:
+            raise NotImplementedError("the S3 benchmarks are not part of the quick run")
+        if not available(peer):
+            raise NotImplementedError(f"{peer} is not installed")
+        try:
+            import obstore  # noqa: F401
+
+            from helpers.s3 import ACCESS_KEY, REGION, SECRET_KEY, ServerUnavailable
+        except ImportError as exc:
+            raise NotImplementedError(f"the S3 benchmarks need moto and obstore: {exc}") from exc
+        # tensorstore's "environment" credentials; moto accepts any
+        os.environ.setdefault("AWS_ACCESS_KEY_ID", ACCESS_KEY)
+        os.environ.setdefault("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
+        os.environ.setdefault("AWS_REGION", REGION)
+        self.servers: list[Any] = []
+        try:
+            self._start(peer)
+        except ServerUnavailable as exc:
+            self.teardown(peer, latency_ms)
+            raise NotImplementedError(f"no S3 server: {exc}") from exc
+        except BaseException:
+            self.teardown(peer, latency_ms)
+            raise
+        self.servers[-1].reset(latency=latency_ms / 1000)
+
+    def _start(self, peer: str) -> None:
+        """Start moto and the proxy, write the source array with zarr's
+        pipeline (straight to moto) and check ``peer`` reads it back."""
+        from s3_side_by_side import BUCKET, WRITER, Peer, zarr_store
+
+        from helpers.s3 import LatencyProxy, MotoServer
+
+        moto = MotoServer()
+        self.servers.append(moto)
+        moto.start()
+        proxy = LatencyProxy(moto.endpoint)
+        self.servers.append(proxy)
+        proxy.start()
+        moto.create_bucket(BUCKET)
+        self.s3 = _scenario(self.scenario)
+        self.data = self.s3.data()
+        self.s3.create(zarr_store("obstore", moto.endpoint, "source"))
+        source = Peer(WRITER, "obstore", moto.endpoint, "source")
+        source.open(write=True)
+        source.write(self.data)
+        self.peer = Peer(peer, "obstore", proxy.endpoint, "source")
+        self.peer.open(write=True)
+        if not np.array_equal(self.peer.read(Ellipsis), self.data):
+            raise AssertionError(f"{peer} read wrong values from S3")
+
+    def teardown(self, peer: str, latency_ms: int) -> None:
+        for server in reversed(getattr(self, "servers", [])):
+            server.stop()
+        self.servers = []
+
+
+class S3Sharded(_S3):
+    """uint16 256^3 in 128^3 shards of 32^3 zstd inner chunks (8 objects)."""
+
+    scenario = "sharded"
+
+    def time_whole(self, peer: str, latency_ms: int) -> None:
+        self.peer.read(Ellipsis)
+
+    def time_slab(self, peer: str, latency_ms: int) -> None:
+        # a[100:101] of 256 (the side-by-side slab), at the same depth when small
+        row = self.s3.shape[0] * 100 // 256
+        self.peer.read((slice(row, row + 1), slice(None), slice(None)))
+
+
+class S3Unsharded(_S3):
+    """float32 2048^2 in 64^2 zstd chunks (1024 objects)."""
+
+    scenario = "unsharded"
+
+    def time_whole(self, peer: str, latency_ms: int) -> None:
+        self.peer.read(Ellipsis)
+
+    def time_write_all(self, peer: str, latency_ms: int) -> None:
+        self.peer.write(self.data)
