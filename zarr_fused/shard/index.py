@@ -43,6 +43,7 @@ __all__ = [
     "inner_describer",
     "inner_grid",
     "read_whole_shard",
+    "whole_shard",
 ]
 
 # The index format's facts have one home, the index kernel (`_shard_index`):
@@ -170,6 +171,20 @@ def read_whole_shard(
         if raw is None:
             return None
         data = raw.as_numpy_array()
+    return whole_shard(data, key, fmt, grid, buffer)
+
+
+def whole_shard(
+    data: np.ndarray,
+    key: Any,
+    fmt: IndexFormat,
+    grid: tuple[int, ...],
+    buffer: np.ndarray | None = None,
+) -> WholeShard:
+    """The shard ``data`` read whole from ``key``, its index checked (the
+    pooled ``buffer`` it lives in is given back when it is corrupt)."""
+    n = math.prod(grid)
+    size = fmt.size(n)
     length = len(data)
     if length < size:
         buffers.give(buffer)
