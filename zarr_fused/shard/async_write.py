@@ -28,13 +28,12 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from zarr_fused._cpus import resolve_max_workers
 from zarr_fused._native import shard_kernels
 from zarr_fused._pool import partition
-from zarr_fused.shard.index import whole_shard
-from zarr_fused.shard.write import covers_shard, stored_payloads
+from zarr_fused.shard.index import stored_payloads, whole_shard
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -44,10 +43,18 @@ if TYPE_CHECKING:
     from zarr.core.buffer import Buffer, NDBuffer
 
     from zarr_fused._items import WriteItem
-    from zarr_fused.shard.async_read import Requests, Tracker
+    from zarr_fused.shard.async_read import Tracker
     from zarr_fused.shard.write import ShardWriter, _ShardJob, _Write
 
 __all__ = ["AsyncShardWriter"]
+
+
+class Requests(Protocol):
+    """The store requests of one batch (see `zarr_fused._async_path`)."""
+
+    async def get(self, getter: Any, prototype: Any) -> Buffer | None: ...
+
+    async def set(self, setter: Any, value: Buffer | None) -> None: ...
 
 
 class AsyncShardWriter:
@@ -110,7 +117,8 @@ class _AsyncWrite:
         self.writer = writer
         self.requests = requests
         self.tracker = tracker
-        data = value.as_ndarray_like()
+        # a NumPy array: `AsyncShardWriter.applies` checked it
+        data = cast("np.ndarray", value.as_ndarray_like())
         inner_spec = writer.codec._get_chunk_spec(batch[0][1])
         self.ctx: _Write = writer._context(batch, value, data, drop_axes, inner_spec)
         self.workers = resolve_max_workers()
@@ -125,7 +133,7 @@ class _AsyncWrite:
         then upload it (or delete it when nothing is left)."""
         setter, spec, _, _, _ = item
         raw = None
-        if not covers_shard(plan):
+        if not self.writer.covers(plan):
             raw = await self.requests.get(setter, spec.prototype)
         if self.spread > 1:
             state = await self.tracker.compute(self.start, item, plan, raw)

@@ -43,6 +43,7 @@ __all__ = [
     "inner_describer",
     "inner_grid",
     "read_whole_shard",
+    "stored_payloads",
     "whole_shard",
 ]
 
@@ -207,3 +208,18 @@ def _read_file(path: bytes, size_hint: int) -> tuple[np.ndarray, int]:
         buffer = buffers.take(length)
         length = io_kernels.read_into(path, buffer)
     return buffer, -1 if length is None else length
+
+
+def stored_payloads(
+    whole: WholeShard | None, grid: tuple[int, ...]
+) -> tuple[list[Any], np.ndarray | None]:
+    """The stored payload of every inner chunk of ``whole`` by linear
+    index (views, None for none), and the pooled buffer they live in."""
+    payloads: list[Any] = [None] * math.prod(grid)
+    if whole is None:
+        return payloads, None
+    entries, data = whole.entries, whole.data
+    for lin in np.flatnonzero(entries[:, 0] != MISSING_OFFSET):
+        off, length = int(entries[lin, 0]), int(entries[lin, 1])
+        payloads[lin] = data[off : off + length]
+    return payloads, whole.buffer

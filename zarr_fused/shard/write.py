@@ -28,7 +28,7 @@ import math
 import os
 import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, TypeGuard, cast
 
 import numpy as np
 from zarr.core.chunk_utils import chunk_is_empty, fill_value_or_default
@@ -41,11 +41,11 @@ from zarr_fused.chunks.merge import merge_owned
 from zarr_fused.io.local import local_files, make_parents, write_parts
 from zarr_fused.shard.buffers import buffers
 from zarr_fused.shard.index import (
-    MISSING_OFFSET,
     index_format,
     inner_describer,
     inner_grid,
     read_whole_shard,
+    stored_payloads,
 )
 
 if TYPE_CHECKING:
@@ -59,7 +59,6 @@ if TYPE_CHECKING:
     from zarr_fused._chain import NativeChain
     from zarr_fused._items import WriteItem
     from zarr_fused.chunks.write import PartialEncodeWriter
-    from zarr_fused.shard.index import WholeShard
 
     #: gives ``(payloads, pooled buffer)`` of the stored shard at ``(setter,
     #: spec, grid, prefix)`` (see `stored_payloads`)
@@ -67,7 +66,7 @@ if TYPE_CHECKING:
         [Any, ArraySpec, tuple[int, ...], bytes | None], tuple[list[Any], np.ndarray | None]
     ]
 
-__all__ = ["ShardWriter", "covers_shard", "stored_payloads"]
+__all__ = ["ShardWriter"]
 
 
 def _keeps_a_copy(setter: Any) -> bool:
@@ -163,7 +162,9 @@ class ShardWriter:
 
     # -- the batch --------------------------------------------------------------------------
 
-    def accepts(self, data: Any, drop_axes: tuple[int, ...], inner_spec: ArraySpec) -> bool:
+    def accepts(
+        self, data: Any, drop_axes: tuple[int, ...], inner_spec: ArraySpec
+    ) -> TypeGuard[np.ndarray]:
         """Whether the engine writes the value ``data`` (else zarr's codec does)."""
         chain = self.chain
         return (
@@ -172,6 +173,14 @@ class ShardWriter:
             and chain.handles(inner_spec)
             and chain.encode_swap(data) is not None
         )
+
+    @staticmethod
+    def covers(plan: Any, items: list[Any] | None = None) -> bool:
+        """Whether a write of ``plan`` covers every inner chunk of its shard
+        whole (nothing stored is kept, so the shard is not read)."""
+        if not plan.all_touched:
+            return False
+        return all(whole for *_, whole in (plan.items() if items is None else items))
 
     def write(
         self,
@@ -288,7 +297,7 @@ class ShardWriter:
         chain = self.chain
         grid = inner_grid(spec, self.inner_shape)
         items = plan.items()
-        if covers_shard(plan, items):
+        if self.covers(plan, items):
             payloads: list[Any] = [None] * math.prod(grid)
             buffer = None
         else:
@@ -435,26 +444,3 @@ class ShardWriter:
         return index_kernels.assemble_shard(
             self._order(state.grid), payloads, **self._layout_args(), take=take
         )
-
-
-def covers_shard(plan: Any, items: list[Any] | None = None) -> bool:
-    """Whether a write of ``plan`` covers every inner chunk of its shard
-    whole (nothing stored is kept, so the shard is not read)."""
-    if not plan.all_touched:
-        return False
-    return all(whole for *_, whole in (plan.items() if items is None else items))
-
-
-def stored_payloads(
-    whole: WholeShard | None, grid: tuple[int, ...]
-) -> tuple[list[Any], np.ndarray | None]:
-    """The stored payload of every inner chunk of ``whole`` by linear
-    index (views, None for none), and the pooled buffer they live in."""
-    payloads: list[Any] = [None] * math.prod(grid)
-    if whole is None:
-        return payloads, None
-    entries, data = whole.entries, whole.data
-    for lin in np.flatnonzero(entries[:, 0] != MISSING_OFFSET):
-        off, length = int(entries[lin, 0]), int(entries[lin, 1])
-        payloads[lin] = data[off : off + length]
-    return payloads, whole.buffer
