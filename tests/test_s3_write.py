@@ -466,3 +466,25 @@ def test_uploads_start_as_each_shard_is_assembled(monkeypatch: pytest.MonkeyPatc
         LAYOUTS["end-crc"].create(store, False)[...] = data
         assert_same_values(zarr.open_array(store)[...], data)
     assert assembled == 6
+
+
+@pytest.mark.parametrize(
+    "value_shape", [(63,), (2, 64), (64, 1), (1, 64)], ids=["short", "extra-row", "column", "row"]
+)
+def test_nosync_mismatched_value_behaves_like_zarr(value_shape: tuple[int, ...]) -> None:
+    """A value that does not fit the selection goes to zarr's code on the
+    async path too: it raises what zarr raises, or stores what zarr stores."""
+    outcomes: dict[str, Any] = {}
+    for path in (FUSED, BATCHED):
+        memory = MemoryStore()
+        with with_pipeline(path):
+            arr = zarr.create_array(
+                NoSyncIOStore(memory), shape=(64, 64), chunks=(8, 8), shards=(32, 32), dtype="<i4"
+            )
+            try:
+                arr[3:4] = np.arange(int(np.prod(value_shape)), dtype="<i4").reshape(value_shape)
+            except Exception as exc:
+                outcomes[path] = type(exc)
+            else:
+                outcomes[path] = chunk_items(memory)
+    assert outcomes[FUSED] == outcomes[BATCHED]
