@@ -75,13 +75,21 @@ WRITER = "zarr-batched"  # writes the arrays every peer reads
 
 
 @dataclass(frozen=True)
+class WriteAt:
+    """An operation that writes the scenario's data at ``selection`` (an
+    update of part of the stored objects: a shard read, merged, rewritten)."""
+
+    selection: Any
+
+
+@dataclass(frozen=True)
 class Scenario:
     name: str
     shape: tuple[int, ...]
     dtype: str
     chunks: tuple[int, ...]  # the stored objects: shards when sharded
     inner: tuple[int, ...] | None
-    operations: dict[str, Any]  # name -> a selection, or "write"
+    operations: dict[str, Any]  # name -> a selection, "write" (all) or a `WriteAt`
 
     def data(self) -> np.ndarray:
         """Smooth data with noise (compresses like measurements)."""
@@ -122,6 +130,8 @@ SCENARIOS = {
             "one-inner": (slice(0, 32),) * 3,
             "slab": (slice(100, 101), slice(None), slice(None)),
             "write-all": "write",
+            # one plane of every shard in its first row: 4 shards read and rewritten
+            "write-slab": WriteAt((slice(100, 101), slice(None), slice(None))),
         },
     ),
     "unsharded": Scenario(
@@ -228,14 +238,14 @@ class Peer:
         with zarr.config.set(zarr_config(self.peer)):
             return np.asarray(self.handle[selection])
 
-    def write(self, data: np.ndarray) -> None:
+    def write(self, data: np.ndarray, selection: Any = Ellipsis) -> None:
         if self.peer == "tensorstore":
-            self.handle[...].write(data).result()
+            self.handle[selection].write(data).result()
             return
         import zarr
 
         with zarr.config.set(zarr_config(self.peer)):
-            self.handle[...] = data
+            self.handle[selection] = data
 
 
 def available(peer: str) -> str | None:
@@ -284,17 +294,24 @@ def measure(
 ) -> dict[str, Result]:
     selection = scenario.operations[operation]
     data = scenario.data()
-    expected = None if selection == "write" else data[selection]
+    writing = selection == "write" or isinstance(selection, WriteAt)
+    where = selection.selection if isinstance(selection, WriteAt) else Ellipsis
+    expected = None if writing else data[selection]
     results = {p: Result() for p in peers}
     handles: dict[str, Peer] = {}
     for peer in peers:
         try:
-            if selection == "write":
+            if writing:
                 prefix = f"{source}-{operation}-{peer}"
-                scenario.create(zarr_store(store_kind, moto.endpoint, prefix))
+                arr = scenario.create(zarr_store(store_kind, moto.endpoint, prefix))
+                if where is not Ellipsis:  # a partial update of stored shards
+                    import zarr
+
+                    with zarr.config.set(zarr_config(WRITER)):
+                        arr[...] = data
                 handle = Peer(peer, store_kind, proxy.endpoint, prefix)
                 handle.open(write=True)
-                handle.write(data)  # the check: read back by zarr's pipeline
+                handle.write(data[where], where)  # the check: read back by zarr's pipeline
                 check = Peer(WRITER, store_kind, moto.endpoint, prefix)
                 check.open()
                 if not np.array_equal(check.read(Ellipsis), data):
@@ -315,8 +332,8 @@ def measure(
             handle = handles[peer]
             proxy.reset()
             t0 = time.perf_counter()
-            if selection == "write":
-                handle.write(data)
+            if writing:
+                handle.write(data[where], where)
             else:
                 handle.read(selection)
             results[peer].wall.append(time.perf_counter() - t0)

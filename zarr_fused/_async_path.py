@@ -1,9 +1,10 @@
 """The asynchronous path, for stores without synchronous IO (ZipStore,
 remote stores) and codecs without synchronous implementations.
 
-Sharded reads whose index and inner chunks are native go to the shard
-engine's async reader (`zarr_fused.shard.async_read`); other reads fetch
-every chunk concurrently and hand each chunk to the thread pool the moment its bytes arrive, so decoding
+Sharded reads and writes whose index and inner chunks are native go to the
+shard engine's async reader and writer (`zarr_fused.shard.async_read`,
+`zarr_fused.shard.async_write`); other reads fetch every chunk concurrently
+and hand each chunk to the thread pool the moment its bytes arrive, so decoding
 overlaps the fetches still in flight; writes launch each chunk's ``set`` the
 moment its encode finishes. When anything fails, every fetch, decode, encode
 and write still pending is cancelled and every one already running is
@@ -299,6 +300,17 @@ async def write_async(
     ``set`` (or ``delete``, for a chunk left empty) starts as soon as its
     encode finishes.
     """
+    shard_writer = plan.async_shard_writer
+    plans = None if shard_writer is None else shard_writer.applies(batch, value, drop_axes)
+    if plans is not None:
+        assert shard_writer is not None
+        tracker = _Tracker(resolve_max_workers())
+        try:
+            batch = await shard_writer.write(batch, plans, value, drop_axes, _Requests(), tracker)
+        finally:
+            await tracker.drain()
+        if not batch:
+            return
     chain = plan.chain
     requests = _Requests()
     tracker = _Tracker(resolve_max_workers())

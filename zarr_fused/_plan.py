@@ -27,6 +27,7 @@ from zarr_fused.chunks.read import ChunkReader, NativeChunkReader, PartialDecode
 from zarr_fused.chunks.write import ChunkWriter, NativeChunkWriter, PartialEncodeWriter
 from zarr_fused.errors import UnsupportedError
 from zarr_fused.shard.async_read import AsyncShardReader
+from zarr_fused.shard.async_write import AsyncShardWriter
 from zarr_fused.shard.index import index_format
 from zarr_fused.shard.pipelined import ShardIO
 from zarr_fused.shard.read import ShardReader
@@ -64,6 +65,8 @@ class PipelinePlan:
     write_fallback: str
     #: the native shard reads of the async path (None: zarr's sharding codec)
     async_shard_reader: AsyncShardReader | None = None
+    #: the native shard writes of the async path (None: zarr's sharding codec)
+    async_shard_writer: AsyncShardWriter | None = None
 
     @property
     def fallback(self) -> str:
@@ -200,6 +203,7 @@ def build_plan(
         read_fallback,
         write_fallback,
         AsyncShardReader(reader.codec, reader.chain) if isinstance(reader, ShardReader) else None,
+        AsyncShardWriter(writer) if isinstance(writer, ShardWriter) else None,
     )
 
 

@@ -40,7 +40,13 @@ from zarr_fused._native import shard_kernels
 from zarr_fused._pool import partition
 from zarr_fused._scatter_py import fill_missing
 from zarr_fused.errors import CorruptShardError
-from zarr_fused.shard.index import MISSING_OFFSET, index_format, inner_describer, inner_grid
+from zarr_fused.shard.index import (
+    MISSING_OFFSET,
+    index_format,
+    inner_describer,
+    inner_grid,
+    whole_shard,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Sequence
@@ -202,19 +208,10 @@ class _AsyncBatch:
         """Check the index of a whole shard and queue the decodes of its
         inner chunks (in the pool)."""
         getter, _, _, out_selection, _ = self.batch[i]
-        data = raw.as_numpy_array()
-        grid = self._grid(i)
-        n_chunks = math.prod(grid)
-        size = self.fmt.size(n_chunks)
-        if len(data) < size:
-            raise CorruptShardError.truncated(describe_key(getter), len(data), size)
-        start = 0 if self.fmt.at_start else len(data) - size
-        entries = self.fmt.parse(
-            data[start : start + size], n_chunks, grid, getter, len(data), start
-        )
+        shard = whole_shard(raw.as_numpy_array(), getter, self.fmt, self._grid(i))
         group = self._group(i, plan.n_touched)
         queued = shard_kernels.add_shard(
-            group, data, entries, plan, self.layout, self.dst, out_selection, getter
+            group, shard.data, shard.entries, plan, self.layout, self.dst, out_selection, getter
         )
         assert queued, "`applies` admits only basic output selections"
         return group

@@ -43,6 +43,8 @@ __all__ = [
     "inner_describer",
     "inner_grid",
     "read_whole_shard",
+    "stored_payloads",
+    "whole_shard",
 ]
 
 # The index format's facts have one home, the index kernel (`_shard_index`):
@@ -170,6 +172,20 @@ def read_whole_shard(
         if raw is None:
             return None
         data = raw.as_numpy_array()
+    return whole_shard(data, key, fmt, grid, buffer)
+
+
+def whole_shard(
+    data: np.ndarray,
+    key: Any,
+    fmt: IndexFormat,
+    grid: tuple[int, ...],
+    buffer: np.ndarray | None = None,
+) -> WholeShard:
+    """The shard ``data`` read whole from ``key``, its index checked (the
+    pooled ``buffer`` it lives in is given back when it is corrupt)."""
+    n = math.prod(grid)
+    size = fmt.size(n)
     length = len(data)
     if length < size:
         buffers.give(buffer)
@@ -192,3 +208,18 @@ def _read_file(path: bytes, size_hint: int) -> tuple[np.ndarray, int]:
         buffer = buffers.take(length)
         length = io_kernels.read_into(path, buffer)
     return buffer, -1 if length is None else length
+
+
+def stored_payloads(
+    whole: WholeShard | None, grid: tuple[int, ...]
+) -> tuple[list[Any], np.ndarray | None]:
+    """The stored payload of every inner chunk of ``whole`` by linear
+    index (views, None for none), and the pooled buffer they live in."""
+    payloads: list[Any] = [None] * math.prod(grid)
+    if whole is None:
+        return payloads, None
+    entries, data = whole.entries, whole.data
+    for lin in np.flatnonzero(entries[:, 0] != MISSING_OFFSET):
+        off, length = int(entries[lin, 0]), int(entries[lin, 1])
+        payloads[lin] = data[off : off + length]
+    return payloads, whole.buffer

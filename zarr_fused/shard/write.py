@@ -28,7 +28,7 @@ import math
 import os
 import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, TypeGuard, cast
 
 import numpy as np
 from zarr.core.chunk_utils import chunk_is_empty, fill_value_or_default
@@ -41,15 +41,15 @@ from zarr_fused.chunks.merge import merge_owned
 from zarr_fused.io.local import local_files, make_parents, write_parts
 from zarr_fused.shard.buffers import buffers
 from zarr_fused.shard.index import (
-    MISSING_OFFSET,
     index_format,
     inner_describer,
     inner_grid,
     read_whole_shard,
+    stored_payloads,
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
 
     from zarr.codecs.sharding import ShardingCodec
     from zarr.core.array_spec import ArraySpec
@@ -59,6 +59,12 @@ if TYPE_CHECKING:
     from zarr_fused._chain import NativeChain
     from zarr_fused._items import WriteItem
     from zarr_fused.chunks.write import PartialEncodeWriter
+
+    #: gives ``(payloads, pooled buffer)`` of the stored shard at ``(setter,
+    #: spec, grid, prefix)`` (see `stored_payloads`)
+    Loader = Callable[
+        [Any, ArraySpec, tuple[int, ...], bytes | None], tuple[list[Any], np.ndarray | None]
+    ]
 
 __all__ = ["ShardWriter"]
 
@@ -156,6 +162,26 @@ class ShardWriter:
 
     # -- the batch --------------------------------------------------------------------------
 
+    def accepts(
+        self, data: Any, drop_axes: tuple[int, ...], inner_spec: ArraySpec
+    ) -> TypeGuard[np.ndarray]:
+        """Whether the engine writes the value ``data`` (else zarr's codec does)."""
+        chain = self.chain
+        return (
+            type(data) is np.ndarray
+            and not drop_axes
+            and chain.handles(inner_spec)
+            and chain.encode_swap(data) is not None
+        )
+
+    @staticmethod
+    def covers(plan: Any, items: list[Any] | None = None) -> bool:
+        """Whether a write of ``plan`` covers every inner chunk of its shard
+        whole (nothing stored is kept, so the shard is not read)."""
+        if not plan.all_touched:
+            return False
+        return all(whole for *_, whole in (plan.items() if items is None else items))
+
     def write(
         self,
         batch: Sequence[WriteItem],
@@ -163,16 +189,10 @@ class ShardWriter:
         drop_axes: tuple[int, ...],
         max_workers: int,
     ) -> None:
-        chain = self.chain
         _, spec0, *_ = batch[0]
         inner_spec = self.codec._get_chunk_spec(spec0)
         data = value.as_ndarray_like()
-        if (
-            type(data) is not np.ndarray
-            or drop_axes
-            or not chain.handles(inner_spec)
-            or chain.encode_swap(data) is None
-        ):
+        if not self.accepts(data, drop_axes, inner_spec):
             self.fallback.write(batch, value, drop_axes, max_workers)
             return
         plan_selection = shard_kernels.plan_selection
@@ -256,29 +276,32 @@ class ShardWriter:
     ) -> tuple[list[Any], np.ndarray | None]:
         """The stored payload of every inner chunk by linear index (views,
         None for none), and the pooled buffer they live in."""
-        payloads: list[Any] = [None] * math.prod(grid)
-        whole = read_whole_shard(setter, spec, self.fmt, grid, prefix)
-        if whole is None:
-            return payloads, None
-        entries, data = whole.entries, whole.data
-        for lin in np.flatnonzero(entries[:, 0] != MISSING_OFFSET):
-            off, length = int(entries[lin, 0]), int(entries[lin, 1])
-            payloads[lin] = data[off : off + length]
-        return payloads, whole.buffer
+        return stored_payloads(read_whole_shard(setter, spec, self.fmt, grid, prefix), grid)
 
     def _prepare(self, ctx: _Write, item: WriteItem, plan: Any) -> _ShardJob | None:
         """Load what the shard keeps and queue the encodes of its new inner
         chunks; None when the write went to zarr's code instead."""
+        state = self.start(ctx, item, plan, self._load)
+        if state is None:
+            # the value does not fit the selection: zarr's path raises the
+            # error zarr users expect
+            self.fallback.write([item], ctx.value, ctx.drop_axes, 1)
+        return state
+
+    def start(self, ctx: _Write, item: WriteItem, plan: Any, load: Loader) -> _ShardJob | None:
+        """Queue the encodes of a shard's new inner chunks, with what it
+        keeps from ``load`` (called only when the write does not cover the
+        shard); None when the value does not fit the selection (the caller
+        hands the item to zarr's code)."""
         setter, spec, _, _, _ = item
         chain = self.chain
         grid = inner_grid(spec, self.inner_shape)
         items = plan.items()
-        whole_shard = plan.all_touched and all(whole for *_, whole in items)
-        if whole_shard:
+        if self.covers(plan, items):
             payloads: list[Any] = [None] * math.prod(grid)
             buffer = None
         else:
-            payloads, buffer = self._load(setter, spec, grid, ctx.prefix)
+            payloads, buffer = load(setter, spec, grid, ctx.prefix)
         # the encoded inner chunks live in a reused buffer until `_finish`
         # has written the shard (its results are views into it)
         arena = buffers.take(len(items) * chain.encode_bound(ctx.layout.nbytes))
@@ -287,10 +310,7 @@ class ShardWriter:
             encoding.set_fill(ctx.empty_pattern)
         state = _ShardJob(item, plan, grid, payloads, buffer, arena, encoding)
         if not self._queue_whole(ctx, state, items):
-            # the value does not fit the selection: zarr's path raises the
-            # error zarr users expect
             state.release()
-            self.fallback.write([item], ctx.value, ctx.drop_axes, 1)
             return None
         partial = [(lin, sel, block_sel) for lin, sel, block_sel, whole in items if not whole]
         if partial:
@@ -382,15 +402,8 @@ class ShardWriter:
         """Take the encoded inner chunks and store the new shard (or delete
         it, when no inner chunk is left)."""
         setter, spec, _, _, _ = state.item
-        payloads = state.payloads
-        for lin, result in zip(state.queued, state.encoding.results()):
-            payloads[lin] = None if result is False else result  # False: all fill value
-        fmt = self.fmt
-        layout_args = {
-            "at_start": fmt.at_start,
-            "checksum": fmt.checksum,
-            "big_endian": fmt.big_endian,
-        }
+        payloads = self._collect(state)
+        layout_args = self._layout_args()
         try:
             if ctx.prefix is not None:
                 # straight from the payloads to the file (writev), no copy
@@ -401,12 +414,7 @@ class ShardWriter:
                     write_parts(ctx.prefix + os.fsencode(setter.path), parts)
                 return
             reuse = _keeps_a_copy(setter)
-            blob = index_kernels.assemble_shard(
-                self._order(state.grid),
-                payloads,
-                **layout_args,
-                take=buffers.take if reuse else None,
-            )
+            blob = self.assemble(state, take=buffers.take if reuse else None)
             try:
                 if blob is None:
                     setter.delete_sync()
@@ -417,3 +425,22 @@ class ShardWriter:
                     buffers.give(blob.base)  # the reused buffer, of which blob is a view
         finally:
             state.release()
+
+    def _collect(self, state: _ShardJob) -> list[Any]:
+        """The shard's payloads, its new inner chunks' encodes taken in."""
+        payloads = state.payloads
+        for lin, result in zip(state.queued, state.encoding.results()):
+            payloads[lin] = None if result is False else result  # False: all fill value
+        return payloads
+
+    def _layout_args(self) -> dict[str, bool]:
+        fmt = self.fmt
+        return {"at_start": fmt.at_start, "checksum": fmt.checksum, "big_endian": fmt.big_endian}
+
+    def assemble(self, state: _ShardJob, take: Any = None) -> np.ndarray | None:
+        """The new shard laid out with its index (None when no inner chunk
+        is left); ``take`` allocates its buffer (default: a new one)."""
+        payloads = self._collect(state)
+        return index_kernels.assemble_shard(
+            self._order(state.grid), payloads, **self._layout_args(), take=take
+        )
