@@ -1034,14 +1034,16 @@ def test_fill_property(case: FillCase) -> None:
 # axis order of the source, steps, flips, swaps) against the reference.
 
 TRANSPOSING = [
-    pytest.param((64, 64), "<f4", "F", "C", id="64x64-f4-F-into-C"),
-    pytest.param((64, 64), "<f4", "C", "F", id="64x64-f4-C-into-F"),
-    pytest.param((67, 33), "i1", "F", "C", id="partial-tiles-i1"),
-    pytest.param((17, 130), ">u2", "F", "C", id="partial-tiles-u2-be"),
-    pytest.param((5, 40, 24), "<f8", "F", "C", id="3d-f8"),
-    pytest.param((40, 24, 5), "<c16", "F", "C", id="3d-c16"),
-    pytest.param((9, 30), "<U8", "F", "C", id="U8-no-tiles"),
-    pytest.param((256, 256), "<f4", "F", "C", id="256x256-f4"),
+    pytest.param((64, 64), "<f4", "F", "C", id="64x64-f4-F-into-C-rows"),
+    pytest.param((64, 64), "<f4", "C", "F", id="64x64-f4-C-into-F-rows"),
+    pytest.param((67, 33), "i1", "F", "C", id="i1-rows"),
+    pytest.param((400, 130), "i1", "F", "C", id="partial-tiles-i1"),
+    pytest.param((17, 1030), ">u2", "F", "C", id="partial-tiles-u2-be"),
+    pytest.param((5, 200, 120), "<f8", "F", "C", id="3d-tiles-f8"),
+    pytest.param((200, 40, 5), "<c16", "F", "C", id="3d-tiles-c16"),
+    pytest.param((90, 400), "<U8", "F", "C", id="U8-rows"),
+    pytest.param((256, 256), "<f4", "F", "C", id="256x256-f4-tiles"),
+    pytest.param((256, 256), "<f4", "C", "F", id="256x256-f4-C-into-F-tiles"),
 ]
 
 
@@ -1073,14 +1075,14 @@ def test_scatter_transposing(
 
 @st.composite
 def transposing_cases(draw: st.DrawFn) -> ScatterCase:
-    """Blocks of up to ~20000 elements, placed at an offset inside an output
+    """Blocks of up to ~40000 elements, placed at an offset inside an output
     of either order, from a source laid out in any axis order."""
     dtype = draw(st.sampled_from(PROPERTY_DTYPES))
     ndim = draw(st.integers(1, 4))
-    limit = 20000
+    limit = 40000
     sides: list[int] = []
     for _ in range(ndim):
-        side = draw(st.integers(1, max(1, min(90, limit))))
+        side = draw(st.integers(1, max(1, min(300, limit))))
         sides.append(side)
         limit //= side
     starts = [draw(st.integers(0, 2)) for _ in sides]

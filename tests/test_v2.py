@@ -436,7 +436,7 @@ F_GEOMETRIES = [
     pytest.param((12, 20), (12, 5), "<f4", id="full-columns"),
     pytest.param((6, 5, 8), (6, 5, 3), ">i2", id="3d-full-planes"),
     pytest.param((70, 45), (33, 20), "<f8", id="partial-regions"),
-    pytest.param((150, 90), (70, 40), "|u1", id="tiles-u1"),
+    pytest.param((300, 200), (260, 150), "|u1", id="tiles-u1"),
     pytest.param((9, 80, 70), (4, 40, 35), "<c16", id="3d-tiles-c16"),
 ]
 
