@@ -1025,6 +1025,97 @@ def test_fill_property(case: FillCase) -> None:
     assert_outside_untouched(buffer, case.into, case.dtype.itemsize)
 
 
+# -- transposing copies ----------------------------------------------------------------
+# A source that steps far along the destination's dense rows (an F-order
+# chunk into a C-order output, or the reverse) is copied in tiles of 64
+# bytes square; the kernel also walks the axes by the destination's strides.
+# These cases are large enough for whole and partial tiles, and the property
+# test draws such copies (blocks inside a larger output, either order, any
+# axis order of the source, steps, flips, swaps) against the reference.
+
+TRANSPOSING = [
+    pytest.param((64, 64), "<f4", "F", "C", id="64x64-f4-F-into-C-rows"),
+    pytest.param((64, 64), "<f4", "C", "F", id="64x64-f4-C-into-F-rows"),
+    pytest.param((67, 33), "i1", "F", "C", id="i1-rows"),
+    pytest.param((400, 130), "i1", "F", "C", id="partial-tiles-i1"),
+    pytest.param((17, 1030), ">u2", "F", "C", id="partial-tiles-u2-be"),
+    pytest.param((5, 200, 120), "<f8", "F", "C", id="3d-tiles-f8"),
+    pytest.param((200, 40, 5), "<c16", "F", "C", id="3d-tiles-c16"),
+    pytest.param((90, 400), "<U8", "F", "C", id="U8-rows"),
+    pytest.param((256, 256), "<f4", "F", "C", id="256x256-f4-tiles"),
+    pytest.param((256, 256), "<f4", "C", "F", id="256x256-f4-C-into-F-tiles"),
+]
+
+
+@pytest.mark.parametrize("swap", [pytest.param(False, id="copy"), pytest.param(True, id="swap")])
+@pytest.mark.parametrize(("shape", "dtype", "src_order", "out_order"), TRANSPOSING)
+def test_scatter_transposing(
+    shape: tuple[int, ...],
+    dtype: str,
+    src_order: str,
+    out_order: str,
+    swap: bool,
+    rng: np.random.Generator,
+) -> None:
+    """The block lands inside a larger output, one element in from each side."""
+    src = np.asarray(random_values(np.dtype(dtype), shape, rng), order=src_order)
+    want = src.dtype.newbyteorder() if swap else src.dtype
+    into = Into(
+        out_shape=tuple(n + 2 for n in shape),
+        selection=tuple(slice(1, n + 1) for n in shape),
+        order=out_order,
+    )
+    out, buffer = make_out(want, into)
+    expected_out, expected = make_out(want, into)
+    native.scatter(src, out, into.selection, swap=swap)
+    reference.scatter(src, expected_out, into.selection, swap=swap)
+    assert bytes(buffer) == bytes(expected)
+    assert_outside_untouched(buffer, into, want.itemsize)
+
+
+@st.composite
+def transposing_cases(draw: st.DrawFn) -> ScatterCase:
+    """Blocks of up to ~40000 elements, placed at an offset inside an output
+    of either order, from a source laid out in any axis order."""
+    dtype = draw(st.sampled_from(PROPERTY_DTYPES))
+    ndim = draw(st.integers(1, 4))
+    limit = 40000
+    sides: list[int] = []
+    for _ in range(ndim):
+        side = draw(st.integers(1, max(1, min(300, limit))))
+        sides.append(side)
+        limit //= side
+    starts = [draw(st.integers(0, 2)) for _ in sides]
+    into = Into(
+        out_shape=tuple(a + n + draw(st.integers(0, 2)) for a, n in zip(starts, sides)),
+        selection=tuple(slice(a, a + n) for a, n in zip(starts, sides)),
+        order=draw(st.sampled_from("CF")),
+    )
+    swappable = dtype.kind in "iufcmMU" and dtype.itemsize > 1
+    source = StridedSource(
+        steps=tuple(draw(st.sampled_from([1, 1, 1, 2])) for _ in sides),
+        flips=tuple(draw(st.sampled_from([False, False, True])) for _ in sides),
+        perm=tuple(draw(st.permutations(range(ndim)))),
+        seed=draw(st.integers(0, 2**32 - 1)),
+    )
+    return ScatterCase(
+        dtype=dtype, into=into, source=source, swap=swappable and draw(st.booleans())
+    )
+
+
+@settings(max_examples=150, deadline=None, derandomize=True, database=None)
+@given(case=transposing_cases())
+def test_scatter_transposing_property(case: ScatterCase) -> None:
+    src = case.source.build(case.dtype, target_shape(case.into))
+    dtype = case.dtype.newbyteorder() if case.swap else case.dtype
+    out, buffer = make_out(dtype, case.into)
+    expected_out, expected = make_out(dtype, case.into)
+    native.scatter(src, out, case.into.selection, swap=case.swap)
+    reference.scatter(src, expected_out, case.into.selection, swap=case.swap)
+    assert bytes(buffer) == bytes(expected)
+    assert_outside_untouched(buffer, case.into, dtype.itemsize)
+
+
 # -- the GIL -----------------------------------------------------------------------
 # The probe is `helpers.gil.spins_during` (its docstring says how it works).
 

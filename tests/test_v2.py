@@ -425,6 +425,61 @@ def test_selections(tmp_path_factory: pytest.TempPathFactory, case: dict[str, An
     assert_same_chunks(stores["fused"], stores["zarr"], compressor, case["dtype"])
 
 
+# -- F-order chunks into the output --------------------------------------------------------
+# zarr reads an order "F" array into an F-ordered output: a chunk whose
+# region there is contiguous (it spans every axis but the last) decodes
+# straight into the output, others go through the sorted, or tiled, strided
+# copy. A caller's C-ordered ``out`` gets the transposing copy.
+
+F_GEOMETRIES = [
+    pytest.param((13, 11), (13, 11), "<f4", id="one-chunk"),
+    pytest.param((12, 20), (12, 5), "<f4", id="full-columns"),
+    pytest.param((6, 5, 8), (6, 5, 3), ">i2", id="3d-full-planes"),
+    pytest.param((70, 45), (33, 20), "<f8", id="partial-regions"),
+    pytest.param((300, 200), (260, 150), "|u1", id="tiles-u1"),
+    pytest.param((9, 80, 70), (4, 40, 35), "<c16", id="3d-tiles-c16"),
+]
+
+
+def _f_order_pair(
+    tmp_path: Path, shape: tuple[int, ...], chunks: tuple[int, ...], dtype: str
+) -> tuple[Any, Any]:
+    """An order "F" blosc array written by zarr, and the value written."""
+    value = values_of(np.dtype(dtype), shape, 5)
+    store = LocalStore(tmp_path / "f")
+    with with_pipeline(BATCHED):
+        array = create(
+            store, dtype, COMPRESSORS["blosc-lz4-shuffle"], order="F", shape=shape, chunks=chunks
+        )
+        array[...] = value
+    return store, value
+
+
+@pytest.mark.parametrize(("shape", "chunks", "dtype"), F_GEOMETRIES)
+def test_f_order_read_into_f_output(
+    tmp_path: Path, shape: tuple[int, ...], chunks: tuple[int, ...], dtype: str
+) -> None:
+    store, value = _f_order_pair(tmp_path, shape, chunks, dtype)
+    with zarr.config.set(STRICT):
+        got = zarr.open_array(store, mode="r")[...]
+    assert got.flags.f_contiguous
+    assert_same_values(got, value)
+
+
+@pytest.mark.parametrize(("shape", "chunks", "dtype"), F_GEOMETRIES)
+def test_f_order_read_into_c_out(
+    tmp_path: Path, shape: tuple[int, ...], chunks: tuple[int, ...], dtype: str
+) -> None:
+    store, value = _f_order_pair(tmp_path, shape, chunks, dtype)
+    out = np.zeros(shape, dtype=dtype)
+    with zarr.config.set(STRICT):
+        array = zarr.open_array(store, mode="r")
+        array.get_basic_selection(
+            ..., out=default_buffer_prototype().nd_buffer.from_numpy_array(out)
+        )
+    assert_same_values(out, value)
+
+
 # -- corrupt chunks ---------------------------------------------------------------------------
 
 CORRUPT_COMPRESSORS = ["none", "blosc-lz4-auto", "zstd-1", "gzip-1", "zlib-1"]

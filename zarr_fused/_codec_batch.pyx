@@ -68,6 +68,30 @@ cdef Py_ssize_t contiguous_run(int ndim, const Py_ssize_t* shape, const Py_ssize
     return count
 
 
+cdef bint same_dense_layout(int ndim, const Py_ssize_t* shape, const Py_ssize_t* src_strides,
+                            const Py_ssize_t* dst_strides, Py_ssize_t itemsize,
+                            Py_ssize_t nbytes) noexcept nogil:
+    """Whether a block of ``nbytes`` stored bytes selected from offset 0
+    covers all of them and sits at the same offsets in the destination.
+
+    A basic selection with forward strides picks distinct elements, each
+    within the ``nbytes``; when it picks ``nbytes / itemsize`` of them it
+    picks every one, so equal strides mean the destination region is the
+    stored bytes' image, dense, byte for byte.
+    """
+    cdef int i
+    cdef Py_ssize_t count = itemsize
+    for i in range(ndim):
+        if shape[i] == 0:
+            return False
+        if shape[i] == 1:
+            continue
+        if src_strides[i] <= 0 or src_strides[i] != dst_strides[i]:
+            return False
+        count *= shape[i]
+    return count == nbytes
+
+
 cdef tuple as_selection_tuple(selection):
     """A selection as a tuple of per-axis selectors (``...`` alone is ``()``)."""
     if selection is Ellipsis:
@@ -419,16 +443,15 @@ cdef class DecodeBatch(TaskBatch):
         return nd
 
     cdef bint is_direct(self, DecodeTask* t, ChunkLayout layout) noexcept:
-        """Whole chunk, stored order, no swap, contiguous destination: the
-        decompressor can write into the output itself."""
+        """Whole chunk, no swap, the destination laid out as the stored
+        bytes: the decompressor can write into the output itself. That
+        covers a C-order chunk in a C-order region and an F-order (format 2,
+        or transposed) chunk in an F-order region."""
         return (
-            not layout.transposed
-            and self.kernel.swap_unit == 0
+            self.kernel.swap_unit == 0
             and t.src_offset == 0
-            and contiguous_run(t.ndim, t.shape, t.src_strides, self.kernel.itemsize)
-            * self.kernel.itemsize == layout.nbytes
-            and contiguous_run(t.ndim, t.shape, t.dst_strides, self.kernel.itemsize)
-            * self.kernel.itemsize == layout.nbytes
+            and same_dense_layout(t.ndim, t.shape, t.src_strides, t.dst_strides,
+                                  self.kernel.itemsize, layout.nbytes)
         )
 
     def add(self, payload, ChunkLayout layout, chunk_selection, cnp.ndarray out, out_selection,
