@@ -137,6 +137,20 @@ def _flush(lines: list[str]) -> None:
     lines.clear()
 
 
+#: the read cases: (layout, selection or None for all, what), by name
+def _read_cases(row: int) -> dict[str, tuple[str, Any, str]]:
+    return {
+        "unsharded-all": ("unsharded-blosc", Ellipsis, "read all"),
+        "sharded-slab": ("sharded-zstd", (slice(row, row + 1),), f"thin slab a[{row}:{row + 1}]"),
+        "sharded-all": ("sharded-zstd", Ellipsis, "read all"),
+    }
+
+
+READ_CASES = list(_read_cases(0))
+#: the read cases of this run (``--cases``)
+CASES: list[str] = []
+
+
 def read_scenarios(repeat: int, cold: bool) -> list[str]:
     import numpy as np
     from benchmarks._peers import LAYOUTS, data_dir, write_reference
@@ -149,11 +163,7 @@ def read_scenarios(repeat: int, cold: bool) -> list[str]:
         prepare = drop_page_cache
     out: list[str] = []
     row = 100 % LAYOUTS["sharded-zstd"].shape[0]  # 100, or a row of the small scale
-    cases = [
-        ("unsharded-blosc", Ellipsis, "read all"),
-        ("sharded-zstd", (slice(row, row + 1),), f"thin slab a[{row}:{row + 1}]"),
-        ("sharded-zstd", Ellipsis, "read all"),
-    ]
+    cases = [c for name, c in _read_cases(row).items() if name in (CASES or READ_CASES)]
     for name, selection, what in cases:
         path = data_dir() / name
         data = write_reference(LAYOUTS[name], path)
@@ -245,9 +255,17 @@ def main(argv: list[str] | None = None) -> int:
         help="peers to compare with zarr_fused (default: all); zarr's own "
         "pipelines take minutes per round at 1 ms",
     )
+    parser.add_argument(
+        "--cases",
+        nargs="+",
+        choices=READ_CASES,
+        default=[],
+        help="read cases to run (default: all)",
+    )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     SELECTED[:] = args.peers
+    CASES[:] = args.cases
     if args.child:
         return child(args)
 
@@ -292,6 +310,8 @@ def main(argv: list[str] | None = None) -> int:
                 cmd.append("--cold")
             if args.peers:
                 cmd += ["--peers", *args.peers]
+            if args.cases:
+                cmd += ["--cases", *args.cases]
             sys.stdout.flush()
             res = subprocess.run(cmd, env=env, check=False)
             if res.returncode:
