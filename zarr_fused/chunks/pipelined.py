@@ -77,7 +77,10 @@ class _Fetched:
 FAST_FILE = 50e-6
 #: a direct read whose fastest group took longer than this per file
 #: (decoding included) goes back to the IO threads at once
-SLOW_DIRECT = 4 * FAST_FILE
+SLOW_DIRECT = 2 * FAST_FILE
+#: decoded bytes per chunk that count as one more `SLOW_DIRECT` (a direct
+#: read's time per file includes decoding, which grows with the chunk)
+DECODE_BYTES = 256 << 10
 #: seconds after which a direct read is pipelined again, to look afresh at
 #: how fast the files answer (a cache that went cold, a slower filesystem)
 PROBE_INTERVAL = 1.0
@@ -185,7 +188,8 @@ class PipelinedChunkReader:
         # threads wait for a CPU, which its mean time per file would count
         # as file latency and send a hot cache to the IO threads.
         took = self.direct.fastest_file
-        if took != float("inf") and took > SLOW_DIRECT:
+        nbytes = self.chain.layout(batch[0][1].shape).nbytes
+        if took != float("inf") and took > SLOW_DIRECT * (1 + nbytes / DECODE_BYTES):
             self.seconds_per_file = None
             self.slow_until = time.monotonic() + 10 * PROBE_INTERVAL
         return result
