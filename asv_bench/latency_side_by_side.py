@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -38,44 +37,12 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-SHIM_SOURCE = HERE.parent / "tests" / "shims" / "faultfs.c"
 sys.path.insert(0, str(HERE))
 
+from benchmarks._latency import build_shim, drop_page_cache, shim_env
 from side_by_side import rounds, table
 
-#: the calls the shim delays (faultfs' call groups)
-DELAYED_OPS = "open,create,read,write,rename,fsync"
 BASELINE = "zarr_fused-io1"
-
-
-def build_shim(directory: Path) -> Path | None:
-    """faultfs compiled into ``directory`` (None when no compiler works)."""
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
-        return None
-    directory.mkdir(parents=True, exist_ok=True)
-    target = directory / "faultfs.so"
-    result = subprocess.run(
-        [compiler, "-shared", "-fPIC", "-O2", "-o", str(target), str(SHIM_SOURCE), "-ldl"],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if result.returncode != 0:
-        sys.stderr.write(result.stderr)
-        return None
-    return target
-
-
-def drop_page_cache() -> str | None:
-    """Drop the page cache; None on success, else why it cannot be."""
-    try:
-        os.sync()
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("3\n")
-    except OSError as e:
-        return f"cannot drop the page cache ({e}); the cold-cache scenario needs root"
-    return None
 
 
 #: the peers of this run (``--peers``); all by default
@@ -137,6 +104,20 @@ def _flush(lines: list[str]) -> None:
     lines.clear()
 
 
+#: the read cases: (layout, selection or None for all, what), by name
+def _read_cases(row: int) -> dict[str, tuple[str, Any, str]]:
+    return {
+        "unsharded-all": ("unsharded-blosc", Ellipsis, "read all"),
+        "sharded-slab": ("sharded-zstd", (slice(row, row + 1),), f"thin slab a[{row}:{row + 1}]"),
+        "sharded-all": ("sharded-zstd", Ellipsis, "read all"),
+    }
+
+
+READ_CASES = list(_read_cases(0))
+#: the read cases of this run (``--cases``)
+CASES: list[str] = []
+
+
 def read_scenarios(repeat: int, cold: bool) -> list[str]:
     import numpy as np
     from benchmarks._peers import LAYOUTS, data_dir, write_reference
@@ -149,11 +130,7 @@ def read_scenarios(repeat: int, cold: bool) -> list[str]:
         prepare = drop_page_cache
     out: list[str] = []
     row = 100 % LAYOUTS["sharded-zstd"].shape[0]  # 100, or a row of the small scale
-    cases = [
-        ("unsharded-blosc", Ellipsis, "read all"),
-        ("sharded-zstd", (slice(row, row + 1),), f"thin slab a[{row}:{row + 1}]"),
-        ("sharded-zstd", Ellipsis, "read all"),
-    ]
+    cases = [c for name, c in _read_cases(row).items() if name in (CASES or READ_CASES)]
     for name, selection, what in cases:
         path = data_dir() / name
         data = write_reference(LAYOUTS[name], path)
@@ -245,9 +222,17 @@ def main(argv: list[str] | None = None) -> int:
         help="peers to compare with zarr_fused (default: all); zarr's own "
         "pipelines take minutes per round at 1 ms",
     )
+    parser.add_argument(
+        "--cases",
+        nargs="+",
+        choices=READ_CASES,
+        default=[],
+        help="read cases to run (default: all)",
+    )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     SELECTED[:] = args.peers
+    CASES[:] = args.cases
     if args.child:
         return child(args)
 
@@ -267,14 +252,8 @@ def main(argv: list[str] | None = None) -> int:
         for pin in pins:
             env = {k: v for k, v in os.environ.items() if not k.startswith("FAULTFS_")}
             env.pop("LD_PRELOAD", None)
-            if latency:
-                env.update(
-                    LD_PRELOAD=str(shim),
-                    FAULTFS_MARKER=str(data_dir()),
-                    FAULTFS_OPS=DELAYED_OPS,
-                    FAULTFS_MODE="delay",
-                    FAULTFS_DELAY_US=str(latency),
-                )
+            if latency and shim is not None:
+                env = shim_env(shim, data_dir(), latency)
             cmd = [
                 sys.executable,
                 __file__,
@@ -292,6 +271,8 @@ def main(argv: list[str] | None = None) -> int:
                 cmd.append("--cold")
             if args.peers:
                 cmd += ["--peers", *args.peers]
+            if args.cases:
+                cmd += ["--cases", *args.cases]
             sys.stdout.flush()
             res = subprocess.run(cmd, env=env, check=False)
             if res.returncode:

@@ -53,3 +53,10 @@ def read_shard_local(
     grid: tuple[int, ...] | None = None,
     where: str | Callable[[], str] = "shard",
 ) -> bool: ...
+def decode_part(
+    batch: DecodeBatch,
+    first: int,
+    stop: int,
+    entries: np.ndarray[Any, np.dtype[np.uint64]],
+    payload: np.ndarray[Any, np.dtype[np.uint8]],
+) -> None: ...

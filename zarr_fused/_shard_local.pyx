@@ -362,3 +362,43 @@ cdef cnp.ndarray _usable(buf, Py_ssize_t nbytes):
             or not buf.flags.writeable or buf.shape[0] < nbytes):
         raise ValueError("take() returned an unusable buffer")
     return buf
+
+
+def decode_part(DecodeBatch batch, Py_ssize_t first, Py_ssize_t stop, cnp.ndarray entries,
+                cnp.ndarray payload):
+    """Decode the batch's tasks ``first:stop`` (queued by `add_shard` with
+    ``defer=True``) from one fetched part of their shard: ``entries`` is the
+    index `fetch_partial_local` returned for the part, its touched chunks'
+    offsets pointing into ``payload``. A part's chunks are decoded as soon
+    as they arrive, without first packing all parts of the shard into one
+    buffer; several threads may decode disjoint ranges of one batch at once.
+    """
+    cdef Workspace ws = workspace()
+    cdef const char* fill = batch.fill_ptr()
+    cdef Py_ssize_t failed = -1, outside = -1, total, i
+    if first < 0 or first > stop or stop > batch.n:
+        raise IndexError("no such tasks")
+    if fill == NULL and stop > first:
+        raise ValueError("set_fill() first")
+    if (entries.dtype != np.uint64 or entries.ndim != 2 or entries.shape[1] != 2
+            or not entries.flags.c_contiguous):
+        raise ValueError("entries must be a shard's (n, 2) uint64 index")
+    if payload.dtype != np.uint8 or payload.ndim != 1 or not payload.flags.c_contiguous:
+        raise ValueError("payload must be a contiguous uint8 array")
+    for i in range(first, stop):
+        if batch.tasks[i].chunk >= entries.shape[0]:
+            raise IndexError("a task's chunk is not in entries")
+    total = payload.shape[0]
+    with nogil:
+        outside = _bind(batch, first, stop, <const uint64_t*>cnp.PyArray_DATA(entries),
+                        <const unsigned char*>cnp.PyArray_DATA(payload), total)
+        if outside < 0:
+            failed = batch.decode_range(ws, first, stop, fill)
+    if outside >= 0:
+        lin = batch.tasks[outside].chunk
+        off, size = (int(v) for v in entries[lin])
+        raise CorruptShardError(
+            f"{batch.keys[outside][0]!r}: inner chunk {lin} (bytes {off}..{off + size}) "
+            f"lies outside the {total} bytes read")
+    if failed >= 0:
+        batch.raise_failed(failed)

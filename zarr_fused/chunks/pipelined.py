@@ -75,12 +75,22 @@ class _Fetched:
 #: a chunk file that answers faster than this (seconds) is in the page cache
 #: or on a fast local disk: the compute threads read it themselves
 FAST_FILE = 50e-6
-#: a direct read slower than this per file and compute thread (decoding
-#: included) goes back to the IO threads at once
-SLOW_DIRECT = 4 * FAST_FILE
+#: a direct read whose fastest group took longer than this per file
+#: (decoding included) goes back to the IO threads at once
+SLOW_DIRECT = 2 * FAST_FILE
+#: decoded bytes per chunk that count as one more `SLOW_DIRECT` (a direct
+#: read's time per file includes decoding, which grows with the chunk)
+DECODE_BYTES = 256 << 10
 #: seconds after which a direct read is pipelined again, to look afresh at
 #: how fast the files answer (a cache that went cold, a slower filesystem)
 PROBE_INTERVAL = 1.0
+#: and at least this many times the duration of recent reads: a pipelined
+#: read of a hot cache costs more CPU than a direct one (a hand-off per
+#: group of files), so reads that take a good part of `PROBE_INTERVAL` (a
+#: large array, a busy host) must not become probes every few reads
+PROBE_SPACING = 20
+#: how much of a read's duration is still counted at the next read
+TOOK_DECAY = 0.9
 
 
 class PipelinedChunkReader:
@@ -93,10 +103,11 @@ class PipelinedChunkReader:
     threads read them inside their decode calls (`NativeChunkReader`).
     Slower files (a network filesystem, a cold cache) go to the IO threads.
     The first read of a plan is pipelined, and so are the reads of the next
-    ``10 * PROBE_INTERVAL`` seconds after a direct one that took more than
-    `SLOW_DIRECT` per file, and a read `PROBE_INTERVAL` after the last
-    pipelined one (a direct read's time includes decoding
-    and waiting for a CPU, so only a pipelined read measures the files).
+    ``10 * PROBE_INTERVAL`` seconds after a direct one whose fastest group
+    took more than `SLOW_DIRECT` per file, and a read `PROBE_INTERVAL` after the last
+    pipelined one, or `PROBE_SPACING` times the recent reads' duration if
+    longer (a direct read's time includes decoding and waiting for a CPU,
+    so only a pipelined read measures the files).
     """
 
     def __init__(self, chain: NativeChain, direct: NativeChunkReader) -> None:
@@ -113,6 +124,8 @@ class PipelinedChunkReader:
         #: fast groups (blocks a disk or a VM host still caches) must not
         #: send every other read of a cold array back to the compute threads
         self.slow_until = 0.0
+        #: how long recent reads took (seconds; decays by `TOOK_DECAY`)
+        self.took = 0.0
 
     def read(
         self,
@@ -135,6 +148,7 @@ class PipelinedChunkReader:
         if self._direct_is_faster():
             return self._read_direct_timed(batch, out, drop_axes, max_workers)
         read = _PipelinedRead(self.chain, batch, out, drop_axes, prefix, io_concurrency)
+        start = time.perf_counter()
         run_pipelined(
             read.groups,
             read.costs,
@@ -143,10 +157,14 @@ class PipelinedChunkReader:
             io_concurrency=io_concurrency,
             max_workers=max_workers,
         )
+        self._note(time.perf_counter() - start)
         if read.fastest != float("inf"):
             self.seconds_per_file = read.fastest
             self.probed = time.monotonic()
         return tuple(read.statuses)
+
+    def _note(self, seconds: float) -> None:
+        self.took = max(seconds, TOOK_DECAY * self.took)
 
     def _direct_is_faster(self) -> bool:
         """Whether the files answered fast enough, recently enough, for the
@@ -157,7 +175,7 @@ class PipelinedChunkReader:
             seen is not None
             and seen < FAST_FILE
             and now >= self.slow_until
-            and now - self.probed < PROBE_INTERVAL
+            and now - self.probed < max(PROBE_INTERVAL, PROBE_SPACING * self.took)
         )
 
     def _read_direct_timed(
@@ -165,8 +183,13 @@ class PipelinedChunkReader:
     ) -> tuple[GetResult, ...]:
         start = time.perf_counter()
         result = self.direct.read(batch, out, drop_axes, max_workers)
-        took = (time.perf_counter() - start) * min(max_workers, len(batch)) / len(batch)
-        if took > SLOW_DIRECT:
+        self._note(time.perf_counter() - start)
+        # The fastest group, not the whole read: on a busy host a read's
+        # threads wait for a CPU, which its mean time per file would count
+        # as file latency and send a hot cache to the IO threads.
+        took = self.direct.fastest_file
+        nbytes = self.chain.layout(batch[0][1].shape).nbytes
+        if took != float("inf") and took > SLOW_DIRECT * (1 + nbytes / DECODE_BYTES):
             self.seconds_per_file = None
             self.slow_until = time.monotonic() + 10 * PROBE_INTERVAL
         return result

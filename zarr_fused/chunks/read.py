@@ -18,6 +18,7 @@ partial decode.
 from __future__ import annotations
 
 import os
+import time
 from typing import TYPE_CHECKING
 
 from zarr_fused._dtypes import fill_pattern
@@ -71,6 +72,11 @@ class NativeChunkReader:
     def __init__(self, chain: NativeChain) -> None:
         self.chain = chain
         self.generic = ChunkReader(chain)
+        #: the last read's fastest group, in seconds per chunk file (fetch
+        #: and decode; inf when it read no file): how fast the files answer,
+        #: for `zarr_fused.chunks.pipelined` (the fastest group is the one
+        #: least slowed down by waiting for a CPU on a busy host)
+        self.fastest_file = float("inf")
 
     def read(
         self,
@@ -85,6 +91,7 @@ class NativeChunkReader:
             return self.generic.read(batch, out, drop_axes, max_workers)
         job = _ChunkRead(self.chain, batch, out, drop_axes)
         run_parallel(job.read_group, partition(len(batch), max_workers), max_workers)
+        self.fastest_file = job.fastest
         return tuple(job.statuses)
 
 
@@ -110,8 +117,16 @@ class _ChunkRead:
         self.ndim = max(self.dst.ndim, len(spec0.shape))
         self.prefix = local_files(batch)
         self.statuses: list[GetResult] = [MISSING] * len(batch)
+        self.fastest = float("inf")
 
     def read_group(self, indices: range) -> None:
+        start = time.perf_counter()
+        self._read_group(indices)
+        if self.prefix is not None:
+            # a race between two groups can only keep the slower figure
+            self.fastest = min(self.fastest, (time.perf_counter() - start) / len(indices))
+
+    def _read_group(self, indices: range) -> None:
         chain, dst, drop_axes, statuses = self.chain, self.dst, self.drop_axes, self.statuses
         group = chain.decode_batch(len(indices), self.ndim)
         group.set_fill(self.pattern)

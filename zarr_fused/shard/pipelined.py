@@ -64,6 +64,11 @@ PROBE_INTERVAL = 1.0
 PROBE_SPACING = 20
 #: how much of a read's duration is still counted at the next read
 TOOK_DECAY = 0.9
+#: a shard split over several requests pays, per extra part, an ``open``,
+#: an index read and a hand-off between threads (about 0.1 ms of CPU);
+#: reads split shards only while file calls took at least this long
+#: (seconds) at the last pipelined read, or before the first
+SPLIT_CALL = 0.5e-3
 
 
 class ShardBatch(Protocol):
@@ -77,6 +82,8 @@ class ShardBatch(Protocol):
     def decode_fetched(self, shard: Any) -> None: ...
     def cost(self, shard: Any) -> int: ...
     def fetched_io(self, shard: Any) -> tuple[int, int]: ...
+    def deferred_group(self, shard: Any) -> Any: ...
+    def mark_missing(self, shard: Any) -> None: ...
 
 
 class ShardIO:
@@ -127,7 +134,8 @@ class ShardIO:
         on a compute thread as soon as it is in."""
         timing = _Timing()
         began = time.monotonic()
-        requests = _Requests(read, io_concurrency)
+        seen = self.seconds_per_call
+        requests = _Requests(read, io_concurrency, seen is None or seen >= SPLIT_CALL)
 
         def fetch(request: Any, state: Batch[Any, Any]) -> Any:
             start = time.perf_counter()
@@ -174,14 +182,33 @@ class _Timing:
 
 
 class _Part:
-    """One IO request of a shard split over several (see `_Requests`)."""
+    """One IO request of a shard split over several (see `_Requests`): its
+    touched inner chunks are tasks ``first:stop`` of the shard's deferred
+    decode batch."""
 
-    __slots__ = ("fetched", "shard", "touched")
+    __slots__ = ("fetched", "first", "shard", "split", "stop", "touched")
 
-    def __init__(self, shard: Any, touched: Any) -> None:
+    def __init__(self, shard: Any, split: _Split, touched: Any, first: int) -> None:
         self.shard = shard
+        self.split = split
         self.touched = touched
+        self.first = first
+        self.stop = first + len(touched)
         self.fetched: Any = None
+
+
+class _Split:
+    """A shard split over several requests: its decode batch, with every
+    touched inner chunk queued for a fetch to come (`add_shard` with
+    ``defer``), and how many of its parts are still out, and missing."""
+
+    __slots__ = ("group", "left", "missing", "parts")
+
+    def __init__(self, group: Any, parts: int) -> None:
+        self.group = group
+        self.parts = parts
+        self.left = parts
+        self.missing = 0
 
 
 class _Requests:
@@ -190,29 +217,30 @@ class _Requests:
     inner chunks split over several requests. Each part reads the index
     (again) and its chunks' ranges: the ranges of one request are read one
     after another, and zarr stores inner chunks in Morton order, so a slab's
-    chunks lie apart in the file. A shard is decoded once its last part is
-    in, from its parts' chunks packed into one buffer."""
+    chunks lie apart in the file. Each part is decoded as soon as it is in,
+    into the output, by its share of the shard's decode tasks (no packing
+    of the parts into one buffer first)."""
 
-    def __init__(self, read: ShardBatch, io_concurrency: int) -> None:
+    def __init__(self, read: ShardBatch, io_concurrency: int, split_shards: bool) -> None:
         self.read = read
         self.items: list[Any] = []
         self.costs: list[int] = []
-        #: per split shard (by id): how many parts it has, those in
-        self.parts: dict[int, tuple[int, list[_Part]]] = {}
         self.lock = threading.Lock()
-        split = -(-2 * io_concurrency // max(1, len(read.shards)))
+        split = -(-2 * io_concurrency // max(1, len(read.shards))) if split_shards else 1
         for shard in read.shards:
             plan = shard.plan
             n = 1 if plan is None or plan.all_touched else min(split, plan.n_touched)
             cost = read.cost(shard)
-            if n <= 1:
+            group = read.deferred_group(shard) if n > 1 else None
+            if group is None:
                 self.items.append(shard)
                 self.costs.append(cost)
                 continue
-            touched = np.array_split(np.asarray(plan.touched(), dtype=np.intp), n)
-            parts = [_Part(shard, t) for t in touched]
-            self.parts[id(shard)] = (n, [])
-            self.items += parts
+            state = _Split(group, n)
+            first = 0
+            for touched in np.array_split(np.asarray(plan.touched(), dtype=np.intp), n):
+                self.items.append(_Part(shard, state, touched, first))
+                first += len(touched)
             self.costs += [-(-cost // n)] * n
 
     def fetch(self, request: Any) -> Any:
@@ -225,14 +253,25 @@ class _Requests:
         if not isinstance(request, _Part):
             self.read.decode_fetched(request)
             return
-        shard = request.shard
+        split = request.split
+        entries, payload = fetched.entries, fetched.payload
+        if fetched.missing:  # the part's chunks decode as missing: the fill value
+            entries = np.full((request.shard.plan.n_total, 2), MISSING_OFFSET, dtype=np.uint64)
+            payload = np.empty(0, dtype=np.uint8)
+        try:
+            shard_local_kernels.decode_part(
+                split.group, request.first, request.stop, entries, payload
+            )
+        finally:
+            fetched.release()
         with self.lock:
-            expected, done = self.parts[id(shard)]
-            done.append(request)
-            if len(done) < expected:
+            split.left -= 1
+            split.missing += bool(fetched.missing)
+            if split.left or split.missing < split.parts:
                 return
-        _assemble(shard, done)
-        self.read.decode_fetched(shard)
+        # no part found the file: a missing shard (a shard that vanished
+        # between its parts reads as fill where its file was gone)
+        self.read.mark_missing(request.shard)
 
     def release(self) -> None:
         for request in self.items:
@@ -240,27 +279,3 @@ class _Requests:
                 request.fetched.release()
         for shard in self.read.shards:
             shard.release()
-
-
-def _assemble(shard: Any, parts: list[_Part]) -> None:
-    """Fill in ``shard`` from its fetched parts: missing when any part found
-    no file (the shard vanished between them), else the parts' chunks packed
-    into one payload with the entries pointing into it."""
-    if any(p.fetched.missing for p in parts):
-        shard.missing = True
-        return
-    entries = parts[0].fetched.entries.copy()
-    total = sum(len(p.fetched.payload) for p in parts)
-    payload = np.empty(total, dtype=np.uint8)
-    base = 0
-    for part in parts:
-        got = part.fetched
-        size = len(got.payload)
-        payload[base : base + size] = got.payload
-        rows = part.touched
-        present = got.entries[rows, 0] != MISSING_OFFSET
-        entries[rows] = got.entries[rows]
-        entries[rows[present], 0] += np.uint64(base)
-        base += size
-        got.release()
-    shard.entries, shard.payload = entries, payload

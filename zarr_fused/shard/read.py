@@ -68,11 +68,13 @@ __all__ = ["LOCAL_MAX_GAP", "ShardReader"]
 class _Shard:
     """What one shard contributes to a batch, once fetched."""
 
-    __slots__ = ("buffer", "entries", "index", "missing", "payload", "plan")
+    __slots__ = ("buffer", "entries", "index", "missing", "n_ranges", "payload", "plan")
 
     def __init__(self, index: int, plan: Any) -> None:
         self.index = index
         self.plan = plan
+        #: the inner chunks a partial fetch asked for: the most range reads it made
+        self.n_ranges = 0
         self.payload: Any = None
         self.entries: Any = None
         self.buffer: np.ndarray | None = None
@@ -135,6 +137,7 @@ class ShardReader:
         ``touched`` None means every inner chunk (one get for the shard).
         """
         prefix = local_files([(getter,)], shard_io=True)
+        shard.n_ranges = 0 if touched is None else len(touched)
         if touched is None:
             whole = read_whole_shard(getter, spec, self.fmt, grid, prefix, self._whole_hint)
             if whole is None:
@@ -518,6 +521,25 @@ class _ReadBatch:
             self.finish_general(shard)
         shard.release()
 
+    def deferred_group(self, shard: _Shard) -> Any:
+        """A decode batch with the tasks of a planned, partly touched shard
+        queued, in `touched` order, for a fetch to come (`add_shard` with
+        ``defer``); None where the kernels do not take its selection."""
+        plan = shard.plan
+        if plan is None or plan.all_touched or not plan.n_touched:
+            return None
+        getter, _, _, out_selection, _ = self.batch[shard.index]
+        group = self._group(plan.n_touched)
+        if not shard_kernels.add_shard(
+            group, None, None, plan, self.layout, self.dst, out_selection, getter, defer=True
+        ):
+            return None
+        return group
+
+    def mark_missing(self, shard: _Shard) -> None:
+        """Report ``shard`` missing (its output region already holds the fill)."""
+        self.statuses[shard.index] = MISSING
+
     def fetch_part(self, shard: _Shard, touched: np.ndarray) -> _Shard:
         """Fetch the index and the ``touched`` inner chunks of a planned
         shard into a new `_Shard` (part of ``shard``)."""
@@ -541,7 +563,10 @@ class _ReadBatch:
 
     def fetched_io(self, shard: _Shard) -> tuple[int, int]:
         """About the file calls the fetch of ``shard`` made (open, index,
-        ranges; 0 when it read no file) and the bytes it holds."""
+        ranges; 0 when it read no file) and the bytes it holds. Each
+        touched inner chunk counts as one range read: neighbours are
+        coalesced, but a slab's chunks lie apart (Morton order), and
+        counting too few calls would take a hot cache for latency."""
         plan = shard.plan
         if shard.missing:
             return 1, 0
@@ -551,8 +576,7 @@ class _ReadBatch:
         if shard.plan is None and shard.entries is not None:
             payload = shard.entries[1]
         nbytes = getattr(payload, "nbytes", 0)
-        whole = plan is not None and plan.all_touched
-        return (2 if whole else 3), int(nbytes)
+        return 2 + shard.n_ranges, int(nbytes)
 
     def wave(self, shards: list[_Shard], max_workers: int) -> None:
         """Fetch ``shards`` in parallel, then spread all their inner chunks

@@ -1,0 +1,81 @@
+"""Split shards on the IO threads (`zarr_fused.shard.pipelined`): each part
+of a shard decodes on its own (`_shard_local.decode_part`), and shards split
+only while file calls are slow."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import zarr
+from zarr.codecs import ZstdCodec
+from zarr.storage import LocalStore
+
+from zarr_fused import _shard_local
+from zarr_fused.shard import pipelined
+
+from helpers import FUSED, with_pipeline
+
+SHAPE, SHARD, INNER = (32, 64, 64), (16, 32, 32), (8, 8, 8)
+
+
+def _array(tmp_path: Path) -> np.ndarray:
+    data = np.random.default_rng(14).integers(0, 4000, SHAPE, dtype="uint16")
+    arr = zarr.create_array(
+        LocalStore(tmp_path / "a"),
+        shape=SHAPE,
+        dtype="uint16",
+        chunks=INNER,
+        shards=SHARD,
+        compressors=ZstdCodec(level=1),
+        fill_value=0,
+    )
+    arr[...] = data
+    return data
+
+
+def _spy_parts(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
+    calls: list[tuple[int, int]] = []
+    real = _shard_local.decode_part
+
+    def spy(batch: Any, first: int, stop: int, entries: Any, payload: Any) -> None:
+        calls.append((first, stop))
+        real(batch, first, stop, entries, payload)
+
+    monkeypatch.setattr(pipelined.shard_local_kernels, "decode_part", spy)
+    return calls
+
+
+@pytest.mark.parametrize(
+    ("seen", "split"),
+    [pytest.param(None, True, id="first-read"), pytest.param(1e-6, False, id="fast-calls")],
+)
+def test_thin_slab_splits_shards_only_while_calls_are_slow(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seen: float | None, split: bool
+) -> None:
+    data = _array(tmp_path)
+    calls = _spy_parts(monkeypatch)
+    with (
+        with_pipeline(FUSED),
+        zarr.config.set({"codec_pipeline.max_workers": 1, "codec_pipeline.io_concurrency": 8}),
+    ):
+        reader = zarr.open_array(LocalStore(tmp_path / "a"), mode="r")
+        shard_io = reader._async_array.codec_pipeline.plan.reader.io
+        shard_io.seconds_per_call = seen
+        shard_io.probed = 0.0  # look afresh: a pipelined read
+        got = reader[3:4]
+    np.testing.assert_array_equal(got, data[3:4])
+    assert bool(calls) == split
+
+
+def test_decode_part_rejects_tasks_beyond_the_batch(tmp_path: Path) -> None:
+    _array(tmp_path)
+    with with_pipeline(FUSED):
+        reader = zarr.open_array(LocalStore(tmp_path / "a"), mode="r")
+        chain = reader._async_array.codec_pipeline.plan.reader.chain
+    batch = chain.decode_batch(1, 3)
+    entries = np.zeros((4, 2), dtype=np.uint64)
+    with pytest.raises(IndexError, match="no such tasks"):
+        _shard_local.decode_part(batch, 0, 1, entries, np.empty(0, dtype=np.uint8))
