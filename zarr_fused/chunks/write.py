@@ -10,6 +10,13 @@ bytes of the chunks the write covers only partly, decode them in one nogil
 call, merge with NumPy, encode the group in one nogil call, store. A scalar
 written over whole chunks (``a[...] = 5``) is merged and encoded once per
 chunk shape, not once per chunk.
+
+On a `zarr.storage.LocalStore` with IO threads (``io_concurrency`` > 1),
+each group is encoded into a pooled arena and its files are written (or,
+left empty, deleted) by the IO threads as one `zarr_fused.io.engine.Parcel`,
+while the compute thread encodes the next group: a rename that blocks on
+the filesystem no longer holds up encoding. Otherwise the encode kernel
+writes each file itself, inside its nogil call.
 """
 
 from __future__ import annotations
@@ -22,9 +29,12 @@ import numpy as np
 from zarr.core.chunk_utils import chunk_is_empty
 
 from zarr_fused._dtypes import empty, empty_rule_pattern
+from zarr_fused._native import io_kernels
 from zarr_fused._pool import partition, run_parallel
 from zarr_fused.chunks.merge import merge_and_encode, merge_owned
-from zarr_fused.io.local import local_files, make_parents
+from zarr_fused.io.engine import Writes, resolve_io_concurrency
+from zarr_fused.io.local import local_files, make_parents, write_parts
+from zarr_fused.shard.buffers import buffers
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -37,6 +47,10 @@ if TYPE_CHECKING:
     from zarr_fused._items import WriteItem
 
 __all__ = ["ChunkWriter", "NativeChunkWriter", "PartialEncodeWriter"]
+
+#: most chunks one group encodes before handing its files to the IO threads
+#: (the IO threads start on a group's files while the next one encodes)
+WRITE_GROUP = 32
 
 
 class ChunkWriter:
@@ -125,7 +139,14 @@ class NativeChunkWriter:
             self.generic.write(batch, value, drop_axes, max_workers)
             return
         job = _ChunkWrite(self.chain, batch, value, drop_axes)
-        run_parallel(job.write_group, partition(len(batch), max_workers), max_workers)
+        io_concurrency = resolve_io_concurrency() if job.prefix is not None else 1
+        if io_concurrency <= 1 or io_kernels is None:
+            run_parallel(job.write_group, partition(len(batch), max_workers), max_workers)
+            return
+        groups = partition(len(batch), max_workers, max_group=WRITE_GROUP)
+        with Writes(io_concurrency) as writes:
+            job.writes = writes
+            run_parallel(job.write_group, groups, max_workers)
 
 
 #: what one chunk of a write comes to before the encode kernel runs: bytes
@@ -160,6 +181,8 @@ class _ChunkWrite:
         self.prefix = local_files(batch, write=True)
         if self.prefix is not None:
             make_parents(self.prefix, batch)
+        #: the IO threads' stores of this write, when they do the file IO
+        self.writes: Writes | None = None
 
     def _path(self, key: Any) -> bytes | None:
         return None if self.prefix is None else self.prefix + os.fsencode(key.path)
@@ -231,10 +254,21 @@ class _ChunkWrite:
             del existing[decoded_items[position]]
         return existing
 
+    def _arena(self, indices: range) -> np.ndarray | None:
+        """The pooled buffer a group is encoded into when the IO threads
+        write it (room for every chunk's encoded size bound), else None."""
+        if self.writes is None:
+            return None
+        chain = self.chain
+        return buffers.take(
+            sum(chain.encode_bound(chain.layout(self.batch[i][1].shape).nbytes) for i in indices)
+        )
+
     def write_group(self, indices: range) -> None:
         chain = self.chain
         existing = self._decode_existing(indices)
-        encoding = chain.encode_batch(len(indices), self.ndim)
+        arena = self._arena(indices)
+        encoding = chain.encode_batch(len(indices), self.ndim, arena=arena)
         if self.empty_pattern is not None:
             encoding.set_fill(self.empty_pattern)
         # per item: bytes to store now, or (-1 if none) its place in `encoding`
@@ -261,11 +295,15 @@ class _ChunkWrite:
                     chain.layout(spec.shape),
                     chain.encode_swap(array),
                     setter,
-                    self._path(setter),
+                    None if arena is not None else self._path(setter),
                     self.empty_pattern is not None and array.dtype == chain.dtype,
                 )
             results.append((i, ready, position))
-        self._store(results, encoding.run() if len(encoding) else [])
+        encoded = encoding.run() if len(encoding) else []
+        if arena is None:
+            self._store(results, encoded)
+        else:
+            self._hand_over(results, encoded, arena)
 
     def _store(self, results: list[tuple[int, Buffer | None, int]], encoded: list[Any]) -> None:
         for i, ready, position in results:
@@ -280,3 +318,24 @@ class _ChunkWrite:
                 setter.delete_sync()
             else:
                 setter.set_sync(ready)
+
+    def _hand_over(
+        self, results: list[tuple[int, Buffer | None, int]], encoded: list[Any], arena: np.ndarray
+    ) -> None:
+        """Give the group's stores to the IO threads, as one parcel that
+        pins ``arena`` (its encoded chunks are views into it) until the last
+        file is written."""
+        assert self.writes is not None
+        with self.writes.parcel(arena.nbytes, lambda: buffers.give(arena)) as parcel:
+            for i, ready, position in results:
+                setter = self.batch[i][0]
+                stored: Any = ready
+                if position >= 0:
+                    result = encoded[position]
+                    stored = None if result is False else result  # False: all fill value
+                elif ready is not None:
+                    stored = ready.as_numpy_array()
+                if stored is None:
+                    parcel.store(setter.delete_sync)
+                else:
+                    parcel.store(write_parts, self._path(setter), [stored])
