@@ -126,15 +126,16 @@ class _ShardJob:
     payloads: list[Any]
     #: the pooled buffer the stored shard was read into, if any
     buffer: np.ndarray | None
-    #: the pooled buffer the new inner chunks are encoded into
-    arena: np.ndarray
+    #: the pooled buffer the new inner chunks are encoded into (None: none
+    #: is encoded)
+    arena: np.ndarray | None
     encoding: Any
     #: linear indices of the inner chunks queued in ``encoding``, in order
     queued: list[int] = field(default_factory=list)
 
     def pinned(self) -> int:
         """The bytes this shard holds until it is written."""
-        return self.arena.nbytes + (0 if self.buffer is None else self.buffer.nbytes)
+        return sum(b.nbytes for b in (self.arena, self.buffer) if b is not None)
 
     def release(self) -> None:
         self.payloads = []
@@ -386,8 +387,10 @@ class ShardWriter:
         else:
             payloads, buffer = self._load(setter, spec, grid, ctx.prefix)
         # the encoded inner chunks live in a reused buffer until `_finish`
-        # has written the shard (its results are views into it)
-        arena = buffers.take(len(items) * chain.encode_bound(ctx.layout.nbytes))
+        # has written the shard (its results are views into it); a scalar's
+        # whole inner chunks share one payload and need none
+        queued = sum(not whole for *_, whole in items) if ctx.scalar else len(items)
+        arena = buffers.take(queued * chain.encode_bound(ctx.layout.nbytes)) if queued else None
         encoding = chain.encode_batch(len(items), len(self.inner_shape), ctx.describe, arena)
         if ctx.empty_pattern is not None:
             encoding.set_fill(ctx.empty_pattern)
