@@ -51,6 +51,16 @@ __all__ = ["ChunkWriter", "NativeChunkWriter", "PartialEncodeWriter"]
 #: most chunks one group encodes before handing its files to the IO threads
 #: (the IO threads start on a group's files while the next one encodes)
 WRITE_GROUP = 32
+#: most chunk files one IO request writes
+MAX_FILES_PER_STORE = 16
+
+
+def files_per_store(n: int, io_concurrency: int) -> int:
+    """Chunk files per IO request for a write of ``n`` files: about four
+    requests per IO thread, so a slow filesystem still has every thread
+    busy, and several files per request where there are many, so a hot page
+    cache does not pay a hand-off between threads for every file."""
+    return max(1, min(MAX_FILES_PER_STORE, -(-n // (4 * io_concurrency))))
 
 
 class ChunkWriter:
@@ -146,6 +156,7 @@ class NativeChunkWriter:
         groups = partition(len(batch), max_workers, max_group=WRITE_GROUP)
         with Writes(io_concurrency) as writes:
             job.writes = writes
+            job.files_per_store = files_per_store(len(batch), io_concurrency)
             run_parallel(job.write_group, groups, max_workers)
 
 
@@ -183,6 +194,7 @@ class _ChunkWrite:
             make_parents(self.prefix, batch)
         #: the IO threads' stores of this write, when they do the file IO
         self.writes: Writes | None = None
+        self.files_per_store = 1
 
     def _path(self, key: Any) -> bytes | None:
         return None if self.prefix is None else self.prefix + os.fsencode(key.path)
@@ -324,18 +336,28 @@ class _ChunkWrite:
     ) -> None:
         """Give the group's stores to the IO threads, as one parcel that
         pins ``arena`` (its encoded chunks are views into it) until the last
-        file is written."""
+        file is written; `files_per_store` files go to one IO request."""
         assert self.writes is not None
+        stores: list[tuple[Any, ...]] = []
+        for i, ready, position in results:
+            setter = self.batch[i][0]
+            stored: Any = ready
+            if position >= 0:
+                result = encoded[position]
+                stored = None if result is False else result  # False: all fill value
+            elif ready is not None:
+                stored = ready.as_numpy_array()
+            if stored is None:
+                stores.append((setter.delete_sync,))
+            else:
+                stores.append((write_parts, self._path(setter), [stored]))
+        step = self.files_per_store
         with self.writes.parcel(arena.nbytes, lambda: buffers.give(arena)) as parcel:
-            for i, ready, position in results:
-                setter = self.batch[i][0]
-                stored: Any = ready
-                if position >= 0:
-                    result = encoded[position]
-                    stored = None if result is False else result  # False: all fill value
-                elif ready is not None:
-                    stored = ready.as_numpy_array()
-                if stored is None:
-                    parcel.store(setter.delete_sync)
-                else:
-                    parcel.store(write_parts, self._path(setter), [stored])
+            for start in range(0, len(stores), step):
+                parcel.store(_run_stores, stores[start : start + step])
+
+
+def _run_stores(stores: list[tuple[Any, ...]]) -> None:
+    """Several stores, one after another, in one IO request."""
+    for fn, *args in stores:
+        fn(*args)
