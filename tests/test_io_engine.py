@@ -1013,6 +1013,11 @@ def test_writes_go_through_the_io_threads_and_match_zarr(
         monkeypatch.setattr(shard_write, "write_parts", spy(shard_write.write_parts))
         monkeypatch.setattr(shard_write.ShardWriter, "_load", spy(shard_write.ShardWriter._load))
         monkeypatch.setattr(LocalStore, "delete_sync", spy(LocalStore.delete_sync))
+        writer = arr._async_array.codec_pipeline.plan.writer
+        if hasattr(writer, "seconds_per_file"):
+            # through the IO threads, however fast the files were stored
+            # (the writer otherwise stores fast files from the compute threads)
+            writer.seconds_per_file = None
         apply_write(arr, write, new)
     assert _files(tmp_path / "fused") == _files(tmp_path / "zarr")
     assert threads, "no file was written, read or deleted"
@@ -1244,3 +1249,28 @@ def test_stress_thousands_of_writes_under_latency_leave_nothing(
         np.testing.assert_array_equal(zarr.open_array(LocalStore(root), mode="r")[...], expected)
     assert sorted(p.name for p in root.rglob("*.partial")) == []
     assert_nothing_left(result)
+
+
+def test_fast_chunk_files_are_written_by_the_compute_threads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import time
+
+    import zarr_fused.chunks.write as chunk_write
+
+    rng = np.random.default_rng(46)
+    old = rng.integers(-(2**20), 2**20, size=SHAPE, dtype="int32")
+    stored: list[str] = []
+
+    def spy(*args: Any) -> None:
+        stored.append(threading.current_thread().name)
+
+    with with_pipeline(FUSED), zarr.config.set({"codec_pipeline.max_workers": 2}):
+        arr = _create_for_write(tmp_path / "fused", "chunked", old)
+        writer = arr._async_array.codec_pipeline.plan.writer
+        writer.seconds_per_file = chunk_write.FAST_STORE / 2  # measured fast just now
+        writer.probed = time.monotonic()
+        monkeypatch.setattr(chunk_write, "write_parts", spy)
+        arr[...] = old + 1
+        np.testing.assert_array_equal(arr[...], old + 1)
+    assert stored == []  # the encode kernel wrote the files itself

@@ -15,7 +15,9 @@ On a `zarr.storage.LocalStore` with IO threads (``io_concurrency`` > 1),
 each group is encoded into a pooled arena and its files are written (or,
 left empty, deleted) by the IO threads as one `zarr_fused.io.engine.Parcel`,
 while the compute thread encodes the next group: a rename that blocks on
-the filesystem no longer holds up encoding. Otherwise the encode kernel
+the filesystem no longer holds up encoding. Otherwise, and while the IO
+threads found the files fast to store (`FAST_STORE`: a hot tmpfs or local
+disk, where the hand-off costs more than it saves), the encode kernel
 writes each file itself, inside its nogil call.
 """
 
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -53,6 +56,13 @@ __all__ = ["ChunkWriter", "NativeChunkWriter", "PartialEncodeWriter"]
 WRITE_GROUP = 32
 #: most chunk files one IO request writes
 MAX_FILES_PER_STORE = 16
+#: chunk files the IO threads store faster than this (seconds per file) are
+#: on a fast local disk or tmpfs, where handing each group to another thread
+#: costs more CPU than the rename blocks: the compute threads then write
+#: their files themselves (inside the encode call) for `PROBE_INTERVAL`
+#: seconds, after which the IO threads measure again
+FAST_STORE = 100e-6
+PROBE_INTERVAL = 1.0
 
 
 def files_per_store(n: int, io_concurrency: int) -> int:
@@ -136,6 +146,20 @@ class NativeChunkWriter:
     def __init__(self, chain: NativeChain) -> None:
         self.chain = chain
         self.generic = ChunkWriter(chain)
+        #: the fastest a chunk file was stored by the IO threads, per file
+        #: (seconds; None: not measured), and when
+        self.seconds_per_file: float | None = None
+        self.probed = 0.0
+
+    def _behind(self) -> bool:
+        """Whether the IO threads store this write's files (see the module
+        docstring): not while the files were recently stored fast."""
+        seen = self.seconds_per_file
+        return not (
+            seen is not None
+            and seen < FAST_STORE
+            and time.monotonic() - self.probed < PROBE_INTERVAL
+        )
 
     def write(
         self,
@@ -150,7 +174,7 @@ class NativeChunkWriter:
             return
         job = _ChunkWrite(self.chain, batch, value, drop_axes)
         io_concurrency = resolve_io_concurrency() if job.prefix is not None else 1
-        if io_concurrency <= 1 or io_kernels is None:
+        if io_concurrency <= 1 or io_kernels is None or not self._behind():
             run_parallel(job.write_group, partition(len(batch), max_workers), max_workers)
             return
         groups = partition(len(batch), max_workers, max_group=WRITE_GROUP)
@@ -158,6 +182,9 @@ class NativeChunkWriter:
             job.writes = writes
             job.files_per_store = files_per_store(len(batch), io_concurrency)
             run_parallel(job.write_group, groups, max_workers)
+        if job.fastest != float("inf"):
+            self.seconds_per_file = job.fastest
+            self.probed = time.monotonic()
 
 
 #: what one chunk of a write comes to before the encode kernel runs: bytes
@@ -195,6 +222,8 @@ class _ChunkWrite:
         #: the IO threads' stores of this write, when they do the file IO
         self.writes: Writes | None = None
         self.files_per_store = 1
+        #: the fastest IO request of this write, in seconds per file
+        self.fastest = float("inf")
 
     def _path(self, key: Any) -> bytes | None:
         return None if self.prefix is None else self.prefix + os.fsencode(key.path)
@@ -354,10 +383,12 @@ class _ChunkWrite:
         step = self.files_per_store
         with self.writes.parcel(arena.nbytes, lambda: buffers.give(arena)) as parcel:
             for start in range(0, len(stores), step):
-                parcel.store(_run_stores, stores[start : start + step])
+                parcel.store(self._run_stores, stores[start : start + step])
 
-
-def _run_stores(stores: list[tuple[Any, ...]]) -> None:
-    """Several stores, one after another, in one IO request."""
-    for fn, *args in stores:
-        fn(*args)
+    def _run_stores(self, stores: list[tuple[Any, ...]]) -> None:
+        """Several stores, one after another, in one IO request (timed)."""
+        began = time.perf_counter()
+        for fn, *args in stores:
+            fn(*args)
+        # a lost update between two IO threads only loses one sample
+        self.fastest = min(self.fastest, (time.perf_counter() - began) / len(stores))
