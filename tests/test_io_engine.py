@@ -36,6 +36,7 @@ from zarr_fused.io.engine import (
     Writes,
     resolve_io_concurrency,
     run_pipelined,
+    write_window,
 )
 from zarr_fused.shard.pipelined import FAST_CALL
 
@@ -1274,3 +1275,39 @@ def test_fast_chunk_files_are_written_by_the_compute_threads(
         arr[...] = old + 1
         np.testing.assert_array_equal(arr[...], old + 1)
     assert stored == []  # the encode kernel wrote the files itself
+
+
+@pytest.mark.parametrize(
+    ("io", "expected"),
+    [
+        pytest.param(1, 1, id="io-1"),
+        pytest.param(4, 4, id="io-4"),
+        pytest.param(32, 8, id="io-32"),
+        pytest.param(128, 32, id="io-128"),
+    ],
+)
+def test_write_window(io: int, expected: int) -> None:
+    assert write_window(io) == expected
+
+
+def test_store_requests_in_flight_stay_within_the_window() -> None:
+    lock = threading.Lock()
+    running = [0, 0]  # now, most
+
+    def store(i: int) -> None:
+        with lock:
+            running[0] += 1
+            running[1] = max(running[1], running[0])
+        threading.Event().wait(0.002)
+        with lock:
+            running[0] -= 1
+
+    with Writes(32) as writes:
+        assert writes.window == 8
+        for start in range(0, 200, 20):
+            with writes.parcel(1) as parcel:
+                for i in range(start, start + 20):
+                    parcel.store(store, i)
+    assert running[0] == 0
+    assert 1 <= running[1] <= 8
+    assert writes.requests == 0

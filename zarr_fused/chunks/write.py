@@ -35,7 +35,7 @@ from zarr_fused._dtypes import empty, empty_rule_pattern
 from zarr_fused._native import io_kernels
 from zarr_fused._pool import partition, run_parallel
 from zarr_fused.chunks.merge import merge_and_encode, merge_owned
-from zarr_fused.io.engine import Writes, resolve_io_concurrency
+from zarr_fused.io.engine import Writes, resolve_io_concurrency, write_window
 from zarr_fused.io.local import local_files, make_parents, write_parts
 from zarr_fused.shard.buffers import buffers
 
@@ -65,12 +65,13 @@ FAST_STORE = 100e-6
 PROBE_INTERVAL = 1.0
 
 
-def files_per_store(n: int, io_concurrency: int) -> int:
-    """Chunk files per IO request for a write of ``n`` files: about four
-    requests per IO thread, so a slow filesystem still has every thread
-    busy, and several files per request where there are many, so a hot page
-    cache does not pay a hand-off between threads for every file."""
-    return max(1, min(MAX_FILES_PER_STORE, -(-n // (4 * io_concurrency))))
+def files_per_store(n: int, window: int) -> int:
+    """Chunk files per IO request for a write of ``n`` files with ``window``
+    requests in flight (`zarr_fused.io.engine.write_window`): about four
+    requests per place in the window, so a slow filesystem still has every
+    place busy, and several files per request where there are many, so a
+    hot page cache does not pay a hand-off between threads for every file."""
+    return max(1, min(MAX_FILES_PER_STORE, -(-n // (4 * window))))
 
 
 class ChunkWriter:
@@ -180,7 +181,7 @@ class NativeChunkWriter:
         groups = partition(len(batch), max_workers, max_group=WRITE_GROUP)
         with Writes(io_concurrency) as writes:
             job.writes = writes
-            job.files_per_store = files_per_store(len(batch), io_concurrency)
+            job.files_per_store = files_per_store(len(batch), write_window(io_concurrency))
             run_parallel(job.write_group, groups, max_workers)
         if job.fastest != float("inf"):
             self.seconds_per_file = job.fastest
