@@ -902,32 +902,34 @@ def test_first_failed_store_stops_the_batch_and_releases_every_parcel() -> None:
 
 
 def test_an_encode_error_skips_the_queued_stores() -> None:
-    # every IO thread busy with a store that lasts until the batch stopped,
-    # and five more stores queued behind them
-    _io_engine.io_threads(1)
+    # every IO thread busy (another batch's work) until this batch stopped,
+    # so its five stores are still queued when its encoding fails
+    writes = Writes(32)
     busy = _io_engine._io_size
     started = threading.Semaphore(0)
     stored: list[int] = []
     released: list[int] = []
 
-    def store(i: int, writes: Writes) -> None:
+    def other_work() -> None:
         started.release()
-        deadline = threading.Event()
+        pause = threading.Event()
         for _ in range(int(WAIT / 0.001)):
             if writes.stopped:
-                break
-            deadline.wait(0.001)
-        stored.append(i)
+                return
+            pause.wait(0.001)
 
-    with pytest.raises(ValueError, match="encode failed"), Writes(1) as writes:
-        for i in range(busy + 5):
+    blockers = [writes.pool.submit(other_work) for _ in range(busy)]
+    for _ in range(busy):
+        assert started.acquire(timeout=WAIT)
+    with pytest.raises(ValueError, match="encode failed"), writes:
+        for i in range(5):
             with writes.parcel(1, functools.partial(released.append, i)) as parcel:
-                parcel.store(store, i, writes)
-        for _ in range(busy):
-            assert started.acquire(timeout=WAIT)
+                parcel.store(stored.append, i)
         raise ValueError("encode failed")
-    assert len(stored) == busy  # the five queued were skipped
-    assert sorted(released) == list(range(busy + 5))
+    for blocker in blockers:
+        blocker.result(timeout=WAIT)
+    assert stored == []  # all five were skipped
+    assert sorted(released) == list(range(5))
 
 
 # -- writes through zarr: who does the file IO, and what lands on disk --------------------
