@@ -57,11 +57,13 @@ WRITE_GROUP = 32
 #: most chunk files one IO request writes
 MAX_FILES_PER_STORE = 16
 #: chunk files the IO threads store faster than this (seconds per file) are
-#: on a fast local disk or tmpfs, where handing each group to another thread
-#: costs more CPU than the rename blocks: the compute threads then write
-#: their files themselves (inside the encode call) for `PROBE_INTERVAL`
-#: seconds, after which the IO threads measure again
-FAST_STORE = 100e-6
+#: on a local disk or tmpfs, not a network filesystem (where a file costs
+#: three or four round trips of 0.2-2 ms): there the IO threads' creates
+#: and renames cost 10-30% more CPU than the compute threads', for the same
+#: wall time (docs/io-layer.md), so the compute threads write their files
+#: themselves (inside the encode call) for `PROBE_INTERVAL` seconds, after
+#: which the IO threads measure again
+FAST_STORE = 500e-6
 PROBE_INTERVAL = 1.0
 
 
