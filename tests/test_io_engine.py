@@ -13,6 +13,7 @@ is the oracle.
 from __future__ import annotations
 
 import errno
+import functools
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,8 +33,10 @@ from zarr_fused.io.engine import (
     DEFAULT_IO_CONCURRENCY,
     IO_CONCURRENCY_CAP,
     IO_CONCURRENCY_KEY,
+    Writes,
     resolve_io_concurrency,
     run_pipelined,
+    write_window,
 )
 from zarr_fused.shard.pipelined import FAST_CALL
 
@@ -803,3 +806,510 @@ def test_sharded_stress_many_reads_under_latency_leave_nothing(
         expected = eval(expression, {"arr": data, "np": np})
         np.testing.assert_array_equal(np.load(tmp_path / f"result-{i}.npy"), expected)
     assert_nothing_left(result)
+
+
+# -- writes behind the compute threads: the engine, in-process ---------------------------
+
+
+def test_write_parcels_hold_at_most_the_budget() -> None:
+    rng = np.random.default_rng(40)
+    costs = [int(c) for c in rng.integers(1, 40, size=200)]
+    budget = 100
+    lock = threading.Lock()
+    held = [0, 0]  # now, most
+    released: list[int] = []
+
+    def release(i: int) -> None:
+        with lock:
+            held[0] -= costs[i]
+            released.append(i)
+
+    def store(i: int) -> None:
+        threading.Event().wait(0.001)  # in flight a little, like a rename
+
+    with Writes(8, budget=budget) as writes:
+        for i, cost in enumerate(costs):
+            parcel = writes.parcel(cost, functools.partial(release, i))
+            with lock:
+                held[0] += cost
+                held[1] = max(held[1], held[0])
+            with parcel:
+                parcel.store(store, i)
+    assert sorted(released) == list(range(200))
+    assert held == [0, held[1]]
+    assert 0 < held[1] <= budget
+    assert writes.parcels == 0 and writes.held == 0
+
+
+def test_one_parcel_larger_than_the_budget_still_goes() -> None:
+    stored: list[int] = []
+    with Writes(4, budget=100) as writes:
+        for i in range(2):
+            with writes.parcel(500) as parcel:
+                parcel.store(stored.append, i)
+    assert sorted(stored) == [0, 1]
+
+
+def test_stores_run_while_the_next_parcel_is_made() -> None:
+    # parcel 0's store cannot finish until parcel 1 exists: a writer that
+    # waited for each store before encoding the next would stall
+    made_1 = threading.Event()
+    order: list[str] = []
+
+    def store(i: int) -> None:
+        if i == 0:
+            assert made_1.wait(WAIT), "parcel 1 was not made while parcel 0 was stored"
+        order.append(f"stored {i}")
+
+    with Writes(2) as writes:
+        for i in range(2):
+            with writes.parcel(1) as parcel:
+                parcel.store(store, i)
+                if i == 1:
+                    made_1.set()
+    assert sorted(order) == ["stored 0", "stored 1"]
+
+
+def test_first_failed_store_stops_the_batch_and_releases_every_parcel() -> None:
+    n = 400
+    failing = 3
+    lock = threading.Lock()
+    stored: list[int] = []
+    released: list[int] = []
+    made: list[int] = []
+
+    def store(i: int) -> None:
+        if i == failing:
+            raise OSError(errno.EIO, "injected", f"key-{i}")
+        threading.Event().wait(0.001)
+        with lock:
+            stored.append(i)
+
+    before = _snapshot()
+    with pytest.raises(OSError, match="key-3") as info, Writes(4, budget=8) as writes:
+        for i in range(n):
+            with writes.parcel(1, functools.partial(released.append, i)) as parcel:
+                made.append(i)
+                parcel.store(store, i)
+    assert info.value.errno == errno.EIO
+    assert failing not in stored
+    assert len(made) < n  # the producer stopped at its next hand-off
+    assert sorted(released) == made + [len(made)]  # and the refused parcel released too
+    assert writes.parcels == 0 and writes.held == 0
+    threads, fds = _snapshot()
+    assert fds == before[1]
+    assert threads <= before[0] | {t for t in threads if t.startswith("zarr_fused")}
+
+
+def test_an_encode_error_skips_the_queued_stores() -> None:
+    # every IO thread busy (another batch's work) until this batch stopped,
+    # so its five stores are still queued when its encoding fails
+    writes = Writes(32)
+    busy = _io_engine._io_size
+    started = threading.Semaphore(0)
+    stored: list[int] = []
+    released: list[int] = []
+
+    def other_work() -> None:
+        started.release()
+        pause = threading.Event()
+        for _ in range(int(WAIT / 0.001)):
+            if writes.stopped:
+                return
+            pause.wait(0.001)
+
+    blockers = [writes.pool.submit(other_work) for _ in range(busy)]
+    for _ in range(busy):
+        assert started.acquire(timeout=WAIT)
+    with pytest.raises(ValueError, match="encode failed"), writes:
+        for i in range(5):
+            with writes.parcel(1, functools.partial(released.append, i)) as parcel:
+                parcel.store(stored.append, i)
+        raise ValueError("encode failed")
+    for blocker in blockers:
+        blocker.result(timeout=WAIT)
+    assert stored == []  # all five were skipped
+    assert sorted(released) == list(range(5))
+
+
+# -- writes through zarr: who does the file IO, and what lands on disk --------------------
+
+WRITE_LAYOUTS = {
+    "chunked": {"chunks": (8, 8), "compressors": BloscCodec(cname="lz4", clevel=1)},
+    "sharded": {"chunks": SHARD, "shards_inner": INNER},
+}
+# A write: ((rows, columns), fill): the box gets ``new``'s values there, or
+# the scalar ``fill`` when not None.
+ALL = ((0, 64), (0, 64))
+PARTIAL = ((3, 61), (5, 40))
+# (layout, write): whole files, a part of each file (the stored chunk or
+# shard is read first), a region spanning two shards only (few shards: each
+# spread over the compute threads), and fill values that leave keys empty
+# (deleted)
+WRITES = [
+    pytest.param("chunked", (ALL, None), id="chunked-whole"),
+    pytest.param("chunked", (PARTIAL, None), id="chunked-partial"),
+    pytest.param("chunked", (((8, 40), (0, 64)), 7), id="chunked-emptied"),
+    pytest.param("sharded", (ALL, None), id="sharded-whole"),
+    pytest.param("sharded", (PARTIAL, None), id="sharded-partial"),
+    pytest.param("sharded", (((18, 30), (2, 30)), None), id="sharded-few"),
+    pytest.param("sharded", (((16, 48), (0, 64)), 7), id="sharded-emptied"),
+]
+
+
+def apply_write(arr: Any, write: Any, new: np.ndarray) -> None:
+    """Do ``write`` (see WRITES) on ``arr`` (a zarr or a NumPy array)."""
+    box, fill = write
+    selection = tuple(slice(a, b) for a, b in box)
+    arr[selection] = new[selection] if fill is None else fill
+
+
+def _create_for_write(root: Path, layout: str, data: np.ndarray) -> Any:
+    options = dict(WRITE_LAYOUTS[layout])
+    if "shards_inner" in options:
+        inner = options.pop("shards_inner")
+        options = {
+            "chunks": inner,
+            "shards": options["chunks"],
+            "compressors": ZstdCodec(level=1),
+        }
+    arr = zarr.create_array(
+        LocalStore(root), shape=SHAPE, dtype=data.dtype, fill_value=7, **options
+    )
+    arr[...] = data
+    return arr
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    return {
+        p.relative_to(root).as_posix(): p.read_bytes()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and p.name != "zarr.json"
+    }
+
+
+@pytest.mark.parametrize(("layout", "write"), WRITES)
+def test_writes_go_through_the_io_threads_and_match_zarr(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, layout: str, write: Any
+) -> None:
+    import zarr_fused.chunks.write as chunk_write
+    import zarr_fused.shard.write as shard_write
+
+    rng = np.random.default_rng(41)
+    old = rng.integers(-(2**20), 2**20, size=SHAPE, dtype="int32")
+    new = old + rng.integers(1, 1000, size=SHAPE, dtype="int32")
+    with with_pipeline(BATCHED):
+        _create_for_write(tmp_path / "zarr", layout, old)
+        apply_write(zarr.open_array(LocalStore(tmp_path / "zarr")), write, new)
+    threads: list[str] = []
+
+    def spy(fn: Any) -> Any:
+        def wrapped(*args: Any, **kwargs: Any) -> Any:
+            threads.append(threading.current_thread().name)
+            return fn(*args, **kwargs)
+
+        return wrapped
+
+    with with_pipeline(FUSED), zarr.config.set({"codec_pipeline.max_workers": 2}):
+        arr = _create_for_write(tmp_path / "fused", layout, old)
+        monkeypatch.setattr(chunk_write, "write_parts", spy(chunk_write.write_parts))
+        monkeypatch.setattr(shard_write, "write_parts", spy(shard_write.write_parts))
+        monkeypatch.setattr(shard_write.ShardWriter, "_load", spy(shard_write.ShardWriter._load))
+        monkeypatch.setattr(LocalStore, "delete_sync", spy(LocalStore.delete_sync))
+        writer = arr._async_array.codec_pipeline.plan.writer
+        if hasattr(writer, "seconds_per_file"):
+            # through the IO threads, however fast the files were stored
+            # (the writer otherwise stores fast files from the compute threads)
+            writer.seconds_per_file = None
+        apply_write(arr, write, new)
+    assert _files(tmp_path / "fused") == _files(tmp_path / "zarr")
+    assert threads, "no file was written, read or deleted"
+    assert all(name.startswith("zarr_fused-fileio") for name in threads), threads
+
+
+def test_io_concurrency_1_writes_on_the_compute_threads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import zarr_fused.shard.write as shard_write
+
+    rng = np.random.default_rng(42)
+    old = rng.integers(-(2**20), 2**20, size=SHAPE, dtype="int32")
+    threads: list[str] = []
+    write_parts = shard_write.write_parts
+
+    def spy(*args: Any) -> None:
+        threads.append(threading.current_thread().name)
+        write_parts(*args)
+
+    config = {"codec_pipeline.max_workers": 2, IO_CONCURRENCY_KEY: 1}
+    with with_pipeline(FUSED), zarr.config.set(config):
+        arr = _create_for_write(tmp_path / "fused", "sharded", old)
+        monkeypatch.setattr(shard_write, "write_parts", spy)
+        arr[3:61, 5:40] = old[3:61, 5:40] + 1
+    assert threads
+    assert not any(name.startswith("zarr_fused-fileio") for name in threads), threads
+
+
+# -- write faults in flight, with the shim in a child ------------------------------------
+
+# Runs in the child: one write through zarr_fused (IO threads on), with the
+# threads and descriptors before (after a warm-up write) and after.
+WRITE = r"""
+import os, threading
+import numpy as np, zarr
+from zarr.storage import LocalStore
+from zarr_fused import _pool
+from zarr_fused.io import engine as _io_engine
+
+def snapshot():
+    return (sorted([t.ident, t.name] for t in threading.enumerate()),
+            sorted(os.listdir("/proc/self/fd")))
+
+def fill(pool, n):
+    barrier = threading.Barrier(n + 1)
+    futures = [pool.submit(barrier.wait, 30) for _ in range(n)]
+    barrier.wait(30)
+    for f in futures:
+        f.result()
+
+config = {"codec_pipeline.path": "zarr_fused.FusedCodecPipeline",
+          "codec_pipeline.max_workers": args["workers"],
+          "codec_pipeline.io_concurrency": args["io"]}
+with zarr.config.set(config):
+    arr = zarr.open_array(LocalStore(args["root"]), mode="r+")
+    new = np.load(args["value"])
+    arr[0:1, 0:1] = arr[0:1, 0:1]
+    fill(_io_engine.io_threads(args["io"]), _io_engine._io_size)
+    if args["workers"] > 1:
+        fill(_pool.get_pool(args["workers"] - 1), _pool.pool_size())
+    hop = _pool._hop_executor()
+    fill(hop, hop._max_workers)
+    before = snapshot()
+    outcome = None
+    try:
+        for box, fill in args["writes"]:
+            sel = tuple(slice(a, b) for a, b in box)
+            arr[sel] = new[sel] if fill is None else fill
+    except Exception as e:
+        outcome = {"type": type(e).__name__, "errno": getattr(e, "errno", None),
+                   "message": str(e)}
+    result = {"before": before, "after": snapshot(), "error": outcome}
+"""
+
+WRITE_TARGET = "c/1/2"  # a chunk file (rows 8:16, columns 16:24) or a shard (16:32, 32:48)
+WRITE_FAULTS = [
+    pytest.param("create", "EACCES", id="create-EACCES"),
+    pytest.param("write", "ENOSPC", id="writev-ENOSPC"),
+    pytest.param("rename", "EIO", id="rename-EIO"),
+]
+FAULTED_WRITES = [
+    pytest.param("chunked", (ALL, None), id="chunked-whole"),
+    pytest.param("sharded", (ALL, None), id="sharded-whole"),
+    pytest.param("sharded", (PARTIAL, None), id="sharded-partial"),
+]
+
+
+def run_write(
+    child: FaultyChild,
+    tmp_path: Path,
+    root: Path,
+    writes: list[Any],
+    new: np.ndarray,
+    *,
+    io: int = 8,
+    **faults: object,
+) -> dict[str, Any]:
+    np.save(tmp_path / "new.npy", new)
+    args = {
+        "root": str(root),
+        "workers": 2,
+        "io": io,
+        "writes": writes,
+        "value": str(tmp_path / "new.npy"),
+    }
+    answer = child.run(WRITE, args, **faults)
+    assert answer["ok"], answer.get("traceback")
+    result: dict[str, Any] = answer["result"]
+    return result
+
+
+def assert_write_fault_left_old_or_new(
+    result: dict[str, Any], number: int, root: Path, old: np.ndarray, new: np.ndarray
+) -> None:
+    """The fault surfaced naming the target; no thread, descriptor or
+    temporary file was left; the target still holds the old data and every
+    file is whole (old or new), as zarr reads it and as zarr_fused does."""
+    assert result["error"] is not None, "the fault did not surface"
+    assert result["error"]["errno"] == number, result["error"]
+    assert WRITE_TARGET in result["error"]["message"], result["error"]
+    assert_nothing_left(result)
+    assert sorted(p.name for p in root.rglob("*.partial")) == []
+    with with_pipeline(BATCHED):
+        stored = zarr.open_array(LocalStore(root), mode="r")
+        chunks = stored.shards or stored.chunks
+        stored = stored[...]
+    i, j = (int(p) for p in WRITE_TARGET.split("/")[1:])
+    target = (slice(i * chunks[0], (i + 1) * chunks[0]), slice(j * chunks[1], (j + 1) * chunks[1]))
+    np.testing.assert_array_equal(stored[target], old[target])
+    for a in range(0, SHAPE[0], chunks[0]):
+        for b in range(0, SHAPE[1], chunks[1]):
+            box = (slice(a, a + chunks[0]), slice(b, b + chunks[1]))
+            assert np.array_equal(stored[box], old[box]) or np.array_equal(stored[box], new[box])
+    with with_pipeline(FUSED):
+        np.testing.assert_array_equal(zarr.open_array(LocalStore(root), mode="r")[...], stored)
+
+
+@pytest.mark.parametrize(("layout", "write"), FAULTED_WRITES)
+@pytest.mark.parametrize(("ops", "code"), WRITE_FAULTS)
+def test_write_fault_in_flight_names_the_key_and_leaves_nothing(
+    tmp_path: Path, shim_child: FaultyChild, layout: str, write: Any, ops: str, code: str
+) -> None:
+    root = tmp_path / "arr"
+    rng = np.random.default_rng(43)
+    old = rng.integers(-(2**20), 2**20, size=SHAPE, dtype="int32")
+    new = old + rng.integers(1, 1000, size=SHAPE, dtype="int32")
+    with with_pipeline(BATCHED):
+        _create_for_write(root, layout, old)
+    number = getattr(errno, code)
+    result = run_write(
+        shim_child,
+        tmp_path,
+        root,
+        [write],
+        new,
+        marker=root / WRITE_TARGET,
+        ops=ops,
+        errno=number,
+    )
+    expected = old.copy()
+    apply_write(expected, write, new)
+    assert_write_fault_left_old_or_new(result, number, root, old, expected)
+
+
+def test_partial_shard_update_read_fault_names_the_key_and_leaves_nothing(
+    tmp_path: Path, shim_child: FaultyChild
+) -> None:
+    root = tmp_path / "arr"
+    rng = np.random.default_rng(44)
+    old = rng.integers(-(2**20), 2**20, size=SHAPE, dtype="int32")
+    new = old + rng.integers(1, 1000, size=SHAPE, dtype="int32")
+    with with_pipeline(BATCHED):
+        _create_for_write(root, "sharded", old)
+    result = run_write(
+        shim_child,
+        tmp_path,
+        root,
+        [(PARTIAL, None)],
+        new,
+        marker=root / WRITE_TARGET,
+        ops="read",
+        errno=errno.EIO,
+    )
+    expected = old.copy()
+    apply_write(expected, (PARTIAL, None), new)
+    assert_write_fault_left_old_or_new(result, errno.EIO, root, old, expected)
+
+
+@pytest.mark.parametrize("layout", list(WRITE_LAYOUTS))
+def test_stress_thousands_of_writes_under_latency_leave_nothing(
+    tmp_path: Path, shim_child: FaultyChild, layout: str
+) -> None:
+    root = tmp_path / "arr"
+    shape = (256, 256)
+    rng = np.random.default_rng(45)
+    data = rng.integers(0, 2**30, size=shape, dtype="int32")
+    new = data ^ 0x5A5A
+    options: dict[str, Any] = (
+        {"chunks": (4, 4), "compressors": ZstdCodec(level=1)}  # 4096 chunk files
+        if layout == "chunked"
+        else {"chunks": (4, 4), "shards": (16, 16), "compressors": ZstdCodec(level=1)}  # 256 shards
+    )
+    with with_pipeline(BATCHED):
+        zarr.create_array(LocalStore(root), shape=shape, dtype="int32", fill_value=0, **options)[
+            ...
+        ] = data
+    # whole files, then emptied ones (deleted), then a part of each file,
+    # emptied ones included (read, found missing)
+    writes = [(((0, 256), (0, 256)), None), (((64, 128), (0, 256)), 0)]
+    writes.append((((5, 250), (7, 200)), None))
+    result = run_write(
+        shim_child,
+        tmp_path,
+        root,
+        writes,
+        new,
+        io=64,
+        marker=root,
+        ops="create,write,rename,open,read",
+        mode="delay",
+        delay_us=50,
+    )
+    assert result["error"] is None, result["error"]
+    expected = data.copy()
+    for write in writes:
+        apply_write(expected, write, new)
+    with with_pipeline(BATCHED):
+        np.testing.assert_array_equal(zarr.open_array(LocalStore(root), mode="r")[...], expected)
+    assert sorted(p.name for p in root.rglob("*.partial")) == []
+    assert_nothing_left(result)
+
+
+def test_fast_chunk_files_are_written_by_the_compute_threads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import time
+
+    import zarr_fused.chunks.write as chunk_write
+
+    rng = np.random.default_rng(46)
+    old = rng.integers(-(2**20), 2**20, size=SHAPE, dtype="int32")
+    stored: list[str] = []
+
+    def spy(*args: Any) -> None:
+        stored.append(threading.current_thread().name)
+
+    with with_pipeline(FUSED), zarr.config.set({"codec_pipeline.max_workers": 2}):
+        arr = _create_for_write(tmp_path / "fused", "chunked", old)
+        writer = arr._async_array.codec_pipeline.plan.writer
+        writer.seconds_per_file = chunk_write.FAST_STORE / 2  # measured fast just now
+        writer.probed = time.monotonic()
+        monkeypatch.setattr(chunk_write, "write_parts", spy)
+        arr[...] = old + 1
+        np.testing.assert_array_equal(arr[...], old + 1)
+    assert stored == []  # the encode kernel wrote the files itself
+
+
+@pytest.mark.parametrize(
+    ("io", "expected"),
+    [
+        pytest.param(1, 1, id="io-1"),
+        pytest.param(4, 4, id="io-4"),
+        pytest.param(32, 8, id="io-32"),
+        pytest.param(128, 32, id="io-128"),
+    ],
+)
+def test_write_window(io: int, expected: int) -> None:
+    assert write_window(io) == expected
+
+
+def test_store_requests_in_flight_stay_within_the_window() -> None:
+    lock = threading.Lock()
+    running = [0, 0]  # now, most
+
+    def store(i: int) -> None:
+        with lock:
+            running[0] += 1
+            running[1] = max(running[1], running[0])
+        threading.Event().wait(0.002)
+        with lock:
+            running[0] -= 1
+
+    with Writes(32) as writes:
+        assert writes.window == 8
+        for start in range(0, 200, 20):
+            with writes.parcel(1) as parcel:
+                for i in range(start, start + 20):
+                    parcel.store(store, i)
+    assert running[0] == 0
+    assert 1 <= running[1] <= 8
+    assert writes.requests == 0

@@ -40,6 +40,25 @@ file or writes into the output; then it raises that first error (later ones
 are noted on it). Descriptors are opened and closed inside one native call,
 so none outlives its request.
 
+Writes (`Writes`) run the other way round: compute threads encode a group
+of chunks or a shard, hand its stores (temporary file, ``writev``,
+``rename``; or the delete of a key left empty) to the IO threads as one
+`Parcel`, and go on encoding the next while those run. A parcel states the
+bytes it pins (the encode arena, a shard's old and new bytes) and is
+admitted only while the parcels not yet stored stay within
+`BYTES_IN_FLIGHT`, or when none is pending (so one larger than the budget
+still goes, alone); until then the compute thread that made it waits. A
+batch also keeps at most `write_window` store requests in flight. So a
+write holds at most ``BYTES_IN_FLIGHT`` of encoded bytes waiting for the
+IO threads, plus what each compute thread is encoding (one group or one
+shard), plus, on a partial update, the stored shards read ahead (the
+``run_pipelined`` bound above). The first failed store stops the batch:
+stores not yet started are skipped (their parcels still release their
+memory), compute threads stop at their next hand-off, and the batch ends
+only once every store has run or been skipped, raising that first error.
+Each key is touched by one store per batch, and a batch returns only after
+all its stores ran, so writes and deletes of one key stay in order.
+
 Threads: the IO threads are one process-wide pool (all reads of a process
 share ``io_concurrency`` requests in flight), created on first use, grown
 when the setting grows, and reset in a forked child (executor threads do not
@@ -55,7 +74,7 @@ import queue
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, Self
 from warnings import warn
 
 from zarr.core.config import config as zarr_config
@@ -72,10 +91,14 @@ __all__ = [
     "DEFAULT_IO_CONCURRENCY",
     "IO_CONCURRENCY_CAP",
     "IO_CONCURRENCY_KEY",
+    "WRITE_WINDOW",
     "Batch",
+    "Parcel",
+    "Writes",
     "io_threads",
     "resolve_io_concurrency",
     "run_pipelined",
+    "write_window",
 ]
 
 #: Default IO requests in flight per process.
@@ -370,3 +393,166 @@ def _work_with_helpers(batch: Batch[Any, Any], workers: int) -> None:
     for helper in helpers:
         if not helper.cancelled() and helper.exception() is not None:
             raise helper.exception()  # type: ignore[misc]
+
+
+# -- writes behind the compute threads ------------------------------------------------
+
+
+#: IO requests one write batch keeps in flight, at least (see `write_window`)
+WRITE_WINDOW: Final = 8
+
+
+def write_window(io_concurrency: int) -> int:
+    """IO requests one write batch keeps in flight: a quarter of
+    ``io_concurrency``, at least `WRITE_WINDOW` (never more than
+    ``io_concurrency``). Fewer than reads: on a local ext4 disk, 32 threads
+    creating and renaming files in one directory at once cost about 35%
+    more CPU than the compute threads doing it themselves, 8 about 15%
+    (1024 blosc chunk files, docs/io-layer.md); a network filesystem
+    that wants more writes in flight gets them with a higher
+    ``io_concurrency``."""
+    return max(1, min(io_concurrency, max(WRITE_WINDOW, io_concurrency // 4)))
+
+
+class WritesStopped(Exception):
+    """Raised in a compute thread that hands over a parcel after a store of
+    its batch failed; `Writes` replaces it with that failure."""
+
+
+class Parcel:
+    """Stores that pin ``cost`` bytes until the last of them has run (see
+    `Writes.parcel`)."""
+
+    __slots__ = ("_pending", "cost", "release", "writes")
+
+    def __init__(self, writes: Writes, cost: int, release: Callable[[], None] | None) -> None:
+        self.writes = writes
+        self.cost = cost
+        self.release = release
+        self._pending = 1  # the producer's hold, until `close`
+
+    def store(self, fn: Callable[..., object], *args: Any) -> None:
+        """Run ``fn(*args)`` on an IO thread (skipped once the batch failed);
+        its errors should name the key (an OSError from ``write_parts``
+        names the file)."""
+        writes = self.writes
+        with writes.cond:
+            while writes.requests >= writes.window and not writes.stopped:
+                writes.cond.wait()
+            writes.requests += 1
+            self._pending += 1
+            index = writes.submitted
+            writes.submitted += 1
+        try:
+            writes.pool.submit(self._run, index, fn, args)
+        except BaseException:
+            writes.request_done()
+            self._done()
+            raise
+
+    def close(self) -> None:
+        """No more stores: the parcel is released once those given have run."""
+        self._done()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _run(self, index: int, fn: Callable[..., object], args: tuple[Any, ...]) -> None:
+        try:
+            if not self.writes.stopped:  # skipped once the batch failed
+                fn(*args)
+        except BaseException as exc:
+            self.writes.fail(index, exc)
+        finally:
+            self.writes.request_done()
+            self._done()
+
+    def _done(self) -> None:
+        writes = self.writes
+        with writes.cond:
+            self._pending -= 1
+            if self._pending:
+                return
+        try:
+            if self.release is not None:
+                self.release()
+        finally:
+            writes.settle(self.cost)
+
+
+class Writes:
+    """One write batch's stores, run on the IO threads behind the compute
+    threads that encode them (see the module docstring).
+
+    Use as a context manager around the encoding: on exit it waits for
+    every store and raises the first failure (by submission order).
+    """
+
+    def __init__(self, io_concurrency: int, budget: int = BYTES_IN_FLIGHT) -> None:
+        self.pool = io_threads(io_concurrency)
+        self.budget = budget
+        self.window = write_window(io_concurrency)
+        #: IO requests submitted and not yet run
+        self.requests = 0
+        self.cond = threading.Condition()
+        self.parcels = 0
+        self.held = 0
+        self.submitted = 0
+        self.errors: list[tuple[int, BaseException]] = []
+        self.stopped = False
+
+    def parcel(self, cost: int, release: Callable[[], None] | None = None) -> Parcel:
+        """A parcel of ``cost`` bytes, once they fit the budget (waits
+        meanwhile); use it as a context manager (its exit closes it).
+        ``release()`` runs once its stores have run, failed or been skipped.
+        Raises `WritesStopped` once the batch failed (then ``release`` has
+        run already)."""
+        with self.cond:
+            while not self.stopped and self.parcels and self.held + cost > self.budget:
+                self.cond.wait()
+            if not self.stopped:
+                self.parcels += 1
+                self.held += cost
+                return Parcel(self, cost, release)
+        if release is not None:
+            release()
+        raise WritesStopped
+
+    def request_done(self) -> None:
+        with self.cond:
+            self.requests -= 1
+            self.cond.notify_all()
+
+    def settle(self, cost: int) -> None:
+        with self.cond:
+            self.parcels -= 1
+            self.held -= cost
+            self.cond.notify_all()
+
+    def fail(self, index: int, exc: BaseException) -> None:
+        with self.cond:
+            self.errors.append((index, exc))
+            self.stopped = True
+            self.cond.notify_all()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: object
+    ) -> None:
+        if exc is not None and not isinstance(exc, WritesStopped):
+            with self.cond:
+                self.stopped = True  # the encoding failed: skip what is queued
+        with self.cond:
+            while self.parcels:
+                self.cond.wait()
+        if self.errors and (exc is None or isinstance(exc, WritesStopped)):
+            self.errors.sort(key=lambda pair: pair[0])
+            first = self.errors[0][1]
+            if len(self.errors) > 1:
+                first.add_note(f"({len(self.errors) - 1} other store(s) of this batch failed too)")
+            raise first from None

@@ -20,6 +20,14 @@ byte-identical to zarr's wherever the inner codecs are
 
 Selections other than slices and integers fall back to zarr's sharding
 codec for the shards they touch.
+
+On a `zarr.storage.LocalStore` with IO threads (``io_concurrency`` > 1,
+`zarr_fused.io.engine`), the file IO leaves the compute threads: stored
+shards a partial update must read are read by the IO threads (all of them
+in flight, each encoded as soon as it is in; with few shards, the next one
+read while this one encodes), and each new shard is written (temporary
+file, ``writev``, ``rename``) or deleted by the IO threads while the
+compute threads encode the next (`zarr_fused.io.engine.Writes`).
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ from __future__ import annotations
 import math
 import os
 import threading
+from concurrent.futures import Future, wait
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeGuard, cast
 
@@ -38,6 +47,7 @@ from zarr_fused._dtypes import empty, empty_rule_pattern, in_byte_order
 from zarr_fused._native import index_kernels, shard_kernels
 from zarr_fused._pool import partition, run_parallel
 from zarr_fused.chunks.merge import merge_owned
+from zarr_fused.io.engine import Batch, Writes, io_threads, resolve_io_concurrency, run_pipelined
 from zarr_fused.io.local import local_files, make_parents, write_parts
 from zarr_fused.shard.buffers import buffers
 from zarr_fused.shard.index import (
@@ -96,6 +106,8 @@ class _Write:
     prefix: bytes | None
     #: a scalar write: the encoded inner chunk (None when it is empty)
     scalar_payload: np.ndarray | None = None
+    #: the IO threads' stores of this write, when they do the file IO
+    writes: Writes | None = None
 
     @property
     def scalar(self) -> bool:
@@ -120,11 +132,16 @@ class _ShardJob:
     payloads: list[Any]
     #: the pooled buffer the stored shard was read into, if any
     buffer: np.ndarray | None
-    #: the pooled buffer the new inner chunks are encoded into
-    arena: np.ndarray
+    #: the pooled buffer the new inner chunks are encoded into (None: none
+    #: is encoded)
+    arena: np.ndarray | None
     encoding: Any
     #: linear indices of the inner chunks queued in ``encoding``, in order
     queued: list[int] = field(default_factory=list)
+
+    def pinned(self) -> int:
+        """The bytes this shard holds until it is written."""
+        return sum(b.nbytes for b in (self.arena, self.buffer) if b is not None)
 
     def release(self) -> None:
         self.payloads = []
@@ -205,20 +222,104 @@ class ShardWriter:
         ctx = self._context(batch, value, data, drop_axes, inner_spec)
         if ctx.scalar and native:
             ctx.scalar_payload = self._encode_scalar(ctx)
+        io_concurrency = resolve_io_concurrency() if ctx.prefix is not None else 1
+        if io_concurrency <= 1:
+            self._write_native(ctx, native, max_workers)
+        else:
+            with Writes(io_concurrency) as ctx.writes:
+                self._write_behind(ctx, native, max_workers, io_concurrency)
+        if general:
+            self.fallback.write(general, value, drop_axes, max_workers)
 
-        def one_shard(job: tuple[WriteItem, Any]) -> None:
-            state = self._prepare(ctx, *job)
-            if state is not None:
-                state.encoding.run_range()
-                self._finish(ctx, state)
+    def _one_shard(self, ctx: _Write, job: tuple[WriteItem, Any], loaded: Any = None) -> None:
+        """One shard on one compute thread (``loaded``: see `_prepare`)."""
+        state = self._prepare(ctx, *job, loaded=loaded)
+        if state is not None:
+            state.encoding.run_range()
+            self._finish(ctx, state)
 
+    def _write_native(
+        self, ctx: _Write, native: list[tuple[WriteItem, Any]], max_workers: int
+    ) -> None:
+        """The compute threads do the file IO: a shard per thread, or each
+        shard's inner chunks spread over the threads when there are few."""
         if len(native) >= 2 * max_workers or max_workers <= 1:
-            run_parallel(one_shard, native, max_workers)
+            run_parallel(lambda job: self._one_shard(ctx, job), native, max_workers)
         else:
             for job in native:
                 self._encode_spread(ctx, job, max_workers)
-        if general:
-            self.fallback.write(general, value, drop_axes, max_workers)
+
+    def _write_behind(
+        self,
+        ctx: _Write,
+        native: list[tuple[WriteItem, Any]],
+        max_workers: int,
+        io_concurrency: int,
+    ) -> None:
+        """The IO threads read the shards to update and write the new ones
+        (see the module docstring); ``ctx.writes`` is open."""
+        if len(native) < 2 * max_workers and max_workers > 1:
+            self._spread_behind(ctx, native, max_workers, io_concurrency)
+        elif all(self.covers(plan) for _, plan in native):
+            run_parallel(lambda job: self._one_shard(ctx, job), native, max_workers)
+        else:
+            bound = self.chain.encode_bound(ctx.layout.nbytes)
+
+            def fetch(job: tuple[WriteItem, Any], batch: Batch[Any, Any]) -> Any:
+                return None if batch.stopped else self._fetch(ctx, job)
+
+            run_pipelined(
+                native,
+                [self._stored_bound(job, bound) for job in native],
+                fetch,
+                lambda job, loaded: self._one_shard(ctx, job, loaded),
+                io_concurrency=io_concurrency,
+                max_workers=max_workers,
+            )
+
+    def _stored_bound(self, job: tuple[WriteItem, Any], bound: int) -> int:
+        """The most bytes the stored shard of ``job`` can hold, as a budget
+        cost (none when the write does not read it)."""
+        (_, spec, *_), plan = job
+        if self.covers(plan):
+            return 0
+        n = math.prod(inner_grid(spec, self.inner_shape))
+        return n * bound + self.fmt.size(n)
+
+    def _fetch(self, ctx: _Write, job: tuple[WriteItem, Any]) -> Any:
+        """What `_prepare` needs read from the store for ``job`` (None: nothing)."""
+        (setter, spec, *_), plan = job
+        if self.covers(plan):
+            return None
+        return self._load(setter, spec, inner_grid(spec, self.inner_shape), ctx.prefix)
+
+    def _spread_behind(
+        self,
+        ctx: _Write,
+        native: list[tuple[WriteItem, Any]],
+        max_workers: int,
+        io_concurrency: int,
+    ) -> None:
+        """Few shards, one after another, each spread over the compute
+        threads: the IO threads read the next shard meanwhile."""
+        pool = io_threads(io_concurrency)
+        ahead: dict[int, Future[Any]] = {}
+
+        def read_ahead(k: int) -> None:
+            if k < len(native) and not self.covers(native[k][1]):
+                ahead[k] = pool.submit(self._fetch, ctx, native[k])
+
+        read_ahead(0)
+        try:
+            for k, job in enumerate(native):
+                read_ahead(k + 1)
+                loaded = ahead.pop(k).result() if k in ahead else None
+                self._encode_spread(ctx, job, max_workers, loaded)
+        finally:
+            wait(ahead.values())  # a read still running when a shard failed
+            for future in ahead.values():
+                if not future.cancelled() and future.exception() is None:
+                    buffers.give(future.result()[1])
 
     def _context(
         self,
@@ -258,9 +359,11 @@ class ShardWriter:
         encoded = self.chain.encode(nd_buffer.from_ndarray_like(merged), inner_spec)
         return encoded.as_numpy_array() if encoded is not None else None
 
-    def _encode_spread(self, ctx: _Write, job: tuple[WriteItem, Any], max_workers: int) -> None:
+    def _encode_spread(
+        self, ctx: _Write, job: tuple[WriteItem, Any], max_workers: int, loaded: Any = None
+    ) -> None:
         """One shard, its inner chunks' encodes spread over the workers."""
-        state = self._prepare(ctx, *job)
+        state = self._prepare(ctx, *job, loaded=loaded)
         if state is None:
             return
         encoding = state.encoding
@@ -278,10 +381,14 @@ class ShardWriter:
         None for none), and the pooled buffer they live in."""
         return stored_payloads(read_whole_shard(setter, spec, self.fmt, grid, prefix), grid)
 
-    def _prepare(self, ctx: _Write, item: WriteItem, plan: Any) -> _ShardJob | None:
-        """Load what the shard keeps and queue the encodes of its new inner
+    def _prepare(
+        self, ctx: _Write, item: WriteItem, plan: Any, loaded: Any = None
+    ) -> _ShardJob | None:
+        """Load what the shard keeps (unless ``loaded``, `_load`'s result
+        read beforehand, has it) and queue the encodes of its new inner
         chunks; None when the write went to zarr's code instead."""
-        state = self.start(ctx, item, plan, self._load)
+        load = self._load if loaded is None else lambda *_: loaded
+        state = self.start(ctx, item, plan, load)
         if state is None:
             # the value does not fit the selection: zarr's path raises the
             # error zarr users expect
@@ -303,8 +410,10 @@ class ShardWriter:
         else:
             payloads, buffer = load(setter, spec, grid, ctx.prefix)
         # the encoded inner chunks live in a reused buffer until `_finish`
-        # has written the shard (its results are views into it)
-        arena = buffers.take(len(items) * chain.encode_bound(ctx.layout.nbytes))
+        # has written the shard (its results are views into it); a scalar's
+        # whole inner chunks share one payload and need none
+        queued = sum(not whole for *_, whole in items) if ctx.scalar else len(items)
+        arena = buffers.take(queued * chain.encode_bound(ctx.layout.nbytes)) if queued else None
         encoding = chain.encode_batch(len(items), len(self.inner_shape), ctx.describe, arena)
         if ctx.empty_pattern is not None:
             encoding.set_fill(ctx.empty_pattern)
@@ -404,6 +513,9 @@ class ShardWriter:
         setter, spec, _, _, _ = state.item
         payloads = self._collect(state)
         layout_args = self._layout_args()
+        if ctx.writes is not None:
+            self._hand_over(ctx, state, layout_args)
+            return
         try:
             if ctx.prefix is not None:
                 # straight from the payloads to the file (writev), no copy
@@ -444,3 +556,21 @@ class ShardWriter:
         return index_kernels.assemble_shard(
             self._order(state.grid), payloads, **self._layout_args(), take=take
         )
+
+    def _hand_over(self, ctx: _Write, state: _ShardJob, layout_args: dict[str, bool]) -> None:
+        """Give the new shard's store (or delete) to the IO threads; the
+        shard's buffers go back to the pool once it is written."""
+        assert ctx.writes is not None and ctx.prefix is not None
+        setter = state.item[0]
+        try:
+            parts = index_kernels.shard_parts(
+                self._order(state.grid), state.payloads, **layout_args
+            )
+        except BaseException:
+            state.release()
+            raise
+        with ctx.writes.parcel(state.pinned(), state.release) as parcel:
+            if parts is None:
+                parcel.store(setter.delete_sync)
+            else:
+                parcel.store(write_parts, ctx.prefix + os.fsencode(setter.path), parts)
