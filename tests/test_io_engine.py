@@ -26,7 +26,13 @@ from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec, ShardingCodec, Zstd
 from zarr.errors import ZarrUserWarning
 from zarr.storage import LocalStore
 
-from zarr_fused.chunks.pipelined import FAST_FILE, MAX_GROUP, group_size
+from zarr_fused.chunks.pipelined import (
+    FAST_FILE,
+    MAX_GROUP,
+    REQUESTS_PER_THREAD,
+    REQUESTS_PER_THREAD_SLOW,
+    group_size,
+)
 from zarr_fused.io import engine as _io_engine
 from zarr_fused.io.engine import (
     DEFAULT_IO_CONCURRENCY,
@@ -803,3 +809,15 @@ def test_sharded_stress_many_reads_under_latency_leave_nothing(
         expected = eval(expression, {"arr": data, "np": np})
         np.testing.assert_array_equal(np.load(tmp_path / f"result-{i}.npy"), expected)
     assert_nothing_left(result)
+
+
+@pytest.mark.parametrize(
+    ("per_thread", "expected"),
+    [
+        pytest.param(REQUESTS_PER_THREAD, 8, id="fast-files"),
+        pytest.param(REQUESTS_PER_THREAD_SLOW, 16, id="slow-files"),
+    ],
+)
+def test_group_size_per_thread(per_thread: int, expected: int) -> None:
+    """Slow files (a cold cache) get half the requests, twice the files each."""
+    assert group_size(1024, 32, 16 << 10, per_thread) == expected
