@@ -27,7 +27,13 @@ from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec, ShardingCodec, Zstd
 from zarr.errors import ZarrUserWarning
 from zarr.storage import LocalStore
 
-from zarr_fused.chunks.pipelined import FAST_FILE, MAX_GROUP, group_size
+from zarr_fused.chunks.pipelined import (
+    FAST_FILE,
+    MAX_GROUP,
+    REQUESTS_PER_THREAD,
+    REQUESTS_PER_THREAD_SLOW,
+    group_size,
+)
 from zarr_fused.io import engine as _io_engine
 from zarr_fused.io.engine import (
     DEFAULT_IO_CONCURRENCY,
@@ -1313,3 +1319,15 @@ def test_store_requests_in_flight_stay_within_the_window() -> None:
     assert running[0] == 0
     assert 1 <= running[1] <= 8
     assert writes.requests == 0
+
+
+@pytest.mark.parametrize(
+    ("per_thread", "expected"),
+    [
+        pytest.param(REQUESTS_PER_THREAD, 8, id="fast-files"),
+        pytest.param(REQUESTS_PER_THREAD_SLOW, 16, id="slow-files"),
+    ],
+)
+def test_group_size_per_thread(per_thread: int, expected: int) -> None:
+    """Slow files (a cold cache) get half the requests, twice the files each."""
+    assert group_size(1024, 32, 16 << 10, per_thread) == expected

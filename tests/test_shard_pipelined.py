@@ -4,6 +4,8 @@ only while file calls are slow."""
 
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -79,3 +81,40 @@ def test_decode_part_rejects_tasks_beyond_the_batch(tmp_path: Path) -> None:
     entries = np.zeros((4, 2), dtype=np.uint64)
     with pytest.raises(IndexError, match="no such tasks"):
         _shard_local.decode_part(batch, 0, 1, entries, np.empty(0, dtype=np.uint8))
+
+
+def _evict(root: Path) -> None:
+    """Drop ``root``'s files from the page cache (those files only)."""
+    for f in root.rglob("*"):
+        if f.is_file():
+            fd = os.open(f, os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
+@pytest.mark.parametrize("cold", [pytest.param(False, id="hot"), pytest.param(True, id="cold")])
+def test_direct_read_of_a_cold_cache_pipelines_the_next(tmp_path: Path, cold: bool) -> None:
+    """A direct read that had to go to the disk makes the next read
+    pipelined (seconds_per_call forgotten); a hot one keeps it."""
+    if pipelined.storage_read_bytes() is None or not hasattr(os, "posix_fadvise"):
+        pytest.skip("no block-device read accounting here")
+    data = _array(tmp_path)
+    os.sync()  # written pages are evicted only once clean
+    with (
+        with_pipeline(FUSED),
+        zarr.config.set({"codec_pipeline.max_workers": 1, "codec_pipeline.io_concurrency": 8}),
+    ):
+        reader = zarr.open_array(LocalStore(tmp_path / "a"), mode="r")
+        shard_io = reader._async_array.codec_pipeline.plan.reader.io
+        shard_io.seconds_per_call = 1e-6  # the files answered fast, just now
+        shard_io.probed = time.monotonic()
+        before = pipelined.storage_read_bytes()
+        if cold:
+            _evict(tmp_path / "a" / "c")
+        got = reader[...]
+        if cold and pipelined.storage_read_bytes() == before:
+            pytest.skip("evicted files were not read from a block device (tmpfs?)")
+    np.testing.assert_array_equal(got, data)
+    assert (shard_io.seconds_per_call is None) == cold

@@ -46,17 +46,29 @@ __all__ = ["PipelinedChunkReader", "group_size"]
 MAX_GROUP = 16
 #: most stored bytes (by the encoded size bound) one IO request reads
 MAX_GROUP_BYTES = 4 << 20
+#: IO requests per IO thread while files answer fast (a hot-cache probe:
+#: many small requests balance out uneven waits for a CPU)
+REQUESTS_PER_THREAD = 4
+#: and once they answer slowly (a cold cache, or before the first read):
+#: every request costs a hand-off from an IO thread to a compute thread,
+#: and on a cold local disk, where the device and not the number in flight
+#: bounds the read, those wake-ups are CPU the decoding lacks, most of all
+#: when the process is pinned to one core
+REQUESTS_PER_THREAD_SLOW = 2
 
 
-def group_size(n: int, io_concurrency: int, bound: int) -> int:
+def group_size(
+    n: int, io_concurrency: int, bound: int, per_thread: int = REQUESTS_PER_THREAD
+) -> int:
     """Chunk files per IO request for ``n`` chunks of at most ``bound`` bytes.
 
-    About four requests per IO thread, so the requests that finish first
-    are decoded while the last ones are still in flight and uneven latencies
-    balance out; several files per request where there are many, so a hot
-    page cache does not pay the hand-off between threads for every file.
+    About ``per_thread`` requests per IO thread, so
+    the requests that finish first are decoded while the last ones are
+    still in flight and uneven latencies balance out; several files per
+    request where there are many, so that the hand-off between threads is
+    not paid for every file.
     """
-    size = -(-n // (4 * io_concurrency))
+    size = -(-n // (per_thread * io_concurrency))
     size = min(size, MAX_GROUP, max(1, MAX_GROUP_BYTES // max(1, bound)))
     return max(1, size)
 
@@ -147,7 +159,10 @@ class PipelinedChunkReader:
             return self.direct.read(batch, out, drop_axes, max_workers)
         if self._direct_is_faster():
             return self._read_direct_timed(batch, out, drop_axes, max_workers)
-        read = _PipelinedRead(self.chain, batch, out, drop_axes, prefix, io_concurrency)
+        seen = self.seconds_per_file
+        fast = seen is not None and seen < FAST_FILE
+        per_thread = REQUESTS_PER_THREAD if fast else REQUESTS_PER_THREAD_SLOW
+        read = _PipelinedRead(self.chain, batch, out, drop_axes, prefix, io_concurrency, per_thread)
         start = time.perf_counter()
         run_pipelined(
             read.groups,
@@ -207,6 +222,7 @@ class _PipelinedRead:
         drop_axes: tuple[int, ...],
         prefix: bytes,
         io_concurrency: int,
+        per_thread: int,
     ) -> None:
         self.chain = chain
         self.batch = batch
@@ -218,7 +234,7 @@ class _PipelinedRead:
         self.statuses: list[GetResult] = [MISSING] * len(batch)
         self.paths = [prefix + os.fsencode(item[0].path) for item in batch]
         self.bounds = [chain.encode_bound(chain.layout(item[1].shape).nbytes) for item in batch]
-        self.size = group_size(len(batch), io_concurrency, max(self.bounds))
+        self.size = group_size(len(batch), io_concurrency, max(self.bounds), per_thread)
         self.groups = [
             range(s, min(len(batch), s + self.size)) for s in range(0, len(batch), self.size)
         ]

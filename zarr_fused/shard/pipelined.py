@@ -28,13 +28,17 @@ read their shards themselves (the direct path of ``ShardReader``). The
 first read of a reader is pipelined, and so is a read `PROBE_INTERVAL`
 (or `PROBE_SPACING` times its duration) after the last pipelined one (only
 a pipelined read measures the files: a direct read's time includes
-decoding).
+decoding), and the read after a direct one that made the process read
+from a block device (a page cache that went cold: `storage_read_bytes`).
+Without that, reads of a cache that went cold after a hot read stayed
+direct for as long as they came more often than the probes.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -46,7 +50,7 @@ from zarr_fused.shard.index import MISSING_OFFSET
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-__all__ = ["CALL_BYTES", "FAST_CALL", "PROBE_INTERVAL", "ShardIO"]
+__all__ = ["CALL_BYTES", "FAST_CALL", "PROBE_INTERVAL", "ShardIO", "storage_read_bytes"]
 
 #: a file call (open, pread) answered faster than this (seconds) comes from
 #: the page cache or a fast local disk: the compute threads read themselves
@@ -69,6 +73,28 @@ TOOK_DECAY = 0.9
 #: reads split shards only while file calls took at least this long
 #: (seconds) at the last pipelined read, or before the first
 SPLIT_CALL = 0.5e-3
+
+
+#: the kernel's IO counters of this process (Linux); ``read_bytes`` counts
+#: what was read from block devices, not what the page cache served
+_PROC_IO = Path("/proc/self/io")
+
+
+def storage_read_bytes() -> int | None:
+    """Bytes this process has had read from block devices so far, None
+    where the kernel does not say (not Linux, or no task IO accounting).
+
+    A network filesystem's reads are not counted: its latency shows in the
+    pipelined reads' timing instead.
+    """
+    try:
+        text = _PROC_IO.read_bytes()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith(b"read_bytes:"):
+            return int(line.split()[1])
+    return None
 
 
 class ShardBatch(Protocol):
@@ -98,6 +124,9 @@ class ShardIO:
         self.probed = 0.0
         #: how long recent reads took (seconds; decays by `TOOK_DECAY`)
         self.took = 0.0
+        #: `storage_read_bytes` when a direct read was chosen because the
+        #: files answered fast; None otherwise
+        self.direct_from: int | None = None
 
     def applies(self, n_shards: int, max_workers: int, local: bool) -> int:
         """The IO requests in flight to pipeline a batch of ``n_shards``
@@ -108,18 +137,30 @@ class ShardIO:
         it spreads each shard's inner chunks over all of them, which one
         compute thread per request would not.
         """
+        self.direct_from = None
         if not local or n_shards < 2 or io_kernels is None or shard_local_kernels is None:
             return 0
         if n_shards < 2 * max_workers and max_workers > 1:
             return 0
         io_concurrency = resolve_io_concurrency()
-        if io_concurrency <= 1 or self._direct_is_faster():
+        if io_concurrency <= 1:
+            return 0
+        if self._direct_is_faster():
+            self.direct_from = storage_read_bytes()
             return 0
         return io_concurrency
 
     def note_direct(self, seconds: float) -> None:
-        """Note how long a direct read took (spaces the probes)."""
+        """Note how long a direct read took (spaces the probes), and
+        whether it read from a block device: then the next read is
+        pipelined and measures the files afresh."""
         self.took = max(seconds, TOOK_DECAY * self.took)
+        start, self.direct_from = self.direct_from, None
+        if start is None:
+            return
+        now = storage_read_bytes()
+        if now is not None and now > start:
+            self.seconds_per_call = None
 
     def _direct_is_faster(self) -> bool:
         seen = self.seconds_per_call
