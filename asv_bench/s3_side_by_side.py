@@ -10,6 +10,8 @@ bytes, for zarr_fused, zarr's two pipelines, zarrs and tensorstore.
         --max-gap 65536 --max-gap 1048576                  # the coalescing cost model
     python asv_bench/s3_side_by_side.py --latency 20 --scenario unsharded \
         --fused-concurrency 10 --fused-concurrency 32 --fused-concurrency 64
+    python asv_bench/s3_side_by_side.py --server static --server-cpu 1 --latency 20 \
+        --scenario unsharded --operation whole          # reads from the light server
 
 zarr_fused and zarr's pipelines read through zarr's ``ObjectStore`` over
 obstore's ``S3Store`` (``--store s3fs``: ``FsspecStore`` over s3fs); zarrs
@@ -25,16 +27,25 @@ interleaved rounds, the order rotating each round; the requests and bytes of
 each peer are those of its last timed call (they do not vary between calls).
 Without added latency moto itself (a few ms per request) dominates: compare
 peers at 20 ms, and only as ratios measured in one run.
+
+``--server static`` reads from `helpers.s3_static.StaticS3Server` instead: a
+light read-only S3 server (one asyncio process, no signature checks) that adds
+the latency itself, serving the arrays zarr's Batched pipeline wrote to a
+local directory (the same keys). Then the client, not moto, sets the pace.
+Writes still go to moto behind the proxy. ``--server-cpu N`` pins the static
+server to CPU N (``taskset`` on the whole script pins it with the client).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools as it
 import json
 import os
 import statistics
 import sys
+import tempfile
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -56,6 +67,7 @@ from helpers.s3 import (
     ServerUnavailable,
     Stats,
 )
+from helpers.s3_static import StaticS3Server
 
 BUCKET = "zarr-fused-bench"
 PIPELINES = {
@@ -286,8 +298,8 @@ def measure(
     scenario: Scenario,
     operation: str,
     peers: list[str],
-    proxy: LatencyProxy,
-    moto: MotoServer,
+    proxy: LatencyProxy | StaticS3Server,
+    moto: MotoServer | None,
     store_kind: str,
     source: str,
     repeat: int,
@@ -302,6 +314,7 @@ def measure(
     for peer in peers:
         try:
             if writing:
+                assert moto is not None
                 prefix = f"{source}-{operation}-{peer}"
                 arr = scenario.create(zarr_store(store_kind, moto.endpoint, prefix))
                 if where is not Ellipsis:  # a partial update of stored shards
@@ -377,6 +390,95 @@ def table(title: str, results: dict[str, Result], ours: str = "zarr_fused") -> l
     return lines + [""]
 
 
+def operations(scenario: Scenario, args: argparse.Namespace) -> list[str]:
+    return [op for op in scenario.operations if not args.operation or op in args.operation]
+
+
+def is_write(selection: Any) -> bool:
+    return isinstance(selection, WriteAt) or (isinstance(selection, str) and selection == "write")
+
+
+@dataclass
+class Servers:
+    """What the reads and the writes of one run are served by: moto behind
+    the proxy (started only when needed), and the static server (``--server
+    static``) over a local copy of each scenario's source array."""
+
+    moto: MotoServer | None
+    proxy: LatencyProxy | None
+    static: StaticS3Server | None
+
+    @property
+    def reads(self) -> LatencyProxy | StaticS3Server:
+        reads = self.static or self.proxy
+        assert reads is not None
+        return reads
+
+    @classmethod
+    def start(
+        cls, stack: contextlib.ExitStack, args: argparse.Namespace, scenarios: list[str]
+    ) -> Servers:
+        import zarr
+        from zarr.storage import LocalStore
+
+        writes = any(
+            is_write(SCENARIOS[n].operations[op])
+            for n in scenarios
+            for op in operations(SCENARIOS[n], args)
+        )
+        moto = proxy = static = None
+        if args.server == "moto" or writes:
+            moto = stack.enter_context(MotoServer())
+            proxy = stack.enter_context(LatencyProxy(moto.endpoint))
+            moto.create_bucket(BUCKET)
+        if args.server == "static":
+            root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="s3-static-")))
+            static = stack.enter_context(StaticS3Server(root, cpu=args.server_cpu))
+        for name in scenarios:
+            scenario = SCENARIOS[name]
+            with zarr.config.set(zarr_config(WRITER)):
+                if moto is not None:
+                    store = zarr_store(args.store, moto.endpoint, f"{name}-source")
+                    scenario.create(store)[...] = scenario.data()
+                if static is not None:
+                    local = LocalStore(static.root / BUCKET / f"{name}-source")
+                    scenario.create(local)[...] = scenario.data()
+        return cls(moto, proxy, static)
+
+    def set_latency(self, seconds: float) -> None:
+        for server in (self.proxy, self.static):
+            if server is not None:
+                server.reset(latency=seconds)
+
+
+def run_scenario(
+    scenario: Scenario,
+    latency: float,
+    peers: list[str],
+    servers: Servers,
+    args: argparse.Namespace,
+    out: dict[str, Any],
+) -> None:
+    """Every selected operation of ``scenario`` at one latency (ms), once per
+    ``--max-gap`` value; prints the tables and adds them to ``out``."""
+    import zarr
+
+    source = f"{scenario.name}-source"
+    for operation, gap in it.product(operations(scenario, args), args.max_gap or [None]):
+        writing = is_write(scenario.operations[operation])
+        server = servers.proxy if writing else servers.reads
+        assert server is not None
+        with zarr.config.set(coalescing(gap)):
+            results = measure(
+                scenario, operation, peers, server, servers.moto, args.store, source, args.repeat
+            )
+        title = f"{scenario.name} {operation}, {latency:g} ms" + (
+            "" if gap is None else f", max gap {gap} B"
+        )
+        print("\n".join(table(title, results)), flush=True)
+        out["results"][title] = {p: r.row() for p, r in results.items()}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--scenario", choices=[*SCENARIOS, "all"], default="all")
@@ -403,6 +505,14 @@ def main(argv: list[str] | None = None) -> int:
         "each operation runs once per value; default: zarr's, 1 MiB)",
     )
     parser.add_argument("--store", choices=["obstore", "s3fs"], default="obstore")
+    parser.add_argument(
+        "--server",
+        choices=["moto", "static"],
+        default="moto",
+        help="what reads are served by: moto behind the latency proxy, or the light "
+        "static server (writes always go to moto)",
+    )
+    parser.add_argument("--server-cpu", type=int, help="pin the static server to this CPU")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args(argv)
@@ -425,45 +535,20 @@ def main(argv: list[str] | None = None) -> int:
     scenarios = list(SCENARIOS) if args.scenario == "all" else [args.scenario]
     warnings.simplefilter("ignore")  # zarr's experimental-pipeline and numcodecs notices
 
-    out: dict[str, Any] = {"store": args.store, "repeat": args.repeat, "results": {}}
+    out: dict[str, Any] = {"store": args.store, "server": args.server, "repeat": args.repeat}
+    out["results"] = {}
+    where = "moto behind the latency proxy" if args.server == "moto" else "the static server"
     print(
-        f"## S3 side by side ({args.store}, moto behind the latency proxy, "
-        f"median of {args.repeat})\n",
+        f"## S3 side by side ({args.store}, reads from {where}, median of {args.repeat})\n",
         flush=True,
     )
     try:
-        with MotoServer() as moto, LatencyProxy(moto.endpoint) as proxy:
-            moto.create_bucket(BUCKET)
+        with contextlib.ExitStack() as stack:
+            servers = Servers.start(stack, args, scenarios)
             for name in scenarios:
-                scenario = SCENARIOS[name]
-                source = f"{name}-source"
-                import zarr
-
-                with zarr.config.set(zarr_config(WRITER)):
-                    scenario.create(zarr_store(args.store, moto.endpoint, source))[...] = (
-                        scenario.data()
-                    )
                 for latency in latencies:
-                    proxy.reset(latency=latency / 1000)
-                    for operation, gap in it.product(scenario.operations, args.max_gap or [None]):
-                        if args.operation and operation not in args.operation:
-                            continue
-                        with zarr.config.set(coalescing(gap)):
-                            results = measure(
-                                scenario,
-                                operation,
-                                peers,
-                                proxy,
-                                moto,
-                                args.store,
-                                source,
-                                args.repeat,
-                            )
-                        title = f"{name} {operation}, {latency:g} ms" + (
-                            "" if gap is None else f", max gap {gap} B"
-                        )
-                        print("\n".join(table(title, results)), flush=True)
-                        out["results"][title] = {p: r.row() for p, r in results.items()}
+                    servers.set_latency(latency / 1000)
+                    run_scenario(SCENARIOS[name], latency, peers, servers, args, out)
     except ServerUnavailable as exc:
         print(f"cannot run: {exc}", file=sys.stderr)
         return 2
