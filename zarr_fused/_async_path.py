@@ -166,7 +166,9 @@ class _Tracker:
         # started, then wait for the rest so it cannot outlive the batch.
         for cf in self.threads:
             cf.cancel()
-        running = [asyncio.wrap_future(cf) for cf in self.threads if not cf.cancelled()]
+        # only work still running needs a wrapper: wrapping a finished one
+        # costs a cross-thread wake-up of the loop per chunk, for nothing
+        running = [asyncio.wrap_future(cf) for cf in self.threads if not cf.done()]
         pending = [t for t in self.tasks if not t.done()]
         for t in pending:
             t.cancel()
