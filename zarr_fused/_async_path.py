@@ -60,11 +60,14 @@ __all__ = ["DEFAULT_ASYNC_CONCURRENCY", "read_async", "request_limit", "write_as
 #: costs the client almost nothing while it waits: by Little's law a batch
 #: of small objects moves ``limit / latency`` objects a second, so zarr's
 #: ``async.concurrency`` default of 10 leaves a 20 ms store serving 500
-#: objects a second. tensorstore keeps 32 S3 requests in flight; 32 reads
-#: 1024 objects at 20 ms in about a third of the time 10 does, and 64 gains
-#: little more on top while servers start to throttle one client (S3 answers
-#: 503 SlowDown per prefix) and each request holds a connection. Hence 32.
-DEFAULT_ASYNC_CONCURRENCY: Final = 32
+#: objects a second. Against a server that keeps up (S3 serves thousands of
+#: GETs a second per prefix; the benchmarks' light static server), reading
+#: 1024 objects took 0.64x the time at 64 in flight as at 32 at 20 ms, and
+#: 0.54x at 100 ms, while tensorstore (32) took as long as our 32. More
+#: would mostly queue at a throttling server (S3 answers 503 SlowDown per
+#: prefix) and hold more connections. Hence 64; a single small server (one
+#: MinIO or moto process) wants less (docs/tuning.md).
+DEFAULT_ASYNC_CONCURRENCY: Final = 64
 ASYNC_CONCURRENCY_CAP: Final = 1024
 
 # zarr's key and its environment variable: a limit set there is the user's

@@ -27,9 +27,9 @@ zarr_fused is configured through zarr's own configuration object
     Store requests (GET, PUT, DELETE) one read or write keeps in flight on a
     store without synchronous IO: zarr's ``ObjectStore`` and ``FsspecStore``
     (S3, GCS, HTTP), ``ZipStore``. ``None`` (default): zarr's own
-    ``async.concurrency`` when it has been set, else 32
+    ``async.concurrency`` when it has been set, else 64
     (`zarr_fused._async_path.DEFAULT_ASYNC_CONCURRENCY`; on an object store
-    each request is a round trip of tens of ms, and 32 requests in flight read
+    each request is a round trip of tens of ms, and 64 requests in flight read
     and write faster than zarr's 10, see the tuning guide). "Set" means a value
     other than zarr's default of 10 (by ``zarr.config.set``, a YAML file or
     ``ZARR_ASYNC__CONCURRENCY``), or ``ZARR_ASYNC__CONCURRENCY`` present in
