@@ -54,6 +54,25 @@ class ServerUnavailable(RuntimeError):
     """A test server could not start here (the message says why)."""
 
 
+def announced_port(proc: subprocess.Popen[bytes]) -> int | None:
+    """The port a child server prints as its first line once it listens
+    (None if it says anything else, or nothing within `START_TIMEOUT`)."""
+    assert proc.stdout is not None
+    stdout = proc.stdout
+    line = b""
+    ready = threading.Event()
+
+    def first_line() -> None:
+        nonlocal line
+        line = stdout.readline()
+        ready.set()
+
+    threading.Thread(target=first_line, daemon=True).start()
+    if not ready.wait(START_TIMEOUT) or not line.strip().isdigit():
+        return None
+    return int(line)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind((HOST, 0))
@@ -409,20 +428,11 @@ class LatencyProxy:
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
         )
-        line = b""
-        ready = threading.Event()
-
-        def first_line() -> None:
-            nonlocal line
-            assert self._proc is not None and self._proc.stdout is not None
-            line = self._proc.stdout.readline()
-            ready.set()
-
-        threading.Thread(target=first_line, daemon=True).start()
-        if not ready.wait(START_TIMEOUT) or not line.strip().isdigit():
+        port = announced_port(self._proc)
+        if port is None:
             self.stop()
-            raise ServerUnavailable(f"the test proxy did not start (said {line!r})")
-        self.port = int(line)
+            raise ServerUnavailable("the test proxy did not start")
+        self.port = port
         return self
 
     def stop(self) -> None:

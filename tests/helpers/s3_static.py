@@ -44,16 +44,24 @@ from pathlib import Path
 from typing import Any, Self
 
 try:
-    from .s3 import CONTROL, HOST, IO_TIMEOUT, START_TIMEOUT, Request, ServerUnavailable, Stats
+    from .s3 import (
+        CONTROL,
+        HOST,
+        IO_TIMEOUT,
+        Request,
+        ServerUnavailable,
+        Stats,
+        announced_port,
+    )
 except ImportError:  # run as a script: the server's own process
     from s3 import (  # type: ignore[no-redef]
         CONTROL,
         HOST,
         IO_TIMEOUT,
-        START_TIMEOUT,
         Request,
         ServerUnavailable,
         Stats,
+        announced_port,
     )
 
 _MISSING = (
@@ -113,21 +121,11 @@ class StaticS3Server:
         self._proc = subprocess.Popen(
             argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
         )
-        assert self._proc.stdout is not None
-        line = b""
-        ready = threading.Event()
-
-        def first_line() -> None:
-            nonlocal line
-            assert self._proc is not None and self._proc.stdout is not None
-            line = self._proc.stdout.readline()
-            ready.set()
-
-        threading.Thread(target=first_line, daemon=True).start()
-        if not ready.wait(START_TIMEOUT) or not line.strip().isdigit():
+        port = announced_port(self._proc)
+        if port is None:
             self.stop()
-            raise ServerUnavailable(f"the static S3 server did not start (said {line!r})")
-        self.port = int(line)
+            raise ServerUnavailable("the static S3 server did not start")
+        self.port = port
         return self
 
     def stop(self) -> None:
