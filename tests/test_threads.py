@@ -11,6 +11,7 @@ race by design in zarr, whatever the pipeline.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -137,6 +138,7 @@ def test_readers_never_see_torn_chunks_beside_a_writer(
     stop = threading.Event()
     reads = [0] * n_readers
     writes: list[int] = []
+    completed = [0]  # writes that finished
     writer_errors: list[BaseException] = []
 
     with zarr.config.set({"codec_pipeline.max_workers": max_workers}):
@@ -150,13 +152,19 @@ def test_readers_never_see_torn_chunks_beside_a_writer(
                 while not stop.is_set():
                     k += 1
                     arr[written] = versions[k % len(versions)]
+                    completed[0] += 1
             except BaseException as exc:  # re-raised in the test thread
                 writer_errors.append(exc)
             writes.append(k)
 
         def reader(i: int) -> None:
             local = np.random.default_rng(2000 + i)
-            for j in range(12):
+            deadline = time.monotonic() + TIMEOUT
+            j = -1
+            # at least 12 reads, and on until the writer has replaced the
+            # chunks twice: on a loaded host it may not have run at all yet
+            while j < 11 or (completed[0] < 2 and time.monotonic() < deadline):
+                j += 1
                 if j % 3 == 0:
                     whole = arr[...]
                     np.testing.assert_array_equal(whole[untouched], data[untouched], strict=True)
@@ -184,8 +192,8 @@ def test_readers_never_see_torn_chunks_beside_a_writer(
         assert not writer_thread.is_alive(), "the writer did not stop"
         if writer_errors:
             raise writer_errors[0]
-        assert writes and writes[0] > 1
-        assert reads == [12] * n_readers
+        assert writes and completed[0] >= 2, "the writer did not finish two writes"
+        assert min(reads) >= 12, reads
         np.testing.assert_array_equal(arr[untouched], data[untouched], strict=True)
 
 
