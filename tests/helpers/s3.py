@@ -357,7 +357,70 @@ _ERROR_BODY = (
 CONTROL = "/__proxy__/"  # the proxy's own control requests: never counted nor delayed
 
 
-class LatencyProxy:
+class ChildServer:
+    """The handle on a server in a child process (the latency proxy, the
+    static S3 server): the child prints its port as its first line, answers
+    control requests under `CONTROL` with JSON, and exits when its stdin
+    closes, so it never outlives this process. Subclasses say how to start
+    it (`_argv`) and what to call it in errors (``name``)."""
+
+    name = "the server"
+
+    def __init__(self) -> None:
+        self.port = 0
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://{HOST}:{self.port}"
+
+    def _argv(self) -> list[str]:
+        raise NotImplementedError
+
+    def _control(self, action: str, payload: dict[str, Any] | None = None) -> Any:
+        req = urllib.request.Request(
+            self.endpoint + CONTROL + action,
+            method="POST",
+            data=json.dumps(payload or {}).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(req, timeout=IO_TIMEOUT) as resp:
+            return json.loads(resp.read())
+
+    def start(self) -> Self:
+        self._proc = subprocess.Popen(
+            self._argv(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
+        )
+        port = announced_port(self._proc)
+        if port is None:
+            self.stop()
+            raise ServerUnavailable(f"{self.name} did not start")
+        self.port = port
+        return self
+
+    def stop(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        with contextlib.suppress(OSError):
+            assert proc.stdin is not None
+            proc.stdin.close()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class LatencyProxy(ChildServer):
     """An HTTP/1.1 proxy on 127.0.0.1 in front of ``upstream``, in its own
     process: it then never competes for this process' GIL with the code under
     measurement (a peer that blocks on IO holding the GIL would otherwise
@@ -370,25 +433,15 @@ class LatencyProxy:
     concurrently across connections, as a network round trip would.
     """
 
+    name = "the test proxy"
+
     def __init__(self, upstream: str, latency: float = 0.0) -> None:
+        super().__init__()
         self.upstream = upstream
         self._latency = latency
-        self.port = 0
-        self._proc: subprocess.Popen[bytes] | None = None
 
-    @property
-    def endpoint(self) -> str:
-        return f"http://{HOST}:{self.port}"
-
-    def _control(self, action: str, payload: dict[str, Any] | None = None) -> Any:
-        req = urllib.request.Request(
-            self.endpoint + CONTROL + action,
-            method="POST",
-            data=json.dumps(payload or {}).encode(),
-            headers={"Content-Type": "application/json"},
-        )
-        with urllib.request.urlopen(req, timeout=IO_TIMEOUT) as resp:
-            return json.loads(resp.read())
+    def _argv(self) -> list[str]:
+        return [sys.executable, __file__, "proxy", self.upstream, str(self._latency)]
 
     @property
     def latency(self) -> float:
@@ -419,42 +472,6 @@ class LatencyProxy:
     def hits(self, index: int) -> int:
         """How many requests fault ``index`` has failed so far."""
         return self.stats.faults[index].hits
-
-    def start(self) -> LatencyProxy:
-        # the child exits when its stdin closes: it never outlives this process
-        self._proc = subprocess.Popen(
-            [sys.executable, __file__, "proxy", self.upstream, str(self._latency)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-        )
-        port = announced_port(self._proc)
-        if port is None:
-            self.stop()
-            raise ServerUnavailable("the test proxy did not start")
-        self.port = port
-        return self
-
-    def stop(self) -> None:
-        proc, self._proc = self._proc, None
-        if proc is None:
-            return
-        with contextlib.suppress(OSError):
-            assert proc.stdin is not None
-            proc.stdin.close()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
-        if proc.stdout is not None:
-            proc.stdout.close()
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
 
 class _ProxyServer:
@@ -813,20 +830,24 @@ class RangeServer:
         self.stop()
 
 
-# -- the proxy's process ------------------------------------------------------------------
+# -- the child processes ------------------------------------------------------------------
 
 
-def _proxy_main(upstream: str, latency: str) -> None:
+def serve_until_stdin_closes(server: Any) -> None:
+    """Run ``server.serve(stop)`` (an asyncio server of a `ChildServer`
+    child) until this process' stdin reaches its end: the parent closed it,
+    or died."""
+
     async def main() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
 
-        def watch_stdin() -> None:  # the parent closes it (or dies): stop
+        def watch_stdin() -> None:
             sys.stdin.buffer.read()
             loop.call_soon_threadsafe(stop.set)
 
         threading.Thread(target=watch_stdin, daemon=True).start()
-        await _ProxyServer(upstream, float(latency)).serve(stop)
+        await server.serve(stop)
 
     asyncio.run(main())
 
@@ -842,7 +863,7 @@ def _exit_with_stdin() -> None:
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["proxy"]:
-    _proxy_main(*sys.argv[2:4])
+    serve_until_stdin_closes(_ProxyServer(sys.argv[2], float(sys.argv[3])))
 elif __name__ == "__main__" and sys.argv[1:2] == ["moto"]:
     _exit_with_stdin()
     from moto.server import main as moto_main
