@@ -362,12 +362,14 @@ class ChildServer:
     static S3 server): the child prints its port as its first line, answers
     control requests under `CONTROL` with JSON, and exits when its stdin
     closes, so it never outlives this process. Subclasses say how to start
-    it (`_argv`) and what to call it in errors (``name``)."""
+    it (`_argv`) and what to call it in errors (``name``). Both children
+    count requests (`stats`) and add ``latency`` seconds to each."""
 
     name = "the server"
 
-    def __init__(self) -> None:
+    def __init__(self, latency: float = 0.0) -> None:
         self.port = 0
+        self._latency = latency
         self._proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -386,6 +388,23 @@ class ChildServer:
         )
         with urllib.request.urlopen(req, timeout=IO_TIMEOUT) as resp:
             return json.loads(resp.read())
+
+    @property
+    def latency(self) -> float:
+        return self._latency
+
+    @property
+    def stats(self) -> Stats:
+        """The counters so far (a snapshot)."""
+        return Stats.from_json(self._control("stats"))
+
+    def reset(self, latency: float | None = None) -> Stats:
+        """Clear the counters (the proxy: and its faults), and set
+        ``latency`` in seconds when given; returns the counters before."""
+        old = Stats.from_json(self._control("reset", {"latency": latency}))
+        if latency is not None:
+            self._latency = latency
+        return old
 
     def start(self) -> Self:
         self._proc = subprocess.Popen(
@@ -436,9 +455,8 @@ class LatencyProxy(ChildServer):
     name = "the test proxy"
 
     def __init__(self, upstream: str, latency: float = 0.0) -> None:
-        super().__init__()
+        super().__init__(latency)
         self.upstream = upstream
-        self._latency = latency
 
     def _argv(self) -> list[str]:
         return [sys.executable, __file__, "proxy", self.upstream, str(self._latency)]
@@ -451,19 +469,6 @@ class LatencyProxy(ChildServer):
     def latency(self, value: float) -> None:
         self._control("latency", {"latency": value})
         self._latency = value
-
-    @property
-    def stats(self) -> Stats:
-        """The counters so far (a snapshot)."""
-        return Stats.from_json(self._control("stats"))
-
-    def reset(self, latency: float | None = None) -> Stats:
-        """Clear the counters and faults (and set ``latency``, when given);
-        returns the counters before."""
-        old = Stats.from_json(self._control("reset", {"latency": latency}))
-        if latency is not None:
-            self._latency = latency
-        return old
 
     def inject(self, fault: Fault) -> int:
         """Add ``fault``; returns its number, for `hits`."""

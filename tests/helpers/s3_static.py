@@ -71,25 +71,12 @@ class StaticS3Server(ChildServer):
     name = "the static S3 server"
 
     def __init__(self, root: Path, latency: float = 0.0, cpu: int | None = None) -> None:
-        super().__init__()
+        super().__init__(latency)
         self.root = Path(root).resolve()
-        self.latency = latency
         self.cpu = cpu
 
     def _argv(self) -> list[str]:
         return [sys.executable, __file__, str(self.root), str(self.latency), str(self.cpu)]
-
-    def reset(self, latency: float | None = None) -> Stats:
-        """Clear the counters (and set ``latency`` in seconds, when given);
-        returns the counters before."""
-        old = Stats.from_json(self._control("reset", {"latency": latency}))
-        if latency is not None:
-            self.latency = latency
-        return old
-
-    @property
-    def stats(self) -> Stats:
-        return Stats.from_json(self._control("stats"))
 
     @property
     def cpu_seconds(self) -> float:
