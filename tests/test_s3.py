@@ -13,12 +13,9 @@ own key prefix of one bucket.
 
 from __future__ import annotations
 
-import asyncio
-import itertools
 import struct
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any
 
 import numpy as np
@@ -27,15 +24,13 @@ import zarr
 from zarr.abc.store import ByteRequest, Store, SuffixByteRequest
 from zarr.codecs import BytesCodec, Crc32cCodec, ShardingCodec, ZstdCodec
 from zarr.core.buffer import Buffer
-from zarr.storage import FsspecStore, LocalStore, ObjectStore, WrapperStore
+from zarr.storage import FsspecStore, LocalStore, WrapperStore
 
 from zarr_fused.errors import CorruptChunkError, CorruptShardError
 
 from helpers import BATCHED, FUSED, ZARR_FUSED, assert_same_values, with_pipeline
 from helpers.s3 import (
-    ACCESS_KEY,
-    REGION,
-    SECRET_KEY,
+    BUCKET,
     Fault,
     LatencyProxy,
     MotoServer,
@@ -43,97 +38,21 @@ from helpers.s3 import (
     ServerUnavailable,
     Stats,
 )
+from helpers.s3_stores import (
+    assert_no_task_left,
+    new_prefix,
+    open_store,
+    stored,
+    zarr_loop_tasks,
+)
 
-obstore_store = pytest.importorskip("obstore.store")
-s3fs = pytest.importorskip("s3fs")
+pytest.importorskip("obstore.store")
+pytest.importorskip("s3fs")
 
-BUCKET = "zarr-fused-tests"
 STORES = ["obstore", "s3fs"]
-_prefixes = itertools.count()
-_s3fs_cache: dict[str, Any] = {}
 
 
-# -- servers and stores (one set per module) ---------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def moto() -> Iterator[MotoServer]:
-    server = MotoServer()
-    try:
-        server.start()
-    except ServerUnavailable as exc:
-        pytest.skip(str(exc))
-    try:
-        server.create_bucket(BUCKET)
-        yield server
-    finally:
-        server.stop()
-
-
-@pytest.fixture(scope="module")
-def proxy(moto: MotoServer) -> Iterator[LatencyProxy]:
-    p = LatencyProxy(moto.endpoint)
-    try:
-        p.start()
-    except ServerUnavailable as exc:
-        pytest.skip(str(exc))
-    try:
-        yield p
-    finally:
-        p.stop()
-
-
-@pytest.fixture(autouse=True)
-def _clean_proxy(request: pytest.FixtureRequest) -> Iterator[None]:
-    """Counters and faults start empty in every test that uses the proxy."""
-    if "proxy" not in request.fixturenames:
-        yield
-        return
-    p: LatencyProxy = request.getfixturevalue("proxy")
-    p.reset(latency=0.0)
-    yield
-    p.reset()
-
-
-def open_store(kind: str, proxy: LatencyProxy, prefix: str) -> Store:
-    """A store of ``kind`` on ``BUCKET/prefix`` through the proxy. Retries are
-    few and fast, so a persistent fault fails within a second or two."""
-    if kind == "obstore":
-        s3 = obstore_store.S3Store(
-            BUCKET,
-            prefix=prefix,
-            endpoint=proxy.endpoint,
-            region=REGION,
-            access_key_id=ACCESS_KEY,
-            secret_access_key=SECRET_KEY,
-            client_options={"allow_http": True, "timeout": timedelta(seconds=30)},
-            retry_config={
-                "max_retries": 2,
-                "backoff": {
-                    "init_backoff": timedelta(milliseconds=10),
-                    "max_backoff": timedelta(milliseconds=100),
-                },
-                "retry_timeout": timedelta(seconds=10),
-            },
-        )
-        return ObjectStore(s3)
-    if kind == "s3fs":
-        # one filesystem per proxy: a new one builds a botocore session and
-        # client (seconds of CPU on a busy host); zarr's loop outlives it
-        fs = _s3fs_cache.get(proxy.endpoint)
-        if fs is None:
-            fs = s3fs.S3FileSystem(
-                key=ACCESS_KEY,
-                secret=SECRET_KEY,
-                asynchronous=True,
-                skip_instance_cache=True,
-                client_kwargs={"endpoint_url": proxy.endpoint, "region_name": REGION},
-                config_kwargs={"retries": {"max_attempts": 3, "mode": "standard"}},
-            )
-            fs.retries = 2  # s3fs' own retry loop around botocore's (a class attribute)
-            _s3fs_cache[proxy.endpoint] = fs
-        return FsspecStore(fs, path=f"{BUCKET}/{prefix}")
-    raise AssertionError(kind)
+# -- the store matrix (servers: conftest's `moto` and `proxy`; stores: helpers.s3_stores) --
 
 
 def cases(names: tuple[str, ...], *axes: list[str], s3fs: Callable[..., bool]) -> list[Any]:
@@ -150,37 +69,6 @@ def cases(names: tuple[str, ...], *axes: list[str], s3fs: Callable[..., bool]) -
                 out.append(pytest.param(kind, *values, id="-".join((kind, *values))))
     assert len(names) == 1 + len(axes)
     return out
-
-
-def new_prefix() -> str:
-    return f"t{next(_prefixes):05d}"
-
-
-def stored(moto: MotoServer, prefix: str) -> dict[str, bytes]:
-    """What is stored under ``prefix`` (read straight from moto, uncounted),
-    keyed relative to it."""
-    return {k[len(prefix) + 1 :]: v for k, v in moto.objects(BUCKET, prefix + "/").items()}
-
-
-def zarr_loop_tasks() -> set[asyncio.Task[Any]]:
-    """The tasks alive on zarr's event loop (but the one asking)."""
-
-    async def others() -> set[asyncio.Task[Any]]:
-        return {t for t in asyncio.all_tasks() if t is not asyncio.current_task()}
-
-    return zarr.core.sync.sync(others())
-
-
-def assert_no_task_left(before: set[asyncio.Task[Any]]) -> None:
-    """No task started by the operation is still running on zarr's loop (a
-    moment allowed for cancelled ones to unwind)."""
-    left: set[asyncio.Task[Any]] = set()
-    for _ in range(50):
-        left = {t for t in zarr_loop_tasks() - before if not t.done()}
-        if not left:
-            return
-        zarr.core.sync.sync(asyncio.sleep(0.02))
-    raise AssertionError(f"tasks left running: {left}")
 
 
 # -- arrays ------------------------------------------------------------------------------
@@ -285,7 +173,7 @@ SELECTIONS = {
 
 
 @pytest.fixture(scope="module")
-def written(moto: MotoServer, proxy: LatencyProxy) -> Callable[[str, str], str]:
+def written(proxy_server: LatencyProxy) -> Callable[[str, str], str]:
     """The prefix of the sample array written by zarr's pipeline, once per
     (store, layout) in the module."""
     cache: dict[tuple[str, str], str] = {}
@@ -293,7 +181,7 @@ def written(moto: MotoServer, proxy: LatencyProxy) -> Callable[[str, str], str]:
     def get(kind: str, layout: str) -> str:
         if (kind, layout) not in cache:
             prefix = new_prefix()
-            write_with(BATCHED, open_store(kind, proxy, prefix), LAYOUTS[layout], sample())
+            write_with(BATCHED, open_store(kind, proxy_server, prefix), LAYOUTS[layout], sample())
             cache[kind, layout] = prefix
         return cache[kind, layout]
 

@@ -7,7 +7,8 @@ Stored bytes and values are checked against zarr's `BatchedCodecPipeline`,
 requests against zarr's own pipelines (never more GET/PUT/HEAD, the same
 PUTs and DELETEs), faults injected by the proxy against the rules of
 `test_s3` (an error naming the key or a successful retry, nothing
-half-written, no task left). The servers and stores are `test_s3`'s.
+half-written, no task left). The servers are conftest's, one set for this
+module; the stores are `helpers.s3_stores`', as in `test_s3`.
 """
 
 from __future__ import annotations
@@ -20,17 +21,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-import test_s3
 import zarr
-from test_s3 import (
-    FILL,
-    SHAPE,
-    assert_no_task_left,
-    new_prefix,
-    open_store,
-    stored,
-    zarr_loop_tasks,
-)
+from test_s3 import FILL, SHAPE
 from zarr.abc.store import Store
 from zarr.codecs import BytesCodec, Crc32cCodec, ShardingCodec, ZstdCodec
 from zarr.core.buffer import Buffer, default_buffer_prototype
@@ -50,12 +42,13 @@ from helpers import (
     with_pipeline,
 )
 from helpers.s3 import Fault, LatencyProxy, MotoServer, Stats
-
-# test_s3's servers, one set for this module too (the proxy's counters and
-# faults cleared around every test)
-moto = test_s3.moto
-proxy = test_s3.proxy
-_clean_proxy = test_s3._clean_proxy
+from helpers.s3_stores import (
+    assert_no_task_left,
+    new_prefix,
+    open_store,
+    stored,
+    zarr_loop_tasks,
+)
 
 # -- arrays: 3 x 2 shards of 2 x 3 inner chunks -----------------------------------------
 

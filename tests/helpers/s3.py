@@ -44,6 +44,7 @@ HOST = "127.0.0.1"
 ACCESS_KEY = "zarr-fused-test"
 SECRET_KEY = "zarr-fused-test-secret"
 REGION = "us-east-1"
+BUCKET = "zarr-fused-tests"  # the bucket of the tests' moto fixture (conftest.py)
 START_TIMEOUT = 60.0  # seconds; moto imports for ~2-4 s on a busy host
 # every wait on a socket below is bounded: a stuck client or server fails a
 # test, it does not hang it
@@ -71,6 +72,25 @@ def announced_port(proc: subprocess.Popen[bytes]) -> int | None:
     if not ready.wait(START_TIMEOUT) or not line.strip().isdigit():
         return None
     return int(line)
+
+
+def obstore_s3(bucket: str, endpoint: str, prefix: str | None = None, **options: Any) -> Any:
+    """obstore's ``S3Store`` on ``bucket`` of the server at ``endpoint``:
+    plain HTTP, the dummy credentials; ``options`` are the store's other
+    keyword arguments (``client_options`` added to ``allow_http``)."""
+    from obstore.store import S3Store
+
+    client_options = {"allow_http": True, **options.pop("client_options", {})}
+    return S3Store(
+        bucket,
+        prefix=prefix,
+        endpoint=endpoint,
+        region=REGION,
+        access_key_id=ACCESS_KEY,
+        secret_access_key=SECRET_KEY,
+        client_options=client_options,
+        **options,
+    )
 
 
 def free_port() -> int:
