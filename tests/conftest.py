@@ -8,7 +8,8 @@ import pytest
 import zarr
 
 from helpers import FUSED
-from helpers.s3 import BUCKET, LatencyProxy, MotoServer, ServerUnavailable
+from helpers.s3 import BUCKET, LatencyProxy, MotoServer
+from helpers.s3_stores import started_or_skip
 
 
 @pytest.fixture
@@ -25,31 +26,17 @@ def fused() -> Iterator[None]:
 def moto() -> Iterator[MotoServer]:
     """moto's S3 server with the bucket `helpers.s3.BUCKET`, once per test
     module (a module's S3 tests skip when it cannot start)."""
-    server = MotoServer()
-    try:
-        server.start()
-    except ServerUnavailable as exc:
-        pytest.skip(str(exc))
-    try:
+    with started_or_skip(MotoServer()) as server:
         server.create_bucket(BUCKET)
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="module")
 def proxy_server(moto: MotoServer) -> Iterator[LatencyProxy]:
     """The counting, fault-injecting proxy in front of `moto`, once per test
     module; tests take it as `proxy`."""
-    p = LatencyProxy(moto.endpoint)
-    try:
-        p.start()
-    except ServerUnavailable as exc:
-        pytest.skip(str(exc))
-    try:
+    with started_or_skip(LatencyProxy(moto.endpoint)) as p:
         yield p
-    finally:
-        p.stop()
 
 
 @pytest.fixture

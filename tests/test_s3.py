@@ -35,13 +35,13 @@ from helpers.s3 import (
     LatencyProxy,
     MotoServer,
     RangeServer,
-    ServerUnavailable,
     Stats,
 )
 from helpers.s3_stores import (
     assert_no_task_left,
     new_prefix,
     open_store,
+    started_or_skip,
     stored,
     zarr_loop_tasks,
 )
@@ -394,15 +394,8 @@ def http_arrays(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RangeServe
     root = tmp_path_factory.mktemp("http")
     for name, layout in LAYOUTS.items():
         write_with(BATCHED, LocalStore(root / name), layout, sample())
-    server = RangeServer(root)
-    try:
-        server.start()
-    except ServerUnavailable as exc:
-        pytest.skip(str(exc))
-    try:
+    with started_or_skip(RangeServer(root)) as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.mark.parametrize("selection", ["whole", "orthogonal", "mask"])

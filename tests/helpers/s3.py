@@ -80,17 +80,9 @@ def obstore_s3(bucket: str, endpoint: str, prefix: str | None = None, **options:
     keyword arguments (``client_options`` added to ``allow_http``)."""
     from obstore.store import S3Store
 
-    client_options = {"allow_http": True, **options.pop("client_options", {})}
-    return S3Store(
-        bucket,
-        prefix=prefix,
-        endpoint=endpoint,
-        region=REGION,
-        access_key_id=ACCESS_KEY,
-        secret_access_key=SECRET_KEY,
-        client_options=client_options,
-        **options,
-    )
+    options["client_options"] = {"allow_http": True, **options.get("client_options", {})}
+    credentials = {"region": REGION, "access_key_id": ACCESS_KEY, "secret_access_key": SECRET_KEY}
+    return S3Store(bucket, prefix=prefix, endpoint=endpoint, **credentials, **options)
 
 
 def free_port() -> int:

@@ -10,18 +10,49 @@ servers' child processes never load it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
+from collections.abc import Iterator
 from datetime import timedelta
-from typing import Any
+from typing import Any, Protocol
 
+import pytest
 import zarr
 from zarr.abc.store import Store
 from zarr.storage import FsspecStore, ObjectStore
 
-from .s3 import ACCESS_KEY, BUCKET, REGION, SECRET_KEY, LatencyProxy, MotoServer, obstore_s3
+from .s3 import (
+    ACCESS_KEY,
+    BUCKET,
+    REGION,
+    SECRET_KEY,
+    LatencyProxy,
+    MotoServer,
+    ServerUnavailable,
+    obstore_s3,
+)
 
 _prefixes = itertools.count()
 _s3fs_cache: dict[str, Any] = {}
+
+
+class _Server(Protocol):
+    def start(self) -> Any: ...
+    def stop(self) -> None: ...
+
+
+@contextlib.contextmanager
+def started_or_skip[S: _Server](server: S) -> Iterator[S]:
+    """``server`` (a `helpers.s3` server) started for the block and stopped
+    after it; the test skips, saying why, when it cannot start here."""
+    try:
+        server.start()
+    except ServerUnavailable as exc:
+        pytest.skip(str(exc))
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 def new_prefix() -> str:
