@@ -259,9 +259,11 @@ LAYOUTS = {
 }
 SHAPE = (64, 64)  # 8 x 8 chunk files: keys c/i/j with one digit each
 
-# Runs in the child: reads through zarr_fused, returns the result's path,
-# and the threads and descriptors before (after a warm-up read) and after.
-READ = r"""
+# The start of every script run in the child (READ, WRITE): the threads and
+# descriptors of the process (`snapshot`), every compute, IO and hop thread
+# started before they are taken (`start_threads`), a failure as the parent
+# reads it, and zarr_fused selected with the script's thread counts.
+CHILD_COMMON = r"""
 import os, threading
 import numpy as np, zarr
 from zarr.storage import LocalStore
@@ -272,6 +274,34 @@ def snapshot():
     return (sorted([t.ident, t.name] for t in threading.enumerate()),
             sorted(os.listdir("/proc/self/fd")))
 
+def fill(pool, n):
+    # every thread of the pool started (executors start them lazily), so
+    # that what a read or write adds afterwards shows
+    barrier = threading.Barrier(n + 1)
+    futures = [pool.submit(barrier.wait, 30) for _ in range(n)]
+    barrier.wait(30)
+    for f in futures:
+        f.result()
+
+def start_threads():
+    fill(_io_engine.io_threads(args["io"]), _io_engine._io_size)
+    if args["workers"] > 1:
+        fill(_pool.get_pool(args["workers"] - 1), _pool.pool_size())
+    hop = _pool._hop_executor()  # the hop off zarr's event loop (its own bounded pool)
+    fill(hop, hop._max_workers)
+
+def failure(e):
+    return {"type": type(e).__name__, "errno": getattr(e, "errno", None), "message": str(e)}
+
+config = {"codec_pipeline.path": "zarr_fused.FusedCodecPipeline",
+          "codec_pipeline.max_workers": args["workers"],
+          "codec_pipeline.io_concurrency": args["io"]}
+"""
+
+# Runs in the child after CHILD_COMMON: reads through zarr_fused, returns the
+# result's path, and the threads and descriptors before (after a warm-up
+# read) and after.
+READ = r"""
 def force_io(reader):
     # each read through the IO threads, however fast the files answer
     # (the readers otherwise read fast files directly)
@@ -285,28 +315,12 @@ def seen(reader):
         return reader.seconds_per_file
     return reader.io.seconds_per_call
 
-def fill(pool, n):
-    # every thread of the pool started (executors start them lazily), so
-    # that what a read adds afterwards shows
-    barrier = threading.Barrier(n + 1)
-    futures = [pool.submit(barrier.wait, 30) for _ in range(n)]
-    barrier.wait(30)
-    for f in futures:
-        f.result()
-
-config = {"codec_pipeline.path": "zarr_fused.FusedCodecPipeline",
-          "codec_pipeline.max_workers": args["workers"],
-          "codec_pipeline.io_concurrency": args["io"]}
 with zarr.config.set(config):
     arr = zarr.open_array(LocalStore(args["root"]), mode="r")
     plan_reader = arr._async_array.codec_pipeline.plan.reader
     reader = type(plan_reader).__name__
     arr[0:1, 0:1]
-    fill(_io_engine.io_threads(args["io"]), _io_engine._io_size)
-    if args["workers"] > 1:
-        fill(_pool.get_pool(args["workers"] - 1), _pool.pool_size())
-    hop = _pool._hop_executor()  # the hop off zarr's event loop (its own bounded pool)
-    fill(hop, hop._max_workers)
+    start_threads()
     before = snapshot()
     outcome = None
     measured = []
@@ -318,8 +332,7 @@ with zarr.config.set(config):
                 measured.append(seen(plan_reader))
         arr[...]  # once more, as the reader chooses
     except Exception as e:
-        outcome = {"type": type(e).__name__, "errno": getattr(e, "errno", None),
-                   "message": str(e)}
+        outcome = failure(e)
     result = {"reader": reader, "seconds_per_file": seen(plan_reader), "measured": measured,
               "before": before, "after": snapshot(), "error": outcome,
               "io_threads": sum(t.name.startswith("zarr_fused-fileio")
@@ -381,7 +394,7 @@ def run_reads(
         "selections": [sel if isinstance(sel, str) else f"arr[{sel!r}]" for sel in selections],
         "result": str(tmp_path / "result"),
     }
-    answer = child.run(READ, args, **faults)
+    answer = child.run(CHILD_COMMON + READ, args, **faults)
     assert answer["ok"], answer.get("traceback")
     result: dict[str, Any] = answer["result"]
     assert result["reader"] == reader, result
@@ -1058,38 +1071,15 @@ def test_io_concurrency_1_writes_on_the_compute_threads(
 
 # -- write faults in flight, with the shim in a child ------------------------------------
 
-# Runs in the child: one write through zarr_fused (IO threads on), with the
-# threads and descriptors before (after a warm-up write) and after.
+# Runs in the child after CHILD_COMMON: one write through zarr_fused (IO
+# threads on), with the threads and descriptors before (after a warm-up
+# write) and after.
 WRITE = r"""
-import os, threading
-import numpy as np, zarr
-from zarr.storage import LocalStore
-from zarr_fused import _pool
-from zarr_fused.io import engine as _io_engine
-
-def snapshot():
-    return (sorted([t.ident, t.name] for t in threading.enumerate()),
-            sorted(os.listdir("/proc/self/fd")))
-
-def fill(pool, n):
-    barrier = threading.Barrier(n + 1)
-    futures = [pool.submit(barrier.wait, 30) for _ in range(n)]
-    barrier.wait(30)
-    for f in futures:
-        f.result()
-
-config = {"codec_pipeline.path": "zarr_fused.FusedCodecPipeline",
-          "codec_pipeline.max_workers": args["workers"],
-          "codec_pipeline.io_concurrency": args["io"]}
 with zarr.config.set(config):
     arr = zarr.open_array(LocalStore(args["root"]), mode="r+")
     new = np.load(args["value"])
     arr[0:1, 0:1] = arr[0:1, 0:1]
-    fill(_io_engine.io_threads(args["io"]), _io_engine._io_size)
-    if args["workers"] > 1:
-        fill(_pool.get_pool(args["workers"] - 1), _pool.pool_size())
-    hop = _pool._hop_executor()
-    fill(hop, hop._max_workers)
+    start_threads()
     before = snapshot()
     outcome = None
     try:
@@ -1097,8 +1087,7 @@ with zarr.config.set(config):
             sel = tuple(slice(a, b) for a, b in box)
             arr[sel] = new[sel] if fill is None else fill
     except Exception as e:
-        outcome = {"type": type(e).__name__, "errno": getattr(e, "errno", None),
-                   "message": str(e)}
+        outcome = failure(e)
     result = {"before": before, "after": snapshot(), "error": outcome}
 """
 
@@ -1133,7 +1122,7 @@ def run_write(
         "writes": writes,
         "value": str(tmp_path / "new.npy"),
     }
-    answer = child.run(WRITE, args, **faults)
+    answer = child.run(CHILD_COMMON + WRITE, args, **faults)
     assert answer["ok"], answer.get("traceback")
     result: dict[str, Any] = answer["result"]
     return result
