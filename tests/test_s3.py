@@ -13,7 +13,6 @@ own key prefix of one bucket.
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -45,6 +44,7 @@ from helpers.s3_stores import (
     stored,
     zarr_loop_tasks,
 )
+from helpers.shards import MISSING, index_entries, with_index
 
 pytest.importorskip("obstore.store")
 pytest.importorskip("s3fs")
@@ -438,30 +438,12 @@ def test_http_requests_no_more_than_zarr(
 # -- crafted bad shards ------------------------------------------------------------------
 
 N_INNER = 6  # 2 x 3 inner chunks per shard
-MAX = 2**64 - 1
-
-
-def _entries(shard: bytes, location: str) -> list[tuple[int, int]]:
-    size = 16 * N_INNER + 4
-    index = shard[:size] if location == "start" else shard[-size:]
-    return [struct.unpack_from("<QQ", index, 16 * i) for i in range(N_INNER)]
-
-
-def _reindexed(shard: bytes, entries: list[tuple[int, int]], location: str) -> bytes:
-    """``shard`` with its index (bytes + crc32c) replaced by ``entries``."""
-    from zarr_fused._codecs import crc32c
-
-    size = 16 * N_INNER + 4
-    body = shard[size:] if location == "start" else shard[:-size]
-    index = b"".join(struct.pack("<QQ", o, n) for o, n in entries)
-    index += struct.pack("<I", crc32c(index))
-    return index + body if location == "start" else body + index
 
 
 def corrupt(shard: bytes, corruption: str, location: str) -> bytes:
-    e = _entries(shard, location)
+    e = index_entries(shard, N_INNER, location)
     size = 16 * N_INNER + 4
-    stored_at = [i for i, (o, _) in enumerate(e) if o != MAX]
+    stored_at = [i for i, (o, _) in enumerate(e) if o != MISSING]
     first, last = stored_at[0], stored_at[-1]
     if corruption == "truncated":
         return shard[: size // 2]
@@ -473,14 +455,14 @@ def corrupt(shard: bytes, corruption: str, location: str) -> bytes:
         )
     replace: dict[int, tuple[int, int]] = {
         "past-end": {first: (e[first][0], len(shard) * 2)},
-        "huge-length": {first: (e[last][0], 2**40), last: (MAX, MAX)},
+        "huge-length": {first: (e[last][0], 2**40), last: (MISSING, MISSING)},
         "overflow": {first: (2**63, 2**63 + 5)},
-        "half-missing": {first: (MAX, 16)},
+        "half-missing": {first: (MISSING, 16)},
         "overlap": {stored_at[1]: (e[first][0] + 4, e[stored_at[1]][1])},
         "empty-entry": {first: (e[first][0] + 8, 0)},
         "into-index": {first: ((len(shard) - size) if location == "end" else 0, 16)},
     }[corruption]
-    return _reindexed(shard, [replace.get(i, x) for i, x in enumerate(e)], location)
+    return with_index(shard, [replace.get(i, x) for i, x in enumerate(e)], location=location)
 
 
 CORRUPTIONS = [
