@@ -44,7 +44,7 @@ from helpers.s3_stores import (
     stored,
     zarr_loop_tasks,
 )
-from helpers.shards import MISSING, index_entries, with_index
+from helpers.shards import CORRUPTIONS, corrupt
 
 pytest.importorskip("obstore.store")
 pytest.importorskip("s3fs")
@@ -438,44 +438,6 @@ def test_http_requests_no_more_than_zarr(
 # -- crafted bad shards ------------------------------------------------------------------
 
 N_INNER = 6  # 2 x 3 inner chunks per shard
-
-
-def corrupt(shard: bytes, corruption: str, location: str) -> bytes:
-    e = index_entries(shard, N_INNER, location)
-    size = 16 * N_INNER + 4
-    stored_at = [i for i, (o, _) in enumerate(e) if o != MISSING]
-    first, last = stored_at[0], stored_at[-1]
-    if corruption == "truncated":
-        return shard[: size // 2]
-    if corruption == "index-crc":
-        return (
-            shard[:-1] + bytes([shard[-1] ^ 1])
-            if location == "end"
-            else bytes([shard[0] ^ 1]) + shard[1:]
-        )
-    replace: dict[int, tuple[int, int]] = {
-        "past-end": {first: (e[first][0], len(shard) * 2)},
-        "huge-length": {first: (e[last][0], 2**40), last: (MISSING, MISSING)},
-        "overflow": {first: (2**63, 2**63 + 5)},
-        "half-missing": {first: (MISSING, 16)},
-        "overlap": {stored_at[1]: (e[first][0] + 4, e[stored_at[1]][1])},
-        "empty-entry": {first: (e[first][0] + 8, 0)},
-        "into-index": {first: ((len(shard) - size) if location == "end" else 0, 16)},
-    }[corruption]
-    return with_index(shard, [replace.get(i, x) for i, x in enumerate(e)], location=location)
-
-
-CORRUPTIONS = [
-    "truncated",
-    "index-crc",
-    "past-end",
-    "huge-length",
-    "overflow",
-    "half-missing",
-    "overlap",
-    "into-index",
-    "empty-entry",
-]
 # a corrupt index every read must notice (the others may pass unnoticed by a
 # partial read that does not touch the bad entry, never with wrong values)
 ALWAYS_DETECTED = {
@@ -536,7 +498,7 @@ def test_bad_shard_raises_naming_the_key(
     client = moto.client()
     shard = client.get_object(Bucket=BUCKET, Key=f"{prefix}/c/0/0")["Body"].read()
     client.put_object(
-        Bucket=BUCKET, Key=f"{prefix}/c/0/0", Body=corrupt(shard, corruption, location)
+        Bucket=BUCKET, Key=f"{prefix}/c/0/0", Body=corrupt(shard, N_INNER, corruption, location)
     )
     read, expect = BAD_SELECTIONS[selection]
     with with_pipeline(FUSED):

@@ -32,7 +32,7 @@ from helpers import (
     make_store,
     with_pipeline,
 )
-from helpers.shards import MISSING, index_entries, with_index
+from helpers.shards import CORRUPTIONS, corrupt, index_entries, with_index
 
 PROTO = default_buffer_prototype()
 
@@ -88,50 +88,9 @@ def _put(store: Any, key: str, data: bytes) -> None:
     zarr.core.sync.sync(store.set(key, PROTO.buffer.from_bytes(data)))
 
 
-def _corruptions(shard: bytes, n: int, location: str) -> dict[str, bytes]:
-    e = index_entries(shard, n, location)
-    index_size = 16 * n + 4
-    data_start = index_size if location == "start" else 0
-    return {
-        "truncated": shard[: index_size // 2],
-        "index-crc": (shard[:-1] + bytes([shard[-1] ^ 1]))
-        if location == "end"
-        else bytes([shard[0] ^ 1]) + shard[1:],
-        "past-end": with_index(shard, [(e[0][0], len(shard) * 2)] + e[1:], location=location),
-        # chunk 0 claims 1 TiB from where the last chunk was stored (now
-        # missing, so no overlap gives it away): a partial read must not size
-        # a buffer from that before the bytes arrive
-        "huge-length": with_index(
-            shard, [(e[-1][0], 2**40)] + e[1:-1] + [(MISSING, MISSING)], location=location
-        ),
-        "overflow": with_index(shard, [(2**63, 2**63 + 5)] + e[1:], location=location),
-        "half-missing": with_index(shard, [(MISSING, 16)] + e[1:], location=location),
-        "overlap": with_index(shard, [e[0], (e[0][0] + 4, e[1][1])] + e[2:], location=location),
-        "empty-entry": with_index(shard, [(e[0][0] + 8, 0)] + e[1:], location=location),
-        "into-index": with_index(
-            shard,
-            [((len(shard) - index_size) if location == "end" else 0, 16)] + e[1:],
-            location=location,
-        ),
-    } | ({"before-data": b""} if data_start else {})
-
-
 @pytest.mark.parametrize("store_kind", ["memory", "local"])
 @pytest.mark.parametrize("location", ["end", "start"])
-@pytest.mark.parametrize(
-    "corruption",
-    [
-        "truncated",
-        "index-crc",
-        "past-end",
-        "huge-length",
-        "overflow",
-        "half-missing",
-        "overlap",
-        "into-index",
-        "empty-entry",
-    ],
-)
+@pytest.mark.parametrize("corruption", CORRUPTIONS)
 @pytest.mark.parametrize(
     "selection",
     [
@@ -150,7 +109,7 @@ def test_bad_shard_raises_naming_the_key(
         arr = _sharded(store, index_location=location)
         arr[...] = _data()
         shard = _get(store, "c/0/0")
-        bad = _corruptions(shard, 4, location)[corruption]
+        bad = corrupt(shard, 4, corruption, location)
         _put(store, "c/0/0", bad)
         target = (
             arr.oindex if isinstance(selection, tuple) and isinstance(selection[0], list) else arr
