@@ -373,6 +373,12 @@ def oracle(root: Path, selection: tuple[slice, ...]) -> np.ndarray:
         return zarr.open_array(LocalStore(root), mode="r")[selection]
 
 
+def delayed(root: Path, delay_us: int, ops: str = "open,read") -> dict[str, object]:
+    """The shim's faults for a slow file system: every call of ``ops`` on a
+    file under ``root`` waits ``delay_us`` microseconds, then succeeds."""
+    return {"marker": root, "ops": ops, "mode": "delay", "delay_us": delay_us}
+
+
 def run_reads(
     child: FaultyChild,
     tmp_path: Path,
@@ -443,10 +449,7 @@ def test_values_under_latency_equal_zarrs(
         tmp_path,
         root,
         [selection],
-        marker=root,
-        ops="open,read",
-        mode="delay",
-        delay_us=300,
+        **delayed(root, 300),
     )
     assert result["error"] is None, result["error"]
     np.testing.assert_array_equal(np.load(tmp_path / "result-0.npy"), oracle(root, selection))
@@ -463,10 +466,7 @@ def test_slow_files_keep_the_reads_on_the_io_threads(
         tmp_path,
         root,
         [WHOLE],
-        marker=root,
-        ops="open,read",
-        mode="delay",
-        delay_us=200,
+        **delayed(root, 200),
     )
     assert result["error"] is None, result["error"]
     # every file waited 2 x 200 us (open, pread): far above FAST_FILE
@@ -488,10 +488,7 @@ def test_values_with_one_io_thread_in_flight_per_read(
         [WHOLE],
         workers=workers,
         io=2,
-        marker=root,
-        ops="open,read",
-        mode="delay",
-        delay_us=100,
+        **delayed(root, 100),
     )
     assert result["error"] is None, result["error"]
     np.testing.assert_array_equal(np.load(tmp_path / "result-0.npy"), oracle(root, WHOLE))
@@ -549,10 +546,7 @@ def test_stress_thousands_of_reads_under_latency_leave_nothing(
         selections,
         io=64,
         repeat=2,
-        marker=root,
-        ops="open,read",
-        mode="delay",
-        delay_us=50,
+        **delayed(root, 50),
     )
     assert result["error"] is None, result["error"]
     for i, sel in enumerate(selections):
@@ -677,10 +671,7 @@ def test_sharded_values_under_latency_equal_zarrs(
         root,
         [expression],
         reader=SHARDED,
-        marker=root,
-        ops="open,read",
-        mode="delay",
-        delay_us=300,
+        **delayed(root, 300),
     )
     assert result["error"] is None, result["error"]
     expected = sharded_oracle(root, expression)
@@ -708,10 +699,7 @@ def test_sharded_slow_files_keep_the_reads_on_the_io_threads(
         workers=workers,
         io=io,
         reader=SHARDED,
-        marker=root,
-        ops="open,read",
-        mode="delay",
-        delay_us=200,
+        **delayed(root, 200),
     )
     assert result["error"] is None, result["error"]
     np.testing.assert_array_equal(np.load(tmp_path / "result-0.npy"), data[5:6])
@@ -763,10 +751,7 @@ def test_sharded_crafted_bad_index_under_latency_names_the_key(
         root,
         [expression],
         reader=SHARDED,
-        marker=root,
-        ops="open,read",
-        mode="delay",
-        delay_us=200,
+        **delayed(root, 200),
     )
     assert result["error"] is not None, "the bad index did not surface"
     assert result["error"]["type"] == "CorruptShardError", result["error"]
@@ -815,10 +800,7 @@ def test_sharded_stress_many_reads_under_latency_leave_nothing(
         io=64,
         repeat=2,
         reader=SHARDED,
-        marker=root,
-        ops="open,read",
-        mode="delay",
-        delay_us=50,
+        **delayed(root, 50),
     )
     assert result["error"] is None, result["error"]
     for i, expression in enumerate(selections):
@@ -1234,10 +1216,7 @@ def test_stress_thousands_of_writes_under_latency_leave_nothing(
         writes,
         new,
         io=64,
-        marker=root,
-        ops="create,write,rename,open,read",
-        mode="delay",
-        delay_us=50,
+        **delayed(root, 50, ops="create,write,rename,open,read"),
     )
     assert result["error"] is None, result["error"]
     expected = data.copy()
