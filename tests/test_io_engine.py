@@ -225,16 +225,7 @@ def test_first_error_cancels_the_rest_and_waits_for_running_fetches(where: str) 
 
 
 def test_io_threads_are_shared_and_bounded() -> None:
-    run_pipelined(
-        list(range(50)),
-        [1] * 50,
-        lambda i, b: i,
-        lambda i, f: None,
-        io_concurrency=3,
-        max_workers=2,
-    )
-    before = {t.name for t in threading.enumerate()}
-    for _ in range(5):
+    def run() -> None:
         run_pipelined(
             list(range(50)),
             [1] * 50,
@@ -243,6 +234,11 @@ def test_io_threads_are_shared_and_bounded() -> None:
             io_concurrency=3,
             max_workers=2,
         )
+
+    run()
+    before = {t.name for t in threading.enumerate()}
+    for _ in range(5):
+        run()
     after = {t.name for t in threading.enumerate()}
     assert after == before
     assert len([t for t in after if t.startswith("zarr_fused-fileio")]) <= max(
