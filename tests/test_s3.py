@@ -36,14 +36,7 @@ from helpers.s3 import (
     RangeServer,
     Stats,
 )
-from helpers.s3_stores import (
-    assert_no_task_left,
-    new_prefix,
-    open_store,
-    started_or_skip,
-    stored,
-    zarr_loop_tasks,
-)
+from helpers.s3_stores import new_prefix, open_store, started_or_skip, stored, under_fault
 from helpers.shards import CORRUPTIONS, corrupt
 
 pytest.importorskip("obstore.store")
@@ -563,24 +556,16 @@ def test_fault(moto: MotoServer, proxy: LatencyProxy, kind: str, case: str, layo
     after_objects = stored(moto, reference)
     key = "c/0/1"
     writing = spec.fault.method == "PUT"
-    before_tasks = zarr_loop_tasks()
-    fault = proxy.inject(spec.fault)
-    error: BaseException | None = None
     with with_pipeline(FUSED):
         arr = zarr.open_array(store)
-        try:
+
+        def operation() -> Any:
             if writing:
                 arr[...] = new
-            else:
-                got = arr[...]
-        except Exception as exc:
-            error = exc
-    assert proxy.hits(fault) > 0, "the fault was never triggered"
-    assert_no_task_left(before_tasks)
-    if spec.outcome == "retried":
-        assert error is None, error
-    elif spec.outcome == "error":
-        assert error is not None, "the fault went unnoticed"
+                return None
+            return arr[...]
+
+        got, error = under_fault(proxy, spec.fault, spec.outcome, operation)
     if error is None and not writing:
         assert_same_values(got, old)
     proxy.reset()

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any, Protocol
 
@@ -26,6 +26,7 @@ from .s3 import (
     BUCKET,
     REGION,
     SECRET_KEY,
+    Fault,
     LatencyProxy,
     MotoServer,
     ServerUnavailable,
@@ -126,3 +127,27 @@ def assert_no_task_left(before: set[asyncio.Task[Any]]) -> None:
             return
         zarr.core.sync.sync(asyncio.sleep(0.02))
     raise AssertionError(f"tasks left running: {left}")
+
+
+def under_fault(
+    proxy: LatencyProxy, fault: Fault, outcome: str, op: Callable[[], Any]
+) -> tuple[Any, BaseException | None]:
+    """``op()`` with ``fault`` injected: its result and the exception it
+    raised (one of them None). The fault must have been hit, no task of the
+    operation may be left on zarr's loop, and the outcome must be the one
+    expected: ``"retried"`` succeeds, ``"error"`` fails, ``"either"``."""
+    before_tasks = zarr_loop_tasks()
+    index = proxy.inject(fault)
+    result: Any = None
+    error: BaseException | None = None
+    try:
+        result = op()
+    except Exception as exc:
+        error = exc
+    assert proxy.hits(index) > 0, "the fault was never triggered"
+    assert_no_task_left(before_tasks)
+    if outcome == "retried":
+        assert error is None, error
+    elif outcome == "error":
+        assert error is not None, "the fault went unnoticed"
+    return result, error
