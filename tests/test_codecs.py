@@ -50,11 +50,9 @@ from zarr.codecs import (
     TransposeCodec,
     ZstdCodec,
 )
-from zarr.core.array_spec import ArrayConfig, ArraySpec
 from zarr.core.buffer import default_buffer_prototype
 from zarr.core.buffer.cpu import NDBuffer
 from zarr.core.chunk_utils import ChunkTransform, evolve_codecs
-from zarr.core.dtype import get_data_type_from_native_dtype
 from zarr.storage import MemoryStore
 
 from zarr_fused import _codec_batch as batches
@@ -70,7 +68,7 @@ from zarr_fused.errors import (
     ZarrFusedError,
 )
 
-from helpers import chunk_items
+from helpers import chunk_items, chunk_spec
 from helpers.gil import spins_during
 
 SENTINEL = 0xA5
@@ -1517,17 +1515,6 @@ def random_values(dtype: np.dtype, shape: tuple[int, ...], rng: np.random.Genera
     if dtype.kind == "b":
         return rng.integers(0, 2, size=count).astype(bool).reshape(shape)
     return np.frombuffer(rng.bytes(count * dtype.itemsize), dtype=dtype).copy().reshape(shape)
-
-
-def chunk_spec(shape: tuple[int, ...], dtype: np.dtype) -> ArraySpec:
-    zdtype = get_data_type_from_native_dtype(dtype)
-    return ArraySpec(
-        shape=shape,
-        dtype=zdtype,
-        fill_value=zdtype.default_scalar(),
-        config=ArrayConfig(order="C", write_empty_chunks=True),
-        prototype=default_buffer_prototype(),
-    )
 
 
 class Chain:
