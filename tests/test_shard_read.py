@@ -856,6 +856,18 @@ BAD_INDEX_CASES = [
 ]
 
 
+def _parse_both(index: bytes, n: int, args: dict[str, Any]) -> list[tuple[str, Any]]:
+    """What the native parser and the reference make of ``index``: each
+    ``("ok", entries)`` or ``("error", message)``."""
+    outcomes: list[tuple[str, Any]] = []
+    for parse in (index_kernels.parse_index, reference.parse_index):
+        try:
+            outcomes.append(("ok", parse(index, n, **args).tolist()))
+        except CorruptShardError as exc:
+            outcomes.append(("error", str(exc)))
+    return outcomes
+
+
 @pytest.mark.parametrize(("kind", "checksum", "big_endian"), BAD_INDEX_CASES)
 @pytest.mark.parametrize("at_start", INDEX_LOCATIONS)
 def test_bad_index_fails_like_reference(
@@ -893,12 +905,7 @@ def test_bad_index_fails_like_reference(
         "grid": grid,
         "where": "c/0/0",
     }
-    outcomes = []
-    for parse in (index_kernels.parse_index, reference.parse_index):
-        try:
-            outcomes.append(("ok", parse(index, n, **args).tolist()))
-        except CorruptShardError as exc:
-            outcomes.append(("error", str(exc)))
+    outcomes = _parse_both(index, n, args)
     assert outcomes[0] == outcomes[1]
     assert outcomes[0][0] == ("ok" if kind == "empty-inside-index" else "error")
 
@@ -936,12 +943,7 @@ def test_property_parse_index_matches_reference(case: dict[str, Any]) -> None:
     n = len(case["entries"])
     index = _index_bytes(case["entries"], checksum=case["checksum"], big_endian=case["big_endian"])
     args = {k: case[k] for k in ("checksum", "big_endian", "shard_len", "index_start", "grid")}
-    outcomes = []
-    for parse in (index_kernels.parse_index, reference.parse_index):
-        try:
-            outcomes.append(("ok", parse(index, n, **args).tolist()))
-        except CorruptShardError as exc:
-            outcomes.append(("error", str(exc)))
+    outcomes = _parse_both(index, n, args)
     assert outcomes[0] == outcomes[1]
 
 
