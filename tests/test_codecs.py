@@ -25,7 +25,6 @@ import os
 import platform
 import resource
 import struct
-import subprocess
 import sys
 import threading
 import tracemalloc
@@ -68,7 +67,7 @@ from zarr_fused.errors import (
     ZarrFusedError,
 )
 
-from helpers import chunk_items, chunk_spec
+from helpers import chunk_items, chunk_spec, run_in_python
 from helpers.gil import spins_during
 
 SENTINEL = 0xA5
@@ -1819,14 +1818,7 @@ def test_declined_targets_write_nothing_past_the_batch() -> None:
     debug = sorted(glob.glob("/usr/lib/*/libc_malloc_debug.so.0"))
     if debug:
         env.update(LD_PRELOAD=debug[0], GLIBC_TUNABLES="glibc.malloc.check=3")
-    child = subprocess.run(
-        [sys.executable, "-c", _DECLINED_TARGETS],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-        check=False,
-    )
+    child = run_in_python("-c", _DECLINED_TARGETS, env=env)
     assert (child.returncode, child.stdout.strip()) == (0, "ok"), child.stderr[-2000:]
 
 
