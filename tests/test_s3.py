@@ -36,8 +36,15 @@ from helpers.s3 import (
     RangeServer,
     Stats,
 )
-from helpers.s3_stores import new_prefix, open_store, started_or_skip, stored, under_fault
-from helpers.shards import CORRUPTIONS, corrupt
+from helpers.s3_stores import (
+    assert_same_objects_and_values,
+    new_prefix,
+    open_store,
+    started_or_skip,
+    stored,
+    under_fault,
+)
+from helpers.shards import ALWAYS_DETECTED, CORRUPTIONS, corrupt
 
 pytest.importorskip("obstore.store")
 pytest.importorskip("s3fs")
@@ -317,12 +324,7 @@ def test_write_matches_zarr_bytes(
             values = zarr.open_array(store, mode="r")[...]
         results[pipeline] = (stored(moto, prefix), values)
         del arr
-    expected_objects, expected_values = results[BATCHED]
-    objects, values = results[FUSED]
-    assert sorted(objects) == sorted(expected_objects)
-    for key in expected_objects:
-        assert objects[key] == expected_objects[key], key
-    assert_same_values(values, expected_values)
+    assert_same_objects_and_values(results[FUSED], results[BATCHED])
 
 
 # -- requests: never more than zarr's own FusedCodecPipeline ---------------------------
@@ -431,16 +433,6 @@ def test_http_requests_no_more_than_zarr(
 # -- crafted bad shards ------------------------------------------------------------------
 
 N_INNER = 6  # 2 x 3 inner chunks per shard
-# a corrupt index every read must notice (the others may pass unnoticed by a
-# partial read that does not touch the bad entry, never with wrong values)
-ALWAYS_DETECTED = {
-    "truncated",
-    "index-crc",
-    "overflow",
-    "half-missing",
-    "empty-entry",
-    "huge-length",
-}
 BAD_SELECTIONS = {
     "whole": (lambda a: a[...], lambda d: d),
     "one-inner": (lambda a: a[0:4, 0:5], lambda d: d[0:4, 0:5]),

@@ -42,7 +42,13 @@ from helpers import (
     with_pipeline,
 )
 from helpers.s3 import Fault, LatencyProxy, MotoServer, Stats
-from helpers.s3_stores import new_prefix, open_store, stored, under_fault
+from helpers.s3_stores import (
+    assert_same_objects_and_values,
+    new_prefix,
+    open_store,
+    stored,
+    under_fault,
+)
 
 # -- arrays: 3 x 2 shards of 2 x 3 inner chunks -----------------------------------------
 
@@ -170,12 +176,7 @@ def test_sharded_write_matches_zarr(
         store = open_store(kind, proxy, prefix)
         run_write(pipeline, store, layout, write, empty == "keep-empty")
         results[pipeline] = (stored(moto, prefix), read_all(store))
-    expected_objects, expected_values = results[BATCHED]
-    objects, values = results[FUSED]
-    assert sorted(objects) == sorted(expected_objects)
-    for key in expected_objects:
-        assert objects[key] == expected_objects[key], key
-    assert_same_values(values, expected_values)
+    assert_same_objects_and_values(results[FUSED], results[BATCHED])
 
 
 # -- the native path ran ----------------------------------------------------------------

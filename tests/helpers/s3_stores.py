@@ -21,6 +21,7 @@ import zarr
 from zarr.abc.store import Store
 from zarr.storage import FsspecStore, ObjectStore
 
+from . import assert_same_values
 from .s3 import (
     ACCESS_KEY,
     BUCKET,
@@ -151,3 +152,16 @@ def under_fault(
     elif outcome == "error":
         assert error is not None, "the fault went unnoticed"
     return result, error
+
+
+def assert_same_objects_and_values(
+    got: tuple[dict[str, bytes], Any], expected: tuple[dict[str, bytes], Any]
+) -> None:
+    """Two runs of one operation, each as (stored objects, values read
+    back): the same keys, the same bytes under each, the same values."""
+    objects, values = got
+    expected_objects, expected_values = expected
+    assert sorted(objects) == sorted(expected_objects)
+    for key in expected_objects:
+        assert objects[key] == expected_objects[key], key
+    assert_same_values(values, expected_values)

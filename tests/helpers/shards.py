@@ -48,6 +48,17 @@ CORRUPTIONS = [
     "empty-entry",
 ]
 
+# the corruptions every read must notice (the others may pass unnoticed by a
+# partial read that does not touch the bad entry, never with wrong values)
+ALWAYS_DETECTED = {
+    "truncated",
+    "index-crc",
+    "overflow",
+    "half-missing",
+    "empty-entry",
+    "huge-length",
+}
+
 
 def corrupt(shard: bytes, n: int, corruption: str, location: str) -> bytes:
     """``shard`` (``n`` inner chunks, at least two stored, a checksummed
