@@ -338,11 +338,8 @@ with zarr.config.set(config):
 
 @pytest.fixture(scope="module")
 def shim_child(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FaultyChild]:
-    child = FaultyChild(build_faultfs(tmp_path_factory.mktemp("faultfs")), timeout=TIMEOUT)
-    try:
+    with FaultyChild(build_faultfs(tmp_path_factory.mktemp("faultfs")), timeout=TIMEOUT) as child:
         yield child
-    finally:
-        child.close()
 
 
 def make_array(

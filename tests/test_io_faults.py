@@ -67,11 +67,8 @@ with zarr.config.set(config):
 
 @pytest.fixture(scope="module")
 def faulty_child(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FaultyChild]:
-    child = FaultyChild(build_faultfs(tmp_path_factory.mktemp("faultfs")), timeout=TIMEOUT)
-    try:
+    with FaultyChild(build_faultfs(tmp_path_factory.mktemp("faultfs")), timeout=TIMEOUT) as child:
         yield child
-    finally:
-        child.close()
 
 
 def old_and_new(seed: int) -> tuple[np.ndarray, np.ndarray]:
