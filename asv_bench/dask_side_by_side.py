@@ -38,6 +38,10 @@ import numpy as np
 import zarr
 from zarr.codecs import ZstdCodec
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+from helpers.cluster import local_cluster
+
 PIPELINES = {
     "zarr-batched": "zarr.core.codec_pipeline.BatchedCodecPipeline",
     "zarr-fused": "zarr.core.codec_pipeline.FusedCodecPipeline",
@@ -95,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     import logging
 
     import dask.array as da
-    from distributed import Client, LocalCluster
+    from distributed import Client
 
     logging.getLogger("distributed").setLevel(logging.ERROR)
 
@@ -137,14 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     clusters: dict[str, tuple[Any, Any]] = {}
     try:
         for name, path in peers.items():
-            cluster = LocalCluster(
-                n_workers=args.workers,
-                threads_per_worker=1,
-                processes=True,
-                dashboard_address=None,
-                host="127.0.0.1",
-                silence_logs=50,
-            )
+            cluster = local_cluster(n_workers=args.workers)
             client = Client(cluster, set_as_default=False)
             if name == "zarr_fused":
                 zarr_fused.dask.register(client)

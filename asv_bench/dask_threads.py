@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
 import tempfile
 import threading
 import time
@@ -29,6 +30,10 @@ from typing import Any
 import numpy as np
 import zarr
 from zarr.codecs import ZstdCodec
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+from helpers.cluster import CLUSTER_OPTIONS, local_cluster
 
 
 def _thread_names() -> list[str]:
@@ -57,20 +62,13 @@ def _runnable(pids: list[int]) -> int:
 
 def _measure(source: str, shard: int, settings: dict[str, Any], seconds: float) -> dict[str, Any]:
     import dask.array as da
-    from distributed import Client, LocalCluster
+    from distributed import Client
 
     import zarr_fused.dask
 
     cpus = len(os.sched_getaffinity(0))
     with (
-        LocalCluster(
-            n_workers=2,
-            threads_per_worker=1,
-            processes=True,
-            dashboard_address=None,
-            host="127.0.0.1",
-            silence_logs=50,
-        ) as cluster,
+        local_cluster() as cluster,
         Client(cluster, set_as_default=False) as client,
     ):
         zarr_fused.dask.register(client, **settings)
@@ -97,6 +95,7 @@ def _measure(source: str, shard: int, settings: dict[str, Any], seconds: float) 
             stop.set()
             sampler.join()
         names = client.run(_thread_names)
+    task_threads = CLUSTER_OPTIONS["n_workers"] * CLUSTER_OPTIONS["threads_per_worker"]
     pool_threads = {
         addr: sum(1 for n in ns if n.startswith("zarr_fused_") or n == "zarr_fused")
         for addr, ns in names.items()
@@ -104,7 +103,7 @@ def _measure(source: str, shard: int, settings: dict[str, Any], seconds: float) 
     return {
         "rounds": rounds,
         "pool threads per worker": sorted(pool_threads.values()),
-        "compute threads per core": (sum(pool_threads.values()) + 2) / cpus,
+        "compute threads per core": (sum(pool_threads.values()) + task_threads) / cpus,
         "runnable per core (mean)": statistics.fmean(samples) / cpus,
         "runnable per core (p95)": sorted(samples)[int(0.95 * (len(samples) - 1))] / cpus,
     }
@@ -130,7 +129,8 @@ def main() -> None:
         )
         a[...] = np.random.default_rng(0).integers(0, 1000, a.shape, dtype="u2")
         print(
-            f"# compute threads under LocalCluster(2 workers x 1 thread, processes), "
+            f"# compute threads under LocalCluster({CLUSTER_OPTIONS['n_workers']} workers x "
+            f"{CLUSTER_OPTIONS['threads_per_worker']} thread, processes), "
             f"uint16 {edge}^3, {cpus} CPUs, {args.seconds:g} s each"
         )
         for label, settings in (

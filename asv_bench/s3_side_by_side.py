@@ -66,6 +66,7 @@ from helpers.s3 import (
     MotoServer,
     ServerUnavailable,
     Stats,
+    obstore_s3,
 )
 from helpers.s3_static import StaticS3Server
 
@@ -164,17 +165,11 @@ def zarr_store(kind: str, endpoint: str, prefix: str) -> Any:
     from zarr.storage import FsspecStore, ObjectStore
 
     if kind == "obstore":
-        from obstore.store import S3Store
-
         return ObjectStore(
-            S3Store(
+            obstore_s3(
                 BUCKET,
-                prefix=prefix,
-                endpoint=endpoint,
-                region=REGION,
-                access_key_id=ACCESS_KEY,
-                secret_access_key=SECRET_KEY,
-                client_options={"allow_http": True},
+                endpoint,
+                prefix,
                 # a failing peer fails in seconds, not after 3 minutes
                 retry_config={"max_retries": 2, "retry_timeout": timedelta(seconds=20)},
             )

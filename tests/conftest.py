@@ -8,6 +8,8 @@ import pytest
 import zarr
 
 from helpers import FUSED
+from helpers.s3 import BUCKET, LatencyProxy, MotoServer
+from helpers.s3_stores import started_or_skip
 
 
 @pytest.fixture
@@ -15,3 +17,32 @@ def fused() -> Iterator[None]:
     """Select zarr_fused for the duration of the test."""
     with zarr.config.set({"codec_pipeline.path": FUSED}):
         yield
+
+
+# -- the S3 tests' servers (helpers.s3_stores opens stores on them) -----------------------
+
+
+@pytest.fixture(scope="module")
+def moto() -> Iterator[MotoServer]:
+    """moto's S3 server with the bucket `helpers.s3.BUCKET`, once per test
+    module (a module's S3 tests skip when it cannot start)."""
+    with started_or_skip(MotoServer()) as server:
+        server.create_bucket(BUCKET)
+        yield server
+
+
+@pytest.fixture(scope="module")
+def proxy_server(moto: MotoServer) -> Iterator[LatencyProxy]:
+    """The counting, fault-injecting proxy in front of `moto`, once per test
+    module; tests take it as `proxy`."""
+    with started_or_skip(LatencyProxy(moto.endpoint)) as p:
+        yield p
+
+
+@pytest.fixture
+def proxy(proxy_server: LatencyProxy) -> Iterator[LatencyProxy]:
+    """The module's proxy, with counters and faults empty and no latency at
+    the start of the test, and cleared again after it."""
+    proxy_server.reset(latency=0.0)
+    yield proxy_server
+    proxy_server.reset()

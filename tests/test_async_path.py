@@ -122,30 +122,40 @@ def test_decoding_starts_while_fetches_are_in_flight() -> None:
     )
 
 
+class _SlowThenFail:
+    """Two getter hooks for a batch that fails: ``slow`` takes half a
+    second, ``fail`` raises ``OSError(message)`` once ``slow`` has started;
+    ``finished`` says whether ``slow`` ran to its end instead of being
+    cancelled."""
+
+    def __init__(self, message: str) -> None:
+        self.message = message
+        self.started = asyncio.Event()
+        self.finished = False
+
+    async def slow(self) -> None:
+        self.started.set()
+        await asyncio.sleep(0.5)
+        self.finished = True
+
+    async def fail(self) -> None:
+        await asyncio.wait_for(self.started.wait(), timeout=5)
+        raise OSError(self.message)
+
+
 @pytest.mark.parametrize("max_workers", [1, 2])
 def test_failed_read_cancels_and_drains(max_workers: int) -> None:
     """A failing fetch cancels the others; nothing is left running or unobserved."""
     pipeline = _pipeline((4,))
     assert pipeline.plan is not None
-    slow_started = asyncio.Event()
-    slow_finished = False
-
-    async def slow() -> None:
-        nonlocal slow_finished
-        slow_started.set()
-        await asyncio.sleep(0.5)
-        slow_finished = True
-
-    async def fail() -> None:
-        await asyncio.wait_for(slow_started.wait(), timeout=5)
-        raise OSError("simulated fetch failure")
+    hooks = _SlowThenFail("simulated fetch failure")
 
     async def scenario() -> None:
         spec = _spec((4,))
         data = {"a": _encoded(np.arange(4)), "b": _encoded(np.arange(4))}
         batch = [
-            (Getter(data, "a", before=slow), spec, (slice(0, 4),), (slice(0, 4),), True),
-            (Getter(data, "b", before=fail), spec, (slice(0, 4),), (slice(4, 8),), True),
+            (Getter(data, "a", before=hooks.slow), spec, (slice(0, 4),), (slice(0, 4),), True),
+            (Getter(data, "b", before=hooks.fail), spec, (slice(0, 4),), (slice(4, 8),), True),
         ]
         out = NDBuffer.from_numpy_array(np.zeros(8, dtype="int32"))
         with pytest.raises(OSError, match="simulated fetch failure"):
@@ -153,7 +163,7 @@ def test_failed_read_cancels_and_drains(max_workers: int) -> None:
         others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
         assert others == []
         await asyncio.sleep(0.7)
-        assert not slow_finished, "the slow fetch kept running after the batch failed"
+        assert not hooks.finished, "the slow fetch kept running after the batch failed"
 
     with zarr.config.set({"codec_pipeline.max_workers": max_workers}):
         asyncio.run(scenario())
@@ -163,25 +173,14 @@ def test_failed_read_cancels_and_drains(max_workers: int) -> None:
 def test_failed_write_cancels_and_drains(max_workers: int) -> None:
     pipeline = _pipeline((4,))
     assert pipeline.plan is not None
-    slow_started = asyncio.Event()
-    slow_finished = False
-
-    async def slow() -> None:
-        nonlocal slow_finished
-        slow_started.set()
-        await asyncio.sleep(0.5)
-        slow_finished = True
-
-    async def fail() -> None:
-        await asyncio.wait_for(slow_started.wait(), timeout=5)
-        raise OSError("simulated write failure")
+    hooks = _SlowThenFail("simulated write failure")
 
     async def scenario() -> None:
         spec = _spec((4,))
         stored: dict[str, Any] = {}
         batch = [
-            (Getter(stored, "a", before=slow), spec, (slice(0, 4),), (slice(0, 4),), True),
-            (Getter(stored, "b", before=fail), spec, (slice(0, 4),), (slice(4, 8),), True),
+            (Getter(stored, "a", before=hooks.slow), spec, (slice(0, 4),), (slice(0, 4),), True),
+            (Getter(stored, "b", before=hooks.fail), spec, (slice(0, 4),), (slice(4, 8),), True),
         ]
         value = NDBuffer.from_numpy_array(np.arange(8, dtype="int32"))
         with pytest.raises(OSError, match="simulated write failure"):
@@ -189,7 +188,7 @@ def test_failed_write_cancels_and_drains(max_workers: int) -> None:
         others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
         assert others == []
         await asyncio.sleep(0.7)
-        assert not slow_finished, "the slow write kept running after the batch failed"
+        assert not hooks.finished, "the slow write kept running after the batch failed"
         assert stored == {}
 
     with zarr.config.set({"codec_pipeline.max_workers": max_workers}):

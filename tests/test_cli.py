@@ -27,6 +27,8 @@ from zarr.storage import LocalStore, ZipStore
 import zarr_fused
 from zarr_fused.cli import main, peers, selection
 
+from helpers import run_in_python
+
 BATCHED = "zarr.core.codec_pipeline.BatchedCodecPipeline"
 HAVE = {m: importlib.util.find_spec(m) is not None for m in ("zarrs", "tensorstore", "matplotlib")}
 ZARR_PEERS = ["zarr-batched", "zarr-fused", "zarr_fused"] + (["zarrs"] if HAVE["zarrs"] else [])
@@ -37,14 +39,7 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     # zarr settings from the environment would change what `info` reports
     env = {k: v for k, v in os.environ.items() if not k.startswith("ZARR_")}
-    return subprocess.run(
-        [sys.executable, "-m", "zarr_fused", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-        check=False,
-    )
+    return run_in_python("-m", "zarr_fused", *args, env=env)
 
 
 def call(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
@@ -515,9 +510,7 @@ def test_plot_without_matplotlib(tmp_path: Path) -> None:
         sys.exit(main(["bench", "--size", "8", "--repeat", "1", "--plot", {str(target)!r}]))
         """
     )
-    res = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False
-    )
+    res = run_in_python("-c", script)
     assert res.returncode == 2
     assert res.stderr == "zarr-fused: --plot needs matplotlib: pip install matplotlib\n"
     assert res.stdout == ""

@@ -25,7 +25,6 @@ import os
 import platform
 import resource
 import struct
-import subprocess
 import sys
 import threading
 import tracemalloc
@@ -50,11 +49,9 @@ from zarr.codecs import (
     TransposeCodec,
     ZstdCodec,
 )
-from zarr.core.array_spec import ArrayConfig, ArraySpec
 from zarr.core.buffer import default_buffer_prototype
 from zarr.core.buffer.cpu import NDBuffer
 from zarr.core.chunk_utils import ChunkTransform, evolve_codecs
-from zarr.core.dtype import get_data_type_from_native_dtype
 from zarr.storage import MemoryStore
 
 from zarr_fused import _codec_batch as batches
@@ -70,7 +67,7 @@ from zarr_fused.errors import (
     ZarrFusedError,
 )
 
-from helpers import chunk_items
+from helpers import chunk_items, chunk_spec, run_in_python
 from helpers.gil import spins_during
 
 SENTINEL = 0xA5
@@ -1519,17 +1516,6 @@ def random_values(dtype: np.dtype, shape: tuple[int, ...], rng: np.random.Genera
     return np.frombuffer(rng.bytes(count * dtype.itemsize), dtype=dtype).copy().reshape(shape)
 
 
-def chunk_spec(shape: tuple[int, ...], dtype: np.dtype) -> ArraySpec:
-    zdtype = get_data_type_from_native_dtype(dtype)
-    return ArraySpec(
-        shape=shape,
-        dtype=zdtype,
-        fill_value=zdtype.default_scalar(),
-        config=ArrayConfig(order="C", write_empty_chunks=True),
-        prototype=default_buffer_prototype(),
-    )
-
-
 class Chain:
     """One codec chain for one chunk spec, as zarr and as the native kernel."""
 
@@ -1832,14 +1818,7 @@ def test_declined_targets_write_nothing_past_the_batch() -> None:
     debug = sorted(glob.glob("/usr/lib/*/libc_malloc_debug.so.0"))
     if debug:
         env.update(LD_PRELOAD=debug[0], GLIBC_TUNABLES="glibc.malloc.check=3")
-    child = subprocess.run(
-        [sys.executable, "-c", _DECLINED_TARGETS],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-        check=False,
-    )
+    child = run_in_python("-c", _DECLINED_TARGETS, env=env)
     assert (child.returncode, child.stdout.strip()) == (0, "ok"), child.stderr[-2000:]
 
 

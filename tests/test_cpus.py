@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import textwrap
 import warnings
 from pathlib import Path
@@ -25,6 +23,8 @@ from zarr.storage import LocalStore
 import zarr_fused
 from zarr_fused._cpus import available_cpus, cgroup_cpu_quota, resolve_max_workers
 from zarr_fused.config import MAX_WORKERS_CAP, MAX_WORKERS_KEY
+
+from helpers import run_in_python
 
 FUSED = "zarr_fused.FusedCodecPipeline"
 
@@ -46,14 +46,7 @@ def make_tree(root: Path, files: dict[str, str | bytes | None]) -> Path:
 
 def run_python(code: str, *args: str, env: dict[str, str] | None = None) -> dict[str, Any]:
     """Run ``code`` in a fresh interpreter; it prints one JSON object last."""
-    proc = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code), *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-        check=False,
-    )
+    proc = run_in_python("-c", textwrap.dedent(code), *args, env=env)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -488,14 +481,7 @@ def test_invalid_max_workers_env_var_warns_but_reads(tmp_path: Path, env_value: 
 
 def _default_in_child(env: dict[str, str]) -> list[Any]:
     script = "import json, zarr_fused\nprint(json.dumps(zarr_fused.default_max_workers()))"
-    out = subprocess.run(
-        [sys.executable, "-c", script],
-        capture_output=True,
-        text=True,
-        env={**os.environ, **env},
-        check=True,
-        timeout=120,
-    )
+    out = run_in_python("-c", script, env={**os.environ, **env}, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -521,13 +507,6 @@ def test_omp_num_threads_set_later_does_not_cap() -> None:
         "import os; os.environ['OMP_NUM_THREADS'] = '1'\n"
         "import json, zarr_fused\nprint(json.dumps(zarr_fused.default_max_workers()))"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", script],
-        capture_output=True,
-        text=True,
-        env=env,
-        check=True,
-        timeout=120,
-    )
+    out = run_in_python("-c", script, env=env, check=True)
     count, why = json.loads(out.stdout.strip())
     assert count == available_cpus()[0] and "OMP_NUM_THREADS" not in why

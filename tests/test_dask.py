@@ -18,6 +18,7 @@ import pytest
 import zarr
 
 from helpers import BATCHED, FUSED, chunk_items, with_pipeline
+from helpers.cluster import local_cluster
 
 distributed = pytest.importorskip("distributed")
 da = pytest.importorskip("dask.array")
@@ -40,14 +41,7 @@ def client() -> Iterator[Any]:
     # distributed's nannies set OMP_NUM_THREADS and friends in this process's
     # environment for the workers they spawn; later tests must not inherit them
     saved = dict(os.environ)
-    cluster = distributed.LocalCluster(
-        n_workers=2,
-        threads_per_worker=1,
-        processes=True,
-        dashboard_address=None,
-        host="127.0.0.1",
-        silence_logs=50,
-    )
+    cluster = local_cluster()
     try:
         with distributed.Client(cluster) as c:
             zarr_fused.dask.register(c)

@@ -225,16 +225,7 @@ def test_first_error_cancels_the_rest_and_waits_for_running_fetches(where: str) 
 
 
 def test_io_threads_are_shared_and_bounded() -> None:
-    run_pipelined(
-        list(range(50)),
-        [1] * 50,
-        lambda i, b: i,
-        lambda i, f: None,
-        io_concurrency=3,
-        max_workers=2,
-    )
-    before = {t.name for t in threading.enumerate()}
-    for _ in range(5):
+    def run() -> None:
         run_pipelined(
             list(range(50)),
             [1] * 50,
@@ -243,6 +234,11 @@ def test_io_threads_are_shared_and_bounded() -> None:
             io_concurrency=3,
             max_workers=2,
         )
+
+    run()
+    before = {t.name for t in threading.enumerate()}
+    for _ in range(5):
+        run()
     after = {t.name for t in threading.enumerate()}
     assert after == before
     assert len([t for t in after if t.startswith("zarr_fused-fileio")]) <= max(
@@ -259,9 +255,11 @@ LAYOUTS = {
 }
 SHAPE = (64, 64)  # 8 x 8 chunk files: keys c/i/j with one digit each
 
-# Runs in the child: reads through zarr_fused, returns the result's path,
-# and the threads and descriptors before (after a warm-up read) and after.
-READ = r"""
+# The start of every script run in the child (READ, WRITE): the threads and
+# descriptors of the process (`snapshot`), every compute, IO and hop thread
+# started before they are taken (`start_threads`), a failure as the parent
+# reads it, and zarr_fused selected with the script's thread counts.
+CHILD_COMMON = r"""
 import os, threading
 import numpy as np, zarr
 from zarr.storage import LocalStore
@@ -272,6 +270,34 @@ def snapshot():
     return (sorted([t.ident, t.name] for t in threading.enumerate()),
             sorted(os.listdir("/proc/self/fd")))
 
+def fill(pool, n):
+    # every thread of the pool started (executors start them lazily), so
+    # that what a read or write adds afterwards shows
+    barrier = threading.Barrier(n + 1)
+    futures = [pool.submit(barrier.wait, 30) for _ in range(n)]
+    barrier.wait(30)
+    for f in futures:
+        f.result()
+
+def start_threads():
+    fill(_io_engine.io_threads(args["io"]), _io_engine._io_size)
+    if args["workers"] > 1:
+        fill(_pool.get_pool(args["workers"] - 1), _pool.pool_size())
+    hop = _pool._hop_executor()  # the hop off zarr's event loop (its own bounded pool)
+    fill(hop, hop._max_workers)
+
+def failure(e):
+    return {"type": type(e).__name__, "errno": getattr(e, "errno", None), "message": str(e)}
+
+config = {"codec_pipeline.path": "zarr_fused.FusedCodecPipeline",
+          "codec_pipeline.max_workers": args["workers"],
+          "codec_pipeline.io_concurrency": args["io"]}
+"""
+
+# Runs in the child after CHILD_COMMON: reads through zarr_fused, returns the
+# result's path, and the threads and descriptors before (after a warm-up
+# read) and after.
+READ = r"""
 def force_io(reader):
     # each read through the IO threads, however fast the files answer
     # (the readers otherwise read fast files directly)
@@ -285,28 +311,12 @@ def seen(reader):
         return reader.seconds_per_file
     return reader.io.seconds_per_call
 
-def fill(pool, n):
-    # every thread of the pool started (executors start them lazily), so
-    # that what a read adds afterwards shows
-    barrier = threading.Barrier(n + 1)
-    futures = [pool.submit(barrier.wait, 30) for _ in range(n)]
-    barrier.wait(30)
-    for f in futures:
-        f.result()
-
-config = {"codec_pipeline.path": "zarr_fused.FusedCodecPipeline",
-          "codec_pipeline.max_workers": args["workers"],
-          "codec_pipeline.io_concurrency": args["io"]}
 with zarr.config.set(config):
     arr = zarr.open_array(LocalStore(args["root"]), mode="r")
     plan_reader = arr._async_array.codec_pipeline.plan.reader
     reader = type(plan_reader).__name__
     arr[0:1, 0:1]
-    fill(_io_engine.io_threads(args["io"]), _io_engine._io_size)
-    if args["workers"] > 1:
-        fill(_pool.get_pool(args["workers"] - 1), _pool.pool_size())
-    hop = _pool._hop_executor()  # the hop off zarr's event loop (its own bounded pool)
-    fill(hop, hop._max_workers)
+    start_threads()
     before = snapshot()
     outcome = None
     measured = []
@@ -318,8 +328,7 @@ with zarr.config.set(config):
                 measured.append(seen(plan_reader))
         arr[...]  # once more, as the reader chooses
     except Exception as e:
-        outcome = {"type": type(e).__name__, "errno": getattr(e, "errno", None),
-                   "message": str(e)}
+        outcome = failure(e)
     result = {"reader": reader, "seconds_per_file": seen(plan_reader), "measured": measured,
               "before": before, "after": snapshot(), "error": outcome,
               "io_threads": sum(t.name.startswith("zarr_fused-fileio")
@@ -329,11 +338,8 @@ with zarr.config.set(config):
 
 @pytest.fixture(scope="module")
 def shim_child(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FaultyChild]:
-    child = FaultyChild(build_faultfs(tmp_path_factory.mktemp("faultfs")), timeout=TIMEOUT)
-    try:
+    with FaultyChild(build_faultfs(tmp_path_factory.mktemp("faultfs")), timeout=TIMEOUT) as child:
         yield child
-    finally:
-        child.close()
 
 
 def make_array(
@@ -360,6 +366,12 @@ def oracle(root: Path, selection: tuple[slice, ...]) -> np.ndarray:
         return zarr.open_array(LocalStore(root), mode="r")[selection]
 
 
+def delayed(root: Path, delay_us: int, ops: str = "open,read") -> dict[str, object]:
+    """The shim's faults for a slow file system: every call of ``ops`` on a
+    file under ``root`` waits ``delay_us`` microseconds, then succeeds."""
+    return {"marker": root, "ops": ops, "mode": "delay", "delay_us": delay_us}
+
+
 def run_reads(
     child: FaultyChild,
     tmp_path: Path,
@@ -381,7 +393,7 @@ def run_reads(
         "selections": [sel if isinstance(sel, str) else f"arr[{sel!r}]" for sel in selections],
         "result": str(tmp_path / "result"),
     }
-    answer = child.run(READ, args, **faults)
+    answer = child.run(CHILD_COMMON + READ, args, **faults)
     assert answer["ok"], answer.get("traceback")
     result: dict[str, Any] = answer["result"]
     assert result["reader"] == reader, result
@@ -430,10 +442,7 @@ def test_values_under_latency_equal_zarrs(
         tmp_path,
         root,
         [selection],
-        marker=root,
-        ops="open,read",
-        mode="delay",
-        delay_us=300,
+        **delayed(root, 300),
     )
     assert result["error"] is None, result["error"]
     np.testing.assert_array_equal(np.load(tmp_path / "result-0.npy"), oracle(root, selection))
@@ -450,10 +459,7 @@ def test_slow_files_keep_the_reads_on_the_io_threads(
         tmp_path,
         root,
         [WHOLE],
-        marker=root,
-        ops="open,read",
-        mode="delay",
-        delay_us=200,
+        **delayed(root, 200),
     )
     assert result["error"] is None, result["error"]
     # every file waited 2 x 200 us (open, pread): far above FAST_FILE
@@ -475,10 +481,7 @@ def test_values_with_one_io_thread_in_flight_per_read(
         [WHOLE],
         workers=workers,
         io=2,
-        marker=root,
-        ops="open,read",
-        mode="delay",
-        delay_us=100,
+        **delayed(root, 100),
     )
     assert result["error"] is None, result["error"]
     np.testing.assert_array_equal(np.load(tmp_path / "result-0.npy"), oracle(root, WHOLE))
@@ -536,10 +539,7 @@ def test_stress_thousands_of_reads_under_latency_leave_nothing(
         selections,
         io=64,
         repeat=2,
-        marker=root,
-        ops="open,read",
-        mode="delay",
-        delay_us=50,
+        **delayed(root, 50),
     )
     assert result["error"] is None, result["error"]
     for i, sel in enumerate(selections):
@@ -664,10 +664,7 @@ def test_sharded_values_under_latency_equal_zarrs(
         root,
         [expression],
         reader=SHARDED,
-        marker=root,
-        ops="open,read",
-        mode="delay",
-        delay_us=300,
+        **delayed(root, 300),
     )
     assert result["error"] is None, result["error"]
     expected = sharded_oracle(root, expression)
@@ -695,10 +692,7 @@ def test_sharded_slow_files_keep_the_reads_on_the_io_threads(
         workers=workers,
         io=io,
         reader=SHARDED,
-        marker=root,
-        ops="open,read",
-        mode="delay",
-        delay_us=200,
+        **delayed(root, 200),
     )
     assert result["error"] is None, result["error"]
     np.testing.assert_array_equal(np.load(tmp_path / "result-0.npy"), data[5:6])
@@ -750,10 +744,7 @@ def test_sharded_crafted_bad_index_under_latency_names_the_key(
         root,
         [expression],
         reader=SHARDED,
-        marker=root,
-        ops="open,read",
-        mode="delay",
-        delay_us=200,
+        **delayed(root, 200),
     )
     assert result["error"] is not None, "the bad index did not surface"
     assert result["error"]["type"] == "CorruptShardError", result["error"]
@@ -802,10 +793,7 @@ def test_sharded_stress_many_reads_under_latency_leave_nothing(
         io=64,
         repeat=2,
         reader=SHARDED,
-        marker=root,
-        ops="open,read",
-        mode="delay",
-        delay_us=50,
+        **delayed(root, 50),
     )
     assert result["error"] is None, result["error"]
     for i, expression in enumerate(selections):
@@ -1058,38 +1046,15 @@ def test_io_concurrency_1_writes_on_the_compute_threads(
 
 # -- write faults in flight, with the shim in a child ------------------------------------
 
-# Runs in the child: one write through zarr_fused (IO threads on), with the
-# threads and descriptors before (after a warm-up write) and after.
+# Runs in the child after CHILD_COMMON: one write through zarr_fused (IO
+# threads on), with the threads and descriptors before (after a warm-up
+# write) and after.
 WRITE = r"""
-import os, threading
-import numpy as np, zarr
-from zarr.storage import LocalStore
-from zarr_fused import _pool
-from zarr_fused.io import engine as _io_engine
-
-def snapshot():
-    return (sorted([t.ident, t.name] for t in threading.enumerate()),
-            sorted(os.listdir("/proc/self/fd")))
-
-def fill(pool, n):
-    barrier = threading.Barrier(n + 1)
-    futures = [pool.submit(barrier.wait, 30) for _ in range(n)]
-    barrier.wait(30)
-    for f in futures:
-        f.result()
-
-config = {"codec_pipeline.path": "zarr_fused.FusedCodecPipeline",
-          "codec_pipeline.max_workers": args["workers"],
-          "codec_pipeline.io_concurrency": args["io"]}
 with zarr.config.set(config):
     arr = zarr.open_array(LocalStore(args["root"]), mode="r+")
     new = np.load(args["value"])
     arr[0:1, 0:1] = arr[0:1, 0:1]
-    fill(_io_engine.io_threads(args["io"]), _io_engine._io_size)
-    if args["workers"] > 1:
-        fill(_pool.get_pool(args["workers"] - 1), _pool.pool_size())
-    hop = _pool._hop_executor()
-    fill(hop, hop._max_workers)
+    start_threads()
     before = snapshot()
     outcome = None
     try:
@@ -1097,8 +1062,7 @@ with zarr.config.set(config):
             sel = tuple(slice(a, b) for a, b in box)
             arr[sel] = new[sel] if fill is None else fill
     except Exception as e:
-        outcome = {"type": type(e).__name__, "errno": getattr(e, "errno", None),
-                   "message": str(e)}
+        outcome = failure(e)
     result = {"before": before, "after": snapshot(), "error": outcome}
 """
 
@@ -1133,7 +1097,7 @@ def run_write(
         "writes": writes,
         "value": str(tmp_path / "new.npy"),
     }
-    answer = child.run(WRITE, args, **faults)
+    answer = child.run(CHILD_COMMON + WRITE, args, **faults)
     assert answer["ok"], answer.get("traceback")
     result: dict[str, Any] = answer["result"]
     return result
@@ -1245,10 +1209,7 @@ def test_stress_thousands_of_writes_under_latency_leave_nothing(
         writes,
         new,
         io=64,
-        marker=root,
-        ops="create,write,rename,open,read",
-        mode="delay",
-        delay_us=50,
+        **delayed(root, 50, ops="create,write,rename,open,read"),
     )
     assert result["error"] is None, result["error"]
     expected = data.copy()

@@ -67,11 +67,8 @@ with zarr.config.set(config):
 
 @pytest.fixture(scope="module")
 def faulty_child(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FaultyChild]:
-    child = FaultyChild(build_faultfs(tmp_path_factory.mktemp("faultfs")), timeout=TIMEOUT)
-    try:
+    with FaultyChild(build_faultfs(tmp_path_factory.mktemp("faultfs")), timeout=TIMEOUT) as child:
         yield child
-    finally:
-        child.close()
 
 
 def old_and_new(seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -240,17 +237,11 @@ TRANSFER_FAULTS = {
 # cuts through the target's chunk (or several of its shard's inner chunks),
 # so a write reads the old bytes first
 REGION = (slice(5, 13), slice(3, 11))
+TRANSFER_LAYOUTS = [pytest.param(k, id=k) for k in ("chunked-raw", "chunked", "sharded")]
 
 
 @pytest.mark.parametrize("fault", [pytest.param(k, id=k) for k in TRANSFER_FAULTS])
-@pytest.mark.parametrize(
-    "layout",
-    [
-        pytest.param("chunked-raw", id="chunked-raw"),
-        pytest.param("chunked", id="chunked"),
-        pytest.param("sharded", id="sharded"),
-    ],
-)
+@pytest.mark.parametrize("layout", TRANSFER_LAYOUTS)
 def test_short_and_interrupted_writes_store_the_same(
     tmp_path: Path, faulty_child: FaultyChild, layout: str, fault: str
 ) -> None:
@@ -275,14 +266,7 @@ def test_short_and_interrupted_writes_store_the_same(
     [pytest.param((slice(None), slice(None)), id="whole"), pytest.param(REGION, id="region")],
 )
 @pytest.mark.parametrize("fault", [pytest.param(k, id=k) for k in TRANSFER_FAULTS])
-@pytest.mark.parametrize(
-    "layout",
-    [
-        pytest.param("chunked-raw", id="chunked-raw"),
-        pytest.param("chunked", id="chunked"),
-        pytest.param("sharded", id="sharded"),
-    ],
-)
+@pytest.mark.parametrize("layout", TRANSFER_LAYOUTS)
 def test_short_and_interrupted_reads_return_the_same(
     tmp_path: Path, faulty_child: FaultyChild, layout: str, fault: str, selection: tuple[slice, ...]
 ) -> None:

@@ -280,11 +280,8 @@ def plant_bomb(root: Path, bomb: str, sharded: bool) -> None:
 def reader() -> Iterator[FaultyChild]:
     """One child for the bombs: each case resets the peak before it reads,
     and no case frees enough for a bomb's growth to hide in."""
-    child = FaultyChild(None, timeout=TIMEOUT)
-    try:
+    with FaultyChild(None, timeout=TIMEOUT) as child:
         yield child
-    finally:
-        child.close()
 
 
 @pytest.mark.parametrize(

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from helpers import run_in_python
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -71,14 +73,6 @@ def test_installs_and_runs_from_sdist(sdist: Path, tmp_path: Path) -> None:
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("ZARR_")}
     env.update(PYTHONPATH=str(target), ZARR_CODEC_PIPELINE__PATH="zarr_fused.FusedCodecPipeline")
-    out = subprocess.run(
-        [sys.executable, "-c", script],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    out = run_in_python("-c", script, cwd=tmp_path, env=env)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "ok"

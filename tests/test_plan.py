@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -21,7 +20,7 @@ from zarr.errors import ZarrUserWarning
 import zarr_fused
 from zarr_fused.errors import CorruptChunkError, UnsupportedError
 
-from helpers import FUSED, assert_same_values, make_store, with_pipeline
+from helpers import FUSED, assert_same_values, make_store, run_in_python, with_pipeline
 
 
 def _array(store: Any, **kwargs: Any) -> zarr.Array:
@@ -196,14 +195,7 @@ def test_strict_mode_by_environment_variable(tmp_path: Path) -> None:
         "ZARR_CODEC_PIPELINE__STRICT": "True",
         "PATH": "/usr/bin:/bin",
     }
-    out = subprocess.run(
-        [sys.executable, "-c", script],
-        capture_output=True,
-        text=True,
-        env=env,
-        check=True,
-        timeout=120,
-    )
+    out = run_in_python("-c", script, env=env, check=True)
     assert out.stdout.strip() == "UnsupportedError"
 
 
@@ -290,14 +282,7 @@ def _run(script: str, **env: str) -> subprocess.CompletedProcess[str]:
 
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("ZARR_")}
     full_env.update(env)
-    return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(script)],
-        capture_output=True,
-        text=True,
-        env=full_env,
-        timeout=120,
-        check=False,
-    )
+    return run_in_python("-c", textwrap.dedent(script), env=full_env)
 
 
 def test_selected_by_env_var_without_import() -> None:
@@ -447,14 +432,7 @@ def test_strict_mode_environment_spellings(value: str, expected: str) -> None:
         "ZARR_CODEC_PIPELINE__STRICT": value,
         "PATH": "/usr/bin:/bin",
     }
-    out = subprocess.run(
-        [sys.executable, "-c", script],
-        capture_output=True,
-        text=True,
-        env=env,
-        check=True,
-        timeout=120,
-    )
+    out = run_in_python("-c", script, env=env, check=True)
     assert out.stdout.strip() == expected
 
 

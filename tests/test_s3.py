@@ -13,12 +13,8 @@ own key prefix of one bucket.
 
 from __future__ import annotations
 
-import asyncio
-import itertools
-import struct
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any
 
 import numpy as np
@@ -27,113 +23,36 @@ import zarr
 from zarr.abc.store import ByteRequest, Store, SuffixByteRequest
 from zarr.codecs import BytesCodec, Crc32cCodec, ShardingCodec, ZstdCodec
 from zarr.core.buffer import Buffer
-from zarr.storage import FsspecStore, LocalStore, ObjectStore, WrapperStore
+from zarr.storage import FsspecStore, LocalStore, WrapperStore
 
 from zarr_fused.errors import CorruptChunkError, CorruptShardError
 
 from helpers import BATCHED, FUSED, ZARR_FUSED, assert_same_values, with_pipeline
 from helpers.s3 import (
-    ACCESS_KEY,
-    REGION,
-    SECRET_KEY,
+    BUCKET,
     Fault,
     LatencyProxy,
     MotoServer,
     RangeServer,
-    ServerUnavailable,
     Stats,
 )
+from helpers.s3_stores import (
+    assert_same_objects_and_values,
+    new_prefix,
+    open_store,
+    started_or_skip,
+    stored,
+    under_fault,
+)
+from helpers.shards import ALWAYS_DETECTED, CORRUPTIONS, corrupt
 
-obstore_store = pytest.importorskip("obstore.store")
-s3fs = pytest.importorskip("s3fs")
+pytest.importorskip("obstore.store")
+pytest.importorskip("s3fs")
 
-BUCKET = "zarr-fused-tests"
 STORES = ["obstore", "s3fs"]
-_prefixes = itertools.count()
-_s3fs_cache: dict[str, Any] = {}
 
 
-# -- servers and stores (one set per module) ---------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def moto() -> Iterator[MotoServer]:
-    server = MotoServer()
-    try:
-        server.start()
-    except ServerUnavailable as exc:
-        pytest.skip(str(exc))
-    try:
-        server.create_bucket(BUCKET)
-        yield server
-    finally:
-        server.stop()
-
-
-@pytest.fixture(scope="module")
-def proxy(moto: MotoServer) -> Iterator[LatencyProxy]:
-    p = LatencyProxy(moto.endpoint)
-    try:
-        p.start()
-    except ServerUnavailable as exc:
-        pytest.skip(str(exc))
-    try:
-        yield p
-    finally:
-        p.stop()
-
-
-@pytest.fixture(autouse=True)
-def _clean_proxy(request: pytest.FixtureRequest) -> Iterator[None]:
-    """Counters and faults start empty in every test that uses the proxy."""
-    if "proxy" not in request.fixturenames:
-        yield
-        return
-    p: LatencyProxy = request.getfixturevalue("proxy")
-    p.reset(latency=0.0)
-    yield
-    p.reset()
-
-
-def open_store(kind: str, proxy: LatencyProxy, prefix: str) -> Store:
-    """A store of ``kind`` on ``BUCKET/prefix`` through the proxy. Retries are
-    few and fast, so a persistent fault fails within a second or two."""
-    if kind == "obstore":
-        s3 = obstore_store.S3Store(
-            BUCKET,
-            prefix=prefix,
-            endpoint=proxy.endpoint,
-            region=REGION,
-            access_key_id=ACCESS_KEY,
-            secret_access_key=SECRET_KEY,
-            client_options={"allow_http": True, "timeout": timedelta(seconds=30)},
-            retry_config={
-                "max_retries": 2,
-                "backoff": {
-                    "init_backoff": timedelta(milliseconds=10),
-                    "max_backoff": timedelta(milliseconds=100),
-                },
-                "retry_timeout": timedelta(seconds=10),
-            },
-        )
-        return ObjectStore(s3)
-    if kind == "s3fs":
-        # one filesystem per proxy: a new one builds a botocore session and
-        # client (seconds of CPU on a busy host); zarr's loop outlives it
-        fs = _s3fs_cache.get(proxy.endpoint)
-        if fs is None:
-            fs = s3fs.S3FileSystem(
-                key=ACCESS_KEY,
-                secret=SECRET_KEY,
-                asynchronous=True,
-                skip_instance_cache=True,
-                client_kwargs={"endpoint_url": proxy.endpoint, "region_name": REGION},
-                config_kwargs={"retries": {"max_attempts": 3, "mode": "standard"}},
-            )
-            fs.retries = 2  # s3fs' own retry loop around botocore's (a class attribute)
-            _s3fs_cache[proxy.endpoint] = fs
-        return FsspecStore(fs, path=f"{BUCKET}/{prefix}")
-    raise AssertionError(kind)
+# -- the store matrix (servers: conftest's `moto` and `proxy`; stores: helpers.s3_stores) --
 
 
 def cases(names: tuple[str, ...], *axes: list[str], s3fs: Callable[..., bool]) -> list[Any]:
@@ -150,37 +69,6 @@ def cases(names: tuple[str, ...], *axes: list[str], s3fs: Callable[..., bool]) -
                 out.append(pytest.param(kind, *values, id="-".join((kind, *values))))
     assert len(names) == 1 + len(axes)
     return out
-
-
-def new_prefix() -> str:
-    return f"t{next(_prefixes):05d}"
-
-
-def stored(moto: MotoServer, prefix: str) -> dict[str, bytes]:
-    """What is stored under ``prefix`` (read straight from moto, uncounted),
-    keyed relative to it."""
-    return {k[len(prefix) + 1 :]: v for k, v in moto.objects(BUCKET, prefix + "/").items()}
-
-
-def zarr_loop_tasks() -> set[asyncio.Task[Any]]:
-    """The tasks alive on zarr's event loop (but the one asking)."""
-
-    async def others() -> set[asyncio.Task[Any]]:
-        return {t for t in asyncio.all_tasks() if t is not asyncio.current_task()}
-
-    return zarr.core.sync.sync(others())
-
-
-def assert_no_task_left(before: set[asyncio.Task[Any]]) -> None:
-    """No task started by the operation is still running on zarr's loop (a
-    moment allowed for cancelled ones to unwind)."""
-    left: set[asyncio.Task[Any]] = set()
-    for _ in range(50):
-        left = {t for t in zarr_loop_tasks() - before if not t.done()}
-        if not left:
-            return
-        zarr.core.sync.sync(asyncio.sleep(0.02))
-    raise AssertionError(f"tasks left running: {left}")
 
 
 # -- arrays ------------------------------------------------------------------------------
@@ -285,7 +173,7 @@ SELECTIONS = {
 
 
 @pytest.fixture(scope="module")
-def written(moto: MotoServer, proxy: LatencyProxy) -> Callable[[str, str], str]:
+def written(proxy_server: LatencyProxy) -> Callable[[str, str], str]:
     """The prefix of the sample array written by zarr's pipeline, once per
     (store, layout) in the module."""
     cache: dict[tuple[str, str], str] = {}
@@ -293,7 +181,7 @@ def written(moto: MotoServer, proxy: LatencyProxy) -> Callable[[str, str], str]:
     def get(kind: str, layout: str) -> str:
         if (kind, layout) not in cache:
             prefix = new_prefix()
-            write_with(BATCHED, open_store(kind, proxy, prefix), LAYOUTS[layout], sample())
+            write_with(BATCHED, open_store(kind, proxy_server, prefix), LAYOUTS[layout], sample())
             cache[kind, layout] = prefix
         return cache[kind, layout]
 
@@ -436,12 +324,7 @@ def test_write_matches_zarr_bytes(
             values = zarr.open_array(store, mode="r")[...]
         results[pipeline] = (stored(moto, prefix), values)
         del arr
-    expected_objects, expected_values = results[BATCHED]
-    objects, values = results[FUSED]
-    assert sorted(objects) == sorted(expected_objects)
-    for key in expected_objects:
-        assert objects[key] == expected_objects[key], key
-    assert_same_values(values, expected_values)
+    assert_same_objects_and_values(results[FUSED], results[BATCHED])
 
 
 # -- requests: never more than zarr's own FusedCodecPipeline ---------------------------
@@ -506,15 +389,8 @@ def http_arrays(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RangeServe
     root = tmp_path_factory.mktemp("http")
     for name, layout in LAYOUTS.items():
         write_with(BATCHED, LocalStore(root / name), layout, sample())
-    server = RangeServer(root)
-    try:
-        server.start()
-    except ServerUnavailable as exc:
-        pytest.skip(str(exc))
-    try:
+    with started_or_skip(RangeServer(root)) as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.mark.parametrize("selection", ["whole", "orthogonal", "mask"])
@@ -557,72 +433,6 @@ def test_http_requests_no_more_than_zarr(
 # -- crafted bad shards ------------------------------------------------------------------
 
 N_INNER = 6  # 2 x 3 inner chunks per shard
-MAX = 2**64 - 1
-
-
-def _entries(shard: bytes, location: str) -> list[tuple[int, int]]:
-    size = 16 * N_INNER + 4
-    index = shard[:size] if location == "start" else shard[-size:]
-    return [struct.unpack_from("<QQ", index, 16 * i) for i in range(N_INNER)]
-
-
-def _reindexed(shard: bytes, entries: list[tuple[int, int]], location: str) -> bytes:
-    """``shard`` with its index (bytes + crc32c) replaced by ``entries``."""
-    from zarr_fused._codecs import crc32c
-
-    size = 16 * N_INNER + 4
-    body = shard[size:] if location == "start" else shard[:-size]
-    index = b"".join(struct.pack("<QQ", o, n) for o, n in entries)
-    index += struct.pack("<I", crc32c(index))
-    return index + body if location == "start" else body + index
-
-
-def corrupt(shard: bytes, corruption: str, location: str) -> bytes:
-    e = _entries(shard, location)
-    size = 16 * N_INNER + 4
-    stored_at = [i for i, (o, _) in enumerate(e) if o != MAX]
-    first, last = stored_at[0], stored_at[-1]
-    if corruption == "truncated":
-        return shard[: size // 2]
-    if corruption == "index-crc":
-        return (
-            shard[:-1] + bytes([shard[-1] ^ 1])
-            if location == "end"
-            else bytes([shard[0] ^ 1]) + shard[1:]
-        )
-    replace: dict[int, tuple[int, int]] = {
-        "past-end": {first: (e[first][0], len(shard) * 2)},
-        "huge-length": {first: (e[last][0], 2**40), last: (MAX, MAX)},
-        "overflow": {first: (2**63, 2**63 + 5)},
-        "half-missing": {first: (MAX, 16)},
-        "overlap": {stored_at[1]: (e[first][0] + 4, e[stored_at[1]][1])},
-        "empty-entry": {first: (e[first][0] + 8, 0)},
-        "into-index": {first: ((len(shard) - size) if location == "end" else 0, 16)},
-    }[corruption]
-    return _reindexed(shard, [replace.get(i, x) for i, x in enumerate(e)], location)
-
-
-CORRUPTIONS = [
-    "truncated",
-    "index-crc",
-    "past-end",
-    "huge-length",
-    "overflow",
-    "half-missing",
-    "overlap",
-    "into-index",
-    "empty-entry",
-]
-# a corrupt index every read must notice (the others may pass unnoticed by a
-# partial read that does not touch the bad entry, never with wrong values)
-ALWAYS_DETECTED = {
-    "truncated",
-    "index-crc",
-    "overflow",
-    "half-missing",
-    "empty-entry",
-    "huge-length",
-}
 BAD_SELECTIONS = {
     "whole": (lambda a: a[...], lambda d: d),
     "one-inner": (lambda a: a[0:4, 0:5], lambda d: d[0:4, 0:5]),
@@ -673,7 +483,7 @@ def test_bad_shard_raises_naming_the_key(
     client = moto.client()
     shard = client.get_object(Bucket=BUCKET, Key=f"{prefix}/c/0/0")["Body"].read()
     client.put_object(
-        Bucket=BUCKET, Key=f"{prefix}/c/0/0", Body=corrupt(shard, corruption, location)
+        Bucket=BUCKET, Key=f"{prefix}/c/0/0", Body=corrupt(shard, N_INNER, corruption, location)
     )
     read, expect = BAD_SELECTIONS[selection]
     with with_pipeline(FUSED):
@@ -738,24 +548,16 @@ def test_fault(moto: MotoServer, proxy: LatencyProxy, kind: str, case: str, layo
     after_objects = stored(moto, reference)
     key = "c/0/1"
     writing = spec.fault.method == "PUT"
-    before_tasks = zarr_loop_tasks()
-    fault = proxy.inject(spec.fault)
-    error: BaseException | None = None
     with with_pipeline(FUSED):
         arr = zarr.open_array(store)
-        try:
+
+        def operation() -> Any:
             if writing:
                 arr[...] = new
-            else:
-                got = arr[...]
-        except Exception as exc:
-            error = exc
-    assert proxy.hits(fault) > 0, "the fault was never triggered"
-    assert_no_task_left(before_tasks)
-    if spec.outcome == "retried":
-        assert error is None, error
-    elif spec.outcome == "error":
-        assert error is not None, "the fault went unnoticed"
+                return None
+            return arr[...]
+
+        got, error = under_fault(proxy, spec.fault, spec.outcome, operation)
     if error is None and not writing:
         assert_same_values(got, old)
     proxy.reset()

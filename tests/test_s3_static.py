@@ -16,11 +16,10 @@ import pytest
 import zarr
 
 from helpers import FUSED
-from helpers.s3 import ACCESS_KEY, REGION, SECRET_KEY
+from helpers.s3 import obstore_s3
 from helpers.s3_static import StaticS3Server, parse_range
 
 obstore = pytest.importorskip("obstore")
-obstore_store = pytest.importorskip("obstore.store")
 
 BUCKET = "static-bucket"
 SIZE = 5000
@@ -37,15 +36,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[StaticS3S
 
 
 def s3(server: StaticS3Server, prefix: str | None = None) -> Any:
-    return obstore_store.S3Store(
-        BUCKET,
-        prefix=prefix,
-        endpoint=server.endpoint,
-        region=REGION,
-        access_key_id=ACCESS_KEY,
-        secret_access_key=SECRET_KEY,
-        client_options={"allow_http": True},
-    )
+    return obstore_s3(BUCKET, server.endpoint, prefix)
 
 
 @pytest.mark.parametrize(

@@ -8,69 +8,32 @@ correctness matrix and the faults, on small arrays).
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Callable, Iterator
-from datetime import timedelta
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import pytest
 import zarr
-from zarr.storage import ObjectStore
+from zarr.abc.store import Store
 
 from zarr_fused._async_path import DEFAULT_ASYNC_CONCURRENCY
 
 from helpers import BATCHED, FUSED, ZARR_FUSED, assert_same_values, with_pipeline
-from helpers.s3 import (
-    ACCESS_KEY,
-    REGION,
-    SECRET_KEY,
-    LatencyProxy,
-    MotoServer,
-    ServerUnavailable,
-    Stats,
-)
+from helpers.s3 import LatencyProxy, Stats
+from helpers.s3_stores import new_prefix, open_store
 
-obstore_store = pytest.importorskip("obstore.store")
+pytest.importorskip("obstore.store")
 
-BUCKET = "zarr-fused-unsharded"
 SHAPE = (48, 40)  # 12 x 10 = 120 chunks: several times any limit below
 CHUNKS = (4, 4)
 LATENCY = 0.03  # long enough for every request of a batch to overlap
-_prefixes = itertools.count()  # each array under its own key prefix
-
-
-@pytest.fixture(scope="module")
-def proxy() -> Iterator[LatencyProxy]:
-    try:
-        with MotoServer() as moto:
-            moto.create_bucket(BUCKET)
-            with LatencyProxy(moto.endpoint) as p:
-                yield p
-    except ServerUnavailable as exc:
-        pytest.skip(str(exc))
-
-
-def open_store(proxy: LatencyProxy, prefix: str) -> ObjectStore[Any]:
-    return ObjectStore(
-        obstore_store.S3Store(
-            BUCKET,
-            prefix=prefix,
-            endpoint=proxy.endpoint,
-            region=REGION,
-            access_key_id=ACCESS_KEY,
-            secret_access_key=SECRET_KEY,
-            client_options={"allow_http": True, "timeout": timedelta(seconds=30)},
-            retry_config={"max_retries": 2, "retry_timeout": timedelta(seconds=10)},
-        )
-    )
 
 
 def sample() -> np.ndarray:
     return np.random.default_rng(152).normal(0, 1, SHAPE).astype("<f4")
 
 
-def create(store: ObjectStore[Any]) -> zarr.Array:
+def create(store: Store) -> zarr.Array:
     return zarr.create_array(
         store,
         shape=SHAPE,
@@ -92,7 +55,7 @@ def run(proxy: LatencyProxy, pipeline: str, operation: str, settings: dict[str, 
     """``operation`` by ``pipeline`` under ``settings`` on a fresh array,
     with ``LATENCY`` added per request: the proxy's counts of it alone."""
     first, op = OPERATIONS[operation]
-    store = open_store(proxy, f"t{next(_prefixes):04d}")
+    store = open_store("obstore", proxy, new_prefix())  # each array under its own prefix
     with with_pipeline(BATCHED):
         arr = create(store)
         if first:

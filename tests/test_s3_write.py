@@ -7,7 +7,8 @@ Stored bytes and values are checked against zarr's `BatchedCodecPipeline`,
 requests against zarr's own pipelines (never more GET/PUT/HEAD, the same
 PUTs and DELETEs), faults injected by the proxy against the rules of
 `test_s3` (an error naming the key or a successful retry, nothing
-half-written, no task left). The servers and stores are `test_s3`'s.
+half-written, no task left). The servers are conftest's, one set for this
+module; the stores are `helpers.s3_stores`', as in `test_s3`.
 """
 
 from __future__ import annotations
@@ -20,17 +21,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-import test_s3
 import zarr
-from test_s3 import (
-    FILL,
-    SHAPE,
-    assert_no_task_left,
-    new_prefix,
-    open_store,
-    stored,
-    zarr_loop_tasks,
-)
+from test_s3 import FILL, SHAPE
 from zarr.abc.store import Store
 from zarr.codecs import BytesCodec, Crc32cCodec, ShardingCodec, ZstdCodec
 from zarr.core.buffer import Buffer, default_buffer_prototype
@@ -50,12 +42,13 @@ from helpers import (
     with_pipeline,
 )
 from helpers.s3 import Fault, LatencyProxy, MotoServer, Stats
-
-# test_s3's servers, one set for this module too (the proxy's counters and
-# faults cleared around every test)
-moto = test_s3.moto
-proxy = test_s3.proxy
-_clean_proxy = test_s3._clean_proxy
+from helpers.s3_stores import (
+    assert_same_objects_and_values,
+    new_prefix,
+    open_store,
+    stored,
+    under_fault,
+)
 
 # -- arrays: 3 x 2 shards of 2 x 3 inner chunks -----------------------------------------
 
@@ -183,12 +176,7 @@ def test_sharded_write_matches_zarr(
         store = open_store(kind, proxy, prefix)
         run_write(pipeline, store, layout, write, empty == "keep-empty")
         results[pipeline] = (stored(moto, prefix), read_all(store))
-    expected_objects, expected_values = results[BATCHED]
-    objects, values = results[FUSED]
-    assert sorted(objects) == sorted(expected_objects)
-    for key in expected_objects:
-        assert objects[key] == expected_objects[key], key
-    assert_same_values(values, expected_values)
+    assert_same_objects_and_values(results[FUSED], results[BATCHED])
 
 
 # -- the native path ran ----------------------------------------------------------------
@@ -358,20 +346,10 @@ def test_write_fault(moto: MotoServer, proxy: LatencyProxy, kind: str, case: str
         LAYOUTS["end-crc"].create(store, False)[...] = first_data()
     before = stored(moto, prefix)
     after = stored(moto, reference)
-    before_tasks = zarr_loop_tasks()
-    fault = proxy.inject(spec.fault)
-    error: BaseException | None = None
     with with_pipeline(FUSED):
-        try:
-            WRITES[spec.write].op(zarr.open_array(store))
-        except Exception as exc:
-            error = exc
-    assert proxy.hits(fault) > 0, "the fault was never triggered"
-    assert_no_task_left(before_tasks)
-    if spec.outcome == "retried":
-        assert error is None, error
-    elif spec.outcome == "error":
-        assert error is not None, "the fault went unnoticed"
+        _, error = under_fault(
+            proxy, spec.fault, spec.outcome, lambda: WRITES[spec.write].op(zarr.open_array(store))
+        )
     proxy.reset()
     objects = stored(moto, prefix)
     # nothing half-written: every shard is the old one or the whole new one

@@ -32,6 +32,7 @@ from helpers import (
     make_store,
     with_pipeline,
 )
+from helpers.shards import ALWAYS_DETECTED, CORRUPTIONS, corrupt, index_entries, with_index
 
 PROTO = default_buffer_prototype()
 
@@ -87,74 +88,9 @@ def _put(store: Any, key: str, data: bytes) -> None:
     zarr.core.sync.sync(store.set(key, PROTO.buffer.from_bytes(data)))
 
 
-def _with_index(
-    shard: bytes, entries: list[tuple[int, int]], *, location: str = "end", crc: bool = True
-) -> bytes:
-    """``shard`` with its index replaced by ``entries`` (crc recomputed)."""
-    from zarr_fused._codecs import crc32c
-
-    n = len(entries)
-    size = 16 * n + (4 if crc else 0)
-    body = shard[size:] if location == "start" else shard[: len(shard) - size]
-    index = b"".join(struct.pack("<QQ", o, s) for o, s in entries)
-    if crc:
-        index += struct.pack("<I", crc32c(index))
-    return index + body if location == "start" else body + index
-
-
-def _entries(shard: bytes, n: int, location: str = "end") -> list[tuple[int, int]]:
-    size = 16 * n + 4
-    index = shard[:size] if location == "start" else shard[-size:]
-    return [struct.unpack_from("<QQ", index, 16 * i) for i in range(n)]
-
-
-MAX = 2**64 - 1
-
-
-def _corruptions(shard: bytes, n: int, location: str) -> dict[str, bytes]:
-    e = _entries(shard, n, location)
-    index_size = 16 * n + 4
-    data_start = index_size if location == "start" else 0
-    return {
-        "truncated": shard[: index_size // 2],
-        "index-crc": (shard[:-1] + bytes([shard[-1] ^ 1]))
-        if location == "end"
-        else bytes([shard[0] ^ 1]) + shard[1:],
-        "past-end": _with_index(shard, [(e[0][0], len(shard) * 2)] + e[1:], location=location),
-        # chunk 0 claims 1 TiB from where the last chunk was stored (now
-        # missing, so no overlap gives it away): a partial read must not size
-        # a buffer from that before the bytes arrive
-        "huge-length": _with_index(
-            shard, [(e[-1][0], 2**40)] + e[1:-1] + [(MAX, MAX)], location=location
-        ),
-        "overflow": _with_index(shard, [(2**63, 2**63 + 5)] + e[1:], location=location),
-        "half-missing": _with_index(shard, [(MAX, 16)] + e[1:], location=location),
-        "overlap": _with_index(shard, [e[0], (e[0][0] + 4, e[1][1])] + e[2:], location=location),
-        "empty-entry": _with_index(shard, [(e[0][0] + 8, 0)] + e[1:], location=location),
-        "into-index": _with_index(
-            shard,
-            [((len(shard) - index_size) if location == "end" else 0, 16)] + e[1:],
-            location=location,
-        ),
-    } | ({"before-data": b""} if data_start else {})
-
-
 @pytest.mark.parametrize("store_kind", ["memory", "local"])
 @pytest.mark.parametrize("location", ["end", "start"])
-@pytest.mark.parametrize(
-    "corruption",
-    [
-        "truncated",
-        "index-crc",
-        "past-end",
-        "huge-length",
-        "overflow",
-        "half-missing",
-        "overlap",
-        "into-index",
-        "empty-entry",
-    ],
-)
+@pytest.mark.parametrize("corruption", CORRUPTIONS)
 @pytest.mark.parametrize(
     "selection",
     [
@@ -173,7 +109,7 @@ def test_bad_shard_raises_naming_the_key(
         arr = _sharded(store, index_location=location)
         arr[...] = _data()
         shard = _get(store, "c/0/0")
-        bad = _corruptions(shard, 4, location)[corruption]
+        bad = corrupt(shard, 4, corruption, location)
         _put(store, "c/0/0", bad)
         target = (
             arr.oindex if isinstance(selection, tuple) and isinstance(selection[0], list) else arr
@@ -187,14 +123,7 @@ def test_bad_shard_raises_naming_the_key(
             if corruption in ("truncated", "index-crc"):
                 assert isinstance(exc, CorruptShardError)
         else:
-            assert corruption not in (
-                "truncated",
-                "index-crc",
-                "overflow",
-                "half-missing",
-                "empty-entry",
-                "huge-length",
-            ), "a corrupt index was not detected"
+            assert corruption not in ALWAYS_DETECTED, "a corrupt index was not detected"
             assert np.array_equal(
                 got,
                 _data()[selection]
@@ -222,7 +151,7 @@ def test_bad_chunk_inside_shard_names_shard_and_inner_chunk(
         arr = _sharded(store, inner_codecs=[BytesCodec(), Crc32cCodec()])
         arr[...] = _data()
         shard = bytearray(_get(store, "c/1/1"))
-        e = _entries(bytes(shard), 4)
+        e = index_entries(bytes(shard), 4)
         shard[e[2][0] + 3] ^= 0xFF  # inner chunk (1, 0)
         _put(store, "c/1/1", bytes(shard))
         with pytest.raises(CorruptChunkError, match=r"inner chunk \(1, 0\) of shard 'c/1/1'"):
@@ -237,7 +166,7 @@ def _relayout(
     ``order[0]`` first), ``gaps[k]`` unused bytes before the k-th of them: a
     valid layout, since the index may list chunks in any order and need not
     cover every byte. Returns the shard and its new entries."""
-    e = _entries(shard, n, location)
+    e = index_entries(shard, n, location)
     index_size = 16 * n + 4
     first = index_size if location == "start" else 0
     body = bytearray()
@@ -250,7 +179,7 @@ def _relayout(
     raw = (
         bytes(index_size) + bytes(body) if location == "start" else bytes(body) + bytes(index_size)
     )
-    return _with_index(raw, moved, location=location), moved
+    return with_index(raw, moved, location=location), moved
 
 
 @pytest.mark.parametrize("location", ["end", "start"])
@@ -269,7 +198,7 @@ def test_chunks_stored_out_of_order(tmp_path: Path, location: str, store_kind: s
         assert_same_values(arr[0:4, 3:6], _data()[0:4, 3:6])
         assert_same_values(arr[1:7, 4], _data()[1:7, 4])
         # chunk 0 moved into the middle of chunk 2, its index neighbours untouched
-        bad = _with_index(good, [(moved[2][0] + 4, moved[0][1])] + moved[1:], location=location)
+        bad = with_index(good, [(moved[2][0] + 4, moved[0][1])] + moved[1:], location=location)
         _put(store, "c/0/0", bad)
         with pytest.raises(CorruptChunkError, match="c/0/0"):
             arr[0:8, 0:6]
@@ -714,10 +643,10 @@ def test_side_by_side_error_names_the_bad_inner_chunk(codecs: str) -> None:
     store = MemoryStore()
     _side_array(store, "<u2", codecs, (6, 10, 20))
     shard = bytearray(_get(store, "c/0/0/0"))
-    e = _entries(bytes(shard), 2 * 2 * 5)
+    e = index_entries(bytes(shard), 2 * 2 * 5)
     offset, size = e[2]  # inner chunk (0, 0, 2): the middle of a row of 5
     if codecs == "raw":  # two bytes short of an inner chunk
-        shard = bytearray(_with_index(bytes(shard), e[:2] + [(offset, size - 2)] + e[3:]))
+        shard = bytearray(with_index(bytes(shard), e[:2] + [(offset, size - 2)] + e[3:]))
     else:
         shard[offset + size // 2] ^= 0xFF
     _put(store, "c/0/0/0", bytes(shard))
@@ -920,6 +849,18 @@ BAD_INDEX_CASES = [
 ]
 
 
+def _parse_both(index: bytes, n: int, args: dict[str, Any]) -> list[tuple[str, Any]]:
+    """What the native parser and the reference make of ``index``: each
+    ``("ok", entries)`` or ``("error", message)``."""
+    outcomes: list[tuple[str, Any]] = []
+    for parse in (index_kernels.parse_index, reference.parse_index):
+        try:
+            outcomes.append(("ok", parse(index, n, **args).tolist()))
+        except CorruptShardError as exc:
+            outcomes.append(("error", str(exc)))
+    return outcomes
+
+
 @pytest.mark.parametrize(("kind", "checksum", "big_endian"), BAD_INDEX_CASES)
 @pytest.mark.parametrize("at_start", INDEX_LOCATIONS)
 def test_bad_index_fails_like_reference(
@@ -957,12 +898,7 @@ def test_bad_index_fails_like_reference(
         "grid": grid,
         "where": "c/0/0",
     }
-    outcomes = []
-    for parse in (index_kernels.parse_index, reference.parse_index):
-        try:
-            outcomes.append(("ok", parse(index, n, **args).tolist()))
-        except CorruptShardError as exc:
-            outcomes.append(("error", str(exc)))
+    outcomes = _parse_both(index, n, args)
     assert outcomes[0] == outcomes[1]
     assert outcomes[0][0] == ("ok" if kind == "empty-inside-index" else "error")
 
@@ -1000,12 +936,7 @@ def test_property_parse_index_matches_reference(case: dict[str, Any]) -> None:
     n = len(case["entries"])
     index = _index_bytes(case["entries"], checksum=case["checksum"], big_endian=case["big_endian"])
     args = {k: case[k] for k in ("checksum", "big_endian", "shard_len", "index_start", "grid")}
-    outcomes = []
-    for parse in (index_kernels.parse_index, reference.parse_index):
-        try:
-            outcomes.append(("ok", parse(index, n, **args).tolist()))
-        except CorruptShardError as exc:
-            outcomes.append(("error", str(exc)))
+    outcomes = _parse_both(index, n, args)
     assert outcomes[0] == outcomes[1]
 
 

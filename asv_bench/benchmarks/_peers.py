@@ -52,6 +52,35 @@ def available(peer: str) -> bool:
     return True
 
 
+# the peers ``codec_pipeline.max_workers`` applies to (a ``threads`` param)
+FUSED_PEERS = ("zarr_fused", "zarr-fused")
+
+
+def require(peer: str, threads: int) -> None:
+    """Skip (asv: ``NotImplementedError`` in ``setup``) a ``peer`` not
+    installed here, or a thread count other than 2 for a peer the count
+    does not apply to (it runs once, at its own default)."""
+    if not available(peer):
+        raise NotImplementedError(f"{peer} is not installed")
+    if threads != 2 and peer not in FUSED_PEERS:
+        raise NotImplementedError("the thread count applies to the Fused pipelines")
+
+
+def enter_config(bench: Any, settings: dict[str, Any]) -> None:
+    """zarr's config with ``settings`` from ``setup`` until `exit_config`
+    (in ``teardown``): asv times the methods between the two."""
+    import zarr
+
+    bench._config = zarr.config.set(settings)
+    bench._config.__enter__()
+
+
+def exit_config(bench: Any) -> None:
+    config = getattr(bench, "_config", None)
+    if config is not None:
+        config.__exit__(None, None, None)
+
+
 def data_dir() -> Path:
     """The cache folder for benchmark data: ``ZARR_FUSED_BENCH_DIR``, default
     ``<tmp>/zarr_fused_bench``, one subfolder per scale."""

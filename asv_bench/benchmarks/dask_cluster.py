@@ -9,9 +9,15 @@ runs the same scenarios side by side in one process.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import numpy as np
 
 from ._peers import PIPELINES, available, choose, data_dir
+
+# the tests' cluster settings (tests/helpers/cluster.py)
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 
 PEERS = choose(list(PIPELINES), ["zarr_fused", "zarr-batched"])
 
@@ -31,13 +37,15 @@ class DaskSharded:
             raise NotImplementedError(f"{peer} is not installed")
         try:
             import dask.array as da
-            from distributed import Client, LocalCluster
+            from distributed import Client
         except ImportError as exc:
             raise NotImplementedError("dask and distributed are not installed") from exc
         import zarr
         from zarr.codecs import ZstdCodec
 
         import zarr_fused.dask
+
+        from helpers.cluster import local_cluster
 
         edge = choose([256], [64])[0]
         self.shard, self.inner = edge // 4, edge // 16
@@ -56,14 +64,7 @@ class DaskSharded:
             )
             arr[...] = self.data
         self.target = root / f"out-{peer}.zarr"
-        self.cluster = LocalCluster(
-            n_workers=2,
-            threads_per_worker=1,
-            processes=True,
-            dashboard_address=None,
-            host="127.0.0.1",
-            silence_logs=50,
-        )
+        self.cluster = local_cluster()
         self.client = Client(self.cluster, set_as_default=False)
         if peer == "zarr_fused":
             zarr_fused.dask.register(self.client)

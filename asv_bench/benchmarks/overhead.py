@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from ._peers import PIPELINES, THREADS, available
+from ._peers import PIPELINES, THREADS, available, enter_config, exit_config
 
 
 class Overhead:
@@ -20,10 +20,10 @@ class Overhead:
         import zarr
         from zarr.storage import MemoryStore
 
-        self._config = zarr.config.set(
-            {"codec_pipeline.path": PIPELINES[pipeline], "codec_pipeline.max_workers": threads}
+        enter_config(
+            self,
+            {"codec_pipeline.path": PIPELINES[pipeline], "codec_pipeline.max_workers": threads},
         )
-        self._config.__enter__()
         self.store = MemoryStore()
         self.array = zarr.create_array(
             self.store,
@@ -38,9 +38,7 @@ class Overhead:
             raise AssertionError("wrong data")
 
     def teardown(self, *args: Any) -> None:
-        config = getattr(self, "_config", None)
-        if config is not None:
-            config.__exit__(None, None, None)
+        exit_config(self)
 
     def time_read_one_chunk(self, *args: Any) -> None:
         self.array[:32, :32]

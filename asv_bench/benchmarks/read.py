@@ -20,35 +20,23 @@ from ._peers import (
     STORES,
     THREADS,
     Reader,
-    available,
     choose,
     data_dir,
+    enter_config,
+    exit_config,
+    require,
     write_reference,
 )
 
-FUSED_PEERS = ("zarr_fused", "zarr-fused")
-
 
 def _setup_reader(bench: Any, layout: str, peer: str, store: str, threads: int) -> None:
-    if not available(peer):
-        raise NotImplementedError(f"{peer} is not installed")
-    if threads != 2 and peer not in FUSED_PEERS:
-        raise NotImplementedError("the thread count applies to the Fused pipelines")
-    import zarr
-
-    bench._config = zarr.config.set({"codec_pipeline.max_workers": threads})
-    bench._config.__enter__()
+    require(peer, threads)
+    enter_config(bench, {"codec_pipeline.max_workers": threads})
     path = data_dir() / layout
     bench.data = write_reference(LAYOUTS[layout], path)
     bench.reader = Reader(peer, path, store)
     if not np.array_equal(bench.reader.read(), bench.data):
         raise AssertionError(f"{peer} read wrong data")
-
-
-def _teardown(bench: Any) -> None:
-    config = getattr(bench, "_config", None)
-    if config is not None:
-        config.__exit__(None, None, None)
 
 
 class ReadAll:
@@ -70,7 +58,7 @@ class ReadAll:
         _setup_reader(self, layout, peer, store, threads)
 
     def teardown(self, *args: Any) -> None:
-        _teardown(self)
+        exit_config(self)
 
     def time_read_all(self, *args: Any) -> None:
         self.reader.read()
@@ -98,7 +86,7 @@ class ReadPatterns:
                 raise AssertionError(f"{peer} read wrong data")
 
     def teardown(self, *args: Any) -> None:
-        _teardown(self)
+        exit_config(self)
 
     def time_one_inner_chunk(self, *args: Any) -> None:
         self.reader.read(self.one)

@@ -6,9 +6,19 @@ from typing import Any
 
 import numpy as np
 
-from ._peers import LAYOUTS, PEERS, STORES, THREADS, Layout, Writer, available, choose, data_dir
-
-FUSED_PEERS = ("zarr_fused", "zarr-fused")
+from ._peers import (
+    LAYOUTS,
+    PEERS,
+    STORES,
+    THREADS,
+    Layout,
+    Writer,
+    choose,
+    data_dir,
+    enter_config,
+    exit_config,
+    require,
+)
 
 
 class WriteAll:
@@ -26,14 +36,8 @@ class WriteAll:
     repeat = (2, 5, 60.0)
 
     def setup(self, layout: str, peer: str, store: str, threads: int) -> None:
-        if not available(peer):
-            raise NotImplementedError(f"{peer} is not installed")
-        if threads != 2 and peer not in FUSED_PEERS:
-            raise NotImplementedError("the thread count applies to the Fused pipelines")
-        import zarr
-
-        self._config = zarr.config.set({"codec_pipeline.max_workers": threads})
-        self._config.__enter__()
+        require(peer, threads)
+        enter_config(self, {"codec_pipeline.max_workers": threads})
         spec = LAYOUTS[layout]
         self.data = spec.sample()
         self.writer = Writer(peer, spec, data_dir() / f"write-{layout}-{peer}-{store}", store)
@@ -46,9 +50,7 @@ class WriteAll:
         pass
 
     def teardown(self, *args: Any) -> None:
-        config = getattr(self, "_config", None)
-        if config is not None:
-            config.__exit__(None, None, None)
+        exit_config(self)
 
     def time_write_all(self, *args: Any) -> None:
         self.writer.prepare()
@@ -80,8 +82,7 @@ class UpdateOneInnerChunk:
             lambda: zarr.codecs.ZstdCodec(level=1),
         )
         self.data = layout.sample()
-        self._config = zarr.config.set({"codec_pipeline.path": PIPELINES[pipeline]})
-        self._config.__enter__()
+        enter_config(self, {"codec_pipeline.path": PIPELINES[pipeline]})
         self.array = layout.create(LocalStore(data_dir() / f"update-{shard_edge}-{pipeline}"))
         self.array[...] = self.data
         self.patch = np.full((inner,) * 3, 7, dtype="uint16")
@@ -90,9 +91,7 @@ class UpdateOneInnerChunk:
             raise AssertionError("update lost")
 
     def teardown(self, *args: Any) -> None:
-        config = getattr(self, "_config", None)
-        if config is not None:
-            config.__exit__(None, None, None)
+        exit_config(self)
 
     def time_update_one_inner_chunk(self, *args: Any) -> None:
         self.array[:32, :32, :32] = self.patch

@@ -10,6 +10,8 @@ strategies; ``gil``: the GIL-release probe).
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +80,23 @@ def chunk_items(store: Store) -> dict[str, bytes]:
         return out
 
     return asyncio.run(collect())
+
+
+def run_in_python(
+    *args: str, env: dict[str, str] | None = None, cwd: Path | None = None, check: bool = False
+) -> subprocess.CompletedProcess[str]:
+    """This interpreter run with ``args`` (``"-c", script`` or ``"-m",
+    module, ...``) in a fresh process: its output captured as text, the run
+    bounded at 120 s; ``env``, ``cwd`` and ``check`` as for `subprocess.run`."""
+    return subprocess.run(
+        [sys.executable, *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=cwd,
+        timeout=120,
+        check=check,
+    )
 
 
 def with_pipeline(path: str) -> Any:

@@ -44,6 +44,7 @@ HOST = "127.0.0.1"
 ACCESS_KEY = "zarr-fused-test"
 SECRET_KEY = "zarr-fused-test-secret"
 REGION = "us-east-1"
+BUCKET = "zarr-fused-tests"  # the bucket of the tests' moto fixture (conftest.py)
 START_TIMEOUT = 60.0  # seconds; moto imports for ~2-4 s on a busy host
 # every wait on a socket below is bounded: a stuck client or server fails a
 # test, it does not hang it
@@ -71,6 +72,17 @@ def announced_port(proc: subprocess.Popen[bytes]) -> int | None:
     if not ready.wait(START_TIMEOUT) or not line.strip().isdigit():
         return None
     return int(line)
+
+
+def obstore_s3(bucket: str, endpoint: str, prefix: str | None = None, **options: Any) -> Any:
+    """obstore's ``S3Store`` on ``bucket`` of the server at ``endpoint``:
+    plain HTTP, the dummy credentials; ``options`` are the store's other
+    keyword arguments (``client_options`` added to ``allow_http``)."""
+    from obstore.store import S3Store
+
+    options["client_options"] = {"allow_http": True, **options.get("client_options", {})}
+    credentials = {"region": REGION, "access_key_id": ACCESS_KEY, "secret_access_key": SECRET_KEY}
+    return S3Store(bucket, prefix=prefix, endpoint=endpoint, **credentials, **options)
 
 
 def free_port() -> int:
@@ -357,28 +369,27 @@ _ERROR_BODY = (
 CONTROL = "/__proxy__/"  # the proxy's own control requests: never counted nor delayed
 
 
-class LatencyProxy:
-    """An HTTP/1.1 proxy on 127.0.0.1 in front of ``upstream``, in its own
-    process: it then never competes for this process' GIL with the code under
-    measurement (a peer that blocks on IO holding the GIL would otherwise
-    stall its own requests). This object is its handle: counters and faults
-    travel over control requests to the proxy's port.
+class ChildServer:
+    """The handle on a server in a child process (the latency proxy, the
+    static S3 server): the child prints its port as its first line, answers
+    control requests under `CONTROL` with JSON, and exits when its stdin
+    closes, so it never outlives this process. Subclasses say how to start
+    it (`_argv`) and what to call it in errors (``name``). Both children
+    count requests (`stats`) and add ``latency`` seconds to each."""
 
-    Client connections are kept alive; each request goes upstream on a fresh
-    connection, and its response is re-framed with a Content-Length.
-    ``latency`` seconds are added before each request is forwarded,
-    concurrently across connections, as a network round trip would.
-    """
+    name = "the server"
 
-    def __init__(self, upstream: str, latency: float = 0.0) -> None:
-        self.upstream = upstream
-        self._latency = latency
+    def __init__(self, latency: float = 0.0) -> None:
         self.port = 0
+        self._latency = latency
         self._proc: subprocess.Popen[bytes] | None = None
 
     @property
     def endpoint(self) -> str:
         return f"http://{HOST}:{self.port}"
+
+    def _argv(self) -> list[str]:
+        raise NotImplementedError
 
     def _control(self, action: str, payload: dict[str, Any] | None = None) -> Any:
         req = urllib.request.Request(
@@ -394,44 +405,27 @@ class LatencyProxy:
     def latency(self) -> float:
         return self._latency
 
-    @latency.setter
-    def latency(self, value: float) -> None:
-        self._control("latency", {"latency": value})
-        self._latency = value
-
     @property
     def stats(self) -> Stats:
         """The counters so far (a snapshot)."""
         return Stats.from_json(self._control("stats"))
 
     def reset(self, latency: float | None = None) -> Stats:
-        """Clear the counters and faults (and set ``latency``, when given);
-        returns the counters before."""
+        """Clear the counters (the proxy: and its faults), and set
+        ``latency`` in seconds when given; returns the counters before."""
         old = Stats.from_json(self._control("reset", {"latency": latency}))
         if latency is not None:
             self._latency = latency
         return old
 
-    def inject(self, fault: Fault) -> int:
-        """Add ``fault``; returns its number, for `hits`."""
-        return self._control("inject", dataclasses.asdict(fault))["index"]
-
-    def hits(self, index: int) -> int:
-        """How many requests fault ``index`` has failed so far."""
-        return self.stats.faults[index].hits
-
-    def start(self) -> LatencyProxy:
-        # the child exits when its stdin closes: it never outlives this process
+    def start(self) -> Self:
         self._proc = subprocess.Popen(
-            [sys.executable, __file__, "proxy", self.upstream, str(self._latency)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
+            self._argv(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
         )
         port = announced_port(self._proc)
         if port is None:
             self.stop()
-            raise ServerUnavailable("the test proxy did not start")
+            raise ServerUnavailable(f"{self.name} did not start")
         self.port = port
         return self
 
@@ -455,6 +449,46 @@ class LatencyProxy:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+class LatencyProxy(ChildServer):
+    """An HTTP/1.1 proxy on 127.0.0.1 in front of ``upstream``, in its own
+    process: it then never competes for this process' GIL with the code under
+    measurement (a peer that blocks on IO holding the GIL would otherwise
+    stall its own requests). This object is its handle: counters and faults
+    travel over control requests to the proxy's port.
+
+    Client connections are kept alive; each request goes upstream on a fresh
+    connection, and its response is re-framed with a Content-Length.
+    ``latency`` seconds are added before each request is forwarded,
+    concurrently across connections, as a network round trip would.
+    """
+
+    name = "the test proxy"
+
+    def __init__(self, upstream: str, latency: float = 0.0) -> None:
+        super().__init__(latency)
+        self.upstream = upstream
+
+    def _argv(self) -> list[str]:
+        return [sys.executable, __file__, "proxy", self.upstream, str(self._latency)]
+
+    @property
+    def latency(self) -> float:
+        return self._latency
+
+    @latency.setter
+    def latency(self, value: float) -> None:
+        self._control("latency", {"latency": value})
+        self._latency = value
+
+    def inject(self, fault: Fault) -> int:
+        """Add ``fault``; returns its number, for `hits`."""
+        return self._control("inject", dataclasses.asdict(fault))["index"]
+
+    def hits(self, index: int) -> int:
+        """How many requests fault ``index`` has failed so far."""
+        return self.stats.faults[index].hits
 
 
 class _ProxyServer:
@@ -813,20 +847,24 @@ class RangeServer:
         self.stop()
 
 
-# -- the proxy's process ------------------------------------------------------------------
+# -- the child processes ------------------------------------------------------------------
 
 
-def _proxy_main(upstream: str, latency: str) -> None:
+def serve_until_stdin_closes(server: Any) -> None:
+    """Run ``server.serve(stop)`` (an asyncio server of a `ChildServer`
+    child) until this process' stdin reaches its end: the parent closed it,
+    or died."""
+
     async def main() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
 
-        def watch_stdin() -> None:  # the parent closes it (or dies): stop
+        def watch_stdin() -> None:
             sys.stdin.buffer.read()
             loop.call_soon_threadsafe(stop.set)
 
         threading.Thread(target=watch_stdin, daemon=True).start()
-        await _ProxyServer(upstream, float(latency)).serve(stop)
+        await server.serve(stop)
 
     asyncio.run(main())
 
@@ -842,7 +880,7 @@ def _exit_with_stdin() -> None:
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["proxy"]:
-    _proxy_main(*sys.argv[2:4])
+    serve_until_stdin_closes(_ProxyServer(sys.argv[2], float(sys.argv[3])))
 elif __name__ == "__main__" and sys.argv[1:2] == ["moto"]:
     _exit_with_stdin()
     from moto.server import main as moto_main

@@ -34,34 +34,23 @@ import hashlib
 import http
 import json
 import os
-import subprocess
 import sys
-import threading
 import time
 import urllib.parse
-import urllib.request
 from pathlib import Path
-from typing import Any, Self
+from typing import Any
 
 try:
-    from .s3 import (
-        CONTROL,
-        HOST,
-        IO_TIMEOUT,
-        Request,
-        ServerUnavailable,
-        Stats,
-        announced_port,
-    )
+    from .s3 import CONTROL, HOST, IO_TIMEOUT, ChildServer, Request, Stats, serve_until_stdin_closes
 except ImportError:  # run as a script: the server's own process
     from s3 import (  # type: ignore[no-redef]
         CONTROL,
         HOST,
         IO_TIMEOUT,
+        ChildServer,
         Request,
-        ServerUnavailable,
         Stats,
-        announced_port,
+        serve_until_stdin_closes,
     )
 
 _MISSING = (
@@ -70,7 +59,7 @@ _MISSING = (
 )
 
 
-class StaticS3Server:
+class StaticS3Server(ChildServer):
     """The handle on a `_StaticServer` process serving ``root`` on 127.0.0.1.
 
     ``cpu``: pin the server process to this CPU (``os.sched_setaffinity``),
@@ -79,73 +68,19 @@ class StaticS3Server:
     `cpu_seconds` is the server process' CPU time so far (user + system).
     """
 
+    name = "the static S3 server"
+
     def __init__(self, root: Path, latency: float = 0.0, cpu: int | None = None) -> None:
+        super().__init__(latency)
         self.root = Path(root).resolve()
-        self.latency = latency
         self.cpu = cpu
-        self.port = 0
-        self._proc: subprocess.Popen[bytes] | None = None
 
-    @property
-    def endpoint(self) -> str:
-        return f"http://{HOST}:{self.port}"
-
-    def _control(self, action: str, payload: dict[str, Any] | None = None) -> Any:
-        req = urllib.request.Request(
-            self.endpoint + CONTROL + action,
-            method="POST",
-            data=json.dumps(payload or {}).encode(),
-            headers={"Content-Type": "application/json"},
-        )
-        with urllib.request.urlopen(req, timeout=IO_TIMEOUT) as resp:
-            return json.loads(resp.read())
-
-    def reset(self, latency: float | None = None) -> Stats:
-        """Clear the counters (and set ``latency`` in seconds, when given);
-        returns the counters before."""
-        old = Stats.from_json(self._control("reset", {"latency": latency}))
-        if latency is not None:
-            self.latency = latency
-        return old
-
-    @property
-    def stats(self) -> Stats:
-        return Stats.from_json(self._control("stats"))
+    def _argv(self) -> list[str]:
+        return [sys.executable, __file__, str(self.root), str(self.latency), str(self.cpu)]
 
     @property
     def cpu_seconds(self) -> float:
         return float(self._control("stats")["cpu_s"])
-
-    def start(self) -> StaticS3Server:
-        argv = [sys.executable, __file__, str(self.root), str(self.latency), str(self.cpu)]
-        self._proc = subprocess.Popen(
-            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
-        )
-        port = announced_port(self._proc)
-        if port is None:
-            self.stop()
-            raise ServerUnavailable("the static S3 server did not start")
-        self.port = port
-        return self
-
-    def stop(self) -> None:
-        proc, self._proc = self._proc, None
-        if proc is None:
-            return
-        assert proc.stdin is not None and proc.stdout is not None
-        proc.stdin.close()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
-        proc.stdout.close()
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
 
 # -- the server's process -----------------------------------------------------------------
@@ -308,19 +243,7 @@ class _StaticServer:
 def _main(root: str, latency: str, cpu: str) -> None:
     if cpu != "None":
         os.sched_setaffinity(0, {int(cpu)})
-
-    async def main() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-
-        def watch_stdin() -> None:  # the parent closes it (or dies): stop
-            sys.stdin.buffer.read()
-            loop.call_soon_threadsafe(stop.set)
-
-        threading.Thread(target=watch_stdin, daemon=True).start()
-        await _StaticServer(Path(root), float(latency)).serve(stop)
-
-    asyncio.run(main())
+    serve_until_stdin_closes(_StaticServer(Path(root), float(latency)))
 
 
 if __name__ == "__main__":

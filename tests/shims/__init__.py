@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Self
 
 import pytest
 
@@ -108,7 +109,7 @@ for line in sys.stdin:
 class FaultyChild:
     """A child process with the faultfs shim preloaded (or, with ``shim``
     None, none), running cases one after another (started on first use,
-    again after it died or hung)."""
+    again after it died or hung); as a context manager, closed at the end."""
 
     def __init__(self, shim: Path | None, timeout: float = 60.0) -> None:
         self.shim = shim
@@ -148,6 +149,12 @@ class FaultyChild:
             self.close()
             raise
         return json.loads(answer)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def close(self) -> None:
         if self.proc is not None:

@@ -40,6 +40,7 @@ from zarr_fused._native import shard_kernels
 from zarr_fused._pool import partition
 from zarr_fused._scatter_py import fill_missing
 from zarr_fused.errors import CorruptShardError
+from zarr_fused.shard.buffers import RawBuffer
 from zarr_fused.shard.index import (
     MISSING_OFFSET,
     index_format,
@@ -294,7 +295,7 @@ class _AsyncBatch:
                 )
             if not group.add(chunk, self.layout, inner_sel, region, block_sel, (), (getter, lin)):
                 decoded = self.chain.decode_array(
-                    _RawBuffer(chunk),
+                    RawBuffer(chunk),
                     self._inner_spec(i),
                     (getter, lin),
                 )
@@ -312,15 +313,3 @@ class _AsyncBatch:
 
     def _inner_spec(self, i: int) -> ArraySpec:
         return self.reader.codec._get_chunk_spec(self.batch[i][1])
-
-
-class _RawBuffer:
-    """The one Buffer method `NativeChain.decode_array` uses, over a view."""
-
-    __slots__ = ("data",)
-
-    def __init__(self, data: np.ndarray) -> None:
-        self.data = data
-
-    def as_numpy_array(self) -> np.ndarray:
-        return self.data

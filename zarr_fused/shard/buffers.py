@@ -1,4 +1,5 @@
-"""Shard-sized byte buffers, reused across shard reads and writes.
+"""Shard-sized byte buffers, reused across shard reads and writes, and the
+view the shard readers hand a native chain.
 
 A fresh multi-megabyte allocation faults in every page on first touch,
 which costs about as much as reading the shard; keeping a few buffers
@@ -13,7 +14,7 @@ import threading
 
 import numpy as np
 
-__all__ = ["BufferPool", "buffers"]
+__all__ = ["BufferPool", "RawBuffer", "buffers"]
 
 
 class BufferPool:
@@ -51,6 +52,22 @@ class BufferPool:
             while held > self.max_bytes:
                 largest = max(range(len(self._free)), key=lambda i: self._free[i].nbytes)
                 held -= self._free.pop(largest).nbytes
+
+
+class RawBuffer:
+    """The one Buffer method `NativeChain.decode_array` uses, over a view.
+
+    The shard readers (sync and async) hand the chain inner chunks sliced
+    out of a fetched shard; this stands in for a zarr `Buffer` around each.
+    """
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: np.ndarray) -> None:
+        self.data = data
+
+    def as_numpy_array(self) -> np.ndarray:
+        return self.data
 
 
 #: the pool the shard paths share

@@ -40,7 +40,7 @@ from zarr_fused._pool import partition, run_parallel
 from zarr_fused._scatter_py import fill_missing, scatter_array
 from zarr_fused.errors import CorruptShardError
 from zarr_fused.io.local import LOCAL_MAX_GAP, local_files, read_shard_part
-from zarr_fused.shard.buffers import buffers
+from zarr_fused.shard.buffers import RawBuffer, buffers
 from zarr_fused.shard.index import (
     MISSING_OFFSET,
     index_format,
@@ -373,7 +373,7 @@ class ShardReader:
             if raw is None:
                 fill_missing(temp, temp_selection, inner_spec)
             else:
-                chunk = chain.decode_array(_RawBuffer(raw), inner_spec, (getter, lin))
+                chunk = chain.decode_array(RawBuffer(raw), inner_spec, (getter, lin))
                 scatter_array(temp, temp_selection, np.asarray(chunk[inner_selection]), ())
 
 
@@ -602,15 +602,3 @@ def _pack(fetched: list[np.ndarray], lengths: np.ndarray) -> tuple[np.ndarray, n
     for offset, data in zip(offsets, fetched):
         payload[int(offset) : int(offset) + len(data)] = data
     return offsets, payload
-
-
-class _RawBuffer:
-    """The one Buffer method `NativeChain.decode_array` uses, over a view."""
-
-    __slots__ = ("data",)
-
-    def __init__(self, data: np.ndarray) -> None:
-        self.data = data
-
-    def as_numpy_array(self) -> np.ndarray:
-        return self.data
