@@ -10,6 +10,8 @@ bytes, for zarr_fused, zarr's two pipelines, zarrs and tensorstore.
         --max-gap 65536 --max-gap 1048576                  # the coalescing cost model
     python asv_bench/s3_side_by_side.py --latency 20 --scenario unsharded \
         --fused-concurrency 10 --fused-concurrency 32 --fused-concurrency 64
+    python asv_bench/s3_side_by_side.py --store s3fs --latency 20 --operation write-all \
+        --bare-concurrency 10 --bare-concurrency 64        # what the store alone needs
     python asv_bench/s3_side_by_side.py --server static --server-cpu 1 --latency 20 \
         --scenario unsharded --operation whole          # reads from the light server
 
@@ -20,6 +22,12 @@ zarr's Python pipeline is refused with ``codec_pipeline.strict``);
 tensorstore through its own ``s3`` kvstore with an ``endpoint`` override and
 credentials from the environment. Every peer reads the one array zarr's
 Batched pipeline wrote, and writes its own copy.
+
+``bare-puts`` is the floor of a whole write: the objects zarr's Batched
+pipeline wrote, PUT again through the same zarr store with no encode and no
+pipeline, ``--bare-concurrency`` at a time (default 10, zarr's). What a
+pipeline takes above it is its own; when every pipeline sits on it, the
+store (the client library's cost per request, the server) sets the pace.
 
 Each peer's values are checked before anything is timed (reads against the
 data, writes read back by zarr's Batched pipeline). Timed calls run in
@@ -39,6 +47,7 @@ server to CPU N (``taskset`` on the whole script pins it with the client).
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import itertools as it
 import json
@@ -77,7 +86,12 @@ PIPELINES = {
     "zarr-batched": "zarr.core.codec_pipeline.BatchedCodecPipeline",
     "zarrs": "zarrs.ZarrsCodecPipeline",
 }
-PEERS = [*PIPELINES, "tensorstore"]
+#: not a peer but the floor of a write: the objects zarr's Batched pipeline
+#: wrote, PUT again through the same store with nothing else to do (no
+#: encode), ``BARE_CONCURRENCY`` at a time ("bare-puts@N": N at a time)
+BARE = "bare-puts"
+BARE_CONCURRENCY = 10  # zarr's async.concurrency default
+PEERS = [*PIPELINES, "tensorstore", BARE]
 # "zarr_fused@N": zarr_fused with ``codec_pipeline.async_concurrency`` = N
 # (--fused-concurrency); the bare name runs with its default
 VARIANT = "@"
@@ -201,12 +215,56 @@ def tensorstore_spec(endpoint: str, prefix: str) -> dict[str, Any]:
 
 def zarr_config(peer: str) -> dict[str, Any]:
     base, _, limit = peer.partition(VARIANT)
+    if base == BARE:
+        base, limit = WRITER, ""
     cfg: dict[str, Any] = {"codec_pipeline.path": PIPELINES[base]}
     if limit:
         cfg["codec_pipeline.async_concurrency"] = int(limit)
     if peer == "zarrs":
         cfg["codec_pipeline.strict"] = True  # no silent fallback to zarr's pipeline
     return cfg
+
+
+class BarePuts:
+    """The time the store alone needs for a write: the objects of the array
+    as zarr's Batched pipeline wrote them, taken once (untimed), then PUT
+    again through the same zarr store (``FsspecStore.set``,
+    ``ObjectStore.set``), ``limit`` at a time. No encode, no pipeline: what
+    is left is the client library's cost per request and the server's."""
+
+    def __init__(self, store: Any, limit: int) -> None:
+        self.store, self.limit = store, limit
+        self.objects: dict[str, Any] = {}
+
+    def open(self, data: np.ndarray) -> None:
+        import zarr
+        from zarr.core.buffer import default_buffer_prototype
+        from zarr.core.sync import sync
+
+        with zarr.config.set(zarr_config(WRITER)):
+            zarr.open_array(self.store, mode="r+")[...] = data
+
+        async def snapshot() -> dict[str, Any]:
+            keys = [k async for k in self.store.list() if not k.endswith("zarr.json")]
+            proto = default_buffer_prototype()
+            values = await asyncio.gather(*(self.store.get(k, prototype=proto) for k in keys))
+            return dict(zip(keys, values, strict=True))
+
+        self.objects = sync(snapshot())
+
+    def write(self) -> None:
+        from zarr.core.sync import sync
+
+        slots = asyncio.Semaphore(self.limit)
+
+        async def put(key: str, value: Any) -> None:
+            async with slots:
+                await self.store.set(key, value)
+
+        async def put_all() -> None:
+            await asyncio.gather(*(put(k, v) for k, v in self.objects.items()))
+
+        sync(put_all())
 
 
 class Peer:
@@ -217,7 +275,15 @@ class Peer:
         self.peer, self.store_kind, self.endpoint, self.prefix = peer, store_kind, endpoint, prefix
         self.handle: Any = None
 
-    def open(self, *, write: bool = False) -> None:
+    def open(self, *, write: bool = False, data: np.ndarray | None = None) -> None:
+        base, _, limit = self.peer.partition(VARIANT)
+        if base == BARE:
+            if not write or data is None:
+                raise NotImplementedError(f"{BARE} times whole writes only")
+            store = zarr_store(self.store_kind, self.endpoint, self.prefix)
+            self.handle = BarePuts(store, int(limit or BARE_CONCURRENCY))
+            self.handle.open(data)
+            return
         if self.peer == "tensorstore":
             import tensorstore as ts
 
@@ -246,6 +312,9 @@ class Peer:
             return np.asarray(self.handle[selection])
 
     def write(self, data: np.ndarray, selection: Any = Ellipsis) -> None:
+        if isinstance(self.handle, BarePuts):
+            self.handle.write()
+            return
         if self.peer == "tensorstore":
             self.handle[selection].write(data).result()
             return
@@ -304,6 +373,8 @@ def measure(
     writing = selection == "write" or isinstance(selection, WriteAt)
     where = selection.selection if isinstance(selection, WriteAt) else Ellipsis
     expected = None if writing else data[selection]
+    if where is not Ellipsis or not writing:  # the floor is that of whole writes
+        peers = [p for p in peers if p.partition(VARIANT)[0] != BARE]
     results = {p: Result() for p in peers}
     handles: dict[str, Peer] = {}
     for peer in peers:
@@ -318,7 +389,7 @@ def measure(
                     with zarr.config.set(zarr_config(WRITER)):
                         arr[...] = data
                 handle = Peer(peer, store_kind, proxy.endpoint, prefix)
-                handle.open(write=True)
+                handle.open(write=True, data=data if where is Ellipsis else None)
                 handle.write(data[where], where)  # the check: read back by zarr's pipeline
                 check = Peer(WRITER, store_kind, moto.endpoint, prefix)
                 check.open()
@@ -493,6 +564,13 @@ def main(argv: list[str] | None = None) -> int:
         "each a peer zarr_fused@N)",
     )
     parser.add_argument(
+        "--bare-concurrency",
+        type=int,
+        action="append",
+        help=f"run {BARE} (the same PUTs with no pipeline: a write's floor) with this many "
+        f"in flight (repeatable; each a peer {BARE}@N; default {BARE_CONCURRENCY})",
+    )
+    parser.add_argument(
         "--max-gap",
         type=int,
         action="append",
@@ -520,6 +598,9 @@ def main(argv: list[str] | None = None) -> int:
     for peer in args.peer or PEERS:
         if peer == "zarr_fused" and args.fused_concurrency:
             peers.extend(f"{peer}{VARIANT}{n}" for n in args.fused_concurrency)
+            continue
+        if peer == BARE and args.bare_concurrency:
+            peers.extend(f"{peer}{VARIANT}{n}" for n in args.bare_concurrency)
             continue
         why = available(peer)
         if why:
