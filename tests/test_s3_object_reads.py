@@ -19,7 +19,7 @@ import zarr
 from zarr.storage import LocalStore, ObjectStore
 
 from zarr_fused.chunks import async_read
-from zarr_fused.chunks.async_read import MAX_GROUP
+from zarr_fused.chunks.async_read import MAX_GROUP, group_target
 
 from helpers import BATCHED, FUSED, assert_same_values
 from helpers.s3 import ACCESS_KEY, REGION, SECRET_KEY
@@ -127,8 +127,11 @@ def test_grouped_reads_match_batched(
     # each fetched once (missing ones too: their GET answers 404)
     assert sum(groups) == gets
     assert max(groups) <= MAX_GROUP
-    if workers == 1:  # inline: whole groups while more keep arriving
-        assert len(groups) == -(-gets // MAX_GROUP)
+    target = group_target(gets)
+    if workers == 1:  # on the loop: a group each time one is queued, then the rest
+        assert groups == [target] * (gets // target) + [gets % target] * (gets % target > 0)
+    else:  # never a hand-off to the pool for less than a group
+        assert len(groups) <= gets // target + 1
 
 
 def test_whole_read_no_more_gets_than_batched(server: StaticS3Server) -> None:

@@ -15,11 +15,11 @@ into a NumPy output, is read here with
   object (``obstore.get_async`` and ``bytes_async``: same keys, one GET
   each, a missing key read as absent), the error named as the async path
   names it;
-- the arrived payloads queued and decoded together: in the compute pool by
-  at most one job per worker, each taking what has arrived (up to
-  `MAX_GROUP` chunks or `MAX_GROUP_BYTES`) in one nogil `DecodeBatch`
-  call; without a pool (``max_workers`` = 1) inline on the loop, a group
-  at a time. Missing chunks are filled in the same call.
+- the arrived payloads queued and decoded together, a group (`group_target`
+  chunks, or `MAX_GROUP_BYTES`) in one nogil `DecodeBatch` call: in the
+  compute pool by at most one job per worker, or without a pool
+  (``max_workers`` = 1) on the loop; the last, smaller group on the loop
+  once every chunk has arrived. Missing chunks are filled in the same call.
 
 Any other batch takes the generic async path (`applies` says which).
 """
@@ -46,13 +46,29 @@ if TYPE_CHECKING:
     from zarr_fused._chain import NativeChain
     from zarr_fused._items import ReadItem
 
-__all__ = ["MAX_GROUP", "MAX_GROUP_BYTES", "ObjectChunkReader"]
+__all__ = ["MAX_GROUP", "MAX_GROUP_BYTES", "ObjectChunkReader", "group_target"]
 
 #: most chunks one decode call takes (more arrive while it runs)
 MAX_GROUP: Final = 64
 #: most stored bytes one decode call takes: large chunks still spread over
 #: the workers
 MAX_GROUP_BYTES: Final = 1 << 20
+#: decode calls a large batch is cut into, at least (`group_target`)
+GROUPS_PER_BATCH: Final = 16
+
+
+def group_target(n: int) -> int:
+    """Chunks queued before a decode starts, for a batch of ``n``.
+
+    Arrivals are spread over the whole read, and a decode (16 KiB in tens
+    of microseconds) finishes long before the next chunk arrives: started at
+    every arrival, nearly every group would hold one chunk and cost a
+    hand-off to the pool. Waiting for ``n / GROUPS_PER_BATCH`` (at most
+    `MAX_GROUP`) keeps the decoding overlapped with the fetches while
+    paying the hand-off a few times per batch; what is left when the last
+    chunk arrives is less than a group.
+    """
+    return max(1, min(MAX_GROUP, -(-n // GROUPS_PER_BATCH)))
 
 
 class Requests(Protocol):
@@ -133,6 +149,9 @@ class _GroupedRead:
         self.tracker = tracker
         self.workers = 0 if tracker.pool is None else tracker.workers
         self.queue: list[tuple[int, Any]] = []
+        self.queued_bytes = 0
+        #: chunks that make a group worth a decode call (`group_target`)
+        self.target = group_target(len(batch))
         self.active = 0  # decode jobs in the pool
         self.lock = threading.Lock()
         self.error: BaseException | None = None  # the first failed decode's
@@ -146,35 +165,47 @@ class _GroupedRead:
             self.arrived(i, data)
 
     def arrived(self, i: int, data: Any) -> None:
-        """Queue chunk ``i``'s bytes (None: absent) for decoding."""
+        """Queue chunk ``i``'s bytes (None: absent); start a decode when a
+        group's worth is queued."""
         if self.workers == 0:
-            self.queue.append((i, data))
-            if len(self.queue) >= MAX_GROUP:
+            self._queue(i, data)
+            if self._full():
                 self._decode(self._take())
             return
         with self.lock:
-            self.queue.append((i, data))
-            if self.active >= self.workers:
+            self._queue(i, data)
+            if self.active >= self.workers or not self._full():
                 return
             self.active += 1
         assert self.tracker.pool is not None
         self.tracker.threads.append(self.tracker.pool.submit(self._job))
 
     async def finish(self) -> None:
-        """Wait until every queued chunk is decoded; raise the first error."""
-        if self.workers == 0:
-            while self.queue:
-                self._decode(self._take())
-            return
+        """Decode what is left (less than a group: on the loop, which has
+        nothing else to do), wait for the pool's jobs; raise the first
+        error."""
+        while True:
+            with self.lock:
+                group = self._take() if self.error is None else []
+            if not group:
+                break
+            self._decode(group)
         for cf in list(self.tracker.threads):
             if not cf.done():
                 await asyncio.wrap_future(cf)
         if self.error is not None:
             raise self.error
 
+    def _queue(self, i: int, data: Any) -> None:
+        self.queue.append((i, data))
+        self.queued_bytes += 0 if data is None else len(data)
+
+    def _full(self) -> bool:
+        return len(self.queue) >= self.target or self.queued_bytes >= MAX_GROUP_BYTES
+
     def _take(self) -> list[tuple[int, Any]]:
-        """The oldest queued chunks, up to a group's worth (the lock held
-        when there is a pool)."""
+        """The oldest queued chunks, up to `MAX_GROUP` of them or
+        `MAX_GROUP_BYTES` (the lock held when there is a pool)."""
         size = taken = 0
         for _, data in self.queue:
             taken += 1
@@ -182,13 +213,14 @@ class _GroupedRead:
             if taken >= MAX_GROUP or size >= MAX_GROUP_BYTES:
                 break
         group, self.queue[:taken] = self.queue[:taken], []
+        self.queued_bytes -= size
         return group
 
     def _job(self) -> None:
-        """A pool worker: decode groups until the queue is empty."""
+        """A pool worker: decode groups while a group's worth is queued."""
         while True:
             with self.lock:
-                group = self._take() if self.error is None else []
+                group = self._take() if self.error is None and self._full() else []
                 if not group:
                     self.active -= 1
                     return
