@@ -3,9 +3,11 @@ remote stores) and codecs without synchronous implementations.
 
 Sharded reads and writes whose index and inner chunks are native go to the
 shard engine's async reader and writer (`zarr_fused.shard.async_read`,
-`zarr_fused.shard.async_write`); other reads fetch every chunk concurrently
-and hand each chunk to the thread pool the moment its bytes arrive, so decoding
-overlaps the fetches still in flight; writes launch each chunk's ``set`` the
+`zarr_fused.shard.async_write`); unsharded reads from zarr's ``ObjectStore``
+go to `zarr_fused.chunks.async_read` (below zarr's store wrapper, decoded in
+groups); other reads fetch every chunk concurrently and hand each chunk to
+the thread pool the moment its bytes arrive, so decoding overlaps the
+fetches still in flight; writes launch each chunk's ``set`` the
 moment its encode finishes. When anything fails, every fetch, decode, encode
 and write still pending is cancelled and every one already running is
 awaited before the error propagates: nothing keeps running unobserved.
