@@ -342,6 +342,7 @@ def available(peer: str) -> str | None:
 @dataclass
 class Result:
     wall: list[float] = field(default_factory=list)
+    cpu: list[float] = field(default_factory=list)  # this process' CPU, every thread
     stats: Stats | None = None
     error: str | None = None
 
@@ -350,6 +351,7 @@ class Result:
         return {
             "median_s": statistics.median(self.wall) if self.wall else None,
             "min_s": min(self.wall) if self.wall else None,
+            "cpu_s": statistics.median(self.cpu) if self.cpu else None,
             "requests": dict(s.requests) if s else {},
             "bytes_received": sum(s.bytes_received.values()) if s else 0,
             "bytes_sent": sum(s.bytes_sent.values()) if s else 0,
@@ -410,12 +412,13 @@ def measure(
         for peer in names[r % len(names) :] + names[: r % len(names)]:
             handle = handles[peer]
             proxy.reset()
-            t0 = time.perf_counter()
+            c0, t0 = time.process_time(), time.perf_counter()
             if writing:
                 handle.write(data[where], where)
             else:
                 handle.read(selection)
             results[peer].wall.append(time.perf_counter() - t0)
+            results[peer].cpu.append(time.process_time() - c0)
             results[peer].stats = proxy.reset()
     return results
 
@@ -434,21 +437,24 @@ def table(title: str, results: dict[str, Result], ours: str = "zarr_fused") -> l
     lines = [
         f"### {title}",
         "",
-        "| peer | median s | vs zarr_fused | GET | PUT | HEAD | other | MB in | MB out | in flight |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        (
+            "| peer | median s | vs zarr_fused | client CPU s | GET | PUT | HEAD | other "
+            "| MB in | MB out | in flight |"
+        ),
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     base = results.get(ours)
     base_t = statistics.median(base.wall) if base and base.wall else None
     for peer, res in results.items():
         if res.error:
-            lines.append(f"| {peer} | error: {res.error} | | | | | | | | |")
+            lines.append(f"| {peer} | error: {res.error} | | | | | | | | | |")
             continue
         row = res.row()
         req = row["requests"]
         other = sum(v for k, v in req.items() if k not in ("GET", "PUT", "HEAD"))
         ratio = f"{row['median_s'] / base_t:.2f}x" if base_t else ""
         lines.append(
-            f"| {peer} | {row['median_s']:.3f} | {ratio} | {req.get('GET', 0)} | "
+            f"| {peer} | {row['median_s']:.3f} | {ratio} | {row['cpu_s']:.3f} | {req.get('GET', 0)} | "
             f"{req.get('PUT', 0)} | {req.get('HEAD', 0)} | {other} | "
             f"{row['bytes_received'] / 1e6:.2f} | {row['bytes_sent'] / 1e6:.2f} | "
             f"{row['max_in_flight']} |"

@@ -3,9 +3,11 @@ remote stores) and codecs without synchronous implementations.
 
 Sharded reads and writes whose index and inner chunks are native go to the
 shard engine's async reader and writer (`zarr_fused.shard.async_read`,
-`zarr_fused.shard.async_write`); other reads fetch every chunk concurrently
-and hand each chunk to the thread pool the moment its bytes arrive, so decoding
-overlaps the fetches still in flight; writes launch each chunk's ``set`` the
+`zarr_fused.shard.async_write`); unsharded reads from zarr's ``ObjectStore``
+go to `zarr_fused.chunks.async_read` (below zarr's store wrapper, decoded in
+groups); other reads fetch every chunk concurrently and hand each chunk to
+the thread pool the moment its bytes arrive, so decoding overlaps the
+fetches still in flight; writes launch each chunk's ``set`` the
 moment its encode finishes. When anything fails, every fetch, decode, encode
 and write still pending is cancelled and every one already running is
 awaited before the error propagates: nothing keeps running unobserved.
@@ -23,7 +25,12 @@ from __future__ import annotations
 
 import asyncio
 import operator
-from contextlib import AbstractAsyncContextManager, contextmanager, nullcontext
+from contextlib import (
+    AbstractAsyncContextManager,
+    asynccontextmanager,
+    contextmanager,
+    nullcontext,
+)
 from typing import TYPE_CHECKING, Any, Final
 from warnings import warn
 
@@ -31,17 +38,20 @@ from zarr.abc.codec import ArrayBytesCodecPartialDecodeMixin
 from zarr.core.chunk_utils import _merge_chunk_array, chunk_is_empty
 from zarr.core.config import config as zarr_config
 from zarr.errors import ZarrUserWarning
+from zarr.storage._obstore import _ALLOWED_EXCEPTIONS as _ABSENT
 
+from zarr_fused._chain import NativeChain
 from zarr_fused._cpus import resolve_max_workers
 from zarr_fused._items import MISSING, PRESENT, describe_key
 from zarr_fused._pool import get_pool
 from zarr_fused._scatter_py import fill_missing, scatter_chunk
+from zarr_fused.chunks.async_read import ObjectChunkReader
 from zarr_fused.chunks.merge import merge_and_encode
 from zarr_fused.config import ASYNC_CONCURRENCY_KEY
 from zarr_fused.errors import ZarrFusedError
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable, Iterator
+    from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
     from concurrent.futures import Future, ThreadPoolExecutor
 
     from zarr.abc.codec import GetResult
@@ -139,6 +149,7 @@ class _Tracker:
     awaited when the batch fails."""
 
     def __init__(self, workers: int) -> None:
+        self.workers = workers
         self.pool: ThreadPoolExecutor | None = get_pool(workers) if workers > 1 else None
         self.tasks: list[asyncio.Future[Any]] = []
         self.threads: list[Future[Any]] = []
@@ -191,8 +202,9 @@ class _Requests:
 
     def __init__(self) -> None:
         limit = request_limit()
+        self.limit = None if limit is None else max(1, int(limit))
         self.limiter: AbstractAsyncContextManager[Any] = (
-            nullcontext() if limit is None else asyncio.Semaphore(max(1, int(limit)))
+            nullcontext() if self.limit is None else asyncio.Semaphore(self.limit)
         )
 
     async def get(
@@ -203,6 +215,21 @@ class _Requests:
                 buf: Buffer | None = await getter.get(prototype=prototype, byte_range=byte_range)
                 return buf
 
+    async def get_object(self, store: Any, getter: Any) -> Any:
+        """What ``ObjectStore.get`` fetches for a whole object, below its
+        wrapper: the same two obstore calls on the same key, obstore's
+        ``Bytes`` (None when absent, as zarr reads a missing key) instead of a
+        zarr ``Buffer``. Holds no slot: the caller keeps at most `limit` of
+        these in flight (`zarr_fused.chunks.async_read`)."""
+        import obstore
+
+        with _naming(getter, "reading"):
+            try:
+                response = await obstore.get_async(store, getter.path)
+                return await response.bytes_async()
+            except _ABSENT:
+                return None
+
     async def set(self, setter: Any, value: Buffer | None) -> None:
         """Store ``value`` at ``setter`` (delete it when None)."""
         async with self.limiter:
@@ -211,6 +238,17 @@ class _Requests:
                     await setter.delete()
                 else:
                     await setter.set(value)
+
+
+@asynccontextmanager
+async def _batch() -> AsyncIterator[tuple[_Requests, _Tracker]]:
+    """The requests and the tracker of one batch; on the way out, whether
+    the batch succeeded or failed, everything it started is finished."""
+    tracker = _Tracker(resolve_max_workers())
+    try:
+        yield _Requests(), tracker
+    finally:
+        await tracker.drain()
 
 
 @contextmanager
@@ -243,11 +281,8 @@ async def read_async(
     plans = None if shard_reader is None else shard_reader.applies(batch, out, drop_axes)
     if plans is not None:
         assert shard_reader is not None
-        tracker = _Tracker(resolve_max_workers())
-        try:
-            return await shard_reader.read(batch, plans, out, _Requests(), tracker)
-        finally:
-            await tracker.drain()
+        async with _batch() as (requests, tracker):
+            return await shard_reader.read(batch, plans, out, requests, tracker)
     codec = plan.array_bytes_codec
     if plan.partial_decode and isinstance(codec, ArrayBytesCodecPartialDecodeMixin):
         # The codec fetches only the byte ranges it needs (coalesced), as in
@@ -266,8 +301,27 @@ async def read_async(
         return tuple(results)
 
     chain = plan.chain
-    requests = _Requests()
-    tracker = _Tracker(resolve_max_workers())
+    if isinstance(chain, NativeChain):
+        objects = ObjectChunkReader(chain)
+        store = objects.applies(batch, out)
+        if store is not None:
+            async with _batch() as (requests, tracker):
+                return await objects.read(store, batch, out, drop_axes, requests, tracker)
+    async with _batch() as (requests, tracker):
+        return await _read_chunks(plan, batch, out, drop_axes, requests, tracker)
+
+
+async def _read_chunks(
+    plan: PipelinePlan,
+    batch: list[ReadItem],
+    out: NDBuffer,
+    drop_axes: tuple[int, ...],
+    requests: _Requests,
+    tracker: _Tracker,
+) -> tuple[GetResult, ...]:
+    """Any other unsharded batch: a task per chunk, each fetched through
+    its byte getter and decoded in the pool (inline without one)."""
+    chain = plan.chain
 
     def decode_sync(item: ReadItem, raw: Buffer, chain: Chain) -> None:
         getter, spec, chunk_selection, out_selection, _ = item
@@ -286,10 +340,7 @@ async def read_async(
             scatter_chunk(out, out_selection, chunk[chunk_selection], drop_axes)
         return PRESENT
 
-    try:
-        return tuple(await asyncio.gather(*(tracker.task(read_one(item)) for item in batch)))
-    finally:
-        await tracker.drain()
+    return tuple(await asyncio.gather(*(tracker.task(read_one(item)) for item in batch)))
 
 
 async def write_async(
@@ -309,16 +360,25 @@ async def write_async(
     plans = None if shard_writer is None else shard_writer.applies(batch, value, drop_axes)
     if plans is not None:
         assert shard_writer is not None
-        tracker = _Tracker(resolve_max_workers())
-        try:
-            batch = await shard_writer.write(batch, plans, value, drop_axes, _Requests(), tracker)
-        finally:
-            await tracker.drain()
+        async with _batch() as (requests, tracker):
+            batch = await shard_writer.write(batch, plans, value, drop_axes, requests, tracker)
         if not batch:
             return
+    async with _batch() as (requests, tracker):
+        await _write_chunks(plan, batch, value, drop_axes, requests, tracker)
+
+
+async def _write_chunks(
+    plan: PipelinePlan,
+    batch: list[WriteItem],
+    value: NDBuffer,
+    drop_axes: tuple[int, ...],
+    requests: _Requests,
+    tracker: _Tracker,
+) -> None:
+    """Unsharded chunks: a task per chunk, merged and encoded in the pool,
+    stored the moment its encode finishes."""
     chain = plan.chain
-    requests = _Requests()
-    tracker = _Tracker(resolve_max_workers())
 
     async def encode_async(item: WriteItem, existing: Buffer | None) -> Buffer | None:
         _, spec, chunk_selection, out_selection, is_complete = item
@@ -344,7 +404,4 @@ async def write_async(
             encoded = await encode_async(item, existing)
         await requests.set(setter, encoded)
 
-    try:
-        await asyncio.gather(*(tracker.task(write_one(item)) for item in batch))
-    finally:
-        await tracker.drain()
+    await asyncio.gather(*(tracker.task(write_one(item)) for item in batch))

@@ -1,16 +1,25 @@
-"""Arrays on S3: moto's S3 server on 127.0.0.1 behind the latency-adding,
-request-counting proxy of the tests (``tests/helpers/s3.py``), read and
-written through zarr's ``ObjectStore`` over obstore's ``S3Store`` (zarr's
-pipelines, zarr_fused, zarrs) or tensorstore's ``s3`` kvstore.
+"""Arrays on S3, through zarr's ``ObjectStore`` over obstore's ``S3Store``
+(zarr's pipelines, zarr_fused, zarrs) or tensorstore's ``s3`` kvstore.
+
+Reads are served by the light static server of the tests
+(``tests/helpers/s3_static.py``, as ``s3_side_by_side.py --server static``):
+one asyncio process serving the files zarr's Batched pipeline wrote to a
+local directory, adding the latency itself. moto answers a few hundred
+requests a second on a busy host, so behind it a 1024-object read measures
+moto; against the static server (thousands a second) it measures the client.
+Writes go to moto's S3 server on 127.0.0.1 behind the latency-adding,
+request-counting proxy (``tests/helpers/s3.py``): the static server cannot
+store anything.
 
 The scenarios, stores and peers are those of ``asv_bench/s3_side_by_side.py``
-(which also reports requests and bytes); the arrays are smaller under
-``ZARR_FUSED_BENCH_SCALE=small``. Each benchmark process starts its own
-server and proxy in ``setup`` (moto keeps its objects in memory, so nothing
+(which also reports requests, bytes and client CPU); the arrays are smaller
+under ``ZARR_FUSED_BENCH_SCALE=small``. Each benchmark process starts its own
+server (and proxy) in ``setup`` (moto keeps its objects in memory, so nothing
 outlives the process that wrote it; asv's ``setup_cache`` runs in another
-one) and stops them in ``teardown``; both starts are bounded by the helper's
+one) and stops them in ``teardown``; every start is bounded by the helper's
 timeouts, and a server that cannot start skips the benchmark. Without added
-latency moto's own ~3 ms per request dominates: compare peers at 20 ms.
+latency moto's own ~3 ms per request dominates its writes: compare peers at
+20 ms.
 
 Not part of the quick CI run (``ZARR_FUSED_BENCH_QUICK=1``): each setup
 starts two servers and uploads an array, tens of seconds for the four
@@ -21,7 +30,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -50,10 +61,12 @@ def _scenario(name: str) -> Any:
 
 
 class _S3:
-    """One scenario's source array on a fresh moto server, opened by one
-    peer through the proxy (``latency`` ms per request)."""
+    """One scenario's source array on a fresh server, opened by one peer
+    (``latency`` ms per request): the static server for reads, moto behind
+    the proxy for writes (``writes``)."""
 
     scenario = ""
+    writes = False
     params = (PEERS, LATENCIES)
     param_names = ("peer", "latency_ms")
     timeout = 600
@@ -76,8 +89,12 @@ class _S3:
         os.environ.setdefault("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
         os.environ.setdefault("AWS_REGION", REGION)
         self.servers: list[Any] = []
+        self.root: str | None = None
         try:
-            self._start(peer)
+            if self.writes:
+                self._start(peer)
+            else:
+                self._start_static(peer)
         except ServerUnavailable as exc:
             self.teardown(peer, latency_ms)
             raise NotImplementedError(f"no S3 server: {exc}") from exc
@@ -111,10 +128,36 @@ class _S3:
         if not np.array_equal(self.peer.read(Ellipsis), self.data):
             raise AssertionError(f"{peer} read wrong values from S3")
 
+    def _start_static(self, peer: str) -> None:
+        """Write the source array with zarr's pipeline to a local directory,
+        serve it with the static server and check ``peer`` reads it back."""
+        import zarr
+        from s3_side_by_side import BUCKET, WRITER, Peer, zarr_config
+        from zarr.storage import LocalStore
+
+        from helpers.s3_static import StaticS3Server
+
+        self.root = tempfile.mkdtemp(prefix="asv-s3-static-")
+        self.s3 = _scenario(self.scenario)
+        self.data = self.s3.data()
+        with zarr.config.set(zarr_config(WRITER)):
+            local = LocalStore(os.path.join(self.root, BUCKET, "source"))
+            self.s3.create(local)[...] = self.data
+        static = StaticS3Server(Path(self.root))
+        self.servers.append(static)
+        static.start()
+        self.peer = Peer(peer, "obstore", static.endpoint, "source")
+        self.peer.open()
+        if not np.array_equal(self.peer.read(Ellipsis), self.data):
+            raise AssertionError(f"{peer} read wrong values from S3")
+
     def teardown(self, peer: str, latency_ms: int) -> None:
         for server in reversed(getattr(self, "servers", [])):
             server.stop()
         self.servers = []
+        if getattr(self, "root", None):
+            shutil.rmtree(self.root, ignore_errors=True)
+            self.root = None
 
 
 class S3Sharded(_S3):
@@ -138,6 +181,13 @@ class S3Unsharded(_S3):
 
     def time_whole(self, peer: str, latency_ms: int) -> None:
         self.peer.read(Ellipsis)
+
+
+class S3UnshardedWrite(_S3):
+    """The unsharded array written whole to moto (1024 PUTs)."""
+
+    scenario = "unsharded"
+    writes = True
 
     def time_write_all(self, peer: str, latency_ms: int) -> None:
         self.peer.write(self.data)
