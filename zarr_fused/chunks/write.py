@@ -25,11 +25,10 @@ measurement (a new array handle, or none for `PROBE_INTERVAL` seconds) a
 write first stores a few files per compute thread itself (`PROBE_FILES`)
 and times them; only if they were slow does the rest go to the IO threads,
 whose own timing then decides the next writes. Handing a write that is
-fast to store to the IO threads costs more than the whole store on one
-CPU (every file a wake-up of an IO thread and of the compute thread that
-waits for its parcel: pinned to one core, 7 futex calls and 0.2 context
-switches per file, and about 40% more CPU than writing in place;
-docs/performance.md), so the first write of an array must not pay it.
+fast to store to the IO threads costs more CPU than it saves (on one CPU,
+every file wakes an IO thread and then the compute thread waiting for its
+parcel; docs/performance.md), so the first write of an array handle must
+not pay it.
 """
 
 from __future__ import annotations
