@@ -15,6 +15,7 @@ from __future__ import annotations
 import errno
 import functools
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -1013,8 +1014,11 @@ def test_writes_go_through_the_io_threads_and_match_zarr(
         writer = arr._async_array.codec_pipeline.plan.writer
         if hasattr(writer, "seconds_per_file"):
             # through the IO threads, however fast the files were stored
-            # (the writer otherwise stores fast files from the compute threads)
-            writer.seconds_per_file = None
+            # (the writer otherwise stores fast files from the compute
+            # threads, and probes with them when it has no measurement):
+            # as if the IO threads had just found them slow
+            writer.seconds_per_file = float("inf")
+            writer.probed = time.monotonic()
         apply_write(arr, write, new)
     assert _files(tmp_path / "fused") == _files(tmp_path / "zarr")
     assert threads, "no file was written, read or deleted"
@@ -1244,6 +1248,58 @@ def test_fast_chunk_files_are_written_by_the_compute_threads(
         arr[...] = old + 1
         np.testing.assert_array_equal(arr[...], old + 1)
     assert stored == []  # the encode kernel wrote the files itself
+
+
+def _stores_of_a_fresh_handle(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fast_store: float, seed: int
+) -> tuple[list[str], Any]:
+    """Write all of a new handle's 64 chunk files through zarr_fused with
+    ``FAST_STORE`` set to ``fast_store``: the threads that called
+    ``write_parts`` (the IO threads' stores), and the writer."""
+    import zarr_fused.chunks.write as chunk_write
+
+    rng = np.random.default_rng(seed)
+    old = rng.integers(-(2**20), 2**20, size=SHAPE, dtype="int32")
+    with with_pipeline(BATCHED):
+        _create_for_write(tmp_path / "fused", "chunked", old)
+    stored: list[str] = []
+    write_parts = chunk_write.write_parts
+
+    def spy(*args: Any) -> None:
+        stored.append(threading.current_thread().name)
+        write_parts(*args)
+
+    monkeypatch.setattr(chunk_write, "FAST_STORE", fast_store)
+    monkeypatch.setattr(chunk_write, "write_parts", spy)
+    with with_pipeline(FUSED), zarr.config.set({"codec_pipeline.max_workers": 2}):
+        arr = zarr.open_array(LocalStore(tmp_path / "fused"), mode="r+")
+        writer = arr._async_array.codec_pipeline.plan.writer
+        assert writer.seconds_per_file is None  # nothing measured yet
+        arr[...] = old + 1
+        np.testing.assert_array_equal(arr[...], old + 1)
+    return stored, writer
+
+
+def test_first_write_of_a_fresh_handle_stores_fast_files_itself(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # every store counts as fast: the probe keeps the whole write on the
+    # compute threads (no hand-off to the IO threads for a first write)
+    stored, writer = _stores_of_a_fresh_handle(tmp_path, monkeypatch, 10.0, 47)
+    assert stored == []  # the encode kernel wrote every file itself
+    assert writer.seconds_per_file is not None
+
+
+def test_first_write_of_a_fresh_handle_hands_slow_files_to_the_io_threads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import zarr_fused.chunks.write as chunk_write
+
+    # no store counts as fast: after the probe's files (stored by the
+    # compute threads), the rest goes to the IO threads
+    stored, _ = _stores_of_a_fresh_handle(tmp_path, monkeypatch, 0.0, 48)
+    assert len(stored) == 64 - 2 * chunk_write.PROBE_FILES
+    assert all(name.startswith("zarr_fused-fileio") for name in stored), stored
 
 
 @pytest.mark.parametrize(

@@ -48,6 +48,17 @@ cdef extern from *:
 # distinguishes temporary names of processes that share a pid namespace
 # (containers) and of forked children, whose counters continue the parent's
 cdef unsigned long long _salt = int.from_bytes(os.urandom(8), "little")
+# the pid in temporary names, read once (and again in a forked child), not
+# with a getpid() system call for every file written
+cdef unsigned int _pid = <unsigned int>getpid()
+
+
+def _refresh_pid():
+    global _pid
+    _pid = <unsigned int>getpid()
+
+
+os.register_at_fork(after_in_child=_refresh_pid)
 
 cdef enum:
     TMP_SUFFIX_MAX = 64
@@ -156,7 +167,7 @@ cdef FileStatus write_parts_atomic(const char* path, const unsigned char** parts
     cdef int fd, cnt
     cdef Py_ssize_t i = 0, k, off = 0, put
     cdef int rc = snprintf(tmp, sizeof(tmp), "%s.%llx-%x-%llx.partial", path, _salt,
-                           <unsigned int>getpid(), zf_next_tmp_id())
+                           _pid, zf_next_tmp_id())
     if rc < 0 or <size_t>rc >= sizeof(tmp):
         err[0] = 36  # ENAMETOOLONG
         return FILE_ERROR

@@ -15,10 +15,20 @@ On a `zarr.storage.LocalStore` with IO threads (``io_concurrency`` > 1),
 each group is encoded into a pooled arena and its files are written (or,
 left empty, deleted) by the IO threads as one `zarr_fused.io.engine.Parcel`,
 while the compute thread encodes the next group: a rename that blocks on
-the filesystem no longer holds up encoding. Otherwise, and while the IO
-threads found the files fast to store (`FAST_STORE`: a hot tmpfs or local
-disk, where the hand-off costs more than it saves), the encode kernel
-writes each file itself, inside its nogil call.
+the filesystem no longer holds up encoding. Otherwise, and while the files
+were found fast to store (`FAST_STORE`: a hot tmpfs or local disk, where
+the hand-off costs more than it saves), the encode kernel writes each file
+itself, inside its nogil call.
+
+Which of the two a write takes is measured, not guessed: with no recent
+measurement (a new array handle, or none for `PROBE_INTERVAL` seconds) a
+write first stores a few files per compute thread itself (`PROBE_FILES`)
+and times them; only if they were slow does the rest go to the IO threads,
+whose own timing then decides the next writes. Handing a write that is
+fast to store to the IO threads costs more CPU than it saves (on one CPU,
+every file wakes an IO thread and then the compute thread waiting for its
+parcel; docs/performance.md), so the first write of an array handle must
+not pay it.
 """
 
 from __future__ import annotations
@@ -65,6 +75,10 @@ MAX_FILES_PER_STORE = 16
 #: which the IO threads measure again
 FAST_STORE = 500e-6
 PROBE_INTERVAL = 1.0
+#: chunk files each compute thread stores itself, timed, before a write
+#: with no recent measurement decides where the rest go (at 1 ms per
+#: round trip, four files cost about 16 ms, once per `PROBE_INTERVAL`)
+PROBE_FILES = 4
 
 
 def files_per_store(n: int, window: int) -> int:
@@ -149,20 +163,38 @@ class NativeChunkWriter:
     def __init__(self, chain: NativeChain) -> None:
         self.chain = chain
         self.generic = ChunkWriter(chain)
-        #: the fastest a chunk file was stored by the IO threads, per file
-        #: (seconds; None: not measured), and when
+        #: the fastest a chunk file was stored, per file, by the IO threads
+        #: or by a probe on the compute threads (seconds; None: not
+        #: measured), and when
         self.seconds_per_file: float | None = None
         self.probed = 0.0
 
-    def _behind(self) -> bool:
+    def _behind(self) -> bool | None:
         """Whether the IO threads store this write's files (see the module
-        docstring): not while the files were recently stored fast."""
+        docstring): True while they were recently found slow, False while
+        fast, None when there is no recent measurement (probe first)."""
         seen = self.seconds_per_file
-        return not (
-            seen is not None
-            and seen < FAST_STORE
-            and time.monotonic() - self.probed < PROBE_INTERVAL
-        )
+        if seen is None or time.monotonic() - self.probed >= PROBE_INTERVAL:
+            return None
+        return seen >= FAST_STORE
+
+    def _measured(self, seconds_per_file: float) -> None:
+        self.seconds_per_file = seconds_per_file
+        self.probed = time.monotonic()
+
+    def _probe(self, job: _ChunkWrite, max_workers: int) -> tuple[int, float]:
+        """Store the first `PROBE_FILES` files per compute thread from the
+        compute threads, timed (encode included: an upper bound of the
+        store's cost); returns how many items that covered, and the time
+        per file."""
+        n = min(len(job.batch), PROBE_FILES * max(1, max_workers))
+        groups = partition(n, max_workers, max_group=PROBE_FILES)
+        began = time.perf_counter()
+        run_parallel(job.write_group, groups, max_workers)
+        threads = max(1, min(max_workers, len(groups)))
+        seconds_per_file = (time.perf_counter() - began) * threads / n
+        self._measured(seconds_per_file)
+        return n, seconds_per_file
 
     def write(
         self,
@@ -177,17 +209,28 @@ class NativeChunkWriter:
             return
         job = _ChunkWrite(self.chain, batch, value, drop_axes)
         io_concurrency = resolve_io_concurrency() if job.prefix is not None else 1
-        if io_concurrency <= 1 or io_kernels is None or not self._behind():
-            run_parallel(job.write_group, partition(len(batch), max_workers), max_workers)
+        behind = self._behind() if io_concurrency > 1 and io_kernels is not None else False
+        start = 0
+        if behind is None:
+            start, seconds_per_file = self._probe(job, max_workers)
+            behind = seconds_per_file >= FAST_STORE
+        rest = len(batch) - start
+        if not behind:
+            groups = _shifted(partition(rest, max_workers), start)
+            run_parallel(job.write_group, groups, max_workers)
             return
-        groups = partition(len(batch), max_workers, max_group=WRITE_GROUP)
+        groups = _shifted(partition(rest, max_workers, max_group=WRITE_GROUP), start)
         with Writes(io_concurrency) as writes:
             job.writes = writes
-            job.files_per_store = files_per_store(len(batch), write_window(io_concurrency))
+            job.files_per_store = files_per_store(rest, write_window(io_concurrency))
             run_parallel(job.write_group, groups, max_workers)
         if job.fastest != float("inf"):
-            self.seconds_per_file = job.fastest
-            self.probed = time.monotonic()
+            self._measured(job.fastest)
+
+
+def _shifted(groups: list[range], start: int) -> list[range]:
+    """``groups`` (ranges from 0) moved to begin at ``start``."""
+    return [range(g.start + start, g.stop + start) for g in groups] if start else groups
 
 
 #: what one chunk of a write comes to before the encode kernel runs: bytes
