@@ -73,6 +73,7 @@ TOOK_DECAY = 0.9
 #: reads split shards only while file calls took at least this long
 #: (seconds) at the last pipelined read, or before the first
 SPLIT_CALL = 0.5e-3
+PREFETCH = True
 
 
 #: the kernel's IO counters of this process (Linux); ``read_bytes`` counts
@@ -102,6 +103,8 @@ class ShardBatch(Protocol):
 
     @property
     def shards(self) -> Sequence[Any]: ...
+
+    prefetch: bool
 
     def fetch(self, shard: Any) -> Any: ...
     def fetch_part(self, shard: Any, touched: Any) -> Any: ...
@@ -177,6 +180,7 @@ class ShardIO:
         began = time.monotonic()
         seen = self.seconds_per_call
         requests = _Requests(read, io_concurrency, seen is None or seen >= SPLIT_CALL)
+        read.prefetch = PREFETCH
 
         def fetch(request: Any, state: Batch[Any, Any]) -> Any:
             start = time.perf_counter()
