@@ -73,7 +73,6 @@ TOOK_DECAY = 0.9
 #: reads split shards only while file calls took at least this long
 #: (seconds) at the last pipelined read, or before the first
 SPLIT_CALL = 0.5e-3
-PREFETCH = True
 
 
 #: the kernel's IO counters of this process (Linux); ``read_bytes`` counts
@@ -180,7 +179,9 @@ class ShardIO:
         began = time.monotonic()
         seen = self.seconds_per_call
         requests = _Requests(read, io_concurrency, seen is None or seen >= SPLIT_CALL)
-        read.prefetch = PREFETCH
+        # the kernel reads each request's ranges at once (a cold disk's
+        # queue filled, no thread per range); what the direct path skips
+        read.prefetch = True
 
         def fetch(request: Any, state: Batch[Any, Any]) -> Any:
             start = time.perf_counter()
