@@ -159,3 +159,37 @@ def test_pipelined_reads_ask_for_ranges_up_front(
         got = reader[3:4]
     np.testing.assert_array_equal(got, data[3:4])
     assert calls and set(calls) == {prefetch}
+
+
+@pytest.mark.parametrize(
+    "cold", [pytest.param(False, id="page-cache"), pytest.param(True, id="block-device")]
+)
+def test_shards_split_only_where_the_kernel_does_not_prefetch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cold: bool
+) -> None:
+    """After a pipelined read that came from a block device (where the
+    kernel reads a request's ranges at once), slow calls no longer split
+    shards; after one served by the page cache (or a filesystem whose
+    latency the advice does not hide) they still do."""
+    if pipelined.storage_read_bytes() is None or not hasattr(os, "posix_fadvise"):
+        pytest.skip("no block-device read accounting here")
+    data = _array(tmp_path)
+    os.sync()  # written pages are evicted only once clean
+    calls = _spy_parts(monkeypatch)
+    with (
+        with_pipeline(FUSED),
+        zarr.config.set({"codec_pipeline.max_workers": 1, "codec_pipeline.io_concurrency": 8}),
+    ):
+        reader = zarr.open_array(LocalStore(tmp_path / "a"), mode="r")
+        shard_io = reader._async_array.codec_pipeline.plan.reader.io
+        if cold:
+            _evict(tmp_path / "a" / "c")
+        np.testing.assert_array_equal(reader[3:4], data[3:4])  # the first read: pipelined
+        if shard_io.from_device != cold:
+            pytest.skip("evicted files were not read from a block device (tmpfs?)")
+        calls.clear()
+        shard_io.seconds_per_call = 1e-3  # slow calls: split, unless prefetched
+        shard_io.probed = 0.0
+        got = reader[3:4]
+    np.testing.assert_array_equal(got, data[3:4])
+    assert bool(calls) != cold
