@@ -118,3 +118,78 @@ def test_direct_read_of_a_cold_cache_pipelines_the_next(tmp_path: Path, cold: bo
             pytest.skip("evicted files were not read from a block device (tmpfs?)")
     np.testing.assert_array_equal(got, data)
     assert (shard_io.seconds_per_call is None) == cold
+
+
+def _spy_prefetch(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    from zarr_fused.io import local as _local_io
+
+    seen: list[bool] = []
+    kernels = _local_io.shard_local_kernels
+    for name in ("fetch_partial_local", "read_shard_local"):
+        real = getattr(kernels, name)
+
+        def spy(*args: Any, _real: Any = real, **kwargs: Any) -> Any:
+            seen.append(kwargs["prefetch"])
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(kernels, name, spy)
+    return seen
+
+
+@pytest.mark.parametrize(
+    ("seen", "prefetch"),
+    [pytest.param(None, True, id="pipelined"), pytest.param(1e-6, False, id="direct")],
+)
+def test_pipelined_reads_ask_for_ranges_up_front(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seen: float | None, prefetch: bool
+) -> None:
+    """The IO threads (slow or cold files) have the kernel read all of a
+    shard's touched ranges at once; the direct path (fast files) does not
+    spend the calls."""
+    data = _array(tmp_path)
+    calls = _spy_prefetch(monkeypatch)
+    with (
+        with_pipeline(FUSED),
+        zarr.config.set({"codec_pipeline.max_workers": 1, "codec_pipeline.io_concurrency": 8}),
+    ):
+        reader = zarr.open_array(LocalStore(tmp_path / "a"), mode="r")
+        shard_io = reader._async_array.codec_pipeline.plan.reader.io
+        shard_io.seconds_per_call = seen
+        shard_io.probed = time.monotonic()
+        got = reader[3:4]
+    np.testing.assert_array_equal(got, data[3:4])
+    assert calls and set(calls) == {prefetch}
+
+
+@pytest.mark.parametrize(
+    "cold", [pytest.param(False, id="page-cache"), pytest.param(True, id="block-device")]
+)
+def test_shards_split_only_where_the_kernel_does_not_prefetch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cold: bool
+) -> None:
+    """After a pipelined read that came from a block device (where the
+    kernel reads a request's ranges at once), slow calls no longer split
+    shards; after one served by the page cache (or a filesystem whose
+    latency the advice does not hide) they still do."""
+    if pipelined.storage_read_bytes() is None or not hasattr(os, "posix_fadvise"):
+        pytest.skip("no block-device read accounting here")
+    data = _array(tmp_path)
+    os.sync()  # written pages are evicted only once clean
+    calls = _spy_parts(monkeypatch)
+    with (
+        with_pipeline(FUSED),
+        zarr.config.set({"codec_pipeline.max_workers": 1, "codec_pipeline.io_concurrency": 8}),
+    ):
+        reader = zarr.open_array(LocalStore(tmp_path / "a"), mode="r")
+        shard_io = reader._async_array.codec_pipeline.plan.reader.io
+        if cold:
+            _evict(tmp_path / "a" / "c")
+        np.testing.assert_array_equal(reader[3:4], data[3:4])  # the first read: pipelined
+        if shard_io.from_device != cold:
+            pytest.skip("evicted files were not read from a block device (tmpfs?)")
+        calls.clear()
+        shard_io.seconds_per_call = 1e-3  # slow calls: split, unless prefetched
+        shard_io.probed = 0.0
+        got = reader[3:4]
+    np.testing.assert_array_equal(got, data[3:4])
+    assert bool(calls) != cold

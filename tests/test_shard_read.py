@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import struct
 import tempfile
 import tracemalloc
@@ -279,6 +280,62 @@ def test_local_partial_fetch_with_any_size_hint(tmp_path: Path, hint: int) -> No
         assert taken == [hint] and given == []
     else:
         assert taken == [1, 3 * 16 * 16 * 4] and given == [1]
+
+
+def _evict(path: Path) -> None:
+    """Drop ``path``'s pages from the page cache (once clean), so a read
+    goes to the device."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.skipif(not hasattr(os, "posix_fadvise"), reason="no posix_fadvise")
+@pytest.mark.parametrize("cold", [False, True], ids=["hot", "evicted"])
+@pytest.mark.parametrize(
+    "touched",
+    [
+        pytest.param([0, 1, 2, 3], id="adjacent"),
+        pytest.param([0, 5, 15], id="apart"),
+        pytest.param([7], id="one"),
+        pytest.param([2, 9, 10, 11, 14], id="mixed"),
+    ],
+)
+def test_local_partial_fetch_with_prefetch_reads_the_same(
+    tmp_path: Path, touched: list[int], cold: bool
+) -> None:
+    """Asking the kernel for the ranges up front (``prefetch``, the
+    pipelined path) changes nothing in what a partial fetch returns, on
+    cached and on evicted pages, with a missing inner chunk among them."""
+    from zarr_fused import _shard_local
+
+    with with_pipeline(FUSED):
+        arr = _sharded(LocalStore(tmp_path / "a"), shape=(64, 64), shards=(64, 64), inner=(16, 16))
+        data = np.random.default_rng(23).integers(0, 1 << 30, (64, 64), dtype="<i4")
+        data[16:32, 16:32] = -1  # inner chunk 5 is the fill value: missing
+        arr[...] = data
+    path = tmp_path / "a" / "c" / "0" / "0"
+    wanted = np.array(touched, dtype=np.intp)
+    settings: dict[str, Any] = {"checksum": True, "big_endian": False, "at_start": False}
+
+    def take(n: int) -> np.ndarray:
+        return np.empty(n, np.uint8)
+
+    plain = _shard_local.fetch_partial_local(bytes(path), 16, wanted, take, **settings)
+    if cold:
+        _evict(path)
+    got = _shard_local.fetch_partial_local(
+        bytes(path), 16, wanted, take, prefetch=True, max_gap=1 << 10, **settings
+    )
+    assert plain is not None and got is not None
+    for i in wanted:
+        off, size = (int(v) for v in got[0][i])
+        ref_off, ref_size = (int(v) for v in plain[0][i])
+        assert size == ref_size
+        assert bytes(got[1][off : off + size]) == bytes(plain[1][ref_off : ref_off + ref_size])
 
 
 @pytest.mark.parametrize("store_kind", ["memory", "local"])

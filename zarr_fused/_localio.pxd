@@ -29,3 +29,7 @@ cdef FileStatus read_ranges_fd(int fd, Py_ssize_t n, const Py_ssize_t* starts,
                                const Py_ssize_t* offsets, Py_ssize_t max_gap,
                                Py_ssize_t max_coalesced, unsigned char* gap, int* err,
                                Py_ssize_t* bad) noexcept nogil
+
+cdef void advise_ranges(int fd, Py_ssize_t n, const Py_ssize_t* starts,
+                        const Py_ssize_t* lengths, Py_ssize_t max_gap,
+                        Py_ssize_t max_coalesced) noexcept nogil

@@ -27,6 +27,7 @@ def fetch_partial_local(
     where: str | Callable[[], str] = "shard",
     decode: DecodeBatch | None = None,
     first: int = 0,
+    prefetch: bool = False,
 ) -> (
     tuple[
         np.ndarray[Any, np.dtype[np.uint64]],
@@ -52,6 +53,7 @@ def read_shard_local(
     size_hint: int = 0,
     grid: tuple[int, ...] | None = None,
     where: str | Callable[[], str] = "shard",
+    prefetch: bool = False,
 ) -> bool: ...
 def decode_part(
     batch: DecodeBatch,

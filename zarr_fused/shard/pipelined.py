@@ -8,9 +8,12 @@ another), and each request goes on to its shard's coalesced inner-chunk
 ranges as soon as the index is parsed, in the same native call
 (`zarr_fused.io.local.read_shard_part`: ``open``, index ``pread``, range
 ``preadv``; the GIL released throughout). A shard read whole is one
-request too. While there are few shards, a partial shard's touched inner
-chunks are split over several requests, whose ranges are then read in
-parallel (`_Requests`). A compute thread decodes each shard into the
+request too. Each request first asks the kernel for all its ranges
+(``POSIX_FADV_WILLNEED``): from a block device they are then read at once.
+Where that does not apply (the last read came from the page cache or a
+filesystem the advice does not reach) and calls are slow, while there are
+few shards a partial shard's touched inner chunks are split over several
+requests, whose ranges are then read in parallel (`_Requests`). A compute thread decodes each shard into the
 output as soon as its request (its last part) is in, while the other
 shards are still in flight.
 
@@ -71,7 +74,12 @@ TOOK_DECAY = 0.9
 #: a shard split over several requests pays, per extra part, an ``open``,
 #: an index read and a hand-off between threads (about 0.1 ms of CPU);
 #: reads split shards only while file calls took at least this long
-#: (seconds) at the last pipelined read, or before the first
+#: (seconds) at the last pipelined read, or before the first, and that
+#: read did not come from a block device: there the kernel reads a request's
+#: ranges at once (``POSIX_FADV_WILLNEED``, see `_shard_local`), so a part
+#: adds only its open, index read and hand-off; where the advice does
+#: nothing (a FUSE or some parallel filesystems, the latency harness' shim)
+#: the parts still read their ranges in parallel
 SPLIT_CALL = 0.5e-3
 
 
@@ -103,6 +111,8 @@ class ShardBatch(Protocol):
     @property
     def shards(self) -> Sequence[Any]: ...
 
+    prefetch: bool
+
     def fetch(self, shard: Any) -> Any: ...
     def fetch_part(self, shard: Any, touched: Any) -> Any: ...
     def decode_fetched(self, shard: Any) -> None: ...
@@ -127,6 +137,8 @@ class ShardIO:
         #: `storage_read_bytes` when a direct read was chosen because the
         #: files answered fast; None otherwise
         self.direct_from: int | None = None
+        #: whether the last pipelined read read from a block device
+        self.from_device = False
 
     def applies(self, n_shards: int, max_workers: int, local: bool) -> int:
         """The IO requests in flight to pipeline a batch of ``n_shards``
@@ -176,7 +188,12 @@ class ShardIO:
         timing = _Timing()
         began = time.monotonic()
         seen = self.seconds_per_call
-        requests = _Requests(read, io_concurrency, seen is None or seen >= SPLIT_CALL)
+        split = (seen is None or seen >= SPLIT_CALL) and not self.from_device
+        requests = _Requests(read, io_concurrency, split)
+        device_before = storage_read_bytes()
+        # the kernel reads each request's ranges at once (a cold disk's
+        # queue filled, no thread per range); what the direct path skips
+        read.prefetch = True
 
         def fetch(request: Any, state: Batch[Any, Any]) -> Any:
             start = time.perf_counter()
@@ -204,6 +221,8 @@ class ShardIO:
             self.seconds_per_call = timing.fastest
             self.probed = time.monotonic()
             self.took = max(self.probed - began, TOOK_DECAY * self.took)
+        device_after = storage_read_bytes()
+        self.from_device = device_after is not None and device_after != device_before
 
 
 class _Timing:

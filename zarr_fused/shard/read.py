@@ -131,10 +131,12 @@ class ShardReader:
         touched: np.ndarray | None,
         grid: tuple[int, ...],
         shard: _Shard,
+        prefetch: bool = False,
     ) -> None:
         """Fill in ``shard`` (payload and index), or mark it missing.
 
-        ``touched`` None means every inner chunk (one get for the shard).
+        ``touched`` None means every inner chunk (one get for the shard);
+        ``prefetch``: see `_shard_part_settings`.
         """
         prefix = local_files([(getter,)], shard_io=True)
         shard.n_ranges = 0 if touched is None else len(touched)
@@ -154,7 +156,7 @@ class ShardReader:
                 np.ascontiguousarray(touched, dtype=np.intp),
                 buffers.take,
                 buffers.give,
-                self._shard_part_settings(getter, spec, grid, len(touched)),
+                self._shard_part_settings(getter, spec, grid, len(touched), prefetch),
             )
             if fetched is None:
                 shard.missing = True
@@ -205,9 +207,16 @@ class ShardReader:
         shard.entries[present, 0], shard.payload = _pack(fetched, lengths)
 
     def _shard_part_settings(
-        self, getter: Any, spec: ArraySpec, grid: tuple[int, ...], n_touched: int
+        self,
+        getter: Any,
+        spec: ArraySpec,
+        grid: tuple[int, ...],
+        n_touched: int,
+        prefetch: bool = False,
     ) -> dict[str, Any]:
-        """The settings of `read_shard_part` for a shard of this codec."""
+        """The settings of `read_shard_part` for a shard of this codec;
+        ``prefetch`` asks the kernel for all touched ranges before reading
+        them (the pipelined path, which runs while files answer slowly)."""
         # what the touched chunks hold when each encodes to about its raw
         # size (the codecs' worst case), so that one buffer usually fits them
         inner_nbytes = math.prod(self.inner_shape) * spec.dtype.to_native_dtype().itemsize
@@ -220,6 +229,7 @@ class ShardReader:
             "size_hint": n_touched * (inner_nbytes + inner_nbytes // 16 + 1024),
             "grid": grid,
             "where": lambda: describe_key(getter),
+            "prefetch": prefetch,
         }
 
     def _get_ranges(
@@ -402,6 +412,9 @@ class _ReadBatch:
         self.ndim = max(self.dst.ndim, len(inner_shape))
         self.describe = inner_describer(inner_grid(spec0, inner_shape))
         self.statuses: list[GetResult] = [PRESENT] * len(batch)
+        #: whether fetches ask the kernel for a shard's ranges up front
+        #: (set by the pipelined path, `zarr_fused.shard.pipelined`)
+        self.prefetch = False
         plan_selection = shard_kernels.plan_selection
         self.shards = [
             _Shard(
@@ -445,7 +458,8 @@ class _ReadBatch:
         if plan is None:
             reader._fetch_general(getter, spec, chunk_selection, grid, shard)
         elif plan.n_touched:
-            reader._fetch(getter, spec, None if plan.all_touched else plan.touched(), grid, shard)
+            touched = None if plan.all_touched else plan.touched()
+            reader._fetch(getter, spec, touched, grid, shard, self.prefetch)
         else:
             shard.payload = np.empty(0, np.uint8)
         return shard
@@ -545,7 +559,8 @@ class _ReadBatch:
         shard into a new `_Shard` (part of ``shard``)."""
         getter, spec, *_ = self.batch[shard.index]
         part = _Shard(shard.index, shard.plan)
-        self.reader._fetch(getter, spec, touched, inner_grid(spec, self.reader.inner_shape), part)
+        grid = inner_grid(spec, self.reader.inner_shape)
+        self.reader._fetch(getter, spec, touched, grid, part, self.prefetch)
         return part
 
     def cost(self, shard: _Shard) -> int:
