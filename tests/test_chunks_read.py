@@ -35,7 +35,7 @@ def test_group_without_a_count_of_blocking_waits_is_judged_by_its_wall_time() ->
     assert chunk_read.group_seconds_per_file(before, after, range(64)) == pytest.approx(1 / 64)
 
 
-@pytest.mark.skipif(chunk_read.getrusage is None, reason="no per-thread rusage here")
+@pytest.mark.skipif(chunk_read.THREAD_USAGE is None, reason="no per-thread rusage here")
 def test_group_clock_counts_blocking_waits() -> None:
     before = chunk_read._group_clock()
     for _ in range(3):

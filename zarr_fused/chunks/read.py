@@ -22,9 +22,9 @@ import time
 from typing import TYPE_CHECKING
 
 try:
-    from resource import RUSAGE_THREAD, getrusage
-except ImportError:  # not Linux: no per-thread count of blocking waits
-    RUSAGE_THREAD = getrusage = None  # type: ignore[assignment]
+    import resource
+except ImportError:  # not Unix
+    resource = None  # type: ignore[assignment]
 
 from zarr_fused._dtypes import fill_pattern
 from zarr_fused._items import MISSING, PRESENT
@@ -192,9 +192,15 @@ class _ChunkRead:
 BLOCKS_PER_FILE = 0.25
 
 
+#: Linux counts one thread's blocking waits; elsewhere (None) every group
+#: is judged by its wall time
+THREAD_USAGE: int | None = getattr(resource, "RUSAGE_THREAD", None)
+
+
 def _group_clock() -> tuple[float, float, int]:
-    """Wall time, this thread's CPU time and its blocking waits so far."""
-    blocks = getrusage(RUSAGE_THREAD).ru_nvcsw if getrusage is not None else -1
+    """Wall time, this thread's CPU time and its blocking waits so far (-1
+    where they are not counted)."""
+    blocks = resource.getrusage(THREAD_USAGE).ru_nvcsw if THREAD_USAGE is not None else -1
     return time.perf_counter(), time.thread_time(), blocks
 
 
