@@ -23,6 +23,49 @@ def test_read_whole_matches_file(tmp_path: Path) -> None:
     assert _localio.read_whole(tmp_path / "empty") == b""
 
 
+@pytest.mark.parametrize(
+    "size",
+    [
+        pytest.param(1, id="one-byte"),
+        pytest.param((64 << 10) - 1, id="first-buffer-less-one"),
+        pytest.param(64 << 10, id="first-buffer-exactly"),
+        pytest.param((64 << 10) + 1, id="first-buffer-plus-one"),
+        pytest.param(128 << 10, id="grown-buffer-exactly"),
+        pytest.param(700_001, id="grown-three-times"),
+    ],
+)
+def test_read_whole_reads_to_the_end_without_a_size(tmp_path: Path, size: int) -> None:
+    """Files are read until ``read`` returns 0 into a buffer that doubles
+    when full, not to a size taken with ``fstat``: every byte, at the
+    buffer's boundaries too."""
+    data = np.random.default_rng(size).bytes(size)
+    (tmp_path / "f").write_bytes(data)
+    assert _localio.read_whole(tmp_path / "f") == data
+
+
+@pytest.mark.parametrize(
+    "chunk",
+    [pytest.param((128, 128), id="one-128KiB-chunk"), pytest.param((8, 8), id="512B-chunks")],
+)
+def test_chunk_files_of_any_size_decode_like_zarr(tmp_path: Path, chunk: tuple[int, int]) -> None:
+    """Uncompressed float64 chunk files larger and smaller than a thread's
+    first read buffer, read by the decode kernel itself (no ``fstat``)."""
+    data = np.random.default_rng(7).normal(size=(256, 256))
+    with with_pipeline(BATCHED):
+        arr = zarr.create_array(
+            LocalStore(tmp_path / "a"),
+            shape=data.shape,
+            chunks=chunk,
+            dtype="<f8",
+            compressors=None,
+        )
+        arr[...] = data
+        expected = arr[3:250, 1:255]
+    with with_pipeline(FUSED):
+        got = zarr.open_array(LocalStore(tmp_path / "a"), mode="r")[3:250, 1:255]
+    assert_same_values(got, expected)
+
+
 @pytest.mark.parametrize("kind", ["absent", "directory", "through-a-file"])
 def test_read_whole_missing_like_localstore(tmp_path: Path, kind: str) -> None:
     (tmp_path / "dir").mkdir()

@@ -103,6 +103,12 @@ PROBE_INTERVAL = 1.0
 PROBE_SPACING = 20
 #: how much of a read's duration is still counted at the next read
 TOOK_DECAY = 0.9
+#: and at least this many direct reads between two probes: reads that come
+#: every second or so (a loop over arrays, a caller that reads something
+#: else in between) would otherwise all be probes, each at the CPU cost of
+#: a pipelined read; a direct read that finds its files slow needs no
+#: probe, it goes back to the IO threads itself
+PROBE_READS = 4
 
 
 class PipelinedChunkReader:
@@ -116,10 +122,12 @@ class PipelinedChunkReader:
     Slower files (a network filesystem, a cold cache) go to the IO threads.
     The first read of a plan is pipelined, and so are the reads of the next
     ``10 * PROBE_INTERVAL`` seconds after a direct one whose fastest group
-    took more than `SLOW_DIRECT` per file, and a read `PROBE_INTERVAL` after the last
-    pipelined one, or `PROBE_SPACING` times the recent reads' duration if
-    longer (a direct read's time includes decoding and waiting for a CPU,
-    so only a pipelined read measures the files).
+    took more than `SLOW_DIRECT` per file (waits for a CPU left out: see
+    `zarr_fused.chunks.read.group_seconds_per_file`), and a read
+    `PROBE_INTERVAL` after the last pipelined one, or `PROBE_SPACING` times
+    the recent reads' duration if longer, once `PROBE_READS` direct reads
+    came in between (a direct read's time includes decoding, so only a
+    pipelined read measures the files).
     """
 
     def __init__(self, chain: NativeChain, direct: NativeChunkReader) -> None:
@@ -138,6 +146,8 @@ class PipelinedChunkReader:
         self.slow_until = 0.0
         #: how long recent reads took (seconds; decays by `TOOK_DECAY`)
         self.took = 0.0
+        #: direct reads since the last pipelined one
+        self.direct_reads = 0
 
     def read(
         self,
@@ -173,6 +183,7 @@ class PipelinedChunkReader:
             max_workers=max_workers,
         )
         self._note(time.perf_counter() - start)
+        self.direct_reads = 0
         if read.fastest != float("inf"):
             self.seconds_per_file = read.fastest
             self.probed = time.monotonic()
@@ -190,7 +201,10 @@ class PipelinedChunkReader:
             seen is not None
             and seen < FAST_FILE
             and now >= self.slow_until
-            and now - self.probed < max(PROBE_INTERVAL, PROBE_SPACING * self.took)
+            and (
+                self.direct_reads < PROBE_READS
+                or now - self.probed < max(PROBE_INTERVAL, PROBE_SPACING * self.took)
+            )
         )
 
     def _read_direct_timed(
@@ -199,6 +213,7 @@ class PipelinedChunkReader:
         start = time.perf_counter()
         result = self.direct.read(batch, out, drop_axes, max_workers)
         self._note(time.perf_counter() - start)
+        self.direct_reads += 1
         # The fastest group, not the whole read: on a busy host a read's
         # threads wait for a CPU, which its mean time per file would count
         # as file latency and send a hot cache to the IO threads.

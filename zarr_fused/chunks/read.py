@@ -21,6 +21,11 @@ import os
 import time
 from typing import TYPE_CHECKING
 
+try:
+    import resource
+except ImportError:  # not Unix
+    resource = None  # type: ignore[assignment]
+
 from zarr_fused._dtypes import fill_pattern
 from zarr_fused._items import MISSING, PRESENT
 from zarr_fused._pool import partition, run_parallel
@@ -74,8 +79,7 @@ class NativeChunkReader:
         self.generic = ChunkReader(chain)
         #: the last read's fastest group, in seconds per chunk file (fetch
         #: and decode; inf when it read no file): how fast the files answer,
-        #: for `zarr_fused.chunks.pipelined` (the fastest group is the one
-        #: least slowed down by waiting for a CPU on a busy host)
+        #: for `zarr_fused.chunks.pipelined`; see `group_seconds_per_file`
         self.fastest_file = float("inf")
 
     def read(
@@ -120,11 +124,13 @@ class _ChunkRead:
         self.fastest = float("inf")
 
     def read_group(self, indices: range) -> None:
-        start = time.perf_counter()
+        if self.prefix is None:
+            self._read_group(indices)
+            return
+        before = _group_clock()
         self._read_group(indices)
-        if self.prefix is not None:
-            # a race between two groups can only keep the slower figure
-            self.fastest = min(self.fastest, (time.perf_counter() - start) / len(indices))
+        # a race between two groups can only keep the slower figure
+        self.fastest = min(self.fastest, group_seconds_per_file(before, _group_clock(), indices))
 
     def _read_group(self, indices: range) -> None:
         chain, dst, drop_axes, statuses = self.chain, self.dst, self.drop_axes, self.statuses
@@ -178,6 +184,41 @@ class _ChunkRead:
                 self.chain.decode_into(
                     raw, spec, chunk_selection, self.out, out_selection, self.drop_axes, getter
                 )
+
+
+#: a group that blocked fewer times than this per file did not wait for its
+#: files (a hot page cache blocks never; a cold disk or a network
+#: filesystem at least once per file; the GIL a few times per group)
+BLOCKS_PER_FILE = 0.25
+
+
+#: Linux counts one thread's blocking waits; elsewhere (None) every group
+#: is judged by its wall time
+THREAD_USAGE: int | None = getattr(resource, "RUSAGE_THREAD", None)
+
+
+def _group_clock() -> tuple[float, float, int]:
+    """Wall time, this thread's CPU time and its blocking waits so far (-1
+    where they are not counted)."""
+    blocks = resource.getrusage(THREAD_USAGE).ru_nvcsw if THREAD_USAGE is not None else -1
+    return time.perf_counter(), time.thread_time(), blocks
+
+
+def group_seconds_per_file(
+    before: tuple[float, float, int], after: tuple[float, float, int], indices: range
+) -> float:
+    """How long a group of chunk files took per file, waits for a CPU left out.
+
+    On a busy host a group's threads wait for a CPU (runnable, not
+    blocked), which its wall time would count as file latency and send a
+    hot cache to the IO threads. A group that hardly blocked did not wait
+    for its files: its CPU time is its cost. One that blocked (a cold disk,
+    a network filesystem) is judged by its wall time.
+    """
+    wall = after[0] - before[0]
+    if before[2] >= 0 and after[2] - before[2] < BLOCKS_PER_FILE * len(indices):
+        wall = min(wall, after[1] - before[1])
+    return wall / len(indices)
 
 
 class PartialDecodeReader:
