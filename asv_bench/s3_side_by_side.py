@@ -14,6 +14,9 @@ bytes, for zarr_fused, zarr's two pipelines, zarrs and tensorstore.
         --bare-concurrency 10 --bare-concurrency 64        # what the store alone needs
     python asv_bench/s3_side_by_side.py --server static --server-cpu 1 --latency 20 \
         --scenario unsharded --operation whole          # reads from the light server
+    python asv_bench/s3_side_by_side.py --server static --server-cpu 1 --latency 20 \
+        --operation write-all --peer zarr_fused --peer zarr-fused --peer zarr-batched \
+        --peer bare-puts --repeat 5                     # writes to it
 
 zarr_fused and zarr's pipelines read through zarr's ``ObjectStore`` over
 obstore's ``S3Store`` (``--store s3fs``: ``FsspecStore`` over s3fs); zarrs
@@ -36,12 +39,14 @@ each peer are those of its last timed call (they do not vary between calls).
 Without added latency moto itself (a few ms per request) dominates: compare
 peers at 20 ms, and only as ratios measured in one run.
 
-``--server static`` reads from `helpers.s3_static.StaticS3Server` instead: a
-light read-only S3 server (one asyncio process, no signature checks) that adds
-the latency itself, serving the arrays zarr's Batched pipeline wrote to a
-local directory (the same keys). Then the client, not moto, sets the pace.
-Writes still go to moto behind the proxy. ``--server-cpu N`` pins the static
-server to CPU N (``taskset`` on the whole script pins it with the client).
+``--server static`` serves reads and writes from
+`helpers.s3_static.StaticS3Server` instead: a light S3 server (one asyncio
+process, no signature checks) that adds the latency itself, over a local
+directory (the same keys; the arrays every peer reads written there by zarr's
+Batched pipeline, a write's array created and checked there, untimed). Then
+the client, not moto, sets the pace: moto spends a few ms of CPU per PUT.
+``--server-cpu N`` pins the static server to CPU N (``taskset`` on the whole
+script pins it with the client).
 """
 
 from __future__ import annotations
@@ -57,6 +62,7 @@ import sys
 import tempfile
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -365,7 +371,7 @@ def measure(
     operation: str,
     peers: list[str],
     proxy: LatencyProxy | StaticS3Server,
-    moto: MotoServer | None,
+    direct: Callable[[str], Any],
     store_kind: str,
     source: str,
     repeat: int,
@@ -382,9 +388,8 @@ def measure(
     for peer in peers:
         try:
             if writing:
-                assert moto is not None
                 prefix = f"{source}-{operation}-{peer}"
-                arr = scenario.create(zarr_store(store_kind, moto.endpoint, prefix))
+                arr = scenario.create(direct(prefix))
                 if where is not Ellipsis:  # a partial update of stored shards
                     import zarr
 
@@ -393,10 +398,11 @@ def measure(
                 handle = Peer(peer, store_kind, proxy.endpoint, prefix)
                 handle.open(write=True, data=data if where is Ellipsis else None)
                 handle.write(data[where], where)  # the check: read back by zarr's pipeline
-                check = Peer(WRITER, store_kind, moto.endpoint, prefix)
-                check.open()
-                if not np.array_equal(check.read(Ellipsis), data):
-                    raise AssertionError("wrong values written")
+                import zarr
+
+                with zarr.config.set(zarr_config(WRITER)):
+                    if not np.array_equal(zarr.open_array(direct(prefix), mode="r")[...], data):
+                        raise AssertionError("wrong values written")
             else:
                 handle = Peer(peer, store_kind, proxy.endpoint, source)
                 handle.open()
@@ -466,56 +472,56 @@ def operations(scenario: Scenario, args: argparse.Namespace) -> list[str]:
     return [op for op in scenario.operations if not args.operation or op in args.operation]
 
 
-def is_write(selection: Any) -> bool:
-    return isinstance(selection, WriteAt) or (isinstance(selection, str) and selection == "write")
-
-
 @dataclass
 class Servers:
     """What the reads and the writes of one run are served by: moto behind
-    the proxy (started only when needed), and the static server (``--server
-    static``) over a local copy of each scenario's source array."""
+    the proxy, or the writable static server (``--server static``) over a
+    local copy of each scenario's source array."""
 
     moto: MotoServer | None
     proxy: LatencyProxy | None
     static: StaticS3Server | None
+    store_kind: str
 
     @property
-    def reads(self) -> LatencyProxy | StaticS3Server:
-        reads = self.static or self.proxy
-        assert reads is not None
-        return reads
+    def timed(self) -> LatencyProxy | StaticS3Server:
+        """What the timed calls go through (adding the latency, counting)."""
+        timed = self.static or self.proxy
+        assert timed is not None
+        return timed
+
+    def direct(self, prefix: str) -> Any:
+        """A zarr store on ``prefix`` without the added latency or the
+        counting: for the untimed setup and checks."""
+        from zarr.storage import LocalStore
+
+        if self.static is not None:
+            return LocalStore(self.static.root / BUCKET / prefix)
+        assert self.moto is not None
+        return zarr_store(self.store_kind, self.moto.endpoint, prefix)
 
     @classmethod
     def start(
         cls, stack: contextlib.ExitStack, args: argparse.Namespace, scenarios: list[str]
     ) -> Servers:
         import zarr
-        from zarr.storage import LocalStore
 
-        writes = any(
-            is_write(SCENARIOS[n].operations[op])
-            for n in scenarios
-            for op in operations(SCENARIOS[n], args)
-        )
         moto = proxy = static = None
-        if args.server == "moto" or writes:
+        if args.server == "moto":
             moto = stack.enter_context(MotoServer())
             proxy = stack.enter_context(LatencyProxy(moto.endpoint))
             moto.create_bucket(BUCKET)
-        if args.server == "static":
+        else:
             root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="s3-static-")))
-            static = stack.enter_context(StaticS3Server(root, cpu=args.server_cpu))
+            (root / BUCKET).mkdir()
+            static = StaticS3Server(root, cpu=args.server_cpu, writable=True)
+            stack.enter_context(static)
+        servers = cls(moto, proxy, static, args.store)
         for name in scenarios:
-            scenario = SCENARIOS[name]
             with zarr.config.set(zarr_config(WRITER)):
-                if moto is not None:
-                    store = zarr_store(args.store, moto.endpoint, f"{name}-source")
-                    scenario.create(store)[...] = scenario.data()
-                if static is not None:
-                    local = LocalStore(static.root / BUCKET / f"{name}-source")
-                    scenario.create(local)[...] = scenario.data()
-        return cls(moto, proxy, static)
+                store = servers.direct(f"{name}-source")
+                SCENARIOS[name].create(store)[...] = SCENARIOS[name].data()
+        return servers
 
     def set_latency(self, seconds: float) -> None:
         for server in (self.proxy, self.static):
@@ -537,12 +543,16 @@ def run_scenario(
 
     source = f"{scenario.name}-source"
     for operation, gap in it.product(operations(scenario, args), args.max_gap or [None]):
-        writing = is_write(scenario.operations[operation])
-        server = servers.proxy if writing else servers.reads
-        assert server is not None
         with zarr.config.set(coalescing(gap)):
             results = measure(
-                scenario, operation, peers, server, servers.moto, args.store, source, args.repeat
+                scenario,
+                operation,
+                peers,
+                servers.timed,
+                servers.direct,
+                args.store,
+                source,
+                args.repeat,
             )
         title = f"{scenario.name} {operation}, {latency:g} ms" + (
             "" if gap is None else f", max gap {gap} B"
@@ -588,8 +598,8 @@ def main(argv: list[str] | None = None) -> int:
         "--server",
         choices=["moto", "static"],
         default="moto",
-        help="what reads are served by: moto behind the latency proxy, or the light "
-        "static server (writes always go to moto)",
+        help="what serves reads and writes: moto behind the latency proxy, or the light "
+        "static server",
     )
     parser.add_argument("--server-cpu", type=int, help="pin the static server to this CPU")
     parser.add_argument("--repeat", type=int, default=3)
@@ -621,7 +631,7 @@ def main(argv: list[str] | None = None) -> int:
     out["results"] = {}
     where = "moto behind the latency proxy" if args.server == "moto" else "the static server"
     print(
-        f"## S3 side by side ({args.store}, reads from {where}, median of {args.repeat})\n",
+        f"## S3 side by side ({args.store}, served by {where}, median of {args.repeat})\n",
         flush=True,
     )
     try:

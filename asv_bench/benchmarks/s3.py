@@ -1,29 +1,24 @@
 """Arrays on S3, through zarr's ``ObjectStore`` over obstore's ``S3Store``
 (zarr's pipelines, zarr_fused, zarrs) or tensorstore's ``s3`` kvstore.
 
-Reads are served by the light static server of the tests
-(``tests/helpers/s3_static.py``, as ``s3_side_by_side.py --server static``):
-one asyncio process serving the files zarr's Batched pipeline wrote to a
-local directory, adding the latency itself. moto answers a few hundred
-requests a second on a busy host, so behind it a 1024-object read measures
+Reads and writes are served by the light static server of the tests
+(``tests/helpers/s3_static.py``, writable, as ``s3_side_by_side.py --server
+static``): one asyncio process serving the files zarr's Batched pipeline
+wrote to a local directory and storing what is PUT there, adding the latency
+itself. moto answers a few hundred requests a second on a busy host (about
+2.6 ms of CPU per PUT), so behind it a 1024-object read or write measures
 moto; against the static server (thousands a second) it measures the client.
-Writes go to moto's S3 server on 127.0.0.1 behind the latency-adding,
-request-counting proxy (``tests/helpers/s3.py``): the static server cannot
-store anything.
 
 The scenarios, stores and peers are those of ``asv_bench/s3_side_by_side.py``
 (which also reports requests, bytes and client CPU); the arrays are smaller
 under ``ZARR_FUSED_BENCH_SCALE=small``. Each benchmark process starts its own
-server (and proxy) in ``setup`` (moto keeps its objects in memory, so nothing
-outlives the process that wrote it; asv's ``setup_cache`` runs in another
-one) and stops them in ``teardown``; every start is bounded by the helper's
-timeouts, and a server that cannot start skips the benchmark. Without added
-latency moto's own ~3 ms per request dominates its writes: compare peers at
-20 ms.
+server in ``setup`` over its own temporary directory and stops it (and
+removes the directory) in ``teardown``; every start is bounded by the
+helper's timeouts, and a server that cannot start skips the benchmark.
 
 Not part of the quick CI run (``ZARR_FUSED_BENCH_QUICK=1``): each setup
-starts two servers and uploads an array, tens of seconds for the four
-benchmarks even at the small scale.
+starts a server and writes an array, seconds for the four benchmarks even
+at the small scale.
 """
 
 from __future__ import annotations
@@ -61,9 +56,8 @@ def _scenario(name: str) -> Any:
 
 
 class _S3:
-    """One scenario's source array on a fresh server, opened by one peer
-    (``latency`` ms per request): the static server for reads, moto behind
-    the proxy for writes (``writes``)."""
+    """One scenario's source array on a fresh static server, opened by one
+    peer (``latency`` ms per request), for writing too when ``writes``."""
 
     scenario = ""
     writes = False
@@ -83,18 +77,15 @@ class _S3:
 
             from helpers.s3 import ACCESS_KEY, REGION, SECRET_KEY, ServerUnavailable
         except ImportError as exc:
-            raise NotImplementedError(f"the S3 benchmarks need moto and obstore: {exc}") from exc
-        # tensorstore's "environment" credentials; moto accepts any
+            raise NotImplementedError(f"the S3 benchmarks need obstore: {exc}") from exc
+        # tensorstore's "environment" credentials; the server accepts any
         os.environ.setdefault("AWS_ACCESS_KEY_ID", ACCESS_KEY)
         os.environ.setdefault("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
         os.environ.setdefault("AWS_REGION", REGION)
         self.servers: list[Any] = []
         self.root: str | None = None
         try:
-            if self.writes:
-                self._start(peer)
-            else:
-                self._start_static(peer)
+            self._start_static(peer)
         except ServerUnavailable as exc:
             self.teardown(peer, latency_ms)
             raise NotImplementedError(f"no S3 server: {exc}") from exc
@@ -102,31 +93,6 @@ class _S3:
             self.teardown(peer, latency_ms)
             raise
         self.servers[-1].reset(latency=latency_ms / 1000)
-
-    def _start(self, peer: str) -> None:
-        """Start moto and the proxy, write the source array with zarr's
-        pipeline (straight to moto) and check ``peer`` reads it back."""
-        from s3_side_by_side import BUCKET, WRITER, Peer, zarr_store
-
-        from helpers.s3 import LatencyProxy, MotoServer
-
-        moto = MotoServer()
-        self.servers.append(moto)
-        moto.start()
-        proxy = LatencyProxy(moto.endpoint)
-        self.servers.append(proxy)
-        proxy.start()
-        moto.create_bucket(BUCKET)
-        self.s3 = _scenario(self.scenario)
-        self.data = self.s3.data()
-        self.s3.create(zarr_store("obstore", moto.endpoint, "source"))
-        source = Peer(WRITER, "obstore", moto.endpoint, "source")
-        source.open(write=True)
-        source.write(self.data)
-        self.peer = Peer(peer, "obstore", proxy.endpoint, "source")
-        self.peer.open(write=True)
-        if not np.array_equal(self.peer.read(Ellipsis), self.data):
-            raise AssertionError(f"{peer} read wrong values from S3")
 
     def _start_static(self, peer: str) -> None:
         """Write the source array with zarr's pipeline to a local directory,
@@ -143,11 +109,11 @@ class _S3:
         with zarr.config.set(zarr_config(WRITER)):
             local = LocalStore(os.path.join(self.root, BUCKET, "source"))
             self.s3.create(local)[...] = self.data
-        static = StaticS3Server(Path(self.root))
+        static = StaticS3Server(Path(self.root), writable=self.writes)
         self.servers.append(static)
         static.start()
         self.peer = Peer(peer, "obstore", static.endpoint, "source")
-        self.peer.open()
+        self.peer.open(write=self.writes)
         if not np.array_equal(self.peer.read(Ellipsis), self.data):
             raise AssertionError(f"{peer} read wrong values from S3")
 
@@ -184,7 +150,7 @@ class S3Unsharded(_S3):
 
 
 class S3UnshardedWrite(_S3):
-    """The unsharded array written whole to moto (1024 PUTs)."""
+    """The unsharded array written whole (1024 PUTs)."""
 
     scenario = "unsharded"
     writes = True

@@ -1,4 +1,4 @@
-"""A light read-only S3-compatible server, for measuring clients rather than servers.
+"""A light S3-compatible server, for measuring clients rather than servers.
 
 moto answers a few hundred requests a second on a busy 2-core host (one
 Python process parsing XML and checking signatures), and the latency proxy in
@@ -15,7 +15,14 @@ directory laid out as ``<root>/<bucket>/<key>``:
   ``Last-Modified`` (required by ``object_store``) and ``Accept-Ranges``;
 - a missing key: 404 with an S3 ``NoSuchKey`` XML body (botocore reads the
   code from it; obstore and tensorstore go by the status), body-less on HEAD;
-- signatures and query strings are ignored; nothing can be written;
+- with ``writable=True``, PUT of a whole object (written to a temporary
+  file in the key's directory, then renamed over the key, so a GET never
+  sees half an object; a ``Content-MD5`` or ``x-amz-checksum-crc32`` header
+  is checked; the response carries the object's ``ETag``), DELETE (204
+  whether the key existed or not, as S3; DeleteObjects too, which obstore
+  sends for a single key) and ListObjectsV2 (one page, for
+  zarr's ``list_prefix``/``delete_dir``); without it these answer 405;
+- signatures are ignored;
 - the latency is added by the server itself (``asyncio.sleep`` before each
   response, concurrently across connections), and requests and bytes are
   counted as the proxy counts them (`helpers.s3.Stats`).
@@ -29,16 +36,21 @@ stdin closes.
 from __future__ import annotations
 
 import asyncio
+import base64
 import email.utils
 import hashlib
 import http
 import json
 import os
 import sys
+import tempfile
 import time
 import urllib.parse
+import zlib
 from pathlib import Path
 from typing import Any
+from xml.etree import ElementTree
+from xml.sax.saxutils import escape
 
 try:
     from .s3 import CONTROL, HOST, IO_TIMEOUT, ChildServer, Request, Stats, serve_until_stdin_closes
@@ -64,19 +76,24 @@ class StaticS3Server(ChildServer):
 
     ``cpu``: pin the server process to this CPU (``os.sched_setaffinity``),
     to keep it off the CPU a client under measurement is pinned to.
+    ``writable``: accept PUT and DELETE (stored under ``root``) and list.
     `reset` returns the counters since the last reset and sets the latency;
     `cpu_seconds` is the server process' CPU time so far (user + system).
     """
 
     name = "the static S3 server"
 
-    def __init__(self, root: Path, latency: float = 0.0, cpu: int | None = None) -> None:
+    def __init__(
+        self, root: Path, latency: float = 0.0, cpu: int | None = None, writable: bool = False
+    ) -> None:
         super().__init__(latency)
         self.root = Path(root).resolve()
         self.cpu = cpu
+        self.writable = writable
 
     def _argv(self) -> list[str]:
-        return [sys.executable, __file__, str(self.root), str(self.latency), str(self.cpu)]
+        args = [str(self.root), str(self.latency), str(self.cpu), str(int(self.writable))]
+        return [sys.executable, __file__, *args]
 
     @property
     def cpu_seconds(self) -> float:
@@ -106,12 +123,63 @@ def parse_range(value: str, size: int) -> tuple[int, int] | None:
     return start, stop
 
 
+#: the prefix of the temporary files a PUT writes before renaming (never listed)
+_TEMP = ".put-"
+_LIST_XML = (
+    '<?xml version="1.0" encoding="UTF-8"?>\n'
+    '<ListBucketResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/">'
+    "<Name>{bucket}</Name><Prefix>{prefix}</Prefix><KeyCount>{count}</KeyCount>"
+    "<MaxKeys>{count}</MaxKeys>{delimiter}<IsTruncated>false</IsTruncated>{entries}"
+    "</ListBucketResult>"
+)
+
+type Answer = tuple[int, dict[str, str], bytes | str]
+
+
+def _error(status: int, code: str, message: str, key: str) -> Answer:
+    body = _MISSING.format(code=code, message=escape(message), key=escape(key))
+    return status, {"Content-Type": "application/xml"}, body
+
+
+def _etag(data: bytes) -> str:
+    return f'"{hashlib.md5(data, usedforsecurity=False).hexdigest()}"'
+
+
+def _bad_digest(headers: dict[str, str], body: bytes) -> str | None:
+    """The name of a checksum header ``body`` does not match, or None. S3
+    refuses such a request (400 BadDigest); s3fs sends CRC32 with a PUT and
+    MD5 with a DeleteObjects, obstore MD5 and SHA-256 with a DeleteObjects."""
+    digests = {
+        "content-md5": lambda: hashlib.md5(body, usedforsecurity=False).digest(),
+        "x-amz-checksum-crc32": lambda: zlib.crc32(body).to_bytes(4, "big"),
+        "x-amz-checksum-sha256": lambda: hashlib.sha256(body).digest(),
+    }
+    for name, digest in digests.items():
+        sent = headers.get(name)
+        if sent is not None and base64.b64decode(sent) != digest():
+            return name
+    return None
+
+
+async def _read_body(reader: asyncio.StreamReader, writer: Any, headers: dict[str, str]) -> bytes:
+    """The request body: ``Content-Length`` bytes, after a ``100 Continue``
+    when the client waits for one; a chunked body is refused (no client of
+    ours sends one here: `tests/test_s3_static.py` writes through both)."""
+    if "chunked" in headers.get("transfer-encoding", "").lower():
+        raise ConnectionError("chunked request bodies are not served")
+    length = int(headers.get("content-length") or 0)
+    if length and headers.get("expect", "").lower() == "100-continue":
+        writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+    return await reader.readexactly(length) if length else b""
+
+
 class _StaticServer:
     """The server itself (in the child process, on one asyncio loop)."""
 
-    def __init__(self, root: Path, latency: float) -> None:
+    def __init__(self, root: Path, latency: float, writable: bool = False) -> None:
         self.root = root
         self.latency = latency
+        self.writable = writable
         self.stats = Stats()
         self._in_flight = 0
         # path -> (size, mtime_ns, body, etag, last-modified)
@@ -133,8 +201,7 @@ class _StaticServer:
                 for line in lines[1:]:
                     name, _, value = line.partition(":")
                     headers[name.strip().lower()] = value.strip()
-                length = int(headers.get("content-length") or 0)
-                body = await reader.readexactly(length) if length else b""
+                body = await _read_body(reader, writer, headers)
                 await self._request(method, target, headers, body, writer)
                 if headers.get("connection", "").lower() == "close":
                     return
@@ -161,15 +228,22 @@ class _StaticServer:
             answer = self._control(target[len(CONTROL) :], json.loads(body or b"{}"))
             self._respond(writer, 200, {"Content-Type": "application/json"}, json.dumps(answer))
             return
-        path = urllib.parse.unquote(urllib.parse.urlsplit(target).path).lstrip("/")
-        bucket, _, key = path.partition("/")
+        url = urllib.parse.urlsplit(target)
+        bucket, _, key = urllib.parse.unquote(url.path).lstrip("/").partition("/")
         self._in_flight += 1
         self.stats.max_in_flight = max(self.stats.max_in_flight, self._in_flight)
         try:
             if self.latency:
                 await asyncio.sleep(self.latency)
-            status, out, payload = self._answer(method, bucket, key, headers.get("range"))
-            kind = "LIST" if method == "GET" and not key else method
+            if method == "GET" and not key:
+                kind, answer = "LIST", self._list(bucket, urllib.parse.parse_qs(url.query))
+            elif method in ("PUT", "DELETE"):
+                kind, answer = method, self._change(method, bucket, key, headers, body)
+            elif method == "POST" and not key and url.query == "delete":
+                kind, answer = "DELETE", self._delete_objects(bucket, headers, body)
+            else:
+                kind, answer = method, self._answer(method, bucket, key, headers.get("range"))
+            status, out, payload = answer
             sent = 0 if method == "HEAD" else len(payload)
             self.stats.add(Request(kind, key, headers.get("range"), len(body), sent, status))
             self._respond(writer, status, out, payload, head=method == "HEAD")
@@ -177,9 +251,122 @@ class _StaticServer:
         finally:
             self._in_flight -= 1
 
-    def _object(self, bucket: str, key: str) -> tuple[int, int, bytes, str, str] | None:
+    def _path(self, bucket: str, key: str) -> Path | None:
+        """The file of ``bucket/key``, or None when it would lie outside the
+        served directory (a ``..`` segment) or name a temporary file."""
         path = (self.root / bucket / key).resolve()
-        if not key or self.root not in path.parents:
+        if not key or self.root not in path.parents or path.name.startswith(_TEMP):
+            return None
+        return path
+
+    def _change(
+        self, method: str, bucket: str, key: str, headers: dict[str, str], body: bytes
+    ) -> Answer:
+        path = self._path(bucket, key)
+        if not self.writable:
+            return _error(405, "MethodNotAllowed", "read-only", key)
+        if path is None or not (self.root / bucket).is_dir():
+            return _error(404, "NoSuchBucket" if path else "NoSuchKey", "no such key", key)
+        if method == "DELETE":
+            self._drop(path)
+            return 204, {}, b""
+        if "x-amz-copy-source" in headers:
+            return _error(501, "NotImplemented", "copies are not served", key)
+        bad = _bad_digest(headers, body)
+        if bad is not None:
+            return _error(400, "BadDigest", f"{bad} does not match the body", key)
+        return 200, {"ETag": self._store(path, body)}, b""
+
+    def _delete_objects(self, bucket: str, headers: dict[str, str], body: bytes) -> Answer:
+        """DeleteObjects (``POST ?delete``): obstore deletes even one key so.
+        Every key is reported deleted, as S3 does for missing keys."""
+        if not self.writable:
+            return _error(405, "MethodNotAllowed", "read-only", "")
+        bad = _bad_digest(headers, body)
+        if bad is not None:
+            return _error(400, "BadDigest", f"{bad} does not match the body", "")
+        keys = [k.text or "" for k in ElementTree.fromstring(body).iter() if k.tag.endswith("Key")]
+        for key in keys:
+            path = self._path(bucket, key)
+            if path is not None:
+                self._drop(path)
+        deleted = "".join(f"<Deleted><Key>{escape(k)}</Key></Deleted>" for k in keys)
+        xml = f'<?xml version="1.0" encoding="UTF-8"?>\n<DeleteResult>{deleted}</DeleteResult>'
+        return 200, {"Content-Type": "application/xml"}, xml
+
+    def _drop(self, path: Path) -> None:
+        """Delete the object at ``path``; a directory (a key prefix, which
+        s3fs deletes as a key too) is no object and stays."""
+        if path.is_file():
+            path.unlink()
+        self._cache.pop(path, None)
+
+    def _store(self, path: Path, body: bytes) -> str:
+        """Write ``body`` as the file ``path`` at once (a temporary file in
+        its directory renamed over it) and cache it; returns its ETag."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, temp = tempfile.mkstemp(prefix=_TEMP, dir=path.parent)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(body)
+            os.replace(temp, path)
+        except BaseException:
+            Path(temp).unlink(missing_ok=True)
+            raise
+        st = path.stat()
+        etag = _etag(body)
+        stamp = email.utils.formatdate(st.st_mtime, usegmt=True)
+        self._cache[path] = (st.st_size, st.st_mtime_ns, body, etag, stamp)
+        return etag
+
+    def _list(self, bucket: str, query: dict[str, list[str]]) -> Answer:
+        """ListObjectsV2, every match in one page (zarr asks with and
+        without a ``/`` delimiter)."""
+        if not self.writable:
+            return _error(405, "MethodNotAllowed", "read-only", "")
+        top = self.root / bucket
+        if not top.is_dir():
+            return _error(404, "NoSuchBucket", "no such bucket", "")
+        prefix = query.get("prefix", [""])[0]
+        delimiter = query.get("delimiter", [""])[0]
+        keys: list[str] = []
+        for here, _, files in os.walk(top / prefix.rpartition("/")[0]):
+            rel = Path(here).relative_to(top).as_posix()
+            base = "" if rel == "." else rel + "/"
+            keys += [base + f for f in files if not f.startswith(_TEMP)]
+        entries, common = [], set()
+        for key in sorted(k for k in keys if k.startswith(prefix)):
+            rest = key[len(prefix) :]
+            if delimiter and delimiter in rest:
+                common.add(prefix + rest.split(delimiter, 1)[0] + delimiter)
+                continue
+            entries.append(self._list_entry(bucket, key))
+        entries += [
+            f"<CommonPrefixes><Prefix>{escape(c)}</Prefix></CommonPrefixes>" for c in sorted(common)
+        ]
+        body = _LIST_XML.format(
+            bucket=escape(bucket),
+            prefix=escape(prefix),
+            count=len(entries),
+            delimiter=f"<Delimiter>{escape(delimiter)}</Delimiter>" if delimiter else "",
+            entries="".join(entries),
+        )
+        return 200, {"Content-Type": "application/xml"}, body
+
+    def _list_entry(self, bucket: str, key: str) -> str:
+        entry = self._object(bucket, key)
+        assert entry is not None
+        size, mtime_ns, _, etag, _ = entry
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime(mtime_ns / 1e9))
+        return (
+            f"<Contents><Key>{escape(key)}</Key><LastModified>{stamp}</LastModified>"
+            f"<ETag>{escape(etag)}</ETag><Size>{size}</Size>"
+            "<StorageClass>STANDARD</StorageClass></Contents>"
+        )
+
+    def _object(self, bucket: str, key: str) -> tuple[int, int, bytes, str, str] | None:
+        path = self._path(bucket, key)
+        if path is None:
             return None
         try:
             st = path.stat()
@@ -191,20 +378,17 @@ class _StaticServer:
         if not path.is_file():
             return None
         data = path.read_bytes()
-        etag = f'"{hashlib.md5(data, usedforsecurity=False).hexdigest()}"'
+        etag = _etag(data)
         stamp = email.utils.formatdate(st.st_mtime, usegmt=True)
         self._cache[path] = entry = (st.st_size, st.st_mtime_ns, data, etag, stamp)
         return entry
 
-    def _answer(
-        self, method: str, bucket: str, key: str, rng: str | None
-    ) -> tuple[int, dict[str, str], bytes | str]:
-        xml = {"Content-Type": "application/xml"}
+    def _answer(self, method: str, bucket: str, key: str, rng: str | None) -> Answer:
         if method not in ("GET", "HEAD"):
-            return 405, xml, _MISSING.format(code="MethodNotAllowed", message="read-only", key=key)
+            return _error(405, "MethodNotAllowed", f"{method} is not served", key)
         entry = self._object(bucket, key)
         if entry is None:
-            return 404, xml, _MISSING.format(code="NoSuchKey", message="no such key", key=key)
+            return _error(404, "NoSuchKey", "no such key", key)
         size, _, data, etag, stamp = entry
         out = {
             "Content-Type": "application/octet-stream",
@@ -216,8 +400,8 @@ class _StaticServer:
             return 200, out, data
         span = parse_range(rng, size)
         if span is None:
-            out = {**xml, "Content-Range": f"bytes */{size}"}
-            return 416, out, _MISSING.format(code="InvalidRange", message=rng, key=key)
+            status, xml, body = _error(416, "InvalidRange", rng, key)
+            return status, {**xml, "Content-Range": f"bytes */{size}"}, body
         start, stop = span
         out["Content-Range"] = f"bytes {start}-{stop - 1}/{size}"
         return 206, out, data[start:stop]
@@ -240,11 +424,11 @@ class _StaticServer:
             writer.write(payload)
 
 
-def _main(root: str, latency: str, cpu: str) -> None:
+def _main(root: str, latency: str, cpu: str, writable: str) -> None:
     if cpu != "None":
         os.sched_setaffinity(0, {int(cpu)})
-    serve_until_stdin_closes(_StaticServer(Path(root), float(latency)))
+    serve_until_stdin_closes(_StaticServer(Path(root), float(latency), writable == "1"))
 
 
 if __name__ == "__main__":
-    _main(*sys.argv[1:4])
+    _main(*sys.argv[1:5])
