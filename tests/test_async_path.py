@@ -21,6 +21,7 @@ from zarr.errors import ZarrUserWarning
 from zarr.registry import register_codec
 
 import zarr_fused
+from zarr_fused import _async_path
 from zarr_fused._async_path import (
     ASYNC_CONCURRENCY_CAP,
     DEFAULT_ASYNC_CONCURRENCY,
@@ -28,6 +29,7 @@ from zarr_fused._async_path import (
     request_limit,
     write_async,
 )
+from zarr_fused._pool import partition
 from zarr_fused.errors import CorruptChunkError
 
 from helpers import (
@@ -440,3 +442,35 @@ def test_unsharded_requests_in_flight(setting: str, operation: str) -> None:
             store.peak = 0
             assert_same_values(arr[...], data)
     assert store.peak == expected
+
+
+@pytest.mark.parametrize("max_workers", [1, 2], ids=["workers=1", "workers=2"])
+def test_whole_chunk_writes_encode_a_group_per_pool_job(
+    monkeypatch: pytest.MonkeyPatch, max_workers: int
+) -> None:
+    """Chunks a write covers whole are encoded in `partition` groups, one
+    pool job each, and store the same bytes as zarr's pipeline; a chunk
+    left empty is deleted, not stored."""
+    calls: list[int] = []
+    encode_group = _async_path._encode_group
+
+    def counting(chain: Any, value: Any, items: Any, drop_axes: Any) -> Any:
+        calls.append(len(items))
+        return encode_group(chain, value, items, drop_axes)
+
+    monkeypatch.setattr(_async_path, "_encode_group", counting)
+    data = np.random.default_rng(152).integers(1, 99, (40, 40)).astype("<i4")
+    data[:4] = 0  # a row of chunks holding only the fill value
+    stored = {}
+    for path in (FUSED, BATCHED):
+        memory = zarr.storage.MemoryStore()
+        with with_pipeline(path), zarr.config.set({"codec_pipeline.max_workers": max_workers}):
+            arr = zarr.create_array(
+                NoSyncIOStore(memory), shape=data.shape, chunks=(4, 4), dtype=data.dtype
+            )
+            arr[...] = data
+        stored[path] = {k: v.to_bytes() for k, v in memory._store_dict.items()}
+    assert stored[FUSED] == stored[BATCHED]
+    assert "c/0/0" not in stored[FUSED]
+    assert sum(calls) == 100
+    assert len(calls) == len(partition(100, max_workers))

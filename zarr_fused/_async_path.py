@@ -43,7 +43,7 @@ from zarr.storage._obstore import _ALLOWED_EXCEPTIONS as _ABSENT
 from zarr_fused._chain import NativeChain
 from zarr_fused._cpus import resolve_max_workers
 from zarr_fused._items import MISSING, PRESENT, describe_key
-from zarr_fused._pool import get_pool
+from zarr_fused._pool import get_pool, partition
 from zarr_fused._scatter_py import fill_missing, scatter_chunk
 from zarr_fused.chunks.async_read import ObjectChunkReader
 from zarr_fused.chunks.merge import merge_and_encode
@@ -51,7 +51,7 @@ from zarr_fused.config import ASYNC_CONCURRENCY_KEY
 from zarr_fused.errors import ZarrFusedError
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+    from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
     from concurrent.futures import Future, ThreadPoolExecutor
 
     from zarr.abc.codec import GetResult
@@ -404,4 +404,30 @@ async def _write_chunks(
             encoded = await encode_async(item, existing)
         await requests.set(setter, encoded)
 
-    await asyncio.gather(*(tracker.task(write_one(item)) for item in batch))
+    async def write_group(items: Sequence[WriteItem]) -> None:
+        encoded = await tracker.compute(_encode_group, chain, value, items, drop_axes)
+        await asyncio.gather(
+            *(
+                tracker.task(requests.set(it[0], enc))
+                for it, enc in zip(items, encoded, strict=True)
+            )
+        )
+
+    # Chunks the write covers whole need nothing from the store: they are
+    # encoded a group per pool job, so the loop (which on a client such as
+    # s3fs spends milliseconds of its own CPU per request) is woken once per
+    # group rather than once per chunk.
+    whole = [item for item in batch if item[4]] if chain is not None else []
+    rest = [item for item in batch if not item[4]] if whole else batch
+    groups = [whole[g.start : g.stop] for g in partition(len(whole), tracker.workers)]
+    await asyncio.gather(
+        *(tracker.task(write_group(items)) for items in groups),
+        *(tracker.task(write_one(item)) for item in rest),
+    )
+
+
+def _encode_group(
+    chain: Chain, value: NDBuffer, items: Sequence[WriteItem], drop_axes: tuple[int, ...]
+) -> list[Buffer | None]:
+    """`merge_and_encode` for chunks the write covers whole, in one pool job."""
+    return [merge_and_encode(chain, None, value, item, drop_axes) for item in items]
