@@ -322,6 +322,23 @@ cdef FileStatus pread_full(int fd, unsigned char* dst, Py_ssize_t n, Py_ssize_t 
     return FILE_OK
 
 
+cdef inline Py_ssize_t group_stop(Py_ssize_t n, const Py_ssize_t* starts,
+                                  const Py_ssize_t* lengths, Py_ssize_t i,
+                                  Py_ssize_t max_gap, Py_ssize_t max_coalesced,
+                                  Py_ssize_t* end) noexcept nogil:
+    """Where the group of sorted ranges starting at ``i`` ends (exclusive):
+    neighbours no further apart than max_gap, spanning at most
+    max_coalesced, at most GROUP_MAX ranges; ``*end`` is its last byte + 1."""
+    cdef Py_ssize_t j = i + 1
+    end[0] = starts[i] + lengths[i]
+    while (j < n and j - i < GROUP_MAX and starts[j] >= end[0]
+           and starts[j] - end[0] <= max_gap
+           and starts[j] + lengths[j] - starts[i] <= max_coalesced):
+        end[0] = starts[j] + lengths[j]
+        j += 1
+    return j
+
+
 cdef FileStatus read_ranges_fd(int fd, Py_ssize_t n, const Py_ssize_t* starts,
                                const Py_ssize_t* lengths, unsigned char* out,
                                const Py_ssize_t* offsets, Py_ssize_t max_gap,
@@ -335,13 +352,7 @@ cdef FileStatus read_ranges_fd(int fd, Py_ssize_t n, const Py_ssize_t* starts,
     cdef int cnt
     cdef FileStatus rc
     while i < n:
-        end = starts[i] + lengths[i]
-        j = i + 1
-        while (j < n and j - i < GROUP_MAX and starts[j] >= end
-               and starts[j] - end <= max_gap
-               and starts[j] + lengths[j] - starts[i] <= max_coalesced):
-            end = starts[j] + lengths[j]
-            j += 1
+        j = group_stop(n, starts, lengths, i, max_gap, max_coalesced, &end)
         if j == i + 1:
             rc = pread_full(fd, out + offsets[i], lengths[i], starts[i], err)
             if rc != FILE_OK:
@@ -391,13 +402,7 @@ cdef void advise_ranges(int fd, Py_ssize_t n, const Py_ssize_t* starts,
     already cached cost a lookup."""
     cdef Py_ssize_t i = 0, j, end
     while i < n:
-        end = starts[i] + lengths[i]
-        j = i + 1
-        while (j < n and j - i < GROUP_MAX and starts[j] >= end
-               and starts[j] - end <= max_gap
-               and starts[j] + lengths[j] - starts[i] <= max_coalesced):
-            end = starts[j] + lengths[j]
-            j += 1
+        j = group_stop(n, starts, lengths, i, max_gap, max_coalesced, &end)
         if end > starts[i]:
             posix_fadvise(fd, starts[i], end - starts[i], POSIX_FADV_WILLNEED)
         i = j

@@ -34,7 +34,6 @@ from zarr.storage import ObjectStore, StorePath
 
 from zarr_fused._dtypes import fill_pattern
 from zarr_fused._items import MISSING, PRESENT
-from zarr_fused._scatter_py import fill_missing
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Iterator, Sequence
@@ -232,36 +231,10 @@ class _GroupedRead:
                 raise
 
     def _decode(self, group: list[tuple[int, Any]]) -> None:
-        """Decode (or fill) ``group`` into the output in one native call;
-        the chunks the kernels do not place go through the chain."""
-        chain, dst, batch = self.chain, self.dst, self.batch
-        decode = chain.decode_batch(len(group), self.ndim)
-        decode.set_fill(self.pattern)
-        general: list[tuple[int, Any]] = []
+        """Decode (or fill) ``group`` into the output in one native call."""
         for i, data in group:
-            getter, spec, chunk_selection, out_selection, _ = batch[i]
             if data is None:
                 self.statuses[i] = MISSING
-                queued = decode.add_missing(dst, out_selection, getter)
-            else:
-                queued = decode.add(
-                    data,
-                    chain.layout(spec.shape),
-                    chunk_selection,
-                    dst,
-                    out_selection,
-                    self.drop_axes,
-                    getter,
-                )
-            if not queued:
-                general.append((i, data))
-        decode.run()
-        for i, data in general:
-            getter, spec, chunk_selection, out_selection, _ = batch[i]
-            if data is None:
-                fill_missing(self.out, out_selection, spec)
-            else:
-                raw = spec.prototype.buffer.from_bytes(data)
-                chain.decode_into(
-                    raw, spec, chunk_selection, self.out, out_selection, self.drop_axes, getter
-                )
+        self.chain.decode_group(
+            self.batch, self.out, self.drop_axes, self.pattern, self.ndim, group
+        )

@@ -26,7 +26,6 @@ import numpy as np
 from zarr_fused._dtypes import fill_pattern
 from zarr_fused._items import MISSING, PRESENT
 from zarr_fused._native import fileio_kernels, io_kernels
-from zarr_fused._scatter_py import fill_missing
 from zarr_fused.io.engine import Batch, resolve_io_concurrency, run_pipelined
 from zarr_fused.io.local import local_files
 
@@ -294,46 +293,19 @@ class _PipelinedRead:
         return _Fetched(arena, lengths[:done].tolist(), oversize)
 
     def consume(self, group: range, fetched: _Fetched) -> None:
-        chain, dst, batch = self.chain, self.dst, self.batch
-        decode = chain.decode_batch(len(group), self.ndim)
-        decode.set_fill(self.pattern)
-        general: list[tuple[int, Any]] = []  # chunks the kernels cannot select
+        payloads: list[tuple[int, Any]] = []
         offset = 0
         for i, length in zip(group, fetched.lengths, strict=True):
-            getter, spec, chunk_selection, out_selection, _ = batch[i]
             payload: bytes | np.ndarray | None = None
-            if length < 0:
-                queued = decode.add_missing(dst, out_selection, getter)
-            else:
+            if length >= 0:
                 self.statuses[i] = PRESENT
                 payload = fetched.oversize.get(i)
                 if payload is None:
                     payload = fetched.arena[offset : offset + length]
-                queued = decode.add(
-                    payload,
-                    chain.layout(spec.shape),
-                    chunk_selection,
-                    dst,
-                    out_selection,
-                    self.drop_axes,
-                    getter,
-                )
-            if not queued:
-                general.append((i, payload))
+            payloads.append((i, payload))
             offset += self.bounds[i]
-        decode.run()
-        self._decode_general(general)
+        self.chain.decode_group(
+            self.batch, self.out, self.drop_axes, self.pattern, self.ndim, payloads
+        )
         with self.lock:
             self.spare.append(fetched.arena)
-
-    def _decode_general(self, general: list[tuple[int, Any]]) -> None:
-        """Chunks the kernels could not place: fill or decode through the chain."""
-        for i, payload in general:
-            getter, spec, chunk_selection, out_selection, _ = self.batch[i]
-            if payload is None:
-                fill_missing(self.out, out_selection, spec)
-            else:
-                raw = spec.prototype.buffer.from_bytes(bytes(payload))
-                self.chain.decode_into(
-                    raw, spec, chunk_selection, self.out, out_selection, self.drop_axes, getter
-                )
