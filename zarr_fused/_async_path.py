@@ -233,6 +233,12 @@ class _Requests:
     async def set(self, setter: Any, value: Buffer | None) -> None:
         """Store ``value`` at ``setter`` (delete it when None)."""
         async with self.limiter:
+            # Let the loop read what has arrived before this request is
+            # prepared: a client that builds each request on the loop (s3fs
+            # hashes and signs the body there) otherwise answers the earlier
+            # requests' responses late; through s3fs at 20 ms, 1024 PUTs took
+            # 3.9 s without this and 2.9 s with it.
+            await asyncio.sleep(0)
             with _naming(setter, "writing"):
                 if value is None:
                     await setter.delete()
