@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import threading
 from pathlib import Path
 from typing import Any
@@ -472,5 +473,62 @@ def test_whole_chunk_writes_encode_a_group_per_pool_job(
         stored[path] = {k: v.to_bytes() for k, v in memory._store_dict.items()}
     assert stored[FUSED] == stored[BATCHED]
     assert "c/0/0" not in stored[FUSED]
-    assert sum(calls) == 100
-    assert len(calls) == len(partition(100, max_workers))
+    groups = _async_path._ramp(partition(100, max_workers))
+    assert sorted(calls) == sorted(len(g) for g in groups)  # pool jobs finish in any order
+    assert len(groups[0]) <= 4  # the first requests wait for a few encodes only
+
+
+@pytest.mark.parametrize("workers", [1, 2, 8])
+@pytest.mark.parametrize("n", [0, 1, 3, 4, 5, 17, 64, 100, 1024, 1031])
+def test_ramp_covers_every_item_in_order(n: int, workers: int) -> None:
+    """`_ramp` keeps every index once and in order, starts with at most 4,
+    doubles, and never makes a group larger than `partition`'s."""
+    full = partition(n, workers)
+    groups = _async_path._ramp(full)
+    assert [i for g in groups for i in g] == list(range(n))
+    if not groups:
+        return
+    sizes = [len(g) for g in groups]
+    assert sizes[0] <= 4
+    assert max(sizes) == len(full[0])
+    growing = sizes[: sizes.index(max(sizes))]
+    assert all(b == 2 * a for a, b in itertools.pairwise(growing))
+
+
+class StartOrderStore(NoSyncIOStore):
+    """A memory store without synchronous IO that records when each set
+    starts (with what else the test records, in order)."""
+
+    def __init__(self, store: Any) -> None:
+        super().__init__(store)
+        self.events: list[tuple[str, str]] = []
+
+    async def set(self, key: str, value: Any) -> None:
+        self.events.append(("start", key))
+        await asyncio.sleep(0.01)
+        await self._store.set(key, value)
+
+
+def test_without_a_pool_requests_start_before_the_last_encode(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Without a pool the loop encodes a group at a time: the first request
+    starts before the last group is encoded, not after every group."""
+    store = StartOrderStore(zarr.storage.MemoryStore())
+    encode_group = _async_path._encode_group
+
+    def recording(chain: Any, value: Any, items: Any, drop_axes: Any) -> Any:
+        store.events.append(("encode", ""))
+        return encode_group(chain, value, items, drop_axes)
+
+    monkeypatch.setattr(_async_path, "_encode_group", recording)
+    data = np.random.default_rng(154).integers(1, 99, (40, 40)).astype("<i4")
+    with with_pipeline(FUSED), zarr.config.set({"codec_pipeline.max_workers": 1}):
+        arr = zarr.create_array(store, shape=data.shape, chunks=(4, 4), dtype=data.dtype)
+        store.events.clear()
+        arr[...] = data
+        assert_same_values(arr[...], data)
+    kinds = [what for what, _ in store.events]
+    assert kinds.count("encode") > 2
+    last_encode = len(kinds) - 1 - kinds[::-1].index("encode")
+    assert kinds.index("start") < last_encode
