@@ -61,8 +61,10 @@ all its stores ran, so writes and deletes of one key stay in order.
 
 Threads: the IO threads are one process-wide pool (all reads of a process
 share ``io_concurrency`` requests in flight), created on first use, grown
-when the setting grows, and reset in a forked child (executor threads do not
-survive ``fork``), like the compute pool in `zarr_fused._pool`.
+when the setting grows, and reset in a forked child (pool threads do not
+survive ``fork``), like the compute pool in `zarr_fused._pool`. Threads
+start on demand, and those beyond `DEFAULT_IO_CONCURRENCY` exit after
+`zarr_fused._pool.IDLE_SECONDS` without work.
 """
 
 from __future__ import annotations
@@ -72,7 +74,7 @@ import operator
 import os
 import queue
 import threading
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, wait
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, Self
 from warnings import warn
@@ -80,7 +82,7 @@ from warnings import warn
 from zarr.core.config import config as zarr_config
 from zarr.errors import ZarrUserWarning
 
-from zarr_fused._pool import get_pool, in_worker_thread
+from zarr_fused._pool import ElasticPool, get_pool, in_worker_thread
 from zarr_fused.config import IO_CONCURRENCY_KEY
 
 if TYPE_CHECKING:
@@ -168,17 +170,19 @@ def resolve_io_concurrency() -> int:
 
 # -- the IO threads -------------------------------------------------------------------
 
-_io_pool: ThreadPoolExecutor | None = None
+_io_pool: ElasticPool | None = None
 _io_size = 0
 _io_pid = os.getpid()
 _io_lock = threading.Lock()
 
 
-def io_threads(threads: int) -> ThreadPoolExecutor:
+def io_threads(threads: int) -> ElasticPool:
     """The process's IO pool, grown to at least ``threads`` threads.
 
-    A replaced pool is not shut down (another batch may still submit to
-    it); it finishes its queue and its threads exit once it is unreferenced.
+    The pool grows in place and starts its threads on demand; threads
+    beyond `DEFAULT_IO_CONCURRENCY` exit after `zarr_fused._pool.IDLE_SECONDS`
+    without work (`zarr_fused._pool.ElasticPool`), so a burst at
+    ``io_concurrency=1024`` does not leave a thousand threads behind.
     """
     global _io_pool, _io_size
     if _io_pid != os.getpid():
@@ -186,11 +190,12 @@ def io_threads(threads: int) -> ThreadPoolExecutor:
     pool = _io_pool
     if pool is None or _io_size < threads:
         with _io_lock:
-            if _io_pool is None or _io_size < threads:
-                _io_pool = ThreadPoolExecutor(
-                    max_workers=threads, thread_name_prefix="zarr_fused-fileio"
+            if _io_pool is None:
+                _io_pool = ElasticPool(
+                    threads, keep=DEFAULT_IO_CONCURRENCY, name="zarr_fused-fileio"
                 )
-                _io_size = threads
+            _io_pool.grow(threads)
+            _io_size = _io_pool.size
             pool = _io_pool
     return pool
 
@@ -226,7 +231,7 @@ class Batch[R, F]:
     costs: Sequence[int]
     fetch: Callable[[R, Batch[R, F]], F]
     consume: Callable[[R, F], None]
-    pool: ThreadPoolExecutor
+    pool: ElasticPool
     max_admitted: int
     budget: int
     workers: int
