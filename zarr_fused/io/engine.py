@@ -69,6 +69,8 @@ start on demand, and those beyond `DEFAULT_IO_CONCURRENCY` exit after
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import operator
 import os
@@ -86,7 +88,7 @@ from zarr_fused._pool import ElasticPool, get_pool, in_worker_thread
 from zarr_fused.config import IO_CONCURRENCY_KEY
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import Callable, Iterator, Sequence
 
 __all__ = [
     "BYTES_IN_FLIGHT",
@@ -97,6 +99,7 @@ __all__ = [
     "Batch",
     "Parcel",
     "Writes",
+    "io_concurrency_at_most",
     "io_threads",
     "resolve_io_concurrency",
     "run_pipelined",
@@ -126,6 +129,26 @@ IO_CONCURRENCY_CAP: Final = 1024
 BYTES_IN_FLIGHT: Final = 64 << 20
 
 
+#: a cap on `resolve_io_concurrency` in the current context (`io_concurrency_at_most`)
+_io_cap: contextvars.ContextVar[int | None] = contextvars.ContextVar(
+    "zarr_fused_io_cap", default=None
+)
+
+
+@contextlib.contextmanager
+def io_concurrency_at_most(cap: int) -> Iterator[None]:
+    """Within the block, `resolve_io_concurrency` in this context returns at
+    most ``cap`` (a write retried with fewer files in flight after the disk
+    filled up: ``1`` leaves the compute threads to write their own files).
+    A context variable, not the configuration: other threads' reads and
+    writes keep their setting."""
+    token = _io_cap.set(cap)
+    try:
+        yield
+    finally:
+        _io_cap.reset(token)
+
+
 def resolve_io_concurrency() -> int:
     """IO requests in flight, from ``codec_pipeline.io_concurrency``.
 
@@ -134,7 +157,14 @@ def resolve_io_concurrency() -> int:
     layer existed. Like ``max_workers``, never raises: an invalid value (not
     an integer, or < 1) warns with `zarr.errors.ZarrUserWarning` and uses
     the default; values above `IO_CONCURRENCY_CAP` warn and are clamped.
+    Inside `io_concurrency_at_most`, at most its cap.
     """
+    cap = _io_cap.get()
+    resolved = _resolve_io_setting()
+    return resolved if cap is None else max(1, min(cap, resolved))
+
+
+def _resolve_io_setting() -> int:
     value = zarr_config.get(IO_CONCURRENCY_KEY, default=None)
     if value is None:
         return DEFAULT_IO_CONCURRENCY
@@ -154,7 +184,7 @@ def resolve_io_concurrency() -> int:
             f"Ignoring invalid `{IO_CONCURRENCY_KEY}` config value {value!r} (expected an "
             f"integer >= 1 or None); using {DEFAULT_IO_CONCURRENCY}.",
             category=ZarrUserWarning,
-            stacklevel=2,
+            stacklevel=3,
         )
         return DEFAULT_IO_CONCURRENCY
     if parsed > IO_CONCURRENCY_CAP:
@@ -162,7 +192,7 @@ def resolve_io_concurrency() -> int:
             f"`{IO_CONCURRENCY_KEY}` = {parsed} is above the cap of {IO_CONCURRENCY_CAP}; "
             f"using {IO_CONCURRENCY_CAP}.",
             category=ZarrUserWarning,
-            stacklevel=2,
+            stacklevel=3,
         )
         return IO_CONCURRENCY_CAP
     return parsed
