@@ -43,7 +43,7 @@ from zarr.storage._obstore import _ALLOWED_EXCEPTIONS as _ABSENT
 from zarr_fused._chain import NativeChain
 from zarr_fused._cpus import resolve_max_workers
 from zarr_fused._items import MISSING, PRESENT, describe_key
-from zarr_fused._pool import get_pool, partition
+from zarr_fused._pool import ElasticPool, get_pool, partition
 from zarr_fused._scatter_py import fill_missing, scatter_chunk
 from zarr_fused.chunks.async_read import ObjectChunkReader
 from zarr_fused.chunks.merge import merge_and_encode
@@ -52,7 +52,7 @@ from zarr_fused.errors import ZarrFusedError
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
-    from concurrent.futures import Future, ThreadPoolExecutor
+    from concurrent.futures import Future
 
     from zarr.abc.codec import GetResult
     from zarr.abc.store import ByteRequest
@@ -150,7 +150,7 @@ class _Tracker:
 
     def __init__(self, workers: int) -> None:
         self.workers = workers
-        self.pool: ThreadPoolExecutor | None = get_pool(workers) if workers > 1 else None
+        self.pool: ElasticPool | None = get_pool(workers) if workers > 1 else None
         self.tasks: list[asyncio.Future[Any]] = []
         self.threads: list[Future[Any]] = []
 
