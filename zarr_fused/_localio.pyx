@@ -50,22 +50,28 @@ cnp.import_array()
 cdef extern from "stdio.h" nogil:
     int rename(const char* old, const char* new)
 
-# renameat2 (Linux 3.15, glibc 2.28) and sync_file_range, where the build has
-# them; elsewhere both report ENOSYS and every write takes plain ``rename``
+# renameat2 (Linux 3.15) and sync_file_range where the kernel headers have
+# them; elsewhere both report ENOSYS and every write takes plain ``rename``.
+# renameat2 goes through syscall(2): glibc wraps it only from 2.28 on, and a
+# wheel built for an older glibc (manylinux2014) must still use it.
 cdef extern from *:
     """
     #include <errno.h>
     #include <fcntl.h>
     #include <stdio.h>
-    #if defined(__linux__) && defined(RENAME_EXCHANGE) && defined(RENAME_NOREPLACE)
+    #if defined(__linux__)
+    #include <sys/syscall.h>
+    #include <unistd.h>
+    #endif
+    #if defined(__linux__) && defined(SYS_renameat2) && defined(SYNC_FILE_RANGE_WRITE)
+    #define ZF_RENAME_NOREPLACE (1U << 0)
+    #define ZF_RENAME_EXCHANGE (1U << 1)
     static int zf_rename_flags(const char* old, const char* new, unsigned int flags) {
-        return renameat2(AT_FDCWD, old, AT_FDCWD, new, flags);
+        return (int)syscall(SYS_renameat2, AT_FDCWD, old, AT_FDCWD, new, flags);
     }
     static void zf_start_writeback(int fd) {
         (void)sync_file_range(fd, 0, 0, SYNC_FILE_RANGE_WRITE);
     }
-    #define ZF_RENAME_NOREPLACE RENAME_NOREPLACE
-    #define ZF_RENAME_EXCHANGE RENAME_EXCHANGE
     #else
     static int zf_rename_flags(const char* old, const char* new, unsigned int flags) {
         (void)old; (void)new; (void)flags;
