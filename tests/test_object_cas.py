@@ -343,3 +343,40 @@ def lost_in_concurrent_writes(moto: MotoServer, lock: bool) -> list[int]:
 
 def test_concurrent_processes_lose_no_inner_chunk(moto: MotoServer) -> None:
     assert lost_in_concurrent_writes(moto, lock=True) == [0] * ROUNDS
+
+
+@pytest.mark.parametrize(
+    "strict", [pytest.param(True, id="strict"), pytest.param(False, id="warns")]
+)
+def test_object_without_etag_is_not_written_blind(
+    moto: MotoServer,
+    proxy: LatencyProxy,
+    monkeypatch: pytest.MonkeyPatch,
+    warn_again: None,
+    strict: bool,
+) -> None:
+    """A server that gives the stored shard no ETag: the write cannot be
+    conditional; strict mode refuses it, otherwise it warns and writes."""
+    real = object_cas.get_versioned
+
+    async def without_etag(store: Any, path: str) -> object_cas.Versioned:
+        return object_cas.Versioned((await real(store, path)).data)
+
+    monkeypatch.setattr(object_cas, "get_versioned", without_etag)
+    prefix = new_prefix()
+    with with_pipeline(BATCHED):
+        write(create(open_store("obstore", proxy, prefix)), FIRST)
+    settings = {"codec_pipeline.path": FUSED, "codec_pipeline.strict": strict}
+
+    with zarr.config.set(settings), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        arr = zarr.open_array(open_store("obstore", proxy, prefix))
+        if strict:
+            with pytest.raises(UnsupportedError, match="no ETag"):
+                write(arr, OURS)
+        else:
+            write(arr, OURS)
+
+    if not strict:
+        assert [w.category for w in caught] == [UnprotectedWriteWarning]
+        assert stored(moto, prefix)[SHARD_KEY] == zarr_shard(moto, proxy, FIRST, OURS)

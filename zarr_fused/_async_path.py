@@ -264,9 +264,10 @@ class _Requests:
         `object_cas.unprotected` (strict mode's error, or one warning). A
         slot is held for each request, none while merging."""
         store = object_cas.conditional_store(setter)
+        what = f"a partial write of {describe_key(setter)}"
         if store is None or not self.protect:
             if self.protect:
-                object_cas.unprotected(setter, f"a partial write of {describe_key(setter)}")
+                object_cas.unprotected(setter, what)
             merged = await merge(await self.get(setter, prototype))
             if merged is not NOTHING:
                 await self.set(setter, merged)
@@ -277,8 +278,13 @@ class _Requests:
                 with _naming(setter, "reading"):
                     seen = await object_cas.get_versioned(store, setter.path)
             existing = None if seen.data is None else prototype.buffer.from_bytes(seen.data)
+            if not seen.conditional:  # the server gave the object no ETag
+                object_cas.unprotected(setter, what + " (the object has no ETag)")
             merged = await merge(existing)
             if merged is NOTHING:
+                return
+            if not seen.conditional:
+                await self.set(setter, merged)
                 return
             try:
                 await self._put_if_unchanged(store, setter, merged, seen)

@@ -89,6 +89,13 @@ class Versioned:
     e_tag: str | None = None
     version: str | None = None
 
+    @property
+    def conditional(self) -> bool:
+        """Whether a PUT can be made conditional on this version: no object,
+        or one the store gave an ETag or a version (S3-compatible servers
+        that give neither exist)."""
+        return self.data is None or bool(self.e_tag or self.version)
+
 
 def conditional_store(setter: Any) -> Any | None:
     """The obstore store below ``setter`` when a conditional PUT to it is
@@ -126,16 +133,10 @@ async def put_if_unchanged(store: Any, path: str, data: BufferLike, seen: Versio
     import obstore
     from obstore.exceptions import AlreadyExistsError, PreconditionError
 
-    mode: Any
-    if seen.data is None:
-        mode = "create"
-    else:
+    assert seen.conditional
+    mode: Any = "create"
+    if seen.data is not None:
         mode = {k: v for k, v in (("e_tag", seen.e_tag), ("version", seen.version)) if v}
-        if not mode:
-            raise UnsupportedError(
-                f"the store returned no ETag or version for {path!r}: a conditional write "
-                f"cannot protect it (set `{SHARD_WRITE_LOCK_KEY}` to False to write it anyway)"
-            )
     try:
         await obstore.put_async(store, path, data, mode=mode)
     except (PreconditionError, AlreadyExistsError) as exc:
