@@ -283,7 +283,7 @@ def expected_block(round_: int, rank: int, col: int) -> np.ndarray:
 
 
 def _writer_process(
-    endpoint: str, prefixes: list[str], rank: int, lock: bool, barrier: Any
+    endpoint: str, prefixes: list[str], rank: int, lock: bool, barrier: Any, errors: Any
 ) -> None:
     """One of the spawned writers: in each round, after every writer is
     ready, its own row of inner chunks, one write per inner chunk."""
@@ -300,7 +300,7 @@ def _writer_process(
                 for col in range(SHAPE[1] // INNER[1]):
                     arr[block(rank, col)] = expected_block(round_, rank, col)
     except BaseException:
-        traceback.print_exc()
+        errors.put(f"writer {rank}: {traceback.format_exc()}")
         raise
 
 
@@ -311,9 +311,11 @@ def lost_in_concurrent_writes(moto: MotoServer, lock: bool) -> list[int]:
     with with_pipeline(BATCHED):
         arrays = [create(ObjectStore(obstore_s3(BUCKET, moto.endpoint, p))) for p in prefixes]
     ctx = multiprocessing.get_context("spawn")
-    barrier = ctx.Barrier(PROCESSES)
+    barrier, errors = ctx.Barrier(PROCESSES), ctx.SimpleQueue()
     procs = [
-        ctx.Process(target=_writer_process, args=(moto.endpoint, prefixes, rank, lock, barrier))
+        ctx.Process(
+            target=_writer_process, args=(moto.endpoint, prefixes, rank, lock, barrier, errors)
+        )
         for rank in range(PROCESSES)
     ]
     for proc in procs:
@@ -326,7 +328,10 @@ def lost_in_concurrent_writes(moto: MotoServer, lock: bool) -> list[int]:
             if proc.is_alive():
                 proc.kill()
                 proc.join(10)
-    assert [proc.exitcode for proc in procs] == [0] * PROCESSES
+    failures = []
+    while not errors.empty():
+        failures.append(errors.get())
+    assert [proc.exitcode for proc in procs] == [0] * PROCESSES, "\n".join(failures)
     lost = []
     with with_pipeline(BATCHED):
         for round_, arr in enumerate(arrays):

@@ -58,8 +58,11 @@ __all__ = [
     "unprotected",
 ]
 
-#: attempts of one read-modify-write before it gives up
-MAX_ATTEMPTS: Final = 20
+#: attempts of one read-modify-write before it gives up (with the pauses
+#: below, at most about 45 s of back-off). Generous: every other writer of
+#: the shard whose PUT lands between this one's GET and PUT pre-empts it,
+#: and on a loaded server that window is hundreds of milliseconds
+MAX_ATTEMPTS: Final = 50
 #: the first pause after a conflict, in seconds; it doubles up to `BACKOFF_CAP`
 BACKOFF_START: Final = 0.01
 BACKOFF_CAP: Final = 1.0
