@@ -17,6 +17,7 @@ import multiprocessing
 import traceback
 import warnings
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -385,3 +386,22 @@ def test_object_without_etag_is_not_written_blind(
     if not strict:
         assert [w.category for w in caught] == [UnprotectedWriteWarning]
         assert stored(moto, prefix)[SHARD_KEY] == zarr_shard(moto, proxy, FIRST, OURS)
+
+
+def test_zipstore_partial_write_is_exempt(tmp_path: Path, warn_again: None) -> None:
+    """A zip file is written by one process: a partial shard write there
+    neither raises in strict mode nor warns."""
+    from zarr.storage import ZipStore
+
+    with ZipStore(tmp_path / "data.zip", mode="w") as store:
+        with with_pipeline(BATCHED):
+            write(create(store), FIRST)
+        settings = {"codec_pipeline.path": FUSED, "codec_pipeline.strict": True}
+        with zarr.config.set(settings), warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            arr = zarr.open_array(store)
+            write(arr, OURS)
+            got = arr[...]
+    assert not [w for w in caught if issubclass(w.category, UnprotectedWriteWarning)]
+    np.testing.assert_array_equal(got[OURS[0]], OURS[1])
+    np.testing.assert_array_equal(got[FIRST[0]], FIRST[1])
