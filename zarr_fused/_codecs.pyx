@@ -4,7 +4,8 @@
 A `ChainKernel` runs one chain ``[transpose] -> bytes -> [compressor] ->
 [crc32c]`` (crc32c may also sit inside the compressor) over one chunk, a
 `DecodeTask` or an `EncodeTask`. The compressor is zstd (libzstd), gzip
-(zlib) or blosc (c-blosc), linked from the system.
+(zlib) or blosc (c-blosc), linked from the system, or in a portable wheel
+built from source into the extension (``linkage`` in `library_versions`).
 
 Decoding undoes the bytes->bytes codecs into a buffer of exactly the size
 the chunk's shape and data type need (a frame that claims or yields any
@@ -44,6 +45,16 @@ from zarr_fused.errors import ChecksumError, ChunkSizeError, DecompressionError,
 cdef extern from "limits.h":
     unsigned int UINT_MAX
 
+# setup.py defines ZF_BUNDLED_LIBS when it links the static libraries of a
+# portable wheel instead of the system's
+cdef extern from *:
+    """
+    #ifndef ZF_BUNDLED_LIBS
+    #define ZF_BUNDLED_LIBS 0
+    #endif
+    """
+    int ZF_BUNDLED_LIBS
+
 
 zf_crc32c_init()
 
@@ -82,10 +93,13 @@ def library_versions():
     ``blosc_complibs`` maps each compressor of c-blosc to the version of
     the library behind it, as c-blosc reports it (the version it was built
     against; a complib it links dynamically, such as zstd on Debian, runs
-    at the version the system has).
+    at the version the system has). ``linkage`` is ``"system"`` for the
+    system's shared libraries, ``"bundled"`` for static libraries built into
+    the extension (a portable wheel).
     """
     compressors = bl.blosc_list_compressors().decode().split(",")
     return {
+        "linkage": "bundled" if ZF_BUNDLED_LIBS else "system",
         "zstd": zs.ZSTD_versionString().decode(),
         "zlib": zl.zlibVersion().decode(),
         "blosc": bl.blosc_get_version_string().decode(),
