@@ -59,7 +59,7 @@ from zarr_fused import _codec_batch as batches
 from zarr_fused import _codecs as native
 from zarr_fused._chain import native_chain_params
 from zarr_fused._identity import _versions as chain_versions
-from zarr_fused._identity import byte_identical
+from zarr_fused._identity import byte_identical, same_blosc
 from zarr_fused.errors import (
     ChecksumError,
     ChunkSizeError,
@@ -483,6 +483,32 @@ def test_byte_identical_with_equal_library_versions(monkeypatch: pytest.MonkeyPa
     )
     assert not byte_identical([BytesCodec(), GzipCodec(level=0)], gzip_mtime_zero=True)
     assert not byte_identical([BytesCodec(), BloscCodec(cname="lz4", clevel=5)])
+
+
+def test_byte_identical_with_numcodecs_blosc(monkeypatch: pytest.MonkeyPatch) -> None:
+    # c-blosc and the compressors inside it at numcodecs' versions (the
+    # portable wheel): every cname and clevel; one compressor off, none
+    versions = {
+        **chain_versions(),
+        "numcodecs": "0.17.1",
+        "blosc": "1.21.7.dev",
+        "blosc_compressors": ["blosclz", "lz4", "lz4hc", "zlib", "zstd"],
+        "blosc_complibs": {
+            "blosclz": "2.5.1",
+            "lz4": "1.10.0",
+            "lz4hc": "1.10.0",
+            "zlib": "1.3.1",
+            "zstd": "1.5.6",
+        },
+    }
+    monkeypatch.setattr("zarr_fused._identity._versions", lambda: versions)
+    assert all(
+        byte_identical([BytesCodec(), BloscCodec(cname=cname, clevel=clevel)])
+        for cname in BLOSC_CNAMES
+        for clevel in range(10)
+    )
+    versions["blosc_complibs"] = {**versions["blosc_complibs"], "zstd": "1.5.4"}
+    assert not byte_identical([BytesCodec(), BloscCodec(cname="zstd", clevel=5)])
 
 
 def test_byte_identical_with_other_library_versions(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -1500,7 +1526,7 @@ def _same_library(conf: dict[str, Any]) -> bool:
     if conf["compressor"] == "gzip":
         return versions["zlib"] == versions["python_zlib"]
     # numcodecs' c-blosc bundles its own compressors, of versions it does not report
-    return False
+    return same_blosc(versions)
 
 
 def _stricter_on_purpose(conf: dict[str, Any], frame: bytes, flipped: bytes) -> bool:
