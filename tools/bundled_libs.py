@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
+import platform
 import shlex
 import shutil
 import subprocess
@@ -200,7 +201,9 @@ def main() -> None:
     parser.add_argument("--prefix", type=Path, required=True)
     parser.add_argument("--cc", default=os.environ.get("CC", "cc"))
     parser.add_argument("--ar", default="ar")
-    parser.add_argument("--target", default="x86_64-linux-gnu", help="architecture-os-abi")
+    parser.add_argument(
+        "--target", default=f"{platform.machine()}-linux-gnu", help="architecture-os-abi"
+    )
     parser.add_argument("--jobs", type=int, default=len(os.sched_getaffinity(0)))
     args = parser.parse_args()
     prefix = args.prefix.resolve()
