@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 export VENV
 
 .PHONY: bootstrap build demo test test-unit lint conformance bench-quick docs dashboard \
-	dashboard-test sdist clean fuzz fuzz-ci test-asan
+	dashboard-test sdist wheel wheel-test clean fuzz fuzz-ci test-asan
 
 bootstrap:
 	@bash tools/bootstrap.sh
@@ -87,6 +87,18 @@ test-asan: bootstrap
 
 sdist: bootstrap
 	$(PY) -m build --sdist --no-isolation --outdir dist
+
+# the sdist, then a portable wheel built from it with libzstd, zlib, c-blosc
+# and lz4 (numcodecs' versions) linked in statically, for glibc 2.17
+# (manylinux2014); sources fetched and cached under .cache/wheel
+# (docs/installing.md)
+wheel: bootstrap
+	PY=$(PY) bash tools/build_wheel.sh
+
+# the wheel in a fresh venv inside a minimal Debian root (no compiler, no
+# -dev packages); root only, not part of `make test` (docs/installing.md)
+wheel-test:
+	bash tools/wheel_test.sh
 
 clean:
 	rm -rf build dist *.egg-info zarr_fused/*.so zarr_fused/*.c docs/_build

@@ -13,6 +13,13 @@ separated) are added to the compile and link of every extension, and to
 nothing else: the sanitizer and fuzzing builds of ``tests/fuzz/build.sh`` pass
 ``-fsanitize=...`` this way, so the library checks below still link plain
 programs. They are for instrumentation, not for tuning to the build host.
+
+The C libraries (libzstd, zlib, c-blosc) are linked from the system by
+default: the developer path. ``ZARR_FUSED_BUNDLED_LIBS=PREFIX`` links the
+static archives under ``PREFIX/lib`` (headers in ``PREFIX/include``)
+into the extensions instead, their symbols kept out of the extensions'
+exports: the portable wheel (``make wheel``, ``tools/bundled_libs.py``
+builds the archives), which needs no C library beyond glibc at run time.
 """
 
 from __future__ import annotations
@@ -131,6 +138,69 @@ SYSTEM_LIBRARIES = {
 }
 
 
+# the static archives a bundled build links, in link order (c-blosc needs
+# lz4, zstd and zlib after it), for the extensions that link any library
+BUNDLED_ARCHIVES = ["libblosc.a", "liblz4.a", "libzstd.a", "libz.a"]
+
+
+def _bundled_prefix() -> Path | None:
+    prefix = os.environ.get("ZARR_FUSED_BUNDLED_LIBS")
+    if not prefix:
+        return None
+    root = Path(prefix).resolve()
+    missing = [a for a in BUNDLED_ARCHIVES if not (root / "lib" / a).is_file()]
+    if missing or not (root / "include" / "blosc.h").is_file():
+        sys.exit(
+            f"ZARR_FUSED_BUNDLED_LIBS={prefix}: no static libraries there "
+            f"(missing: {', '.join(missing) or 'include/blosc.h'}); "
+            "tools/bundled_libs.py builds them"
+        )
+    return root
+
+
+def _exports_map() -> str:
+    """A linker version script that exports the module's init function
+    only: the archives' symbols stay local to the extension, so they cannot
+    clash with another copy of zlib or libzstd loaded into the process."""
+    path = Path("build") / "bundled-exports.map"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text("{ global: PyInit_*; local: *; };\n")
+    return str(path.resolve())
+
+
+def _link_spec(spec: dict) -> dict:
+    """Compile and link arguments for ``spec``'s C libraries: the system's
+    by name, or the bundled archives."""
+    bundled = _bundled_prefix()
+    if bundled is None:
+        return {
+            "libraries": spec["libraries"],
+            "include_dirs": [],
+            "extra_objects": [],
+            "extra_link_args": [],
+            "define_macros": [],
+        }
+    if not spec["libraries"]:  # the headers still (a .pxd cimported declares them)
+        return {
+            "libraries": [],
+            "include_dirs": [str(bundled / "include")],
+            "extra_objects": [],
+            "extra_link_args": [],
+            "define_macros": [],
+        }
+    return {
+        "libraries": [],
+        "include_dirs": [str(bundled / "include")],
+        "extra_objects": [str(bundled / "lib" / a) for a in BUNDLED_ARCHIVES],
+        "extra_link_args": (
+            ["-Wl,-exported_symbol,_PyInit_*"]
+            if sys.platform == "darwin"
+            else [f"-Wl,--version-script={_exports_map()}"]
+        ),
+        "define_macros": [("ZF_BUNDLED_LIBS", "1")],
+    }
+
+
 @contextlib.contextmanager
 def _quiet_stderr():
     saved = os.dup(2)
@@ -205,16 +275,18 @@ def _extensions() -> list[Extension]:
     extra_ldflags = _env_flags("ZARR_FUSED_EXTRA_LDFLAGS")
     exts = []
     for spec in _selected(EXTENSIONS):
+        link = _link_spec(spec)
         exts.append(
             Extension(
                 spec["name"],
                 sources=spec["sources"],
                 depends=spec["depends"],
-                libraries=spec["libraries"],
-                include_dirs=[np.get_include(), "zarr_fused"],
-                define_macros=NUMPY_MACROS,
+                libraries=link["libraries"],
+                include_dirs=[*link["include_dirs"], np.get_include(), "zarr_fused"],
+                define_macros=NUMPY_MACROS + link["define_macros"],
                 extra_compile_args=base_cflags + extra_cflags,
-                extra_link_args=extra_ldflags,
+                extra_objects=link["extra_objects"],
+                extra_link_args=link["extra_link_args"] + extra_ldflags,
             )
         )
     return exts

@@ -159,7 +159,7 @@ def test_info_fields() -> None:
     codecs: list[str] = info["codecs"]  # type: ignore[assignment]
     assert "native codecs: " + (", ".join(codecs) or "none") in out
     libraries: dict[str, Any] = info["libraries"]  # type: ignore[assignment]
-    for lib in ("zstd", "zlib", "blosc"):
+    for lib in ("linkage", "zstd", "zlib", "blosc"):
         if lib in libraries:
             assert f"  {lib}: {libraries[lib]}\n" in out
     if "crc32c" in libraries:

@@ -23,6 +23,7 @@ import itertools
 import math
 import os
 import platform
+import re
 import resource
 import struct
 import sys
@@ -58,7 +59,7 @@ from zarr_fused import _codec_batch as batches
 from zarr_fused import _codecs as native
 from zarr_fused._chain import native_chain_params
 from zarr_fused._identity import _versions as chain_versions
-from zarr_fused._identity import byte_identical
+from zarr_fused._identity import byte_identical, same_blosc
 from zarr_fused.errors import (
     ChecksumError,
     ChunkSizeError,
@@ -81,6 +82,10 @@ def _rng(*salt: int) -> np.random.Generator:
 
 def _le32(value: int) -> bytes:
     return struct.pack("<I", value)
+
+
+def _load_le32(data: bytes, offset: int) -> int:
+    return int.from_bytes(data[offset : offset + 4], "little")
 
 
 def _google(data: bytes) -> int:
@@ -478,6 +483,32 @@ def test_byte_identical_with_equal_library_versions(monkeypatch: pytest.MonkeyPa
     )
     assert not byte_identical([BytesCodec(), GzipCodec(level=0)], gzip_mtime_zero=True)
     assert not byte_identical([BytesCodec(), BloscCodec(cname="lz4", clevel=5)])
+
+
+def test_byte_identical_with_numcodecs_blosc(monkeypatch: pytest.MonkeyPatch) -> None:
+    # c-blosc and the compressors inside it at numcodecs' versions (the
+    # portable wheel): every cname and clevel; one compressor off, none
+    versions = {
+        **chain_versions(),
+        "numcodecs": "0.17.1",
+        "blosc": "1.21.7.dev",
+        "blosc_compressors": ["blosclz", "lz4", "lz4hc", "zlib", "zstd"],
+        "blosc_complibs": {
+            "blosclz": "2.5.1",
+            "lz4": "1.10.0",
+            "lz4hc": "1.10.0",
+            "zlib": "1.3.1",
+            "zstd": "1.5.6",
+        },
+    }
+    monkeypatch.setattr("zarr_fused._identity._versions", lambda: versions)
+    assert all(
+        byte_identical([BytesCodec(), BloscCodec(cname=cname, clevel=clevel)])
+        for cname in BLOSC_CNAMES
+        for clevel in range(10)
+    )
+    versions["blosc_complibs"] = {**versions["blosc_complibs"], "zstd": "1.5.4"}
+    assert not byte_identical([BytesCodec(), BloscCodec(cname="zstd", clevel=5)])
 
 
 def test_byte_identical_with_other_library_versions(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -932,6 +963,107 @@ def test_blosc_header_compressed_size_must_be_the_payloads(delta: int) -> None:
     frame[12:16] = _le32(len(frame) + delta)
     with pytest.raises(DecompressionError, match="invalid blosc header"):
         kernel.decode(bytes(frame), len(HOSTILE_DATA))
+
+
+# Every field of the blosc header is checked before c-blosc sees the frame
+# (whichever c-blosc is linked): a frame c-blosc never writes is refused,
+# and every frame numcodecs writes passes.
+
+BLOSC_CNAMES = ("blosclz", "lz4", "lz4hc", "zlib", "zstd")
+BLOSC_FRAME_DATA = {
+    # under 128 bytes: stored as is ("memcpyed"), blocks never split
+    "tiny": _rng(13).integers(0, 5, 60).astype(np.uint8).tobytes(),
+    # incompressible: stored as is after a try
+    "random": _rng(14).bytes(4096),
+    # compressed, several blocks
+    "smooth": np.cumsum(_rng(15).integers(-3, 4, 1000)).astype("<i8").tobytes(),
+}
+
+
+@pytest.mark.parametrize("kind", [pytest.param(k, id=k) for k in BLOSC_FRAME_DATA])
+@pytest.mark.parametrize("typesize", [pytest.param(t, id=f"t{t}") for t in (1, 2, 4, 8, 16)])
+@pytest.mark.parametrize("clevel", [pytest.param(c, id=f"c{c}") for c in range(10)])
+@pytest.mark.parametrize("shuffle", [pytest.param(s, id=s) for s in _SHUFFLE_INTS])
+@pytest.mark.parametrize("cname", [pytest.param(c, id=c) for c in BLOSC_CNAMES])
+def test_blosc_header_checks_pass_every_frame_numcodecs_writes(
+    cname: str, shuffle: str, clevel: int, typesize: int, kind: str
+) -> None:
+    conf = {
+        "compressor": "blosc",
+        "cname": cname,
+        "clevel": clevel,
+        "shuffle": shuffle,
+        "typesize": typesize,
+        "blocksize": 0,
+    }
+    data = BLOSC_FRAME_DATA[kind]
+    frame = bytes(numcodecs_codec(conf).encode(data))
+    assert native.ChainKernel(**conf).decode(frame, len(data)).tobytes() == data
+
+
+def _blosc_frame(kind: str) -> bytearray:
+    """A frame numcodecs wrote: ``stored`` (memcpyed) or ``compressed``."""
+    data = BLOSC_FRAME_DATA["tiny" if kind == "stored" else "smooth"]
+    frame = bytearray(numcodecs.Blosc(cname="lz4", clevel=5, shuffle=1, typesize=2).encode(data))
+    assert frame[2] == (0x33 if kind == "stored" else 0x21)
+    return frame
+
+
+def _set(offset: int, value: bytes) -> Callable[[bytearray], None]:
+    def change(frame: bytearray) -> None:
+        frame[offset : offset + len(value)] = value
+
+    return change
+
+
+def _flags(set_bits: int = 0, clear_bits: int = 0) -> Callable[[bytearray], None]:
+    def change(frame: bytearray) -> None:
+        frame[2] = (frame[2] | set_bits) & ~clear_bits & 0xFF
+
+    return change
+
+
+BLOSC_HEADER_LIES = [
+    pytest.param("stored", _set(0, b"\x01"), "format version", id="version-1"),
+    pytest.param("stored", _set(0, b"\x03"), "format version", id="version-3-blosc2"),
+    pytest.param("compressed", _set(1, b"\x02"), "compressor format version", id="versionlz"),
+    pytest.param("stored", _set(1, b"\x00"), "compressor format version", id="versionlz-stored"),
+    pytest.param("compressed", _flags(0x08), "reserved flag", id="reserved-bit"),
+    pytest.param("stored", _flags(0x04), "both byte and bit shuffle", id="both-shuffles"),
+    pytest.param("compressed", _flags(0xA0, 0x40), "unknown compressor format", id="format-5"),
+    pytest.param("stored", _flags(0xE0), "unknown compressor format", id="format-7-stored"),
+    pytest.param("compressed", _flags(0x40, 0xA0), "cannot decode (snappy)", id="snappy"),
+    pytest.param("stored", _set(2, b"\x45"), "both byte and bit shuffle", id="0x33-to-0x45"),
+    pytest.param("stored", _set(3, b"\x00"), "typesize 0", id="typesize-0"),
+    pytest.param("compressed", _set(8, _le32(0)), "block size", id="blocksize-0"),
+    pytest.param("stored", _set(8, _le32(61)), "block size", id="blocksize-over-nbytes"),
+    pytest.param("compressed", _set(8, _le32(2**31)), "block size", id="blocksize-negative"),
+    pytest.param("stored", _flags(0, 0x02), "block starts outside", id="stored-as-compressed"),
+    pytest.param("compressed", _set(16, _le32(0)), "block starts outside", id="start-in-header"),
+    pytest.param("compressed", _set(16, _le32(2**24)), "block starts outside", id="start-beyond"),
+]
+
+
+@pytest.mark.parametrize(("kind", "lie", "message"), BLOSC_HEADER_LIES)
+def test_blosc_header_lies_are_refused(
+    kind: str, lie: Callable[[bytearray], None], message: str
+) -> None:
+    frame = _blosc_frame(kind)
+    nbytes = len(BLOSC_FRAME_DATA["tiny" if kind == "stored" else "smooth"])
+    lie(frame)
+    kernel = native.ChainKernel(compressor="blosc", cname="lz4", shuffle="shuffle", typesize=2)
+    with pytest.raises(DecompressionError, match=re.escape(message)):
+        kernel.decode(bytes(frame), nbytes)
+
+
+def test_blosc_stored_frame_of_another_length() -> None:
+    """A frame flagged as stored whose length is not nbytes + 16 (the
+    compressed size in its header agrees with the payload's length)."""
+    frame = _blosc_frame("stored") + b"\x00\x00"
+    frame[12:16] = _le32(len(frame))
+    kernel = native.ChainKernel(compressor="blosc", cname="lz4", shuffle="shuffle", typesize=2)
+    with pytest.raises(DecompressionError, match="nbytes \\+ 16"):
+        kernel.decode(bytes(frame), 60)
 
 
 # decompression bombs
@@ -1394,7 +1526,7 @@ def _same_library(conf: dict[str, Any]) -> bool:
     if conf["compressor"] == "gzip":
         return versions["zlib"] == versions["python_zlib"]
     # numcodecs' c-blosc bundles its own compressors, of versions it does not report
-    return False
+    return same_blosc(versions)
 
 
 def _stricter_on_purpose(conf: dict[str, Any], frame: bytes, flipped: bytes) -> bool:
@@ -1404,10 +1536,12 @@ def _stricter_on_purpose(conf: dict[str, Any], frame: bytes, flipped: bytes) -> 
         # Python's gzip module ignores them
         return bool(flipped[3] & 0xE0)
     if conf["compressor"] == "blosc":
-        # the header's compressed size (bytes 12-15) must be the payload's:
-        # c-blosc 1.x decompresses without being told the payload's length,
-        # so ours checks it first; numcodecs does not
-        return flipped[12:16] != frame[12:16]
+        # ours checks every header field and the block starts before c-blosc
+        # sees the frame (the compressed size in bytes 12-15 must be the
+        # payload's, flags c-blosc never writes are refused, ...); c-blosc
+        # ignores some of them, or decodes other values from them
+        nblocks = 0 if frame[2] & 0x02 else -(-_load_le32(frame, 4) // _load_le32(frame, 8))
+        return flipped[: 16 + 4 * nblocks] != frame[: 16 + 4 * nblocks]
     return False
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import os
 import subprocess
 import sys
@@ -37,6 +38,55 @@ def test_sdist_ships_sources_not_generated_code(sdist: Path) -> None:
     assert "zarr_fused/_scatter.pyx" in names
     assert "zarr_fused/_scatter.pxd" in names
     assert not [n for n in names if n.endswith((".c", ".so"))]
+
+
+def _setup_extensions() -> list[dict[str, object]]:
+    """setup.py's EXTENSIONS list, read without running setup.py."""
+    tree = ast.parse((ROOT / "setup.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.AnnAssign) and getattr(node.target, "id", "") == "EXTENSIONS":
+            assert node.value is not None
+            return ast.literal_eval(node.value)
+    raise AssertionError("setup.py has no EXTENSIONS list")
+
+
+def test_sdist_lists_every_file_the_build_needs(sdist: Path) -> None:
+    """Every source and dependency of every extension, every package module
+    and stub: a wheel built from the sdist alone (make wheel) needs them."""
+    with tarfile.open(sdist) as tar:
+        names = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
+    needed = {str(f) for spec in _setup_extensions() for f in [*spec["sources"], *spec["depends"]]}  # type: ignore[misc]
+    package = {
+        str(p.relative_to(ROOT))
+        for p in (ROOT / "zarr_fused").rglob("*")
+        if p.suffix in {".py", ".pyi", ".pyx", ".pxd", ".h"} or p.name == "py.typed"
+    }
+    assert needed <= package
+    assert sorted(package - names) == []
+    assert {"README.md", "pyproject.toml", "setup.py", "MANIFEST.in"} <= names
+
+
+def _built_wheel() -> Path | None:
+    wheels = sorted((ROOT / "dist").glob("zarr_fused-*-manylinux*.whl"))
+    return wheels[-1] if wheels else None
+
+
+@pytest.mark.skipif(_built_wheel() is None, reason="no portable wheel in dist/ (make wheel)")
+def test_built_wheel_is_manylinux2014() -> None:
+    """auditwheel reads the glibc 2.17 tag off the wheel make wheel left in
+    dist/: its extensions link nothing beyond glibc."""
+    auditwheel = ROOT / ".cache" / "wheel" / "tools" / "bin" / "auditwheel"
+    if not auditwheel.is_file():
+        pytest.skip("auditwheel is installed by make wheel")
+    out = subprocess.run(
+        [str(auditwheel), "show", str(_built_wheel())],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    ).stdout
+    assert 'consistent with the following platform tag:\n"manylinux_2_17_' in out, out
+    assert "libzstd" not in out and "libblosc" not in out
 
 
 def test_installs_and_runs_from_sdist(sdist: Path, tmp_path: Path) -> None:

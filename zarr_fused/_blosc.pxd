@@ -3,13 +3,11 @@
 
 cdef extern from "blosc.h" nogil:
     int BLOSC_MAX_OVERHEAD
-    int BLOSC_MIN_HEADER_LENGTH
     const char* BLOSC_VERSION_STRING
     int blosc_compress_ctx(int clevel, int doshuffle, size_t typesize, size_t nbytes,
                            const void* src, void* dest, size_t destsize,
                            const char* compressor, size_t blocksize, int numinternalthreads)
     int blosc_decompress_ctx(const void* src, void* dest, size_t destsize, int numinternalthreads)
-    int blosc_cbuffer_validate(const void* cbuffer, size_t cbytes, size_t* nbytes)
     const char* blosc_list_compressors()
     const char* blosc_get_version_string()
     int blosc_get_complib_info(const char* compname, char** complib, char** version)

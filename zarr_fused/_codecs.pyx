@@ -4,7 +4,8 @@
 A `ChainKernel` runs one chain ``[transpose] -> bytes -> [compressor] ->
 [crc32c]`` (crc32c may also sit inside the compressor) over one chunk, a
 `DecodeTask` or an `EncodeTask`. The compressor is zstd (libzstd), gzip
-(zlib) or blosc (c-blosc), linked from the system.
+(zlib) or blosc (c-blosc), linked from the system, or in a portable wheel
+built from source into the extension (``linkage`` in `library_versions`).
 
 Decoding undoes the bytes->bytes codecs into a buffer of exactly the size
 the chunk's shape and data type need (a frame that claims or yields any
@@ -44,6 +45,16 @@ from zarr_fused.errors import ChecksumError, ChunkSizeError, DecompressionError,
 cdef extern from "limits.h":
     unsigned int UINT_MAX
 
+# setup.py defines ZF_BUNDLED_LIBS when it links the static libraries of a
+# portable wheel instead of the system's
+cdef extern from *:
+    """
+    #ifndef ZF_BUNDLED_LIBS
+    #define ZF_BUNDLED_LIBS 0
+    #endif
+    """
+    int ZF_BUNDLED_LIBS
+
 
 zf_crc32c_init()
 
@@ -82,10 +93,13 @@ def library_versions():
     ``blosc_complibs`` maps each compressor of c-blosc to the version of
     the library behind it, as c-blosc reports it (the version it was built
     against; a complib it links dynamically, such as zstd on Debian, runs
-    at the version the system has).
+    at the version the system has). ``linkage`` is ``"system"`` for the
+    system's shared libraries, ``"bundled"`` for static libraries built into
+    the extension (a portable wheel).
     """
     compressors = bl.blosc_list_compressors().decode().split(",")
     return {
+        "linkage": "bundled" if ZF_BUNDLED_LIBS else "system",
         "zstd": zs.ZSTD_versionString().decode(),
         "zlib": zl.zlibVersion().decode(),
         "blosc": bl.blosc_get_version_string().decode(),
@@ -359,21 +373,109 @@ cdef Py_ssize_t _gzip_decompress(Workspace ws, const uint8_t* src, Py_ssize_t n,
     return cap - <Py_ssize_t>z.avail_out
 
 
+# The 16-byte header c-blosc 1.x writes before every frame: format version
+# (2), compressor format version (1), flags, typesize, then nbytes,
+# blocksize and cbytes (little-endian int32); a compressed frame goes on
+# with one int32 start offset per block. Flags: bit 0 byte shuffle, bit 1
+# stored as is ("memcpyed"), bit 2 bit shuffle, bit 3 reserved, bit 4
+# "blocks not split" (either value decodes), bits 5-7 the compressor format.
+# Every field is checked here, before c-blosc sees the frame: the library's
+# own checks differ between its versions and builds (a system c-blosc built
+# with snappy decodes a frame whose flags byte was tampered with into wrong
+# values, where numcodecs' raises), and zarr_fused must refuse what zarr
+# refuses whichever c-blosc it links. What c-blosc writes always passes.
+cdef enum BloscHeader:
+    BLOSC_HEADER_SIZE = 16
+    BLOSC_FORMAT = 2
+    BLOSC_CODEC_FORMAT = 1
+    BLOSC_FLAG_SHUFFLE = 0x01
+    BLOSC_FLAG_MEMCPYED = 0x02
+    BLOSC_FLAG_BITSHUFFLE = 0x04
+    BLOSC_FLAG_RESERVED = 0x08
+    BLOSC_MAX_NBYTES = 2147483647 - 16  # c-blosc 1.x: INT32_MAX - BLOSC_MAX_OVERHEAD
+    # compressor formats (flags >> 5) that numcodecs' c-blosc decodes:
+    # blosclz 0, lz4/lz4hc 1, zlib 3, zstd 4 (2 is snappy, which it lacks)
+    BLOSC_DECODABLE_FORMATS = 0b11011
+
+
+cdef int _blosc_check_fields(const uint8_t* src, Py_ssize_t n, Status* st) noexcept nogil:
+    """The checks that need no chunk size: framing, versions, flags."""
+    cdef uint8_t flags
+    st.code = ZF_ERR_BLOSC
+    if n < BLOSC_HEADER_SIZE:
+        st.msg = "invalid blosc header: shorter than 16 bytes"
+        return -1
+    flags = src[2]
+    if <Py_ssize_t>_load_le32(src + 12) != n:
+        st.msg = "invalid blosc header: its compressed size is not the frame's length"
+    elif _load_le32(src + 4) > BLOSC_MAX_NBYTES:
+        st.msg = "invalid blosc header: uncompressed size over c-blosc's limit"
+    elif src[0] != BLOSC_FORMAT:
+        st.msg = "invalid blosc header: unknown format version"
+    elif src[1] != BLOSC_CODEC_FORMAT:
+        st.msg = "invalid blosc header: unknown compressor format version"
+    elif flags & BLOSC_FLAG_RESERVED:
+        st.msg = "invalid blosc header: reserved flag set"
+    elif flags & BLOSC_FLAG_SHUFFLE and flags & BLOSC_FLAG_BITSHUFFLE:
+        st.msg = "invalid blosc header: both byte and bit shuffle flagged"
+    elif (flags >> 5) > 4:
+        st.msg = "invalid blosc header: unknown compressor format"
+    elif not flags & BLOSC_FLAG_MEMCPYED and not (BLOSC_DECODABLE_FORMATS >> (flags >> 5)) & 1:
+        st.msg = "invalid blosc header: compressor format numcodecs cannot decode (snappy)"
+    elif src[3] == 0:
+        st.msg = "invalid blosc header: typesize 0"
+    else:
+        st.code = ZF_OK
+        return 0
+    return -1
+
+
+cdef int _blosc_check_layout(const uint8_t* src, Py_ssize_t n, Py_ssize_t nbytes,
+                             Status* st) noexcept nogil:
+    """The checks of blocksize, a stored frame's length and the block starts
+    of a compressed one, against ``nbytes`` (> 0, the header's and the chunk's)."""
+    cdef Py_ssize_t blocksize = <Py_ssize_t>_load_le32(src + 8)
+    cdef Py_ssize_t nblocks, first, start, i
+    st.code = ZF_ERR_BLOSC
+    if blocksize < 1 or blocksize > nbytes:
+        st.msg = "invalid blosc header: block size out of range"
+        return -1
+    if src[2] & BLOSC_FLAG_MEMCPYED:
+        if n != nbytes + BLOSC_HEADER_SIZE:
+            st.msg = "invalid blosc header: a stored frame's length is not nbytes + 16"
+            return -1
+        st.code = ZF_OK
+        return 0
+    nblocks = (nbytes + blocksize - 1) // blocksize
+    first = BLOSC_HEADER_SIZE + 4 * nblocks
+    if first > n:
+        st.msg = "invalid blosc frame: too short for its block starts"
+        return -1
+    for i in range(nblocks):
+        start = <Py_ssize_t>_load_le32(src + BLOSC_HEADER_SIZE + 4 * i)
+        if start < first or start > n - 4:
+            st.msg = "invalid blosc frame: a block starts outside the frame"
+            return -1
+    st.code = ZF_OK
+    return 0
+
+
 cdef Py_ssize_t _blosc_decompress(const uint8_t* src, Py_ssize_t n,
                                   uint8_t* dst, Py_ssize_t cap, Status* st) noexcept nogil:
-    cdef size_t claimed = 0
+    cdef Py_ssize_t claimed
     cdef int r
-    if n < bl.BLOSC_MIN_HEADER_LENGTH or bl.blosc_cbuffer_validate(src, <size_t>n, &claimed) < 0:
-        st.code = ZF_ERR_BLOSC
-        st.msg = "invalid blosc header"
+    if _blosc_check_fields(src, n, st) < 0:
         return -1
-    if claimed != <size_t>cap:
+    claimed = <Py_ssize_t>_load_le32(src + 4)
+    if claimed != cap:
         st.code = ZF_ERR_CLAIM
-        st.a = <Py_ssize_t>claimed
+        st.a = claimed
         st.b = cap
         return -1
     if cap == 0:
         return 0
+    if _blosc_check_layout(src, n, cap, st) < 0:
+        return -1
     r = bl.blosc_decompress_ctx(src, dst, <size_t>cap, 1)
     if r <= 0:
         st.code = ZF_ERR_BLOSC

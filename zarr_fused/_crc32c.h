@@ -14,6 +14,7 @@
 
 #if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
 #define ZF_CRC32C_X86 1
+#include <cpuid.h>
 #include <nmmintrin.h>
 #elif defined(__aarch64__) && defined(__linux__) && (defined(__GNUC__) || defined(__clang__))
 #define ZF_CRC32C_ARM 1
@@ -119,7 +120,15 @@ static uint32_t zf_crc32c_portable(uint32_t crc, const uint8_t *p, size_t n) {
         n -= 3 * (BLOCK);                                                      \
     }
 
+/* clang 14 and later make the CRC32 instructions a target feature of their
+   own, which "sse4.2" does not imply in every release (zig's clang, which
+   builds the portable wheel, refuses them without it); GCC knows them as
+   part of SSE4.2. */
+#if defined(__clang__) && __clang_major__ >= 14
+__attribute__((target("sse4.2,crc32")))
+#else
 __attribute__((target("sse4.2")))
+#endif
 static uint32_t zf_crc32c_sse42(uint32_t crc, const uint8_t *p, size_t n) {
 #if defined(__x86_64__)
     uint64_t c0 = crc;
@@ -161,8 +170,13 @@ static void zf_crc32c_init(void) {
     zf_crc32c_zeros_table(zf_crc32c_long, ZF_CRC32C_LONG);
     zf_crc32c_zeros_table(zf_crc32c_short, ZF_CRC32C_SHORT);
 #ifdef ZF_CRC32C_X86
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("sse4.2")) zf_crc32c_kind = 1;
+    /* CPUID leaf 1, ECX bit 20, read directly: __builtin_cpu_supports needs
+       the compiler runtime's CPU model, which zig's (the portable wheel's
+       compiler) leaves unset in a shared library */
+    {
+        unsigned int eax, ebx, ecx, edx;
+        if (__get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & (1u << 20))) zf_crc32c_kind = 1;
+    }
 #endif
 #ifdef ZF_CRC32C_ARM
     if (getauxval(AT_HWCAP) & HWCAP_CRC32) zf_crc32c_kind = 2;

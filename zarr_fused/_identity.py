@@ -2,9 +2,11 @@
 byte-identity claim, `byte_identical` (the docs and the tests follow it).
 
 zarr encodes with numcodecs, which bundles its own libzstd and c-blosc
-(with its own lz4, zlib and zstd inside); zarr_fused links the system's.
-The same call with the same parameters on the same library version gives
-the same bytes, so where the versions match, every level is identical.
+(with its own lz4, zlib and zstd inside); zarr_fused links the system's
+(a developer build) or, in a portable wheel, the very versions numcodecs
+bundles (`_NUMCODECS_BLOSC`, tools/bundled_libs.py). The same call with the
+same parameters on the same library version gives the same bytes, so where
+the versions match, every level is identical.
 Where they differ, compressors still agree at the levels whose code did
 not change between the two versions; those were found by comparing every
 level on varied data, and are claimed only for the exact set of versions
@@ -45,6 +47,21 @@ _MEASURED_ON = {
     "numcodecs": "0.17.1",
     "numcodecs_zstd": "1.5.6",
     "numcodecs_blosc": "1.21.7.dev",
+}
+#: the c-blosc numcodecs bundles, by numcodecs release, with the versions of
+#: the compressors inside it (numcodecs reports only c-blosc's): a portable
+#: wheel of zarr_fused links these (tools/bundled_libs.py)
+_NUMCODECS_BLOSC = {
+    "0.17.1": {
+        "blosc": "1.21.7.dev",
+        "blosc_complibs": {
+            "blosclz": "2.5.1",
+            "lz4": "1.10.0",
+            "lz4hc": "1.10.0",
+            "zlib": "1.3.1",
+            "zstd": "1.5.6",
+        },
+    },
 }
 #: zstd levels whose frames match across libzstd 1.5.4 and 1.5.6: those that
 #: use the "fast" and "dfast" strategies at every input size (level 0 is 3)
@@ -120,8 +137,20 @@ def _codec_identical(
     if type(codec) is BloscCodec:
         if codec.cname not in versions["blosc_compressors"]:
             return True  # zarr's own code encodes it
-        return measured and codec.clevel in _MEASURED_BLOSC_CLEVELS.get(codec.cname, ())
+        return same_blosc(versions) or (
+            measured and codec.clevel in _MEASURED_BLOSC_CLEVELS.get(codec.cname, ())
+        )
     return True  # bytes, transpose, crc32c, and codecs zarr's own code runs
+
+
+def same_blosc(versions: dict[str, Any]) -> bool:
+    """Whether our c-blosc and the compressors inside it are those of
+    numcodecs' c-blosc (``versions`` as `_versions` gives them)."""
+    theirs = _NUMCODECS_BLOSC.get(versions["numcodecs"])
+    return theirs is not None and theirs == {
+        "blosc": versions["blosc"],
+        "blosc_complibs": versions["blosc_complibs"],
+    }
 
 
 def byte_identical(codecs: Iterable[Codec], *, gzip_mtime_zero: bool = False) -> bool:

@@ -30,6 +30,20 @@ def _index_of(seed: bytes, config: ShardConfig) -> tuple[bytes, int]:
     return raw, len(shard) - size
 
 
+def tampered_blosc_chunk() -> bytes:
+    """A stored (memcpyed) blosc chunk of the ``chunk-blosc`` array whose
+    flags byte 0x33 (lz4, shuffle, stored, blocks not split) was changed to
+    0x45 (snappy, byte and bit shuffle, compressed). Its 60 bytes are chosen
+    so that they also read as one snappy block: a c-blosc built with snappy
+    (Debian's) decodes the tampered chunk into other values without an
+    error, where numcodecs' c-blosc (no snappy) raises."""
+    snappy = bytes([60, 3 << 2]) + b"ABCD"  # 60 bytes: 4 literals, then copies
+    snappy += bytes([((11 - 4) << 2) | 1, 4]) * 4 + bytes([((8 - 4) << 2) | 1, 4, 1, 4])
+    body = struct.pack("<II", 20, len(snappy)) + snappy  # the block start, its size
+    body += bytes(range(100, 100 + 60 - len(body)))
+    return b"\x01" + struct.pack("<BBBBIII", 2, 1, 0x45, 2, 60, 60, 76) + body
+
+
 def seeds() -> dict[str, dict[str, bytes]]:
     out: dict[str, dict[str, bytes]] = {}
     for name in CHUNK_CODECS:
@@ -41,6 +55,7 @@ def seeds() -> dict[str, dict[str, bytes]]:
             "flipped": bytes(flipped),
             "truncated": valid[: len(valid) * 2 // 3],
         }
+    out["chunk-blosc"]["stored-flags-tampered"] = tampered_blosc_chunk()
     configs = [
         ShardConfig(0, False, True, False),
         ShardConfig(1, True, True, False),

@@ -15,6 +15,10 @@ from pathlib import Path
 import pytest
 import targets
 import zarr
+from zarr.core.buffer import cpu
+from zarr.storage import MemoryStore
+
+from zarr_fused.errors import CorruptChunkError
 
 CORPUS = Path(__file__).resolve().parent / "corpus"
 
@@ -60,6 +64,22 @@ def test_valid_seeds_read_the_same(name: str) -> None:
     ]
     assert seeds
     assert {targets.TARGETS[name](p.read_bytes()) for p in seeds} == {"same"}
+
+
+def test_tampered_blosc_flags_are_refused() -> None:
+    """A stored blosc chunk whose flags byte was tampered with (0x33 ->
+    0x45) raises CorruptChunkError naming the key, whichever c-blosc is
+    linked (one built with snappy decodes it into other values)."""
+    from seeds import tampered_blosc_chunk
+
+    data = (CORPUS / "chunk-blosc" / "stored-flags-tampered").read_bytes()
+    assert data == tampered_blosc_chunk()
+    store = MemoryStore()
+    with zarr.config.set({"codec_pipeline.path": targets.FUSED}):
+        array = targets._chunk_array("blosc")(store)
+    store._store_dict["c/0/0"] = cpu.Buffer.from_bytes(data[1:])
+    with pytest.raises(CorruptChunkError, match="c/0/0"):
+        array[...]
 
 
 def test_harness_flags_wrong_values(monkeypatch: pytest.MonkeyPatch) -> None:
