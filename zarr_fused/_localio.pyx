@@ -52,8 +52,9 @@ cdef extern from "stdio.h" nogil:
 
 # renameat2 (Linux 3.15) and sync_file_range where the kernel headers have
 # them; elsewhere both report ENOSYS and every write takes plain ``rename``.
-# renameat2 goes through syscall(2): glibc wraps it only from 2.28 on, and a
-# wheel built for an older glibc (manylinux2014) must still use it.
+# Against glibc 2.28 or newer, renameat2 is glibc's (so LD_PRELOAD shims such
+# as the tests' faultfs see it); built for an older glibc (the manylinux2014
+# wheel), it goes through syscall(2), which such a build still has.
 cdef extern from *:
     """
     #include <errno.h>
@@ -66,9 +67,15 @@ cdef extern from *:
     #if defined(__linux__) && defined(SYS_renameat2) && defined(SYNC_FILE_RANGE_WRITE)
     #define ZF_RENAME_NOREPLACE (1U << 0)
     #define ZF_RENAME_EXCHANGE (1U << 1)
+    #if defined(__GLIBC__) && (__GLIBC__ > 2 || __GLIBC_MINOR__ >= 28)
+    static int zf_rename_flags(const char* old, const char* new, unsigned int flags) {
+        return renameat2(AT_FDCWD, old, AT_FDCWD, new, flags);
+    }
+    #else
     static int zf_rename_flags(const char* old, const char* new, unsigned int flags) {
         return (int)syscall(SYS_renameat2, AT_FDCWD, old, AT_FDCWD, new, flags);
     }
+    #endif
     static void zf_start_writeback(int fd) {
         (void)sync_file_range(fd, 0, 0, SYNC_FILE_RANGE_WRITE);
     }
