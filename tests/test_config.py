@@ -84,9 +84,7 @@ def test_shard_write_lock_valid(value: Any, expected: bool) -> None:
         assert shard_write_lock() is expected
 
 
-@pytest.mark.parametrize(
-    "value", [pytest.param("maybe", id="str-maybe"), pytest.param(2, id="2")]
-)
+@pytest.mark.parametrize("value", [pytest.param("maybe", id="str-maybe"), pytest.param(2, id="2")])
 def test_shard_write_lock_invalid_warns_and_stays_on(value: Any) -> None:
     with (
         zarr.config.set({SHARD_WRITE_LOCK_KEY: value}),

@@ -47,6 +47,7 @@ from zarr_fused._pool import partition, run_parallel
 from zarr_fused.chunks.merge import merge_and_encode, merge_owned
 from zarr_fused.io.engine import Writes, resolve_io_concurrency, write_window
 from zarr_fused.io.local import local_files, make_parents, write_parts
+from zarr_fused.io.shard_lock import ShardLocks, shard_locks
 from zarr_fused.shard.buffers import buffers
 
 if TYPE_CHECKING:
@@ -119,7 +120,12 @@ class ChunkWriter:
 
 class PartialEncodeWriter:
     """Writes through the array->bytes codec's synchronous partial encode,
-    which reads the existing shard, merges and rewrites it."""
+    which reads the existing shard, merges and rewrites it.
+
+    A shard the write does not cover whole is held exclusively from that
+    read to its replacement (`zarr_fused.io.shard_lock`), each on the one
+    thread that updates it, unless ``codec_pipeline.shard_write_lock`` is
+    off."""
 
     def __init__(self, codec: ArrayBytesCodec) -> None:
         self.codec = codec
@@ -131,13 +137,28 @@ class PartialEncodeWriter:
         drop_axes: tuple[int, ...],
         max_workers: int,
     ) -> None:
+        self.write_held(batch, value, max_workers, shard_locks(batch))
+
+    def write_held(
+        self,
+        batch: Sequence[WriteItem],
+        value: NDBuffer,
+        max_workers: int,
+        locks: ShardLocks | None,
+    ) -> None:
+        """`write` with the holds given (None: none taken, as when the
+        caller holds the shard already)."""
         encode_partial = self.codec._encode_partial_sync  # type: ignore[attr-defined]
         scalar = len(value.shape) == 0
 
         def write_one(item: WriteItem) -> None:
-            setter, spec, chunk_selection, out_selection, _ = item
+            setter, spec, chunk_selection, out_selection, is_complete = item
             chunk_value = value if scalar else value[out_selection]
-            encode_partial(setter, chunk_value, chunk_selection, spec)
+            if locks is None or is_complete:
+                encode_partial(setter, chunk_value, chunk_selection, spec)
+                return
+            with locks.hold(setter):
+                encode_partial(setter, chunk_value, chunk_selection, spec)
 
         run_parallel(write_one, batch, max_workers)
 
