@@ -28,6 +28,17 @@ in flight, each encoded as soon as it is in; with few shards, the next one
 read while this one encodes), and each new shard is written (temporary
 file, ``writev``, ``rename``) or deleted by the IO threads while the
 compute threads encode the next (`zarr_fused.io.engine.Writes`).
+
+A shard the write updates only in part is held from the read of the stored
+shard to its replacement (`zarr_fused.io.shard_lock`, unless
+``codec_pipeline.shard_write_lock`` is off), so concurrent writers of one
+shard lose nothing. In the pipelined path an IO thread takes the hold
+without waiting before it reads the shard, and the IO thread that stores
+the new shard lets it go (every error path lets it go too); a shard held
+elsewhere is deferred to a pass at the end. Elsewhere (few shards, no IO
+threads, another store) the thread that updates a shard holds it and does
+its IO itself. No thread waits for a hold while holding one, and none
+holds one while waiting for work that may wait for a hold.
 """
 
 from __future__ import annotations
