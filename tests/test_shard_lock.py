@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import pytest
 import zarr
+from zarr.codecs import ShardingCodec, TransposeCodec
 from zarr.errors import ZarrUserWarning
 from zarr.storage import LocalStore
 
@@ -157,6 +158,38 @@ def test_threads_through_the_fallback_lose_nothing(
         final = arr[...]
     for rank in range(8):
         assert np.all(final[rank::8, :] == 2000 + rank), rank
+
+
+@pytest.mark.filterwarnings("ignore:Combining a `sharding_indexed` codec:UserWarning")
+@pytest.mark.parametrize("store_kind", STORES)
+def test_threads_on_shards_behind_other_codecs_lose_nothing(
+    fused: None, tmp_path: Path, store_kind: str
+) -> None:
+    """Sharding behind a transpose has no partial encode: each shard is
+    read, merged and rewritten whole as one chunk, and still held."""
+    with zarr.config.set({"codec_pipeline.max_workers": 2}):
+        arr = zarr.create_array(
+            make_store(store_kind, tmp_path),
+            shape=(SHARD, SHARD),
+            chunks=(SHARD, SHARD),
+            serializer=ShardingCodec(chunk_shape=(INNER, INNER)),
+            filters=[TransposeCodec(order=(1, 0))],
+            dtype="int32",
+            fill_value=-1,
+        )
+        assert type(arr._async_array.codec_pipeline.plan.writer).__name__ == "ChunkWriter"
+
+        def writer(rank: int) -> None:
+            cells = owned(rank, 8)
+            for round_ in range(3):
+                for r, c in cells:
+                    arr[inner(r, c)] = 1000 * round_ + rank
+
+        run_threads(writer, 8)
+        final = arr[...]
+    for rank in range(8):
+        for r, c in owned(rank, 8):
+            assert np.all(final[inner(r, c)] == 2000 + rank), (rank, r, c)
 
 
 # -- readers in other processes ------------------------------------------------------------

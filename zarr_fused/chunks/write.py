@@ -39,6 +39,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from zarr.codecs.sharding import ShardingCodec
 from zarr.core.chunk_utils import chunk_is_empty
 
 from zarr_fused._dtypes import empty, empty_rule_pattern
@@ -92,10 +93,17 @@ def files_per_store(n: int, window: int) -> int:
 
 
 class ChunkWriter:
-    """Whole-chunk writes through a chain."""
+    """Whole-chunk writes through a chain.
+
+    When each chunk is a shard (zarr's sharding codec behind other codecs,
+    so it has no partial encode), a chunk the write covers only in part is
+    held from its read to its replacement, like any partial shard update
+    (`zarr_fused.io.shard_lock`)."""
 
     def __init__(self, chain: Chain) -> None:
         self.chain = chain
+        transform = getattr(chain, "transform", None)
+        self.shards = isinstance(getattr(transform, "_ab_codec", None), ShardingCodec)
 
     def write(
         self,
@@ -105,8 +113,9 @@ class ChunkWriter:
         max_workers: int,
     ) -> None:
         chain = self.chain
+        locks = shard_locks(batch) if self.shards else None
 
-        def write_one(item: WriteItem) -> None:
+        def update(item: WriteItem) -> None:
             setter, spec, _, _, is_complete = item
             existing = None if is_complete else setter.get_sync(prototype=spec.prototype)
             encoded = merge_and_encode(chain, existing, value, item, drop_axes)
@@ -114,6 +123,13 @@ class ChunkWriter:
                 setter.delete_sync()
             else:
                 setter.set_sync(encoded)
+
+        def write_one(item: WriteItem) -> None:
+            if locks is None or _is_complete(item):
+                update(item)
+                return
+            with locks.hold(item[0]):
+                update(item)
 
         run_parallel(write_one, batch, max_workers)
 
