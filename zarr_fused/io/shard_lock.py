@@ -56,9 +56,10 @@ may not open for writing (another user's, in a shared directory) gets a
 `zarr.errors.ZarrUserWarning` once per filesystem and the in-process
 exclusion only.
 
-If the lock file was replaced while a writer waited (the array deleted and
-created again), the writer finds its inode gone from the path after the
-lock is granted, and locks the new file instead.
+If the lock file was replaced while a writer waited or kept it open (the
+array deleted and created again), the writer finds, once the lock is
+granted, that its file has no link left or is not the file at the path,
+and locks the new file instead.
 
 Other stores
 ------------
@@ -337,7 +338,11 @@ def _unlock_range(entry: _LockFile, offset: int) -> None:
 
 
 def _still_there(entry: _LockFile, path: bytes) -> bool:
-    """Whether ``entry`` is still the file at ``path``."""
+    """Whether ``entry`` is still the file at ``path``: not unlinked (a new
+    file at ``path`` may get the inode number of a deleted one), and the
+    file that ``path`` names."""
+    if os.fstat(entry.fd).st_nlink == 0:
+        return False
     try:
         st = os.stat(path)
     except FileNotFoundError:
