@@ -307,6 +307,67 @@ def scenario_arrays(layout_names: list[str], repeat: int, store_kind: str = "loc
     return out
 
 
+def _plain_rename(write: Callable[[Any], None], data: Any) -> None:
+    from zarr_fused._localio import replace_mode
+
+    before = replace_mode("rename")
+    try:
+        write(data)
+    finally:
+        replace_mode(before)
+
+
+def scenario_overwrite(
+    layout_names: list[str], repeat: int, store_kind: str = "local"
+) -> list[str]:
+    """Whole writes over an array already written and on disk: before every
+    timed write each peer opens a new handle and ``os.sync()`` writes the
+    page cache back, so every write replaces chunk files whose blocks are
+    allocated (what a rename over them then frees differs from a write
+    right after the last one, whose blocks were still delayed)."""
+    import numpy as np
+
+    sys.path.insert(0, str(HERE))
+    from benchmarks._peers import LAYOUTS, PEERS, Writer, available, data_dir
+
+    if store_kind != "local":
+        raise SystemExit("the overwrite scenario needs --store local")
+    out: list[str] = []
+    for name in layout_names:
+        layout = LAYOUTS[name]
+        data = layout.sample()
+        writers = {
+            p: Writer(p, layout, data_dir() / f"{name}-overwrite-{p}", store_kind)
+            for p in PEERS
+            if available(p)
+        }
+        for p, writer in list(writers.items()):
+            writer.prepare()
+            try:
+                writer.write(data)  # the chunks the timed writes replace
+                writer.reopen()
+                writer.write(data)
+            except Exception as error:
+                out.append(f"{p} left out of overwrite: {name}: {type(error).__name__}: {error}")
+                del writers[p]
+                continue
+            if not np.array_equal(writer.read_back(), data):
+                raise SystemExit(f"{p} wrote wrong data to {name}")
+        cases = {p: (partial(w.write, data), w.reopen) for p, w in writers.items()}
+        if "zarr_fused" in writers:
+            # the same writer replacing every chunk with a plain rename (the
+            # way before exchange + unlink), for the ratio in the same run
+            w = writers["zarr_fused"]
+            cases["zarr_fused rename"] = (partial(_plain_rename, w.write, data), w.reopen)
+        results = rounds(cases, repeat)
+        out += table(
+            f"overwrite after os.sync(): {name} ({store_kind}, {data.nbytes / 2**20:.0f} MiB)",
+            results,
+            unit=("GB/s", data.nbytes),
+        )
+    return out
+
+
 def _codec_tables(
     label: str, nc: Any, params: dict[str, Any], data: Any, raw: list[bytes], repeat: int
 ) -> list[str]:
@@ -526,6 +587,12 @@ SCENARIOS = {
     "sharded-threads": lambda repeat, store: scenario_threads(["sharded-zstd"], repeat, store),
     "array-v2": lambda repeat, store: scenario_arrays(
         ["v2-blosc", "v2-zstd", "v2-blosc-F"], repeat, store
+    ),
+    "overwrite-unsharded": lambda repeat, store: scenario_overwrite(
+        ["unsharded-blosc"], repeat, store
+    ),
+    "overwrite-sharded": lambda repeat, store: scenario_overwrite(
+        ["sharded-zstd", "sharded-raw"], repeat, store
     ),
     "codecs": lambda repeat, store: scenario_codecs(repeat),
     "zstd-ceiling": lambda repeat, store: scenario_ceiling(repeat),

@@ -13,7 +13,13 @@ import zarr
 from zarr.storage import LocalStore
 
 from zarr_fused.chunks import read as chunk_read
-from zarr_fused.chunks.pipelined import PROBE_INTERVAL, PROBE_READS, PipelinedChunkReader
+from zarr_fused.chunks.pipelined import (
+    FAST_FILE,
+    PROBE_INTERVAL,
+    PROBE_READS,
+    PipelinedChunkReader,
+    per_file_latency,
+)
 
 from helpers import BATCHED, FUSED, assert_same_values, with_pipeline
 
@@ -44,6 +50,21 @@ def test_group_clock_counts_blocking_waits() -> None:
     assert after[2] - before[2] >= 3
     assert after[0] - before[0] >= 0.006
     assert after[1] - before[1] < after[0] - before[0]
+
+
+def test_large_files_from_the_page_cache_count_as_fast() -> None:
+    # 64 uncompressed chunk files of 512 KiB in 5.8 ms (90 us each): the
+    # copy of their bytes, not a round trip per file
+    assert per_file_latency(5.8e-3, 64, 64 * (512 << 10)) < FAST_FILE
+
+
+def test_small_files_at_the_same_pace_count_as_slow() -> None:
+    # 64 files of 16 KiB at 90 us each: a filesystem round trip per file
+    assert per_file_latency(5.8e-3, 64, 64 * (16 << 10)) > FAST_FILE
+
+
+def test_missing_files_count_as_empty_ones() -> None:
+    assert per_file_latency(6.4e-3, 64, 0) == pytest.approx(1e-4)
 
 
 @pytest.fixture

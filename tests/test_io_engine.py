@@ -28,6 +28,7 @@ from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec, ShardingCodec, Zstd
 from zarr.errors import ZarrUserWarning
 from zarr.storage import LocalStore
 
+from zarr_fused import _pool
 from zarr_fused.chunks.pipelined import (
     FAST_FILE,
     MAX_GROUP,
@@ -239,10 +240,17 @@ def test_io_threads_are_shared_and_bounded() -> None:
         )
 
     run()
-    before = {t.name for t in threading.enumerate()}
-    for _ in range(5):
-        run()
-    after = {t.name for t in threading.enumerate()}
+    # no thread retires meanwhile: the same threads serve every run
+    _io_engine.io_threads(1).set_idle(3600)
+    _pool.get_pool(1).set_idle(3600)
+    try:
+        before = {t.name for t in threading.enumerate()}
+        for _ in range(5):
+            run()
+        after = {t.name for t in threading.enumerate()}
+    finally:
+        _io_engine.io_threads(1).set_idle(_pool.IDLE_SECONDS)
+        _pool.get_pool(1).set_idle(_pool.IDLE_SECONDS)
     assert after == before
     assert len([t for t in after if t.startswith("zarr_fused-fileio")]) <= max(
         3, _io_engine._io_size
@@ -292,8 +300,11 @@ def fill(pool, n):
         f.result()
 
 def start_threads():
+    # none of them retires while the script runs (the snapshots compare threads)
+    _io_engine.io_threads(args["io"]).set_idle(3600)
     fill(_io_engine.io_threads(args["io"]), _io_engine._io_size)
     if args["workers"] > 1:
+        _pool.get_pool(args["workers"] - 1).set_idle(3600)
         fill(_pool.get_pool(args["workers"] - 1), _pool.pool_size())
     hop = _pool._hop_executor()  # the hop off zarr's event loop (its own bounded pool)
     fill(hop, hop._max_workers)
@@ -1364,3 +1375,39 @@ def test_store_requests_in_flight_stay_within_the_window() -> None:
 def test_group_size_per_thread(per_thread: int, expected: int) -> None:
     """Slow files (a cold cache) get half the requests, twice the files each."""
     assert group_size(1024, 32, 16 << 10, per_thread) == expected
+
+
+def test_io_threads_return_to_the_default_after_a_high_setting() -> None:
+    """A batch at io_concurrency=128 starts about 128 IO threads; idle, all
+    but DEFAULT_IO_CONCURRENCY of them exit (the idle period shortened
+    through the pool's seam), and a batch run while they retire completes."""
+
+    def fetch(i: int, batch: Any) -> int:
+        time.sleep(0.005)  # keeps its thread busy, as a slow file would
+        return i
+
+    got: list[int] = []
+    run_pipelined(
+        list(range(400)), [1] * 400, fetch, lambda i, f: None, io_concurrency=128, max_workers=2
+    )
+    pool = _io_engine.io_threads(1)
+    assert pool.threads > _io_engine.DEFAULT_IO_CONCURRENCY
+    try:
+        pool.set_idle(0.05)
+        run_pipelined(
+            list(range(300)),
+            [1] * 300,
+            lambda i, b: i,
+            lambda i, f: got.append(f),
+            io_concurrency=_io_engine.DEFAULT_IO_CONCURRENCY,
+            max_workers=2,
+        )
+        deadline = time.monotonic() + WAIT
+        while pool.threads > _io_engine.DEFAULT_IO_CONCURRENCY and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        pool.set_idle(_pool.IDLE_SECONDS)
+    assert sorted(got) == list(range(300))
+    assert pool.threads == _io_engine.DEFAULT_IO_CONCURRENCY
+    fileio = [t for t in threading.enumerate() if t.name.startswith("zarr_fused-fileio")]
+    assert len(fileio) == _io_engine.DEFAULT_IO_CONCURRENCY

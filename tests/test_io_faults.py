@@ -188,6 +188,37 @@ def test_write_fault_raises_and_keeps_the_old_chunk(
         np.testing.assert_array_equal(zarr.open_array(LocalStore(root), mode="r")[...], stored)
 
 
+@pytest.mark.parametrize(
+    "layout", [pytest.param("chunked", id="chunked"), pytest.param("sharded", id="sharded")]
+)
+@pytest.mark.parametrize("code", [pytest.param(k, id=k) for k in ("ENOSPC", "EDQUOT")])
+def test_one_full_disk_error_is_retried_and_the_write_goes_through(
+    tmp_path: Path, faulty_child: FaultyChild, layout: str, code: str
+) -> None:
+    """The first write of the key's temporary file fails as on a full disk;
+    the write is retried with fewer files in flight and succeeds."""
+    root = tmp_path / "arr"
+    old, new = old_and_new(seed=17)
+    make_array(root, layout, old)
+
+    result, log = run_child(
+        faulty_child,
+        tmp_path,
+        root,
+        "write",
+        (slice(None), slice(None)),
+        value=new,
+        ops="write",
+        errno=getattr(errno, code),  # EDQUOT by number: the shim knows few names
+        count=1,
+    )
+
+    assert len(log) == 1, log
+    assert result["ok"], result.get("traceback")
+    np.testing.assert_array_equal(stored_by_zarr(root), new)
+    assert leftovers(root) == []
+
+
 READ_FAULTS = [
     pytest.param("open", "EIO", id="open-EIO"),
     pytest.param("open", "EACCES", id="open-EACCES"),
@@ -288,6 +319,9 @@ def test_short_and_interrupted_reads_return_the_same(
 FULL_SHAPE = (64, 1024)  # int32, 256 KiB
 FULL_LAYOUTS = {
     "chunked": {"chunks": (8, 1024), "compressors": None},  # 8 chunks of 32 KiB
+    # 32 chunks of 8 KiB: more than the probe of a write stores itself, so
+    # slow renames hand the rest to the IO threads
+    "chunked-small": {"chunks": (2, 1024), "compressors": None},
     "sharded": {"chunks": (8, 1024), "shards": (16, 1024), "compressors": None},  # 4 x 64 KiB
 }
 
@@ -364,6 +398,119 @@ def test_full_disk_raises_enospc_and_tears_nothing(small_tmpfs: Path, layout: st
         arr[...] = new
     np.testing.assert_array_equal(stored_by_zarr(root), new)
     assert leftovers(root) == []
+
+
+# Runs in the long-lived child: an overwrite of the whole array through
+# zarr_fused with the debug records of the zarr_fused logger kept (they say
+# whether the write was retried after a full disk).
+OVERWRITE_LOGGED = r"""
+import logging
+import numpy as np, zarr
+from zarr.storage import LocalStore
+
+records = []
+handler = logging.Handler()
+handler.emit = lambda record: records.append(record.getMessage())
+logger = logging.getLogger("zarr_fused")
+logger.addHandler(handler)
+level = logger.level
+logger.setLevel(logging.DEBUG)
+config = {"codec_pipeline.path": "zarr_fused.FusedCodecPipeline",
+          "codec_pipeline.max_workers": args["workers"]}
+try:
+    with zarr.config.set(config):
+        zarr.open_array(LocalStore(args["root"]), mode="r+")[...] = np.load(args["value"])
+finally:
+    logger.removeHandler(handler)
+    logger.setLevel(level)
+    result = records
+"""
+
+
+def fill_disk(mnt: Path, room: int) -> None:
+    """Leave ``room`` bytes free on the tmpfs at ``mnt``."""
+    st = os.statvfs(mnt)
+    spare = st.f_bavail * st.f_frsize - room
+    assert spare > 0
+    (mnt / "filler").write_bytes(b"\1" * spare)
+
+
+def unit_bytes(layout: str) -> int:
+    """The bytes of one chunk file (or shard) of FULL_LAYOUTS[layout]."""
+    unit = FULL_LAYOUTS[layout].get("shards", FULL_LAYOUTS[layout]["chunks"])[0]
+    return unit * FULL_SHAPE[1] * 4
+
+
+# (layout, compute threads): one thread on the small chunks probes 4 files
+# alone, then the IO threads get the rest (8 in flight); 4 threads write
+# their files themselves (chunked) or hand shards to the IO threads
+OVERWRITES = [
+    pytest.param("chunked", 4, id="chunked-compute-threads"),
+    pytest.param("chunked-small", 1, id="chunked-io-threads"),
+    pytest.param("sharded", 4, id="sharded"),
+]
+
+
+@pytest.mark.parametrize(("layout", "workers"), OVERWRITES)
+def test_overwrite_with_room_for_one_and_a_half_files_succeeds(
+    small_tmpfs: Path, faulty_child: FaultyChild, tmp_path: Path, layout: str, workers: int
+) -> None:
+    """As zarr writing one file at a time: each rename frees the old file
+    before the next temporary file is written. The shim holds every rename
+    for 20 ms, so the first attempt surely has several temporary files
+    written at once and fills the disk; the retries go through."""
+    root = small_tmpfs / "arr"
+    rng = np.random.default_rng(18)
+    old = rng.integers(-(2**30), 2**30, size=FULL_SHAPE, dtype="int32")
+    new = old ^ 0x55
+    with with_pipeline(FUSED):
+        arr = zarr.create_array(
+            LocalStore(root), shape=FULL_SHAPE, dtype="int32", fill_value=0, **FULL_LAYOUTS[layout]
+        )
+        arr[...] = old
+    fill_disk(small_tmpfs, (3 * unit_bytes(layout)) // 2)
+    np.save(tmp_path / "value.npy", new)
+
+    result = faulty_child.run(
+        OVERWRITE_LOGGED,
+        {"root": str(root), "value": str(tmp_path / "value.npy"), "workers": workers},
+        marker=root,
+        ops="rename",
+        mode="delay",
+        delay_us=20_000,
+    )
+
+    assert result["ok"], result.get("traceback")
+    assert any("full disk" in line for line in result["result"]), result["result"]
+    np.testing.assert_array_equal(stored_by_zarr(root), new)
+    assert leftovers(root) == []
+
+
+@pytest.mark.parametrize("layout", [pytest.param(k, id=k) for k in FULL_LAYOUTS])
+def test_overwrite_without_room_for_one_file_keeps_the_old_data(
+    small_tmpfs: Path, layout: str
+) -> None:
+    """Half a file of room: zarr's one-at-a-time write fails too. The error
+    is zarr's (ENOSPC), raised after the retries, and every key keeps its
+    old bytes."""
+    root = small_tmpfs / "arr"
+    rng = np.random.default_rng(19)
+    old = rng.integers(-(2**30), 2**30, size=FULL_SHAPE, dtype="int32")
+    with with_pipeline(FUSED), zarr.config.set({"codec_pipeline.max_workers": 4}):
+        arr = zarr.create_array(
+            LocalStore(root), shape=FULL_SHAPE, dtype="int32", fill_value=0, **FULL_LAYOUTS[layout]
+        )
+        arr[...] = old
+        fill_disk(small_tmpfs, unit_bytes(layout) // 2)
+
+        with pytest.raises(OSError) as info:
+            arr[...] = old ^ 0x55
+
+    assert info.value.errno == errno.ENOSPC
+    assert re.search(r"c/\d+/0", str(info.value)), str(info.value)
+    assert any("one file in flight" in note for note in info.value.__notes__)
+    assert leftovers(root) == []
+    np.testing.assert_array_equal(stored_by_zarr(root), old)
 
 
 @pytest.mark.parametrize(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -238,3 +239,85 @@ def test_written_files_read_by_zarr(tmp_path: Path) -> None:
     with with_pipeline(BATCHED):
         assert_same_values(zarr.open_array(store, mode="r")[...], data, byte_order=False)
     assert [p for p in (tmp_path / "a").rglob("*.partial")] == []
+
+
+# How a write replaces its target: rename without replacing (the target was
+# new), exchange with the target and unlink the old file (it existed), or a
+# plain rename (the kernel or filesystem refused the flags). The mode is a
+# hint a wrong guess corrects; every mode must give rename's result.
+REPLACE_MODES = [
+    pytest.param("new", id="mode-new"),
+    pytest.param("existed", id="mode-existed"),
+    pytest.param("rename", id="mode-rename"),
+]
+
+
+@pytest.fixture
+def replace_mode() -> Iterator[Callable[[str], None]]:
+    """Sets the process's replace mode for one test, restored after it."""
+    before = _localio.replace_mode()
+    yield _localio.replace_mode
+    _localio.replace_mode(before)
+
+
+@pytest.mark.parametrize("mode", REPLACE_MODES)
+def test_write_replaces_an_existing_file_in_every_mode(
+    tmp_path: Path, replace_mode: Callable[[str], None], mode: str
+) -> None:
+    target = tmp_path / "chunk"
+    target.write_bytes(b"old contents, longer than the new ones")
+    old_inode = target.stat().st_ino
+    with target.open("rb") as reader:  # a reader of the old file keeps it whole
+        replace_mode(mode)
+        _localio.write_whole(target, b"new contents")
+        assert reader.read() == b"old contents, longer than the new ones"
+    assert target.read_bytes() == b"new contents"
+    assert target.stat().st_ino != old_inode
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["chunk"]  # no temporaries left
+
+
+@pytest.mark.parametrize("mode", REPLACE_MODES)
+def test_write_creates_a_new_file_in_every_mode(
+    tmp_path: Path, replace_mode: Callable[[str], None], mode: str
+) -> None:
+    replace_mode(mode)
+    _localio.write_whole(tmp_path / "chunk", b"new contents")
+    assert (tmp_path / "chunk").read_bytes() == b"new contents"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["chunk"]
+
+
+@pytest.mark.parametrize("mode", REPLACE_MODES)
+def test_write_over_a_directory_fails_and_keeps_it_in_every_mode(
+    tmp_path: Path, replace_mode: Callable[[str], None], mode: str
+) -> None:
+    """An exchange would put the directory under the temporary name; it is
+    put back, and the write fails as a rename over a directory does."""
+    (tmp_path / "adir").mkdir()
+    (tmp_path / "adir" / "inner").write_bytes(b"keep")
+    replace_mode(mode)
+    with pytest.raises(IsADirectoryError):
+        _localio.write_whole(tmp_path / "adir", b"new")
+    assert (tmp_path / "adir" / "inner").read_bytes() == b"keep"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["adir"]
+
+
+@pytest.mark.parametrize(
+    ("mode", "exists", "after"),
+    [
+        pytest.param("new", True, "existed", id="new-finds-a-target"),
+        pytest.param("new", False, "new", id="new-finds-none"),
+        pytest.param("existed", False, "new", id="existed-finds-none"),
+        pytest.param("existed", True, "existed", id="existed-finds-a-target"),
+        pytest.param("rename", True, "rename", id="rename-stays"),
+    ],
+)
+def test_replace_mode_follows_what_the_last_write_found(
+    tmp_path: Path, replace_mode: Callable[[str], None], mode: str, exists: bool, after: str
+) -> None:
+    """The next write is tried first the way the last one succeeded (on a
+    filesystem with renameat2 flags: Linux tmp directories have them)."""
+    if exists:
+        (tmp_path / "chunk").write_bytes(b"old")
+    replace_mode(mode)
+    _localio.write_whole(tmp_path / "chunk", b"new")
+    assert _localio.replace_mode() == after

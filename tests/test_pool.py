@@ -283,7 +283,7 @@ def test_run_parallel_concurrent_callers_share_the_pool() -> None:
 # -- get_pool / pool_size ------------------------------------------------------------
 
 
-def test_pool_only_grows() -> None:
+def test_pool_only_grows_in_place() -> None:
     big = get_pool(4)
     assert pool_size() >= 4
     assert get_pool(2) is big
@@ -292,7 +292,7 @@ def test_pool_only_grows() -> None:
     size = pool_size()
     grown = get_pool(size + 1)
     assert pool_size() == size + 1
-    assert grown is not big
+    assert grown is big  # grown in place
     assert get_pool(size) is grown
 
 
@@ -486,3 +486,75 @@ def test_off_loop_cancelled_waiter_leaves_no_error() -> None:
     finally:
         loop.close()
     assert errors == []
+
+
+# -- idle threads retire ------------------------------------------------------------
+
+
+def _busy_threads(pool: _pool.ElasticPool, n: int) -> None:
+    """``n`` calls that all run at once: ``n`` threads of ``pool`` started."""
+    barrier = threading.Barrier(n + 1, timeout=TIMEOUT)
+    futures = [pool.submit(barrier.wait) for _ in range(n)]
+    barrier.wait()
+    for future in futures:
+        future.result(timeout=TIMEOUT)
+
+
+def _threads_drop_to(pool: _pool.ElasticPool, n: int) -> int:
+    """Wait (at most TIMEOUT) until ``pool`` runs ``n`` threads; the count then."""
+    deadline = time.monotonic() + TIMEOUT
+    while pool.threads > n and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return pool.threads
+
+
+def test_idle_threads_beyond_keep_retire_and_later_work_runs() -> None:
+    pool = _pool.ElasticPool(48, keep=3, name="zarr_fused-test")
+    try:
+        _busy_threads(pool, 48)
+        assert pool.threads == 48
+        pool.set_idle(0.05)
+        # work submitted while threads retire: none lost, none stuck
+        futures = [pool.submit(lambda x: x * 2, i) for i in range(200)]
+        assert [f.result(timeout=TIMEOUT) for f in futures] == [2 * i for i in range(200)]
+        assert _threads_drop_to(pool, 3) == 3
+        assert sum(t.name.startswith("zarr_fused-test_") for t in threading.enumerate()) <= 3
+        _busy_threads(pool, 10)  # grows again on demand
+        assert pool.threads >= 10
+    finally:
+        pool.close()
+
+
+def test_compute_pool_returns_to_the_cpu_count_after_a_high_setting() -> None:
+    keep = _pool._cpus_here()
+    pool = get_pool(keep + 20)
+    try:
+        barrier = threading.Barrier(keep + 20, timeout=TIMEOUT)
+        run_parallel(lambda _: barrier.wait(), list(range(keep + 20)), keep + 20)
+        assert pool.threads >= keep + 19
+        pool.set_idle(0.05)
+        assert _threads_drop_to(pool, keep) == keep
+        assert run_parallel(lambda x: -x, list(range(50)), keep + 20) == [-x for x in range(50)]
+    finally:
+        pool.set_idle(_pool.IDLE_SECONDS)
+
+
+def test_interpreter_exits_with_idle_and_queued_pool_work() -> None:
+    """Idle threads (kept ones wait without a timeout) do not hold up the
+    exit, and calls queued at exit still run."""
+    import subprocess
+    import sys
+
+    code = (
+        "import threading, time\n"
+        "from zarr_fused._pool import ElasticPool\n"
+        "pool = ElasticPool(4, keep=4, name='zarr_fused-exit')\n"
+        "[f.result() for f in [pool.submit(time.sleep, 0.01) for _ in range(8)]]\n"
+        "pool.submit(time.sleep, 0.2)\n"
+        "pool.submit(lambda: print('ran at exit', flush=True))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=TIMEOUT, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "ran at exit"

@@ -31,7 +31,8 @@ from contextlib import (
     contextmanager,
     nullcontext,
 )
-from typing import TYPE_CHECKING, Any, Final
+from functools import partial
+from typing import TYPE_CHECKING, Any, Final, Literal
 from warnings import warn
 
 from zarr.abc.codec import ArrayBytesCodecPartialDecodeMixin
@@ -43,16 +44,18 @@ from zarr.storage._obstore import _ALLOWED_EXCEPTIONS as _ABSENT
 from zarr_fused._chain import NativeChain
 from zarr_fused._cpus import resolve_max_workers
 from zarr_fused._items import MISSING, PRESENT, describe_key
-from zarr_fused._pool import get_pool, partition
+from zarr_fused._pool import ElasticPool, get_pool, partition
 from zarr_fused._scatter_py import fill_missing, scatter_chunk
 from zarr_fused.chunks.async_read import ObjectChunkReader
 from zarr_fused.chunks.merge import merge_and_encode
-from zarr_fused.config import ASYNC_CONCURRENCY_KEY
-from zarr_fused.errors import ZarrFusedError
+from zarr_fused.config import ASYNC_CONCURRENCY_KEY, shard_write_lock
+from zarr_fused.errors import WriteConflictError, ZarrFusedError
+from zarr_fused.io import object_cas
+from zarr_fused.io.object_cas import NOTHING, Outcome
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
-    from concurrent.futures import Future, ThreadPoolExecutor
+    from concurrent.futures import Future
 
     from zarr.abc.codec import GetResult
     from zarr.abc.store import ByteRequest
@@ -61,6 +64,10 @@ if TYPE_CHECKING:
     from zarr_fused._chain import Chain
     from zarr_fused._items import ReadItem, WriteItem
     from zarr_fused._plan import PipelinePlan
+
+    #: merges a write into the stored object: the new object, None to
+    #: delete it, `NOTHING` to leave it alone
+    type Merge = Callable[[Buffer | None], Awaitable[Buffer | None | Literal[Outcome.NOTHING]]]
 
 __all__ = ["DEFAULT_ASYNC_CONCURRENCY", "read_async", "request_limit", "write_async"]
 
@@ -150,7 +157,7 @@ class _Tracker:
 
     def __init__(self, workers: int) -> None:
         self.workers = workers
-        self.pool: ThreadPoolExecutor | None = get_pool(workers) if workers > 1 else None
+        self.pool: ElasticPool | None = get_pool(workers) if workers > 1 else None
         self.tasks: list[asyncio.Future[Any]] = []
         self.threads: list[Future[Any]] = []
 
@@ -206,6 +213,8 @@ class _Requests:
         self.limiter: AbstractAsyncContextManager[Any] = (
             nullcontext() if self.limit is None else asyncio.Semaphore(self.limit)
         )
+        #: partial updates are conditional writes (``codec_pipeline.shard_write_lock``)
+        self.protect = shard_write_lock()
 
     async def get(
         self, getter: Any, prototype: Any, byte_range: ByteRequest | None = None
@@ -244,6 +253,59 @@ class _Requests:
                     await setter.delete()
                 else:
                     await setter.set(value)
+
+    async def update(self, setter: Any, prototype: Any, merge: Merge) -> None:
+        """Read ``setter``'s object, ``merge`` it with this write's part and
+        store the result (delete the object when it is None; nothing when
+        `NOTHING`). With protection on and a store that takes conditional
+        writes, the store is conditional on the object being the one read,
+        and a conflict starts over from the read after a pause
+        (`zarr_fused.io.object_cas`); other stores get
+        `object_cas.unprotected` (strict mode's error, or one warning). A
+        slot is held for each request, none while merging."""
+        store = object_cas.conditional_store(setter)
+        what = f"a partial write of {describe_key(setter)}"
+        if store is None or not self.protect:
+            if self.protect:
+                object_cas.unprotected(setter, what)
+            merged = await merge(await self.get(setter, prototype))
+            if merged is not NOTHING:
+                await self.set(setter, merged)
+            return
+        backoff = object_cas.Backoff(describe_key(setter))
+        while True:
+            async with self.limiter:
+                with _naming(setter, "reading"):
+                    seen = await object_cas.get_versioned(store, setter.path)
+            existing = None if seen.data is None else prototype.buffer.from_bytes(seen.data)
+            if not seen.conditional:  # the server gave the object no ETag
+                object_cas.unprotected(setter, what + " (the object has no ETag)")
+            merged = await merge(existing)
+            if merged is NOTHING:
+                return
+            if not seen.conditional:
+                await self.set(setter, merged)
+                return
+            try:
+                await self._put_if_unchanged(store, setter, merged, seen)
+                return
+            except WriteConflictError as conflict:
+                await backoff.after(conflict)
+
+    async def _put_if_unchanged(
+        self, store: Any, setter: Any, value: Buffer | None, seen: object_cas.Versioned
+    ) -> None:
+        """`object_cas.put_if_unchanged` in a slot, the key named in errors;
+        a DELETE (``value`` None) is unconditional: obstore has none other."""
+        async with self.limiter:
+            await asyncio.sleep(0)  # as in `set`
+            with _naming(setter, "writing"):
+                if value is None:
+                    await setter.delete()
+                else:
+                    await object_cas.put_if_unchanged(
+                        store, setter.path, value.as_buffer_like(), seen
+                    )
 
 
 @asynccontextmanager
@@ -398,18 +460,20 @@ async def _write_chunks(
             return None
         return await transform.encode_chunk(merged, spec)
 
-    async def write_one(item: WriteItem) -> None:
-        setter, spec, _, _, is_complete = item
-        existing = None
-        if not is_complete:
-            existing = await requests.get(setter, spec.prototype)
+    async def encode(item: WriteItem, existing: Buffer | None) -> Buffer | None:
         if chain is not None:
-            encoded = await tracker.compute(
+            encoded: Buffer | None = await tracker.compute(
                 merge_and_encode, chain, existing, value, item, drop_axes
             )
+            return encoded
+        return await encode_async(item, existing)
+
+    async def write_one(item: WriteItem) -> None:
+        setter, spec, _, _, is_complete = item
+        if is_complete:
+            await requests.set(setter, await encode(item, None))
         else:
-            encoded = await encode_async(item, existing)
-        await requests.set(setter, encoded)
+            await requests.update(setter, spec.prototype, partial(encode, item))
 
     whole = [item for item in batch if item[4]] if chain is not None else []
     rest = [item for item in batch if not item[4]] if whole else batch

@@ -14,7 +14,17 @@ Semantics follow ``zarr.storage.LocalStore`` exactly:
 Parent directories are created by the caller (once per batch), not here.
 """
 
-from libc.errno cimport EINTR, EISDIR, ENOENT, ENOTDIR, errno
+from libc.errno cimport (
+    EEXIST,
+    EINTR,
+    EINVAL,
+    EISDIR,
+    ENOENT,
+    ENOSYS,
+    ENOTDIR,
+    EOPNOTSUPP,
+    errno,
+)
 from libc.stdio cimport snprintf
 from libc.stdlib cimport free, malloc, realloc
 from posix.fcntl cimport (
@@ -39,6 +49,49 @@ cnp.import_array()
 
 cdef extern from "stdio.h" nogil:
     int rename(const char* old, const char* new)
+
+# renameat2 (Linux 3.15) and sync_file_range where the kernel headers have
+# them; elsewhere both report ENOSYS and every write takes plain ``rename``.
+# renameat2 goes through syscall(2): glibc wraps it only from 2.28 on, and a
+# wheel built for an older glibc (manylinux2014) must still use it.
+cdef extern from *:
+    """
+    #include <errno.h>
+    #include <fcntl.h>
+    #include <stdio.h>
+    #if defined(__linux__)
+    #include <sys/syscall.h>
+    #include <unistd.h>
+    #endif
+    #if defined(__linux__) && defined(SYS_renameat2) && defined(SYNC_FILE_RANGE_WRITE)
+    #define ZF_RENAME_NOREPLACE (1U << 0)
+    #define ZF_RENAME_EXCHANGE (1U << 1)
+    static int zf_rename_flags(const char* old, const char* new, unsigned int flags) {
+        return (int)syscall(SYS_renameat2, AT_FDCWD, old, AT_FDCWD, new, flags);
+    }
+    static void zf_start_writeback(int fd) {
+        (void)sync_file_range(fd, 0, 0, SYNC_FILE_RANGE_WRITE);
+    }
+    #else
+    static int zf_rename_flags(const char* old, const char* new, unsigned int flags) {
+        (void)old; (void)new; (void)flags;
+        errno = ENOSYS;
+        return -1;
+    }
+    static void zf_start_writeback(int fd) { (void)fd; }
+    #define ZF_RENAME_NOREPLACE 1
+    #define ZF_RENAME_EXCHANGE 2
+    #endif
+    static int zf_replace_hint = 0;
+    static int zf_get_hint(void) { return __atomic_load_n(&zf_replace_hint, __ATOMIC_RELAXED); }
+    static void zf_set_hint(int h) { __atomic_store_n(&zf_replace_hint, h, __ATOMIC_RELAXED); }
+    """
+    int zf_rename_flags(const char* old, const char* new, unsigned int flags) nogil
+    void zf_start_writeback(int fd) nogil
+    int zf_get_hint() nogil
+    void zf_set_hint(int hint) nogil
+    unsigned int ZF_RENAME_NOREPLACE
+    unsigned int ZF_RENAME_EXCHANGE
 
 cdef extern from *:
     """
@@ -169,6 +222,62 @@ cdef FileStatus read_file(const char* path, unsigned char** buf, size_t* cap,
     return FILE_OK
 
 
+# How the last replacement found its target, which decides how the next one
+# is tried first (one hint for the process: a write mostly either creates
+# chunks or replaces them, and a wrong guess costs one failed system call).
+cdef enum ReplaceHint:
+    TARGET_NEW = 0  # rename with RENAME_NOREPLACE
+    TARGET_EXISTED = 1  # start the writeback, exchange, unlink the old file
+    PLAIN_RENAME = 2  # the kernel or filesystem has no renameat2 flags
+
+
+cdef inline bint _flags_unsupported(int e) noexcept nogil:
+    return e == EINVAL or e == ENOSYS or e == EOPNOTSUPP
+
+
+cdef int replace_target(const char* tmp, const char* path, int hint) noexcept nogil:
+    """Put the file ``tmp`` in the place of ``path`` atomically, as ``rename``
+    does: 0, or the error number (``tmp`` is then still there).
+
+    An existing target is exchanged with ``tmp`` and then unlinked, rather
+    than renamed over: a rename drops the old file inside the directory's
+    lock, and where its blocks were written back that means freeing them
+    there, and with online discard waiting for the device, while every
+    create and rename in that directory waits too; ``unlink`` frees them
+    after releasing the lock (docs/performance.md, overwrites after
+    writeback). The caller started the new file's writeback before (what
+    ext4 does in a rename over a file, ``auto_da_alloc``), so the order
+    data-then-name after a power loss is what a rename would give."""
+    cdef int e
+    if hint == TARGET_EXISTED:
+        if zf_rename_flags(tmp, path, ZF_RENAME_EXCHANGE) == 0:
+            if unlink(tmp) != 0 and errno == EISDIR:
+                # the target was a directory, which rename refuses: put it back
+                zf_rename_flags(tmp, path, ZF_RENAME_EXCHANGE)
+                return EISDIR
+            # any other failure to unlink leaves the old chunk under the
+            # temporary name (as a crash would); the new one is in place
+            return 0
+        e = errno
+        if e == ENOENT:
+            zf_set_hint(TARGET_NEW)
+        elif _flags_unsupported(e):
+            zf_set_hint(PLAIN_RENAME)
+        else:
+            return e
+    elif hint == TARGET_NEW:
+        if zf_rename_flags(tmp, path, ZF_RENAME_NOREPLACE) == 0:
+            return 0
+        e = errno
+        if e == EEXIST:
+            zf_set_hint(TARGET_EXISTED)
+        elif _flags_unsupported(e):
+            zf_set_hint(PLAIN_RENAME)
+        else:
+            return e
+    return errno if rename(tmp, path) != 0 else 0
+
+
 cdef FileStatus write_file_atomic(const char* path, const unsigned char* data, Py_ssize_t n,
                                   int* err) noexcept nogil:
     """Write ``data`` to a temporary file, then rename it over ``path``."""
@@ -184,7 +293,7 @@ cdef FileStatus write_parts_atomic(const char* path, const unsigned char** parts
     whole new one, never a part."""
     cdef char tmp[4096 + TMP_SUFFIX_MAX]
     cdef iovec iov[GROUP_MAX]
-    cdef int fd, cnt
+    cdef int fd, cnt, hint
     cdef Py_ssize_t i = 0, k, off = 0, put
     cdef int rc = snprintf(tmp, sizeof(tmp), "%s.%llx-%x-%llx.partial", path, _salt,
                            _pid, zf_next_tmp_id())
@@ -225,15 +334,35 @@ cdef FileStatus write_parts_atomic(const char* path, const unsigned char** parts
             off = 0
         if i < n:
             off += put
+    hint = zf_get_hint()
+    if hint == TARGET_EXISTED:
+        zf_start_writeback(fd)
     if close(fd) != 0:
         err[0] = errno
         unlink(tmp)
         return FILE_ERROR
-    if rename(tmp, path) != 0:
-        err[0] = errno
+    rc = replace_target(tmp, path, hint)
+    if rc != 0:
+        err[0] = rc
         unlink(tmp)
         return FILE_ERROR
     return FILE_OK
+
+
+_REPLACE_MODES = {"new": TARGET_NEW, "existed": TARGET_EXISTED, "rename": PLAIN_RENAME}
+
+
+def replace_mode(mode=None):
+    """How the next write first tries to replace its target: ``"new"``
+    (rename without replacing), ``"existed"`` (exchange, then unlink the
+    old file) or ``"rename"`` (plain rename, kept once chosen: the kernel
+    or filesystem refused the flags). With ``mode``, set it first (tests
+    and benchmarks compare the ways); returns the mode before."""
+    names = {v: k for k, v in _REPLACE_MODES.items()}
+    before = names[zf_get_hint()]
+    if mode is not None:
+        zf_set_hint(_REPLACE_MODES[mode])
+    return before
 
 
 def read_whole(path):

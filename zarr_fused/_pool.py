@@ -3,10 +3,12 @@ fork safety.
 
 Every parallel loop runs through `run_parallel`; how many threads it gets
 is decided by `zarr_fused._cpus.resolve_max_workers`. The pool is
-module-global, grows on demand and never shrinks: a pool is never shut down
-while another thread may still submit to it (``shutdown`` would make that
-submit raise); a replaced pool finishes its work and is collected once
-unreferenced.
+module-global and an `ElasticPool`: its size (the most threads it runs at
+once) grows in place when a loop asks for more, and its threads start on
+demand; threads beyond the CPUs the process may run on retire once idle for
+`IDLE_SECONDS`, so one write with ``max_workers=256`` does not leave 255
+threads parked for the life of the process. The IO threads
+(`zarr_fused.io.engine.io_threads`) are an `ElasticPool` too.
 
 Fork: executor threads do not survive ``fork()``; a child inheriting the
 parent's pool object would queue work that no thread ever runs, and it may
@@ -19,17 +21,22 @@ the same reason: its runtime is not fork-safe.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextvars
 import itertools
 import os
 import threading
+import time
+import weakref
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
 __all__ = [
+    "IDLE_SECONDS",
+    "ElasticPool",
     "get_pool",
     "in_worker_thread",
     "off_loop",
@@ -38,13 +45,168 @@ __all__ = [
     "run_parallel",
 ]
 
-_pool: ThreadPoolExecutor | None = None
+_pool: ElasticPool | None = None
 _pool_size = 0
 _pool_pid = os.getpid()
 _pool_lock = threading.Lock()
 # Set in pool worker threads, so a parallel loop started from inside another
 # one runs inline instead of waiting on the pool it occupies (deadlock).
 _local = threading.local()
+
+
+# -- a pool whose idle threads retire -----------------------------------------------
+
+#: Seconds a thread beyond its pool's ``keep`` waits for work before it
+#: exits. Long enough that the threads of a loop that runs batch after
+#: batch (a read per time step) survive the gaps between them, short enough
+#: that a single burst of a high setting does not leave its threads behind
+#: for the life of the process. `ElasticPool.set_idle` changes it per pool.
+IDLE_SECONDS: Final = 5.0
+
+
+class ElasticPool:
+    """Threads that run submitted calls: at most ``size`` at once, started
+    on demand; those beyond ``keep`` exit after ``idle`` seconds without
+    work.
+
+    The `concurrent.futures.Executor` subset zarr_fused uses: `submit`
+    returns a `concurrent.futures.Future` (``cancel`` works until a thread
+    takes the call). `ThreadPoolExecutor` never ends an idle thread, hence
+    this class.
+
+    Why no work is lost when a thread retires: a thread decides to exit
+    only under the pool's lock, with the queue empty, and stops counting as
+    a thread before it releases the lock; a `submit` under the same lock
+    either finds a waiting thread for its call (then one is woken, and a
+    woken thread always looks at the queue before it may retire) or starts
+    a new thread while fewer than ``size`` run. At interpreter exit the
+    waiting threads are woken and leave once the queue is drained, so the
+    exit neither waits for the idle period nor drops queued work.
+    """
+
+    def __init__(
+        self,
+        size: int,
+        *,
+        keep: int,
+        name: str,
+        initializer: Callable[[], None] | None = None,
+    ) -> None:
+        self.size = size
+        self.keep = keep
+        self.idle = IDLE_SECONDS
+        self._name = name
+        self._initializer = initializer
+        self._work: collections.deque[tuple[Future[Any], Callable[..., Any], tuple[Any, ...]]] = (
+            collections.deque()
+        )
+        self._cond = threading.Condition(threading.Lock())
+        self._threads = 0  # started and not yet exited
+        self._waiting = 0  # of those, waiting for work
+        self._closed = False
+        self._count = itertools.count()
+        _live_pools.add(self)
+
+    @property
+    def threads(self) -> int:
+        """Threads running now (busy or waiting for work)."""
+        with self._cond:
+            return self._threads
+
+    def grow(self, size: int) -> None:
+        """Let up to ``size`` threads run at once (never lowers the size)."""
+        with self._cond:
+            self.size = max(self.size, size)
+
+    def set_idle(self, seconds: float) -> None:
+        """Retire threads beyond ``keep`` after ``seconds`` idle (waiting
+        threads apply it at once; a seam for tests, too)."""
+        with self._cond:
+            self.idle = seconds
+            self._cond.notify_all()
+
+    def submit[R](self, fn: Callable[..., R], /, *args: Any) -> Future[R]:
+        """Run ``fn(*args)`` on a thread of the pool."""
+        future: Future[R] = Future()
+        with self._cond:
+            if self._closed:
+                raise RuntimeError("cannot submit to a pool after interpreter shutdown")
+            self._work.append((future, fn, args))
+            start = self._waiting < len(self._work) and self._threads < self.size
+            if start:
+                self._threads += 1
+            else:
+                self._cond.notify()
+        if start:
+            self._start()
+        return future
+
+    def _start(self) -> None:
+        try:
+            name = f"{self._name}_{next(self._count)}"
+            # not a daemon: the interpreter's exit waits for a call in progress
+            threading.Thread(target=self._run, name=name).start()
+        except BaseException:
+            with self._cond:
+                self._threads -= 1
+            raise
+
+    def _next(self) -> tuple[Future[Any], Callable[..., Any], tuple[Any, ...]] | None:
+        """The next call to run; None when this thread is to exit."""
+        with self._cond:
+            since = time.monotonic()
+            while not self._work:
+                left = since + self.idle - time.monotonic()
+                if self._closed or (left <= 0 and self._threads > self.keep):
+                    self._threads -= 1
+                    return None
+                self._waiting += 1
+                try:
+                    self._cond.wait(left if self._threads > self.keep else None)
+                finally:
+                    self._waiting -= 1
+            return self._work.popleft()
+
+    def _run(self) -> None:
+        if self._initializer is not None:
+            self._initializer()
+        while (job := self._next()) is not None:
+            future, fn, args = job
+            del job  # nothing of a finished call stays referenced while waiting
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(fn(*args))
+                except BaseException as exc:
+                    future.set_exception(exc)
+            del future, fn, args
+
+    def close(self) -> None:
+        """Let the threads exit once the queue is drained (at interpreter exit)."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+
+_live_pools: Final[weakref.WeakSet[ElasticPool]] = weakref.WeakSet()
+
+
+def _close_pools() -> None:
+    for pool in list(_live_pools):
+        pool.close()
+
+
+def _forget_pools() -> None:
+    # a forked child has none of the parent's threads, and a pool's lock
+    # may have been held by one of them at the fork: never touch it again
+    _live_pools.clear()
+
+
+# run before the interpreter joins its threads at exit, as concurrent.futures
+# does (an `atexit` hook would run only after that join, which waits for
+# threads parked on their condition forever)
+threading._register_atexit(_close_pools)  # type: ignore[attr-defined]
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pools)
 
 
 # -- the pool ---------------------------------------------------------------------
@@ -54,8 +216,18 @@ def _mark_worker() -> None:
     _local.in_worker = True
 
 
-def get_pool(threads: int) -> ThreadPoolExecutor:
-    """The shared pool, grown to at least ``threads`` threads (>= 1)."""
+def _cpus_here() -> int:
+    """The CPUs this process may run on (its affinity mask): the compute
+    threads kept when idle, at least as many as the default ``max_workers``
+    asks for (`zarr_fused._cpus` caps it further by a cgroup quota)."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return os.cpu_count() or 1
+
+
+def get_pool(threads: int) -> ElasticPool:
+    """The shared pool, grown to at least ``threads`` threads (>= 1); those
+    beyond `_cpus_here` retire when idle (`ElasticPool`)."""
     global _pool, _pool_size
     if threads < 1:
         raise ValueError(f"threads must be >= 1, got {threads}")
@@ -64,13 +236,15 @@ def get_pool(threads: int) -> ThreadPoolExecutor:
     pool = _pool
     if pool is None or _pool_size < threads:
         with _pool_lock:
-            if _pool is None or _pool_size < threads:
-                _pool = ThreadPoolExecutor(
-                    max_workers=threads,
-                    thread_name_prefix="zarr_fused",
+            if _pool is None:
+                _pool = ElasticPool(
+                    threads,
+                    keep=_cpus_here(),
+                    name="zarr_fused",
                     initializer=_mark_worker,
                 )
-                _pool_size = threads
+            _pool.grow(threads)
+            _pool_size = _pool.size
             pool = _pool
     return pool
 

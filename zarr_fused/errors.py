@@ -7,6 +7,8 @@ the errors zarr itself raises for bad data keep working.
 
 from __future__ import annotations
 
+from zarr.errors import ZarrUserWarning
+
 __all__ = [
     "ChecksumError",
     "ChunkSizeError",
@@ -14,7 +16,9 @@ __all__ = [
     "CorruptShardError",
     "DecompressionError",
     "NativeExtensionError",
+    "UnprotectedWriteWarning",
     "UnsupportedError",
+    "WriteConflictError",
     "ZarrFusedError",
     "ZarrFusedWarning",
 ]
@@ -31,6 +35,13 @@ class UnsupportedError(ZarrFusedError):
     back to zarr's own code for that chunk chain and logs the reason at debug
     level on the ``zarr_fused`` logger.
     """
+
+
+class WriteConflictError(ZarrFusedError, OSError):
+    """A conditional write (``If-Match`` / ``If-None-Match``) found the
+    stored object replaced by another writer since it was read. The
+    read-modify-write retries on its own; this reaches the caller only when
+    every attempt allowed was pre-empted. The message names the store key."""
 
 
 class NativeExtensionError(ZarrFusedError, ImportError):
@@ -74,3 +85,10 @@ class CorruptShardError(CorruptChunkError):
 class ZarrFusedWarning(UserWarning):
     """Something about this installation degrades zarr_fused (for example, the
     compiled extensions are missing and the pure-Python path is in use)."""
+
+
+class UnprotectedWriteWarning(ZarrUserWarning):
+    """A write that updates part of a shard or chunk runs unprotected
+    against concurrent writers: the store cannot make it conditional and
+    ``codec_pipeline.shard_write_lock`` is on. Given once per process; a
+    `zarr.errors.ZarrUserWarning`, so filters on zarr's warnings apply."""

@@ -37,6 +37,7 @@ from zarr_fused._plan import PipelinePlan, build_plan
 from zarr_fused._pool import off_loop
 from zarr_fused.config import strict_mode
 from zarr_fused.errors import NativeExtensionError, ZarrFusedWarning
+from zarr_fused.io.full import write_with_fewer_in_flight
 from zarr_fused.io.stores import with_local_files
 
 if TYPE_CHECKING:
@@ -243,8 +244,12 @@ class FusedCodecPipeline(_zarr_pipeline.FusedCodecPipeline):
         if not batch:
             return
         plan = self._sync_plan("write")
-        assert plan.writer is not None
-        plan.writer.write(batch, value, drop_axes, max_workers)
+        writer = plan.writer
+        assert writer is not None
+        # on a full disk, again with fewer files in flight (zarr_fused.io.full)
+        write_with_fewer_in_flight(
+            lambda workers: writer.write(batch, value, drop_axes, workers), max_workers
+        )
 
     # -- asynchronous read / write (what zarr calls) ----------------------------------
 

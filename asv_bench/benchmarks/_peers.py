@@ -292,6 +292,20 @@ class Writer:
             store = store_for(self.store_kind, self.path)
             arr = self.layout.create(store)
         self.store = store
+        self._open(arr)
+
+    def reopen(self) -> None:
+        """A new handle on the array written before (untimed), whose chunks
+        the next write replaces; then ``os.sync()``, so the old chunks are
+        on disk, not dirty in the page cache (local stores only)."""
+        with pipeline("zarr-batched"):
+            self.store = store_for(self.store_kind, self.path)
+            arr = zarr.open_array(self.store, mode="r")
+        self._open(arr)
+        os.sync()
+
+    def _open(self, arr: zarr.Array) -> None:
+        store = self.store
         if self.peer == "tensorstore":
             import tensorstore as ts
 

@@ -249,6 +249,9 @@ class Request:
     received: int  # response body bytes the client got
     status: int
     fault: str | None = None
+    #: the precondition a PUT carried (``If-Match: <etag>`` or
+    #: ``If-None-Match: *``), where the server records it (the static server)
+    condition: str | None = None
 
 
 @dataclass
@@ -879,10 +882,37 @@ def _exit_with_stdin() -> None:
     threading.Thread(target=watch, daemon=True).start()
 
 
+def _atomic_conditional_puts() -> None:
+    """Make moto's conditional PutObject atomic, as S3's is.
+
+    moto checks ``If-Match`` / ``If-None-Match`` against the stored object
+    and then stores the new one, on its server's threads, with nothing to
+    stop another PUT between the two: two writers holding the same ETag can
+    both pass the check, and the one stored first is lost (seen once in
+    640 inner chunks by tests/test_object_cas.py's spawned writers). S3
+    checks and stores at once. One lock around moto's PutObject handler
+    gives moto S3's answer; moto serves one request at a time under its
+    GIL anyway."""
+    import functools
+
+    from moto.s3.responses import S3Response
+
+    put = S3Response.put_object
+    lock = threading.Lock()
+
+    @functools.wraps(put)
+    def locked(self: Any) -> Any:
+        with lock:
+            return put(self)
+
+    S3Response.put_object = locked  # type: ignore[method-assign]
+
+
 if __name__ == "__main__" and sys.argv[1:2] == ["proxy"]:
     serve_until_stdin_closes(_ProxyServer(sys.argv[2], float(sys.argv[3])))
 elif __name__ == "__main__" and sys.argv[1:2] == ["moto"]:
     _exit_with_stdin()
+    _atomic_conditional_puts()
     from moto.server import main as moto_main
 
     moto_main(["-H", HOST, "-p", sys.argv[2]])

@@ -18,7 +18,10 @@ directory laid out as ``<root>/<bucket>/<key>``:
 - with ``writable=True``, PUT of a whole object (written to a temporary
   file in the key's directory, then renamed over the key, so a GET never
   sees half an object; a ``Content-MD5`` or ``x-amz-checksum-crc32`` header
-  is checked; the response carries the object's ``ETag``), DELETE (204
+  is checked; the response carries the object's ``ETag``; ``If-Match:
+  <etag>`` and ``If-None-Match: *`` are honoured as S3 honours them: 412
+  PreconditionFailed when the object is not that version, or exists;
+  a conditional PUT is recorded with its condition), DELETE (204
   whether the key existed or not, as S3; DeleteObjects too, which obstore
   sends for a single key) and ListObjectsV2 (one page, for
   zarr's ``list_prefix``/``delete_dir``); without it these answer 405;
@@ -161,6 +164,14 @@ def _bad_digest(headers: dict[str, str], body: bytes) -> str | None:
     return None
 
 
+def _condition(headers: dict[str, str]) -> str | None:
+    """The precondition a request carries, as the client sent it."""
+    for name in ("if-match", "if-none-match"):
+        if name in headers:
+            return f"{name}: {headers[name]}"
+    return None
+
+
 async def _read_body(reader: asyncio.StreamReader, writer: Any, headers: dict[str, str]) -> bytes:
     """The request body: ``Content-Length`` bytes, after a ``100 Continue``
     when the client waits for one; a chunked body is refused (no client of
@@ -245,7 +256,10 @@ class _StaticServer:
                 kind, answer = method, self._answer(method, bucket, key, headers.get("range"))
             status, out, payload = answer
             sent = 0 if method == "HEAD" else len(payload)
-            self.stats.add(Request(kind, key, headers.get("range"), len(body), sent, status))
+            condition = _condition(headers) if method == "PUT" else None
+            self.stats.add(
+                Request(kind, key, headers.get("range"), len(body), sent, status, None, condition)
+            )
             self._respond(writer, status, out, payload, head=method == "HEAD")
             await writer.drain()
         finally:
@@ -275,7 +289,20 @@ class _StaticServer:
         bad = _bad_digest(headers, body)
         if bad is not None:
             return _error(400, "BadDigest", f"{bad} does not match the body", key)
+        if not self._precondition_holds(bucket, key, headers):
+            return _error(412, "PreconditionFailed", "a precondition does not hold", key)
         return 200, {"ETag": self._store(path, body)}, b""
+
+    def _precondition_holds(self, bucket: str, key: str, headers: dict[str, str]) -> bool:
+        """``If-None-Match: *``: no object at the key; ``If-Match``: the
+        object there has that ETag. The check and the store that follows run
+        on the server's one loop with no ``await`` between them, so no other
+        PUT can come between."""
+        entry = self._object(bucket, key)
+        if headers.get("if-none-match", "").strip() == "*" and entry is not None:
+            return False
+        wanted = headers.get("if-match")
+        return wanted is None or (entry is not None and entry[3] == wanted.strip())
 
     def _delete_objects(self, bucket: str, headers: dict[str, str], body: bytes) -> Answer:
         """DeleteObjects (``POST ?delete``): obstore deletes even one key so.

@@ -37,13 +37,14 @@ from zarr_fused._items import MISSING, PRESENT
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Iterator, Sequence
-    from concurrent.futures import Future, ThreadPoolExecutor
+    from concurrent.futures import Future
 
     from zarr.abc.codec import GetResult
     from zarr.core.buffer import NDBuffer
 
     from zarr_fused._chain import NativeChain
     from zarr_fused._items import ReadItem
+    from zarr_fused._pool import ElasticPool
 
 __all__ = ["MAX_GROUP", "MAX_GROUP_BYTES", "ObjectChunkReader", "group_target"]
 
@@ -81,7 +82,7 @@ class Requests(Protocol):
 class Tracker(Protocol):
     """What the batch started, to cancel and await on failure."""
 
-    pool: ThreadPoolExecutor | None
+    pool: ElasticPool | None
     workers: int
     threads: list[Future[Any]]
 

@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from zarr_fused._items import ReadItem
     from zarr_fused.chunks.read import NativeChunkReader
 
-__all__ = ["PipelinedChunkReader", "group_size"]
+__all__ = ["PipelinedChunkReader", "group_size", "per_file_latency"]
 
 #: most chunk files one IO request reads (one after another, in one IO thread)
 MAX_GROUP = 16
@@ -86,6 +86,11 @@ class _Fetched:
 #: a chunk file that answers faster than this (seconds) is in the page cache
 #: or on a fast local disk: the compute threads read it themselves
 FAST_FILE = 50e-6
+#: stored bytes per file that count as one more `FAST_FILE` in a pipelined
+#: read's time per file: a file served from the page cache still costs a
+#: copy of its bytes (some 50 us per 256 KiB here), so large chunk files
+#: (an uncompressed 64^3 chunk is 512 KiB) must not look slow for their size
+FILE_BYTES = 256 << 10
 #: a direct read whose fastest group took longer than this per file
 #: (decoding included) goes back to the IO threads at once
 SLOW_DIRECT = 2 * FAST_FILE
@@ -110,13 +115,21 @@ TOOK_DECAY = 0.9
 PROBE_READS = 4
 
 
+def per_file_latency(seconds: float, files: int, stored: int) -> float:
+    """Seconds per file of a group of ``files`` files holding ``stored``
+    bytes, each `FILE_BYTES` of a file counting as one more file (what is
+    compared with `FAST_FILE`)."""
+    return seconds / files / (1 + stored / files / FILE_BYTES)
+
+
 class PipelinedChunkReader:
     """Whole-chunk reads of LocalStore chunk files, IO apart from decoding.
 
     Which threads read the files follows how fast they answer. Handing
     each group of files from an IO thread to a compute thread costs thread
     wake-ups, which a file served from the page cache in a few microseconds
-    does not repay: while files answer within `FAST_FILE`, the compute
+    does not repay: while files answer within `FAST_FILE` (and as much
+    again per `FILE_BYTES` they hold), the compute
     threads read them inside their decode calls (`NativeChunkReader`).
     Slower files (a network filesystem, a cold cache) go to the IO threads.
     The first read of a plan is pipelined, and so are the reads of the next
@@ -280,7 +293,8 @@ class _PipelinedRead:
             self.paths[group.start : group.stop], arena, offsets, caps, lengths, state.stop_flag
         )
         if done:
-            per_file = (time.perf_counter() - start) / done
+            stored = int(lengths[:done].clip(min=0).sum())
+            per_file = per_file_latency(time.perf_counter() - start, done, stored)
             with self.lock:
                 self.fastest = min(self.fastest, per_file)
         oversize: dict[int, bytes] = {}

@@ -61,18 +61,22 @@ all its stores ran, so writes and deletes of one key stay in order.
 
 Threads: the IO threads are one process-wide pool (all reads of a process
 share ``io_concurrency`` requests in flight), created on first use, grown
-when the setting grows, and reset in a forked child (executor threads do not
-survive ``fork``), like the compute pool in `zarr_fused._pool`.
+when the setting grows, and reset in a forked child (pool threads do not
+survive ``fork``), like the compute pool in `zarr_fused._pool`. Threads
+start on demand, and those beyond `DEFAULT_IO_CONCURRENCY` exit after
+`zarr_fused._pool.IDLE_SECONDS` without work.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import operator
 import os
 import queue
 import threading
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, wait
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, Self
 from warnings import warn
@@ -80,11 +84,11 @@ from warnings import warn
 from zarr.core.config import config as zarr_config
 from zarr.errors import ZarrUserWarning
 
-from zarr_fused._pool import get_pool, in_worker_thread
+from zarr_fused._pool import ElasticPool, get_pool, in_worker_thread
 from zarr_fused.config import IO_CONCURRENCY_KEY
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import Callable, Iterator, Sequence
 
 __all__ = [
     "BYTES_IN_FLIGHT",
@@ -95,6 +99,7 @@ __all__ = [
     "Batch",
     "Parcel",
     "Writes",
+    "io_concurrency_at_most",
     "io_threads",
     "resolve_io_concurrency",
     "run_pipelined",
@@ -124,6 +129,26 @@ IO_CONCURRENCY_CAP: Final = 1024
 BYTES_IN_FLIGHT: Final = 64 << 20
 
 
+#: a cap on `resolve_io_concurrency` in the current context (`io_concurrency_at_most`)
+_io_cap: contextvars.ContextVar[int | None] = contextvars.ContextVar(
+    "zarr_fused_io_cap", default=None
+)
+
+
+@contextlib.contextmanager
+def io_concurrency_at_most(cap: int) -> Iterator[None]:
+    """Within the block, `resolve_io_concurrency` in this context returns at
+    most ``cap`` (a write retried with fewer files in flight after the disk
+    filled up: ``1`` leaves the compute threads to write their own files).
+    A context variable, not the configuration: other threads' reads and
+    writes keep their setting."""
+    token = _io_cap.set(cap)
+    try:
+        yield
+    finally:
+        _io_cap.reset(token)
+
+
 def resolve_io_concurrency() -> int:
     """IO requests in flight, from ``codec_pipeline.io_concurrency``.
 
@@ -132,7 +157,14 @@ def resolve_io_concurrency() -> int:
     layer existed. Like ``max_workers``, never raises: an invalid value (not
     an integer, or < 1) warns with `zarr.errors.ZarrUserWarning` and uses
     the default; values above `IO_CONCURRENCY_CAP` warn and are clamped.
+    Inside `io_concurrency_at_most`, at most its cap.
     """
+    cap = _io_cap.get()
+    resolved = _resolve_io_setting()
+    return resolved if cap is None else max(1, min(cap, resolved))
+
+
+def _resolve_io_setting() -> int:
     value = zarr_config.get(IO_CONCURRENCY_KEY, default=None)
     if value is None:
         return DEFAULT_IO_CONCURRENCY
@@ -152,7 +184,7 @@ def resolve_io_concurrency() -> int:
             f"Ignoring invalid `{IO_CONCURRENCY_KEY}` config value {value!r} (expected an "
             f"integer >= 1 or None); using {DEFAULT_IO_CONCURRENCY}.",
             category=ZarrUserWarning,
-            stacklevel=2,
+            stacklevel=3,
         )
         return DEFAULT_IO_CONCURRENCY
     if parsed > IO_CONCURRENCY_CAP:
@@ -160,7 +192,7 @@ def resolve_io_concurrency() -> int:
             f"`{IO_CONCURRENCY_KEY}` = {parsed} is above the cap of {IO_CONCURRENCY_CAP}; "
             f"using {IO_CONCURRENCY_CAP}.",
             category=ZarrUserWarning,
-            stacklevel=2,
+            stacklevel=3,
         )
         return IO_CONCURRENCY_CAP
     return parsed
@@ -168,17 +200,19 @@ def resolve_io_concurrency() -> int:
 
 # -- the IO threads -------------------------------------------------------------------
 
-_io_pool: ThreadPoolExecutor | None = None
+_io_pool: ElasticPool | None = None
 _io_size = 0
 _io_pid = os.getpid()
 _io_lock = threading.Lock()
 
 
-def io_threads(threads: int) -> ThreadPoolExecutor:
+def io_threads(threads: int) -> ElasticPool:
     """The process's IO pool, grown to at least ``threads`` threads.
 
-    A replaced pool is not shut down (another batch may still submit to
-    it); it finishes its queue and its threads exit once it is unreferenced.
+    The pool grows in place and starts its threads on demand; threads
+    beyond `DEFAULT_IO_CONCURRENCY` exit after `zarr_fused._pool.IDLE_SECONDS`
+    without work (`zarr_fused._pool.ElasticPool`), so a burst at
+    ``io_concurrency=1024`` does not leave a thousand threads behind.
     """
     global _io_pool, _io_size
     if _io_pid != os.getpid():
@@ -186,11 +220,12 @@ def io_threads(threads: int) -> ThreadPoolExecutor:
     pool = _io_pool
     if pool is None or _io_size < threads:
         with _io_lock:
-            if _io_pool is None or _io_size < threads:
-                _io_pool = ThreadPoolExecutor(
-                    max_workers=threads, thread_name_prefix="zarr_fused-fileio"
+            if _io_pool is None:
+                _io_pool = ElasticPool(
+                    threads, keep=DEFAULT_IO_CONCURRENCY, name="zarr_fused-fileio"
                 )
-                _io_size = threads
+            _io_pool.grow(threads)
+            _io_size = _io_pool.size
             pool = _io_pool
     return pool
 
@@ -226,7 +261,7 @@ class Batch[R, F]:
     costs: Sequence[int]
     fetch: Callable[[R, Batch[R, F]], F]
     consume: Callable[[R, F], None]
-    pool: ThreadPoolExecutor
+    pool: ElasticPool
     max_admitted: int
     budget: int
     workers: int

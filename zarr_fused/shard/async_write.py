@@ -17,6 +17,12 @@ Each shard of a batch runs on its own, all shards at once:
    shard (atomic on S3, so a failure leaves the old object), or one DELETE
    when no inner chunk is left, as zarr does.
 
+A shard that was read (step 1) is stored by a conditional PUT where the
+store takes one (``codec_pipeline.shard_write_lock``, on by default): if
+another writer replaced the shard in between, steps 1-3 run again on what
+it stored, after a pause (`zarr_fused.io.object_cas`); the batch's
+``update`` request runs that loop.
+
 Stored bytes are the local writer's, byte-identical to zarr's sharding
 codec. Every request shares the batch's limiter (``async.concurrency``) and
 names its key in errors (`zarr_fused._async_path`). Selections the shard
@@ -28,21 +34,24 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from typing import TYPE_CHECKING, Any, Protocol, cast
+from functools import partial
+from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
 
 from zarr_fused._cpus import resolve_max_workers
 from zarr_fused._native import shard_kernels
 from zarr_fused._pool import partition
+from zarr_fused.io.object_cas import NOTHING
 from zarr_fused.shard.index import stored_payloads, whole_shard
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Awaitable, Callable, Sequence
 
     import numpy as np
     from zarr.core.array_spec import ArraySpec
     from zarr.core.buffer import Buffer, NDBuffer
 
     from zarr_fused._items import WriteItem
+    from zarr_fused.io.object_cas import Outcome
     from zarr_fused.shard.async_read import Tracker
     from zarr_fused.shard.write import ShardWriter, _ShardJob, _Write
 
@@ -52,9 +61,14 @@ __all__ = ["AsyncShardWriter"]
 class Requests(Protocol):
     """The store requests of one batch (see `zarr_fused._async_path`)."""
 
-    async def get(self, getter: Any, prototype: Any) -> Buffer | None: ...
-
     async def set(self, setter: Any, value: Buffer | None) -> None: ...
+
+    async def update(
+        self,
+        setter: Any,
+        prototype: Any,
+        merge: Callable[[Buffer | None], Awaitable[Buffer | None | Literal[Outcome.NOTHING]]],
+    ) -> None: ...
 
 
 class AsyncShardWriter:
@@ -129,25 +143,35 @@ class _AsyncWrite:
         self._lock = threading.Lock()
 
     async def shard(self, item: WriteItem, plan: Any) -> None:
-        """Fetch what the shard keeps (if anything), encode and assemble it,
-        then upload it (or delete it when nothing is left)."""
+        """Encode and assemble the shard, then upload it (or delete it when
+        nothing is left): straight away when the write covers it whole,
+        else merged with the stored shard in the batch's ``update``."""
         setter, spec, _, _, _ = item
-        raw = None
         if not self.writer.covers(plan):
-            raw = await self.requests.get(setter, spec.prototype)
+            await self.requests.update(setter, spec.prototype, partial(self.merge, item, plan))
+            return
+        blob = await self.merge(item, plan, None)
+        if blob is not NOTHING:
+            await self.requests.set(setter, blob)
+
+    async def merge(
+        self, item: WriteItem, plan: Any, raw: Buffer | None
+    ) -> Buffer | None | Literal[Outcome.NOTHING]:
+        """The new shard from the stored one (``raw``): None when no inner
+        chunk is left, `NOTHING` when the value does not fit (the item then
+        goes to zarr's code)."""
+        prototype = item[1].prototype
         if self.spread > 1:
             state = await self.tracker.compute(self.start, item, plan, raw)
             if state is None:
-                return
+                return NOTHING
             blob = await self.encode_spread(state)
         else:
             outcome = await self.tracker.compute(self.encode, item, plan, raw)
             if outcome is False:
-                return
+                return NOTHING
             blob = outcome
-        await self.requests.set(
-            setter, None if blob is None else spec.prototype.buffer.from_array_like(blob)
-        )
+        return None if blob is None else prototype.buffer.from_array_like(blob)
 
     def start(self, item: WriteItem, plan: Any, raw: Buffer | None) -> _ShardJob | None:
         """Check the stored shard's index and queue the new inner chunks'
