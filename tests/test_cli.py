@@ -168,6 +168,7 @@ def test_info_fields() -> None:
     assert f"default threads: {cpus} ({why})" in out
     assert "codec_pipeline.max_workers: None" in out
     assert "codec_pipeline.strict: False -> off" in out
+    assert "codec_pipeline.shard_write_lock: True -> on" in out
     assert res.stderr == ""
 
 
@@ -183,6 +184,17 @@ def test_info_fields() -> None:
             {"codec_pipeline.max_workers": "abc"}, "Ignoring invalid", id="max_workers-bad"
         ),
         pytest.param({"codec_pipeline.strict": True}, "strict: True -> on", id="strict-on"),
+        pytest.param(
+            {"codec_pipeline.shard_write_lock": False},
+            "shard_write_lock: False -> off (no hold",
+            id="shard_write_lock-off",
+        ),
+        pytest.param(
+            {"codec_pipeline.shard_write_lock": "maybe"},
+            "shard_write_lock: 'maybe' -> on (partial shard updates held across threads and "
+            "processes) [Ignoring invalid",
+            id="shard_write_lock-bad",
+        ),
         pytest.param(
             {"codec_pipeline.path": "zarr_fused.FusedCodecPipeline"},
             "(zarr_fused is selected)",

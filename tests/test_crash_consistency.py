@@ -37,6 +37,8 @@ from shims import build_faultfs, child_env, communicate
 from zarr.codecs import ZstdCodec
 from zarr.storage import LocalStore
 
+from zarr_fused.io.shard_lock import LOCK_FILE
+
 from helpers import BATCHED, FUSED, with_pipeline
 
 TIMEOUT = 60.0
@@ -178,11 +180,12 @@ def generations_by_key(
 
 def stray_files(root: Path, layout: str) -> tuple[list[str], list[str]]:
     """The temporary files left in the store, and any other file that is
-    neither metadata nor a key of the layout."""
+    neither metadata nor a key of the layout (nor the lock file of partial
+    shard updates, kept by design: zarr_fused.io.shard_lock)."""
     keys = grid_keys(layout)
     temporaries, unknown = [], []
     for path in root.rglob("*"):
-        if path.is_dir():
+        if path.is_dir() or path.name == LOCK_FILE:
             continue
         name = path.relative_to(root).as_posix()
         if name == "zarr.json" or name in keys:

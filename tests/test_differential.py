@@ -47,6 +47,7 @@ from zarr.core.buffer import default_buffer_prototype
 from zarr.storage import LocalStore, MemoryStore
 
 from zarr_fused._identity import byte_identical
+from zarr_fused.io.shard_lock import LOCK_FILE
 
 from helpers import BATCHED, FUSED, METADATA_KEYS, with_pipeline
 from helpers.differential import (
@@ -223,11 +224,15 @@ def assert_same_values(actual: Any, expected: Any, where: str, *, exact_dtype: b
 
 
 def stored_items(store: Any) -> dict[str, bytes]:
-    """Every key of ``store`` (metadata included) and its bytes."""
+    """Every key of ``store`` (metadata included) and its bytes, but the
+    lock files of partial shard updates (empty, no key of zarr's; see
+    `zarr_fused.io.shard_lock`)."""
 
     async def collect() -> dict[str, bytes]:
         out = {}
         async for key in store.list():
+            if key.rsplit("/", 1)[-1] == LOCK_FILE:
+                continue
             buf = await store.get(key, prototype=default_buffer_prototype())
             assert buf is not None, key
             out[key] = buf.to_bytes()

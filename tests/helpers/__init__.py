@@ -24,6 +24,8 @@ from zarr.core.buffer import default_buffer_prototype
 from zarr.core.dtype import get_data_type_from_native_dtype
 from zarr.storage import LocalStore, MemoryStore, WrapperStore, ZipStore
 
+from zarr_fused.io.shard_lock import LOCK_FILE
+
 FUSED = "zarr_fused.FusedCodecPipeline"
 BATCHED = "zarr.core.codec_pipeline.BatchedCodecPipeline"
 ZARR_FUSED = "zarr.core.codec_pipeline.FusedCodecPipeline"
@@ -72,7 +74,10 @@ def chunk_items(store: Store) -> dict[str, bytes]:
     async def collect() -> dict[str, bytes]:
         out = {}
         async for key in store.list():
-            if key.rsplit("/", 1)[-1] in METADATA_KEYS:
+            name = key.rsplit("/", 1)[-1]
+            # the lock file of partial shard writes (`zarr_fused.io.shard_lock`)
+            # is no chunk: empty, and zarr's pipelines make none
+            if name in METADATA_KEYS or name == LOCK_FILE:
                 continue
             buf = await store.get(key, prototype=default_buffer_prototype())
             assert buf is not None

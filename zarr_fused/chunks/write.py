@@ -39,6 +39,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from zarr.codecs.sharding import ShardingCodec
 from zarr.core.chunk_utils import chunk_is_empty
 
 from zarr_fused._dtypes import empty, empty_rule_pattern
@@ -47,6 +48,7 @@ from zarr_fused._pool import partition, run_parallel
 from zarr_fused.chunks.merge import merge_and_encode, merge_owned
 from zarr_fused.io.engine import Writes, resolve_io_concurrency, write_window
 from zarr_fused.io.local import local_files, make_parents, write_parts
+from zarr_fused.io.shard_lock import ShardLocks, shard_locks
 from zarr_fused.shard.buffers import buffers
 
 if TYPE_CHECKING:
@@ -91,10 +93,17 @@ def files_per_store(n: int, window: int) -> int:
 
 
 class ChunkWriter:
-    """Whole-chunk writes through a chain."""
+    """Whole-chunk writes through a chain.
+
+    When each chunk is a shard (zarr's sharding codec behind other codecs,
+    so it has no partial encode), a chunk the write covers only in part is
+    held from its read to its replacement, like any partial shard update
+    (`zarr_fused.io.shard_lock`)."""
 
     def __init__(self, chain: Chain) -> None:
         self.chain = chain
+        transform = getattr(chain, "transform", None)
+        self.shards = isinstance(getattr(transform, "_ab_codec", None), ShardingCodec)
 
     def write(
         self,
@@ -104,8 +113,9 @@ class ChunkWriter:
         max_workers: int,
     ) -> None:
         chain = self.chain
+        locks = shard_locks(batch) if self.shards else None
 
-        def write_one(item: WriteItem) -> None:
+        def update(item: WriteItem) -> None:
             setter, spec, _, _, is_complete = item
             existing = None if is_complete else setter.get_sync(prototype=spec.prototype)
             encoded = merge_and_encode(chain, existing, value, item, drop_axes)
@@ -114,12 +124,24 @@ class ChunkWriter:
             else:
                 setter.set_sync(encoded)
 
+        def write_one(item: WriteItem) -> None:
+            if locks is None or _is_complete(item):
+                update(item)
+                return
+            with locks.hold(item[0]):
+                update(item)
+
         run_parallel(write_one, batch, max_workers)
 
 
 class PartialEncodeWriter:
     """Writes through the array->bytes codec's synchronous partial encode,
-    which reads the existing shard, merges and rewrites it."""
+    which reads the existing shard, merges and rewrites it.
+
+    A shard the write does not cover whole is held exclusively from that
+    read to its replacement (`zarr_fused.io.shard_lock`), each on the one
+    thread that updates it, unless ``codec_pipeline.shard_write_lock`` is
+    off."""
 
     def __init__(self, codec: ArrayBytesCodec) -> None:
         self.codec = codec
@@ -131,13 +153,28 @@ class PartialEncodeWriter:
         drop_axes: tuple[int, ...],
         max_workers: int,
     ) -> None:
+        self.write_held(batch, value, max_workers, shard_locks(batch))
+
+    def write_held(
+        self,
+        batch: Sequence[WriteItem],
+        value: NDBuffer,
+        max_workers: int,
+        locks: ShardLocks | None,
+    ) -> None:
+        """`write` with the holds given (None: none taken, as when the
+        caller holds the shard already)."""
         encode_partial = self.codec._encode_partial_sync  # type: ignore[attr-defined]
         scalar = len(value.shape) == 0
 
         def write_one(item: WriteItem) -> None:
-            setter, spec, chunk_selection, out_selection, _ = item
+            setter, spec, chunk_selection, out_selection, is_complete = item
             chunk_value = value if scalar else value[out_selection]
-            encode_partial(setter, chunk_value, chunk_selection, spec)
+            if locks is None or is_complete:
+                encode_partial(setter, chunk_value, chunk_selection, spec)
+                return
+            with locks.hold(setter):
+                encode_partial(setter, chunk_value, chunk_selection, spec)
 
         run_parallel(write_one, batch, max_workers)
 

@@ -30,6 +30,7 @@ from zarr_fused._cpus import available_cpus
 from zarr_fused._identity import byte_identical
 from zarr_fused._version import __version__
 from zarr_fused.cli.sample import sample_data, sample_geometry
+from zarr_fused.io.shard_lock import LOCK_FILE
 
 PIPELINES = {
     "zarr batched": "zarr.core.codec_pipeline.BatchedCodecPipeline",
@@ -92,9 +93,11 @@ def _available() -> dict[str, str]:
 
 
 def _digest(root: Path) -> str:
-    """Hash of every stored chunk (not the metadata), in key order."""
+    """Hash of every stored chunk (not the metadata, nor the lock files of
+    partial shard updates, which zarr's pipelines do not make), in key order."""
     h = hashlib.sha256()
-    for path in sorted(p for p in root.rglob("*") if p.is_file() and p.name != "zarr.json"):
+    skip = ("zarr.json", LOCK_FILE)
+    for path in sorted(p for p in root.rglob("*") if p.is_file() and p.name not in skip):
         h.update(str(path.relative_to(root)).encode())
         h.update(path.read_bytes())
     return h.hexdigest()

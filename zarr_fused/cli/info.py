@@ -16,7 +16,13 @@ from zarr_fused._cpus import default_max_workers, resolve_max_workers
 from zarr_fused._native import missing_message, native_info
 from zarr_fused._version import __version__
 from zarr_fused.cli.common import EXIT_OK
-from zarr_fused.config import MAX_WORKERS_KEY, STRICT_KEY, strict_mode
+from zarr_fused.config import (
+    MAX_WORKERS_KEY,
+    SHARD_WRITE_LOCK_KEY,
+    STRICT_KEY,
+    shard_write_lock,
+    strict_mode,
+)
 
 
 def run_info() -> int:
@@ -81,5 +87,16 @@ def _print_settings() -> None:
     effect = "raise where no native path applies" if strict else "fall back to zarr's code"
     print(
         f"  {STRICT_KEY}: {raw!r} -> {'on' if strict else 'off'} ({effect})"
+        + (f" [{warned}]" if warned else "")
+    )
+    raw = zarr_config.get(SHARD_WRITE_LOCK_KEY, default=True)
+    locked, warned = _setting(shard_write_lock)
+    effect = (
+        "partial shard updates held across threads and processes"
+        if locked
+        else "no hold: writes must be shard-aligned"
+    )
+    print(
+        f"  {SHARD_WRITE_LOCK_KEY}: {raw!r} -> {'on' if locked else 'off'} ({effect})"
         + (f" [{warned}]" if warned else "")
     )

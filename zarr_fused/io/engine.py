@@ -265,6 +265,8 @@ class Batch[R, F]:
     max_admitted: int
     budget: int
     workers: int
+    #: called with each fetched result that is not consumed (the batch stopped)
+    discard: Callable[[F], None] | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
     done: queue.SimpleQueue[tuple[int, Future[F]] | _Stop] = field(
         default_factory=queue.SimpleQueue
@@ -331,12 +333,29 @@ class Batch[R, F]:
             try:
                 if not future.cancelled() and not self.stopped:
                     self.consume(self.requests[index], future.result())
+                else:
+                    self.drop(future)
             except BaseException as exc:
                 with self.lock:
                     self.fail(index, exc)
             finally:
                 with self.lock:
                     self.finish(index)
+
+    def drop(self, future: Future[F]) -> None:
+        """Hand a fetched result nobody consumes to ``discard``."""
+        if self.discard is not None and not future.cancelled() and future.exception() is None:
+            self.discard(future.result())
+
+    def drain(self) -> None:
+        """Drop what was delivered and not taken (after an interrupt)."""
+        while True:
+            try:
+                item = self.done.get_nowait()
+            except queue.Empty:
+                return
+            if not isinstance(item, _Stop):
+                self.drop(item[1])
 
     def raise_first(self) -> None:
         if not self.errors:
@@ -357,6 +376,7 @@ def run_pipelined[R, F](
     io_concurrency: int,
     max_workers: int,
     budget: int = BYTES_IN_FLIGHT,
+    discard: Callable[[F], None] | None = None,
 ) -> None:
     """Fetch every request on the IO threads and consume each on a compute
     thread as soon as it is fetched.
@@ -379,6 +399,8 @@ def run_pipelined[R, F](
         Compute threads, the caller included.
     budget : int
         Bytes the admitted requests may hold together (see the module docstring).
+    discard : callable, optional
+        ``discard(fetched)``: a fetched result not consumed (the batch stopped).
 
     Raises
     ------
@@ -399,6 +421,7 @@ def run_pipelined[R, F](
         max_admitted=2 * io_concurrency + workers,
         budget=budget,
         workers=workers,
+        discard=discard,
     )
     with batch.lock:
         batch.admit()
@@ -418,6 +441,7 @@ def _work_with_helpers(batch: Batch[Any, Any], workers: int) -> None:
             batch.fail(-1, exc)
             running = list(batch.futures.values())
         wait(running)
+        batch.drain()
         raise
     finally:
         # Helpers still queued behind other work are not needed any more

@@ -28,6 +28,17 @@ in flight, each encoded as soon as it is in; with few shards, the next one
 read while this one encodes), and each new shard is written (temporary
 file, ``writev``, ``rename``) or deleted by the IO threads while the
 compute threads encode the next (`zarr_fused.io.engine.Writes`).
+
+A shard the write updates only in part is held from the read of the stored
+shard to its replacement (`zarr_fused.io.shard_lock`, unless
+``codec_pipeline.shard_write_lock`` is off), so concurrent writers of one
+shard lose nothing. In the pipelined path an IO thread takes the hold
+without waiting before it reads the shard, and the IO thread that stores
+the new shard lets it go (every error path lets it go too); a shard held
+elsewhere is deferred to a pass at the end. Elsewhere (few shards, no IO
+threads, another store) the thread that updates a shard holds it and does
+its IO itself. No thread waits for a hold while holding one, and none
+holds one while waiting for work that may wait for a hold.
 """
 
 from __future__ import annotations
@@ -37,7 +48,7 @@ import os
 import threading
 from concurrent.futures import Future, wait
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeGuard, cast
+from typing import TYPE_CHECKING, Any, Final, TypeGuard, cast
 
 import numpy as np
 from zarr.core.chunk_utils import chunk_is_empty, fill_value_or_default
@@ -49,6 +60,7 @@ from zarr_fused._pool import partition, run_parallel
 from zarr_fused.chunks.merge import merge_owned
 from zarr_fused.io.engine import Batch, Writes, io_threads, resolve_io_concurrency, run_pipelined
 from zarr_fused.io.local import local_files, make_parents, write_parts
+from zarr_fused.io.shard_lock import shard_locks
 from zarr_fused.shard.buffers import buffers
 from zarr_fused.shard.index import (
     index_format,
@@ -69,6 +81,7 @@ if TYPE_CHECKING:
     from zarr_fused._chain import NativeChain
     from zarr_fused._items import WriteItem
     from zarr_fused.chunks.write import PartialEncodeWriter
+    from zarr_fused.io.shard_lock import Hold, ShardLocks
 
     #: gives ``(payloads, pooled buffer)`` of the stored shard at ``(setter,
     #: spec, grid, prefix)`` (see `stored_payloads`)
@@ -108,6 +121,9 @@ class _Write:
     scalar_payload: np.ndarray | None = None
     #: the IO threads' stores of this write, when they do the file IO
     writes: Writes | None = None
+    #: shards to update that were held elsewhere when fetched: updated by a
+    #: held pass after the pipelined one
+    deferred: list[tuple[WriteItem, Any]] = field(default_factory=list)
 
     @property
     def scalar(self) -> bool:
@@ -119,6 +135,30 @@ def _value_block(data: np.ndarray, out_selection: SelectorTuple) -> np.ndarray:
     Shards reach the native writer only with basic selections (a kernel
     plan exists), whose ``out_selection`` is a tuple of ints and slices."""
     return data[(*cast("tuple[int | slice, ...]", out_selection), Ellipsis)]
+
+
+@dataclass
+class _Fetched:
+    """A stored shard fetched under its hold."""
+
+    hold: Hold
+    #: `ShardWriter._fetch`'s result
+    loaded: Any
+
+
+#: a shard to update that was held elsewhere when its fetch came
+_DEFER: Final = object()
+
+
+def _discard(fetched: Any) -> None:
+    """A fetch nobody consumes (the batch failed): its buffer back to the
+    pool, its hold let go."""
+    if isinstance(fetched, _Fetched):
+        try:
+            if fetched.loaded is not None:
+                buffers.give(fetched.loaded[1])
+        finally:
+            fetched.hold.release()
 
 
 @dataclass
@@ -138,6 +178,8 @@ class _ShardJob:
     encoding: Any
     #: linear indices of the inner chunks queued in ``encoding``, in order
     queued: list[int] = field(default_factory=list)
+    #: the shard's hold, let go with its buffers (after the shard is stored)
+    hold: Hold | None = None
 
     def pinned(self) -> int:
         """The bytes this shard holds until it is written."""
@@ -146,9 +188,13 @@ class _ShardJob:
     def release(self) -> None:
         self.payloads = []
         self.encoding = None
-        buffers.give(self.buffer)
-        buffers.give(self.arena)
-        self.buffer = None
+        try:
+            buffers.give(self.buffer)
+            buffers.give(self.arena)
+            self.buffer = None
+        finally:
+            if self.hold is not None:
+                self.hold.release()
 
 
 class ShardWriter:
@@ -209,8 +255,9 @@ class ShardWriter:
         _, spec0, *_ = batch[0]
         inner_spec = self.codec._get_chunk_spec(spec0)
         data = value.as_ndarray_like()
+        locks = shard_locks(batch)
         if not self.accepts(data, drop_axes, inner_spec):
-            self.fallback.write(batch, value, drop_axes, max_workers)
+            self.fallback.write_held(batch, value, max_workers, locks)
             return
         plan_selection = shard_kernels.plan_selection
         plans = [
@@ -222,14 +269,42 @@ class ShardWriter:
         ctx = self._context(batch, value, data, drop_axes, inner_spec)
         if ctx.scalar and native:
             ctx.scalar_payload = self._encode_scalar(ctx)
+        self._write_shards(ctx, native, max_workers, locks)
+        if general:
+            self.fallback.write_held(general, value, max_workers, locks)
+
+    def _write_shards(
+        self,
+        ctx: _Write,
+        native: list[tuple[WriteItem, Any]],
+        max_workers: int,
+        locks: ShardLocks | None,
+    ) -> None:
+        """The native shards: with IO threads, pipelined (a shard to update
+        is held from its fetch to its stored replacement, when it can be
+        held at once; the others wait for a held pass at the end), else
+        each held by the thread that updates it (see `_write_native`)."""
         io_concurrency = resolve_io_concurrency() if ctx.prefix is not None else 1
+        spread = len(native) < 2 * max_workers and max_workers > 1
+        if io_concurrency > 1 and not spread:
+            with Writes(io_concurrency) as ctx.writes:
+                self._write_behind(ctx, native, max_workers, io_concurrency, locks)
+            ctx.writes = None
+            if ctx.deferred:
+                self._write_native(ctx, ctx.deferred, max_workers, locks)
+            return
+        if locks is not None:
+            held = [job for job in native if not self.covers(job[1])]
+            if held:
+                self._write_native(ctx, held, max_workers, locks)
+            native = [job for job in native if self.covers(job[1])]
+        if not native:
+            return
         if io_concurrency <= 1:
             self._write_native(ctx, native, max_workers)
         else:
             with Writes(io_concurrency) as ctx.writes:
                 self._write_behind(ctx, native, max_workers, io_concurrency)
-        if general:
-            self.fallback.write(general, value, drop_axes, max_workers)
 
     def _one_shard(self, ctx: _Write, job: tuple[WriteItem, Any], loaded: Any = None) -> None:
         """One shard on one compute thread (``loaded``: see `_prepare`)."""
@@ -239,15 +314,44 @@ class ShardWriter:
             self._finish(ctx, state)
 
     def _write_native(
-        self, ctx: _Write, native: list[tuple[WriteItem, Any]], max_workers: int
+        self,
+        ctx: _Write,
+        native: list[tuple[WriteItem, Any]],
+        max_workers: int,
+        locks: ShardLocks | None = None,
     ) -> None:
         """The compute threads do the file IO: a shard per thread, or each
-        shard's inner chunks spread over the threads when there are few."""
+        shard's inner chunks spread over the threads when there are few.
+
+        With ``locks``, each shard is held from the read of its stored bytes
+        to its replacement, by the thread that updates it (the one that
+        spreads its encodes, when there are few): a hold is taken only
+        where the thread holds no other, and while held the thread waits
+        only for its own file IO and for encodes that take no hold
+        (`zarr_fused.io.shard_lock` has the argument)."""
+        assert ctx.writes is None, "a held shard is written by the thread that holds it"
         if len(native) >= 2 * max_workers or max_workers <= 1:
-            run_parallel(lambda job: self._one_shard(ctx, job), native, max_workers)
+            run_parallel(
+                lambda job: self._held(ctx, job, locks, self._one_shard), native, max_workers
+            )
         else:
             for job in native:
-                self._encode_spread(ctx, job, max_workers)
+                self._held(ctx, job, locks, self._encode_spread, max_workers)
+
+    @staticmethod
+    def _held(
+        ctx: _Write,
+        job: tuple[WriteItem, Any],
+        locks: ShardLocks | None,
+        update: Callable[..., None],
+        *args: Any,
+    ) -> None:
+        """``update(ctx, job, *args)``, holding the job's shard if ``locks``."""
+        if locks is None:
+            update(ctx, job, *args)
+            return
+        with locks.hold(job[0][0]):
+            update(ctx, job, *args)
 
     def _write_behind(
         self,
@@ -255,9 +359,13 @@ class ShardWriter:
         native: list[tuple[WriteItem, Any]],
         max_workers: int,
         io_concurrency: int,
+        locks: ShardLocks | None = None,
     ) -> None:
         """The IO threads read the shards to update and write the new ones
-        (see the module docstring); ``ctx.writes`` is open."""
+        (see the module docstring); ``ctx.writes`` is open. With ``locks``
+        (only where shards are not spread), each shard to update is held
+        by its fetch if it can be at once (else it goes to
+        ``ctx.deferred``) and let go once its replacement is stored."""
         if len(native) < 2 * max_workers and max_workers > 1:
             self._spread_behind(ctx, native, max_workers, io_concurrency)
         elif all(self.covers(plan) for _, plan in native):
@@ -266,16 +374,58 @@ class ShardWriter:
             bound = self.chain.encode_bound(ctx.layout.nbytes)
 
             def fetch(job: tuple[WriteItem, Any], batch: Batch[Any, Any]) -> Any:
-                return None if batch.stopped else self._fetch(ctx, job)
+                if batch.stopped:
+                    return None
+                if locks is None or self.covers(job[1]):
+                    return self._fetch(ctx, job)
+                return self._fetch_held(ctx, job, locks)
 
             run_pipelined(
                 native,
                 [self._stored_bound(job, bound) for job in native],
                 fetch,
-                lambda job, loaded: self._one_shard(ctx, job, loaded),
+                lambda job, fetched: self._consume(ctx, job, fetched),
                 io_concurrency=io_concurrency,
                 max_workers=max_workers,
+                discard=_discard,
             )
+
+    def _fetch_held(self, ctx: _Write, job: tuple[WriteItem, Any], locks: ShardLocks) -> Any:
+        """`_fetch` under the shard's hold, taken without waiting: a
+        `_Fetched`, or `_DEFER` when the shard is held elsewhere."""
+        hold = locks.take(job[0][0], blocking=False)
+        if hold is None:
+            return _DEFER
+        try:
+            return _Fetched(hold, self._fetch(ctx, job))
+        except BaseException:
+            hold.release()
+            raise
+
+    def _consume(self, ctx: _Write, job: tuple[WriteItem, Any], fetched: Any) -> None:
+        """A fetched shard on a compute thread; a held one keeps its hold
+        until its replacement is stored (`_ShardJob.release`)."""
+        if fetched is _DEFER:
+            ctx.deferred.append(job)
+            return
+        if not isinstance(fetched, _Fetched):
+            self._one_shard(ctx, job, fetched)
+            return
+        try:
+            state = self._prepare(ctx, *job, loaded=fetched.loaded)
+        except BaseException:
+            fetched.hold.release()
+            raise
+        if state is None:
+            fetched.hold.release()
+            return
+        state.hold = fetched.hold
+        try:
+            state.encoding.run_range()
+        except BaseException:
+            state.release()
+            raise
+        self._finish(ctx, state)
 
     def _stored_bound(self, job: tuple[WriteItem, Any], bound: int) -> int:
         """The most bytes the stored shard of ``job`` can hold, as a budget
@@ -392,7 +542,9 @@ class ShardWriter:
         if state is None:
             # the value does not fit the selection: zarr's path raises the
             # error zarr users expect
-            self.fallback.write([item], ctx.value, ctx.drop_axes, 1)
+            # (without a hold of its own: a shard this write does not cover
+            # is held already, one it covers needs none)
+            self.fallback.write_held([item], ctx.value, 1, None)
         return state
 
     def start(self, ctx: _Write, item: WriteItem, plan: Any, load: Loader) -> _ShardJob | None:
