@@ -235,3 +235,39 @@ def test_threaded_worker_shares_the_cpus_between_its_task_threads() -> None:
         os.environ.update(saved)
     assert count == max(1, cpus // 2), (count, cpus)
     assert 2 * count <= max(2, cpus), (count, cpus)
+
+
+def _round_data(round_: int) -> np.ndarray:
+    return np.random.default_rng(100 + round_).integers(1, 4000, SHAPE, dtype="<u2")
+
+
+def _read_back(path: Path) -> np.ndarray:
+    with with_pipeline(BATCHED):
+        return np.asarray(zarr.open_array(zarr.storage.LocalStore(path), mode="r")[...])
+
+
+def test_four_workers_writing_blocks_smaller_than_shards_lose_nothing(tmp_path: Path) -> None:
+    """`to_zarr` of blocks of one inner chunk each into a sharded array, on
+    four worker processes: the tasks that write the inner chunks of one
+    shard run at the same time, and each reads, merges and replaces the
+    shard. With the shard write lock every round reads back whole."""
+    saved = dict(os.environ)
+    cluster = local_cluster(n_workers=4)
+    path = tmp_path / "a.zarr"
+    try:
+        with distributed.Client(cluster) as c:
+            zarr_fused.dask.register(c)
+            da.to_zarr(
+                da.from_array(_round_data(0), chunks=INNER), str(path), chunks=INNER, shards=SHARDS
+            )
+            assert np.array_equal(_read_back(path), _round_data(0)), "to_zarr"
+            target = zarr.open_array(zarr.storage.LocalStore(path), mode="r+")
+            for round_ in (1, 2, 3):
+                data = _round_data(round_)
+                da.store(da.from_array(data, chunks=INNER), target, lock=False)
+                assert np.array_equal(_read_back(path), data), f"round {round_}"
+    finally:
+        cluster.close(timeout=30)
+        zarr.config.set({"codec_pipeline.path": BATCHED})
+        os.environ.clear()
+        os.environ.update(saved)
