@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal
 from warnings import warn
 
 from zarr.abc.codec import ArrayBytesCodecPartialDecodeMixin
+from zarr.codecs.sharding import ShardingCodec
 from zarr.core.chunk_utils import _merge_chunk_array, chunk_is_empty
 from zarr.core.config import config as zarr_config
 from zarr.errors import ZarrUserWarning
@@ -468,12 +469,21 @@ async def _write_chunks(
             return encoded
         return await encode_async(item, existing)
 
+    # a shard written in part (zarr's sharding codec, which the native
+    # shard writer handed back) is protected against concurrent writers;
+    # a chunk written in part is not, as on local files
+    sharded = isinstance(plan.array_bytes_codec, ShardingCodec)
+
     async def write_one(item: WriteItem) -> None:
         setter, spec, _, _, is_complete = item
         if is_complete:
             await requests.set(setter, await encode(item, None))
-        else:
+        elif sharded:
             await requests.update(setter, spec.prototype, partial(encode, item))
+        else:
+            await requests.set(
+                setter, await encode(item, await requests.get(setter, spec.prototype))
+            )
 
     whole = [item for item in batch if item[4]] if chain is not None else []
     rest = [item for item in batch if not item[4]] if whole else batch

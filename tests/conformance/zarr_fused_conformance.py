@@ -49,7 +49,7 @@ if os.environ.get("ZF_CONFORMANCE_ALIAS") == "1":
 
 def pytest_configure(config: pytest.Config) -> None:
     # zarr_fused warns once per process when a write updates part of a
-    # shard or chunk on a store that cannot make it conditional (s3fs):
+    # shard on a store that cannot make it conditional (s3fs):
     # such writers can lose each other's data, in zarr's pipelines too,
     # which do not warn. zarr's tests run with warnings as errors and do
     # not expect it.

@@ -2,7 +2,7 @@
 that loses nothing to concurrent writers.
 
 A write that updates part of a stored object (some inner chunks of a
-shard, part of a chunk) reads the object, merges its own part into it and
+shard) reads the object, merges its own part into it and
 writes the whole object back. Two writers doing so at once each write back
 what they read plus their own part, and the last one erases the other's.
 S3, GCS, Azure and obstore's in-memory store accept a write only if the
@@ -19,7 +19,7 @@ cannot (`unprotected`). The loop itself is `_Requests.update` in
 `zarr_fused._async_path`, which holds a request slot for each request and
 none while merging.
 
-A shard (or chunk) left empty by a write is deleted, as zarr deletes it.
+A shard left empty by a write is deleted, as zarr deletes it.
 obstore has no conditional DELETE, so that DELETE is unconditional: a
 concurrent writer that stored into the object after this writer read it
 loses its part. Only a write that leaves the whole object at the fill value
@@ -189,7 +189,7 @@ def unprotected(setter: Any, describe: str) -> None:
     kind = type(getattr(setter, "store", setter)).__name__
     message = (
         f"{describe} is a read-modify-write that a {kind} cannot make "
-        "conditional: writers updating the same shard or chunk at once (other processes, "
+        "conditional: writers updating the same shard at once (other processes, "
         "tasks or hosts) can erase each other's data, the last write winning. Write "
         f"whole shards, use zarr's ObjectStore over obstore, or set `{SHARD_WRITE_LOCK_KEY}` "
         "to False if your writers never share a shard (which silences this)."
