@@ -48,10 +48,10 @@ if TYPE_CHECKING:
     from zarr.abc.codec import Codec
     from zarr.core.array_spec import ArraySpec
     from zarr.core.buffer import Buffer, NDBuffer
-    from zarr.core.chunk_utils import ChunkTransform
     from zarr.core.indexing import SelectorTuple
 
     from zarr_fused._items import ReadItem
+    from zarr_fused._zarr_compat import ChunkTransform
 
 __all__ = [
     "Chain",
