@@ -21,18 +21,25 @@ demo: bootstrap
 # (without the slow shard-write suite, which `make test-asan` adds); the short
 # seeded fuzz budget; zarr's whole test suite against zarr_fused; the quick
 # asv run and the docs build (warnings are errors)
+# Our tests run on 2 pytest-xdist workers, a test file each at a time (a
+# file's servers and clusters start once); every step prints its duration
+# ("ci step NAME: N s"), so a slow CI log shows where the time went.
 CI_ASAN_TESTS := tests/test_codecs.py tests/test_scatter.py tests/test_localio.py \
 	tests/test_native_chain.py tests/test_shard_read.py tests/fuzz
+PYTEST_WORKERS ?= 2
+PYTEST_PARALLEL := -n $(PYTEST_WORKERS) --dist loadfile
+STEP := bash tools/timed.sh
 test: bootstrap lint
-	$(PY) -m pytest tests
-	ASAN_TESTS="$(CI_ASAN_TESTS)" PY=$(PY) bash tests/fuzz/test_asan.sh
-	FUZZ_SECONDS=15 FUZZ_SEED=1 FUZZ_TARGET=all PY=$(PY) bash tests/fuzz/fuzz.sh
-	$(PY) tests/conformance/run.py
-	bash tools/asv_quick.sh
-	$(PY) -m sphinx -W --keep-going -q -b html docs docs/_build/html
+	$(STEP) pytest $(PY) -m pytest $(PYTEST_PARALLEL) tests
+	$(STEP) asan env ASAN_TESTS="$(CI_ASAN_TESTS)" ASAN_PYTEST_ARGS="$(PYTEST_PARALLEL)" \
+		PY=$(PY) bash tests/fuzz/test_asan.sh
+	$(STEP) fuzz env FUZZ_SECONDS=15 FUZZ_SEED=1 FUZZ_TARGET=all PY=$(PY) bash tests/fuzz/fuzz.sh
+	$(STEP) conformance $(PY) tests/conformance/run.py
+	$(STEP) asv-quick bash tools/asv_quick.sh
+	$(STEP) docs $(PY) -m sphinx -W --keep-going -q -b html docs docs/_build/html
 
 test-unit: bootstrap
-	$(PY) -m pytest tests
+	$(PY) -m pytest $(PYTEST_PARALLEL) tests
 
 # ruff (lint, and the formatter in check mode), mypy over zarr_fused against
 # the .pyi stubs, cython-lint over the .pyx/.pxd files, and the package's

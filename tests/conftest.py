@@ -2,14 +2,26 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import pytest
 import zarr
 
+import zarr_fused
+
 from helpers import FUSED
 from helpers.s3 import BUCKET, LatencyProxy, MotoServer
 from helpers.s3_stores import started_or_skip
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Under `ZARR_FUSED_EXPECT_BUILD` (tests/fuzz/test_asan.sh sets it to
+    the sanitizer build), refuse to run on any other build of zarr_fused, in
+    the main process and in every xdist worker."""
+    expected = os.environ.get("ZARR_FUSED_EXPECT_BUILD")
+    if expected and not zarr_fused.__file__.startswith(os.path.join(expected, "")):
+        raise pytest.UsageError(f"zarr_fused comes from {zarr_fused.__file__}, not {expected}")
 
 
 @pytest.fixture

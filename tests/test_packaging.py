@@ -75,11 +75,13 @@ def _built_wheel() -> Path | None:
 def test_built_wheel_is_manylinux2014() -> None:
     """auditwheel reads the glibc 2.17 tag off the wheel make wheel left in
     dist/: its extensions link nothing beyond glibc."""
-    auditwheel = ROOT / ".cache" / "wheel" / "tools" / "bin" / "auditwheel"
-    if not auditwheel.is_file():
+    tools = ROOT / ".cache" / "wheel" / "tools" / "bin"
+    if not (tools / "auditwheel").is_file():
         pytest.skip("auditwheel is installed by make wheel")
+    # through the tools venv's python: the script's own #! line names the
+    # checkout that made the venv, which may since have moved
     out = subprocess.run(
-        [str(auditwheel), "show", str(_built_wheel())],
+        [str(tools / "python"), "-m", "auditwheel", "show", str(_built_wheel())],
         capture_output=True,
         text=True,
         check=True,
@@ -108,6 +110,9 @@ def test_installs_and_runs_from_sdist(sdist: Path, tmp_path: Path) -> None:
         check=True,
         capture_output=True,
         timeout=600,
+        # what is checked is that the sdist builds and runs, not how fast it
+        # runs: unoptimized code compiles several times faster
+        env={**os.environ, "ZARR_FUSED_EXTRA_CFLAGS": "-O0"},
     )
     script = textwrap.dedent(
         f"""
