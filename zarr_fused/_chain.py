@@ -13,9 +13,10 @@ kind they hold:
     bytes to store, or None when a codec elides the chunk.
 
 `build_chain` recognises the chains the native kernels cover,
-``[transpose...] -> bytes -> [zstd | gzip | blosc] with crc32c before or
-after the compressor``, for fixed-size data types on CPU buffers, and
-records for any other chain why it stays on zarr's code.
+``[transpose...] -> bytes -> [zstd | gzip | blosc | numcodecs.gzip |
+numcodecs.zlib] with crc32c before or after the compressor``, for fixed-size
+data types on CPU buffers, and records for any other chain why it stays on
+zarr's code (`zarr_fused._hybrid` then runs what it can of it natively).
 """
 
 from __future__ import annotations
@@ -30,9 +31,12 @@ from zarr.codecs.blosc import BloscCodec
 from zarr.codecs.bytes import BytesCodec
 from zarr.codecs.crc32c_ import Crc32cCodec
 from zarr.codecs.gzip import GzipCodec
+from zarr.codecs.numcodecs import GZip as NumcodecsGZip
+from zarr.codecs.numcodecs import Zlib as NumcodecsZlib
 from zarr.codecs.transpose import TransposeCodec
 from zarr.codecs.zstd import ZstdCodec
 from zarr.core.buffer import cpu
+from zarr.core.chunk_utils import ChunkTransform
 from zarr.core.dtype.common import HasEndianness
 from zarr.core.dtype.npy.structured import Struct
 
@@ -48,7 +52,6 @@ if TYPE_CHECKING:
     from zarr.abc.codec import Codec
     from zarr.core.array_spec import ArraySpec
     from zarr.core.buffer import Buffer, NDBuffer
-    from zarr.core.chunk_utils import ChunkTransform
     from zarr.core.indexing import SelectorTuple
 
     from zarr_fused._items import ReadItem
@@ -60,6 +63,7 @@ __all__ = [
     "TransformChain",
     "build_chain",
     "native_chain_params",
+    "native_tail",
 ]
 
 # dtype kinds the native chain stores: fixed-size, no Python objects
@@ -314,6 +318,12 @@ def _bytes_to_bytes_params(codecs: tuple[Codec, ...], names: str) -> tuple[str, 
             params.update(compressor="zstd", level=codec.level, checksum=codec.checksum)
         elif type(codec) is GzipCodec:
             params.update(compressor="gzip", level=codec.level)
+        elif type(codec) in (NumcodecsGZip, NumcodecsZlib):
+            # ``numcodecs.gzip`` / ``numcodecs.zlib``: numcodecs' GZip (what
+            # zarr's gzip codec runs too) and Zlib (format 2's zlib kernel)
+            numcodec: Any = codec._codec  # type: ignore[union-attr]
+            kind = "gzip" if type(codec) is NumcodecsGZip else "zlib"
+            params.update(compressor=kind, level=numcodec.level)
         elif type(codec) is BloscCodec:
             cname = codec.cname
             if cname not in codec_kernels.library_versions()["blosc_compressors"]:
@@ -385,3 +395,13 @@ def build_chain(codecs: tuple[Codec, ...], spec: ArraySpec, transform: ChunkTran
     if reason:
         return fallback
     return NativeChain(spec, params, fallback)
+
+
+def native_tail(codecs: tuple[Codec, ...], spec: ArraySpec, reason: str) -> NativeChain | None:
+    """The native chain for ``codecs`` run after Python stages (see
+    `zarr_fused._hybrid`) on chunks of ``spec``, or None when the kernels do
+    not cover them; ``reason`` says why the whole chain is not native."""
+    why_not, params = native_chain_params(codecs, spec)
+    if why_not:
+        return None
+    return NativeChain(spec, params, TransformChain(ChunkTransform(codecs=codecs), reason))

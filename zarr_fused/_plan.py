@@ -20,7 +20,14 @@ from zarr.codecs.sharding import ShardingCodec
 from zarr.core.chunk_utils import ChunkTransform, evolve_codecs
 from zarr.core.codec_pipeline import AsyncChunkTransform
 
-from zarr_fused._chain import NativeChain, TransformChain, build_chain, native_chain_params
+from zarr_fused._chain import (
+    NativeChain,
+    TransformChain,
+    build_chain,
+    native_chain_params,
+    native_tail,
+)
+from zarr_fused._hybrid import hybrid_chain
 from zarr_fused._native import shard_kernels
 from zarr_fused.chunks.pipelined import PipelinedChunkReader
 from zarr_fused.chunks.read import ChunkReader, NativeChunkReader, PartialDecodeReader
@@ -191,6 +198,8 @@ def build_plan(
         )
 
     chain = build_chain(codecs, spec, sync_transform)
+    if isinstance(chain, TransformChain):
+        chain = hybrid_chain(codecs, spec, chain, native_tail) or chain
     reader, read_fallback = _reader(chain, array_bytes_codec, spec, partial_decode)
     writer, write_fallback = _writer(chain, array_bytes_codec, spec, partial_encode)
     return PipelinePlan(
