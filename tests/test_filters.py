@@ -40,6 +40,8 @@ from zarr_fused._identity import byte_identical
 from zarr_fused.errors import DecompressionError, UnsupportedError
 
 from helpers import BATCHED, FUSED, assert_same_values, chunk_items, make_store
+from helpers.s3 import LatencyProxy
+from helpers.s3_stores import new_prefix, open_store
 
 STRICT = {"codec_pipeline.path": FUSED, "codec_pipeline.strict": True}
 LENIENT = {"codec_pipeline.path": FUSED, "codec_pipeline.strict": False}
@@ -256,6 +258,42 @@ def test_filter_chain_matches_zarr(
         tmp_path, case, compressor, store_kind=store_kind, sharded=sharded, fill_value=fill
     )
     assert_same_stores(stores, [*case["filters"](), *COMPRESSORS[compressor]()])
+
+
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, id=n) for n in ("fixedscaleoffset-f8-i2", "quantize-f4")]
+)
+@pytest.mark.parametrize("sharded", [False, True], ids=["unsharded", "sharded"])
+def test_filter_chain_async_path(tmp_path: Path, name: str, sharded: bool) -> None:
+    """A store without synchronous IO: zarr_fused's async path."""
+    case = FILTER_CHAINS[name]
+    stores = write_both(
+        tmp_path, case, "zstd", store_kind="nosync", sharded=sharded, fill_value=case.get("fill", 0)
+    )
+    assert_same_stores(stores, [*case["filters"](), ZstdCodec(level=3)])
+
+
+@pytest.mark.parametrize("sharded", [False, True], ids=["unsharded", "sharded"])
+def test_filter_chain_object_store(proxy: LatencyProxy, sharded: bool) -> None:
+    """An obstore S3 store on a moto server, against zarr on a MemoryStore."""
+    pytest.importorskip("obstore.store")
+    case = FILTER_CHAINS["delta-i4-zstd"]
+    value = values_of(case["values"], case["dtype"], SHAPE, 4)
+    stores = {}
+    for label, config in (("fused", LENIENT), ("zarr", {"codec_pipeline.path": BATCHED})):
+        with zarr.config.set(config):
+            store = (
+                open_store("obstore", proxy, new_prefix()) if label == "fused" else MemoryStore()
+            )
+            array = create(store, case, [ZstdCodec()], sharded=sharded, fill_value=-1)
+            array[:] = value
+            array[3:8, 6:23] = value[:5, :17] * 3
+            stores[label] = store
+    assert chunk_items(stores["fused"]) == chunk_items(stores["zarr"])
+    with zarr.config.set({"codec_pipeline.path": BATCHED}):
+        expected = zarr.open_array(stores["zarr"], mode="r")[:]
+    with zarr.config.set(LENIENT):
+        assert_same_values(zarr.open_array(stores["fused"], mode="r")[1:30, 2:], expected[1:30, 2:])
 
 
 @pytest.mark.parametrize(

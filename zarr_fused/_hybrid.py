@@ -71,6 +71,38 @@ def _stage_specs(stages: tuple[Codec, ...], spec: ArraySpec) -> list[ArraySpec]:
     return specs
 
 
+def _spec_key(spec: ArraySpec) -> tuple[Any, ...] | None:
+    """A key equal for chunk specs that resolve alike (a NaN fill value
+    too), or None when some part of ``spec`` cannot be hashed."""
+    fill = np.asarray(spec.fill_value)
+    key = (spec.shape, spec.dtype, spec.config, spec.prototype, fill.dtype.str, fill.tobytes())
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+class _SpecCache:
+    """Per chunk spec, what a hybrid chain derives from it: resolving a
+    spec through zarr's codecs and data type registry costs more than
+    decoding a small chunk, and every chunk of an array has the same."""
+
+    def __init__(self, derive: Callable[[ArraySpec], Any]) -> None:
+        self.derive = derive
+        self.cache: dict[tuple[Any, ...], Any] = {}
+
+    def __call__(self, spec: ArraySpec) -> Any:
+        key = _spec_key(spec)
+        if key is None:
+            return self.derive(spec)
+        found = self.cache.get(key, self)
+        if found is self:
+            # two threads may both derive it: the same value, set twice
+            found = self.cache[key] = self.derive(spec)
+        return found
+
+
 class HybridChain:
     """Python array->array stages over a native tail (see the module)."""
 
@@ -87,8 +119,9 @@ class HybridChain:
         self.tail = tail
         self.fallback = fallback
         self.reason = reason
+        self._specs = _SpecCache(self._derive_specs)
 
-    def _specs(self, spec: ArraySpec) -> list[ArraySpec] | None:
+    def _derive_specs(self, spec: ArraySpec) -> list[ArraySpec] | None:
         """The stage specs of a chunk of ``spec``; None when the native tail
         cannot take the chunk those stages resolve to (zarr's chain then
         runs the whole chunk)."""
@@ -167,8 +200,9 @@ class V2HybridChain:
         self.tail = tail
         self.fallback = fallback
         self.reason = reason
+        self._tail_spec = _SpecCache(self._derive_tail_spec)
 
-    def _tail_spec(self, spec: ArraySpec) -> ArraySpec | None:
+    def _derive_tail_spec(self, spec: ArraySpec) -> ArraySpec | None:
         why_not, count, itemsize = v2_filtered_layout(self.filters.filters or (), spec)
         if why_not or itemsize != self.tail.dtype.itemsize:
             return None
