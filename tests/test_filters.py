@@ -311,7 +311,8 @@ def plan_of(array: Any) -> Any:
 
 
 @pytest.mark.parametrize(
-    "name", [pytest.param(n, id=n) for n in ("delta-i4-zstd", "transpose-then-quantize")]
+    "name",
+    [pytest.param(n, id=n) for n in ("fixedscaleoffset-f8-i2", "transpose-then-quantize")],
 )
 def test_plan_records_python_stage(name: str) -> None:
     case = FILTER_CHAINS[name]
@@ -322,6 +323,16 @@ def test_plan_records_python_stage(name: str) -> None:
     stage = type(case["filters"]()[-1]).__name__
     assert f"{stage} run zarr's code" in plan.read_fallback
     assert plan.read_fallback == plan.write_fallback
+
+
+def test_native_stage_not_named_as_python() -> None:
+    """BitRound runs zarr's code, Delta natively: only BitRound is named."""
+    case = FILTER_CHAINS["delta-bitround-f4"]
+    with zarr.config.set(LENIENT):
+        array = create(MemoryStore(), case, [ZstdCodec()], sharded=False, fill_value=0)
+        reason = plan_of(array).read_fallback
+    assert "BitRound run zarr's code" in reason
+    assert "Delta" not in reason
 
 
 def test_strict_rejects_python_stage() -> None:
@@ -620,3 +631,45 @@ def test_v2_object_filter_stays_on_zarr() -> None:
         plan = plan_of(array)
     assert not isinstance(plan.chain, HybridChain)
     assert plan.read_fallback
+
+
+# numcodecs.delta on the native kernel: the whole chain is native, in strict mode
+
+DELTA_DTYPES = ["|i1", "|u1", "<i2", "<u4", "<i8", "<f4", "<f8"]
+
+
+@pytest.mark.parametrize("dtype", [pytest.param(d, id=d) for d in DELTA_DTYPES])
+@pytest.mark.parametrize("store_kind", ["memory", "local"])
+def test_native_delta_strict(tmp_path: Path, dtype: str, store_kind: str) -> None:
+    kind = "floats" if dtype[1] == "f" else "ints"
+    case = {"filters": lambda: [znc.Delta(dtype=dtype)], "dtype": dtype, "values": kind}
+    fill = np.nan if kind == "floats" else 3
+    stores = write_both(
+        tmp_path, case, "zstd", store_kind=store_kind, sharded=False, fill_value=fill, fused=STRICT
+    )
+    assert chunk_items(stores["fused"]) == chunk_items(stores["zarr"])
+    with zarr.config.set(STRICT):
+        array = zarr.open_array(stores["fused"], mode="r")
+        plan = plan_of(array)
+        assert isinstance(plan.chain, HybridChain) and plan.chain.native
+        assert plan.read_fallback == plan.write_fallback == ""
+        got = array[1:33:2, 3:]
+    with zarr.config.set({"codec_pipeline.path": BATCHED}):
+        expected = zarr.open_array(stores["zarr"], mode="r")[1:33:2, 3:]
+    assert_same_values(got, expected)
+
+
+@pytest.mark.parametrize(
+    "filters",
+    [
+        pytest.param(lambda: [znc.Delta(dtype="<f8", astype="<f4")], id="astype"),
+        pytest.param(lambda: [znc.Delta(dtype=">i4")], id="big-endian"),
+        pytest.param(lambda: [znc.Delta(dtype="<f2")], id="float16"),
+    ],
+)
+def test_delta_without_kernel_runs_zarrs_code(filters: Any) -> None:
+    dtype = filters()[0].codec_config["dtype"]
+    case = {"filters": filters, "dtype": dtype.replace(">", "<"), "values": "floats"}
+    with zarr.config.set(LENIENT):
+        array = create(MemoryStore(), case, [ZstdCodec()], sharded=False, fill_value=0)
+        assert "Delta run zarr's code" in plan_of(array).read_fallback

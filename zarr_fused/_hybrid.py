@@ -5,10 +5,12 @@ A chain such as ``numcodecs.delta -> bytes -> zstd`` used to leave the
 native path entirely, because one stage had no kernel. A `HybridChain`
 splits it in two:
 
-- the *Python stages*: the leading array->array codecs up to the last one
-  the kernels do not cover (a transpose after it stays native), run with
-  zarr's own ``_decode_sync`` / ``_encode_sync`` on each decoded chunk, on
-  the pool thread that decodes it;
+- the *stages*: the leading array->array codecs up to the last one the
+  tail does not cover (a transpose after it stays in the tail), run on
+  each decoded chunk, on the pool thread that decodes it: with a native
+  kernel where `zarr_fused._filter_stages` has one (``numcodecs.delta``
+  so far), else with zarr's own ``_decode_sync`` / ``_encode_sync``
+  (a *Python stage*);
 - the *native tail*: the rest (``[transpose] -> bytes -> [compressor]`` with
   its checksums), a `NativeChain` built for the chunk spec the Python stages
   resolve to, so decompression, checksums and byte swaps run in the kernels
@@ -16,9 +18,10 @@ splits it in two:
 
 The chain records which stages run Python and why (its ``reason``), so the
 plan logs it as a fallback and strict mode still rejects the array: a
-Python stage is zarr's code. Values and stored bytes are zarr's, since the
-Python stages are zarr's codecs and the tail is the native chain that
-already matches zarr's bytes.
+Python stage is zarr's code. A chain whose every stage is native has no
+reason, and strict mode accepts it. Values and stored bytes are zarr's:
+the Python stages are zarr's codecs, the native ones give numcodecs'
+bytes, and the tail is the native chain that already matches zarr's.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from zarr.codecs.transpose import TransposeCodec
 from zarr.core.array_spec import ArrayConfig, ArraySpec
 from zarr.core.dtype import get_data_type_from_native_dtype
 
+from zarr_fused._filter_stages import native_stage
 from zarr_fused._scatter_py import scatter_chunk
 from zarr_fused._v2 import V2Codec, v2_filtered_layout
 
@@ -104,9 +108,8 @@ class _SpecCache:
 
 
 class HybridChain:
-    """Python array->array stages over a native tail (see the module)."""
-
-    native = False
+    """Array->array stages over a native tail (see the module); native
+    when every stage is (``reason`` empty)."""
 
     def __init__(
         self,
@@ -119,6 +122,7 @@ class HybridChain:
         self.tail = tail
         self.fallback = fallback
         self.reason = reason
+        self.native = not reason
         self._specs = _SpecCache(self._derive_specs)
 
     def _derive_specs(self, spec: ArraySpec) -> list[ArraySpec] | None:
@@ -277,9 +281,13 @@ def hybrid_chain(
         return None
     stages, rest = codecs[:split], codecs[split:]
     inner_spec = _stage_specs(stages, spec)[-1]
-    reason = (
-        f"the array->array stages {_names(stages)} run zarr's code on each decoded "
-        "chunk (no native kernel); the rest of the chain is native"
-    )
-    tail = native_tail(rest, inner_spec, reason)
-    return None if tail is None else HybridChain(stages, tail, fallback, reason)
+    python = tuple(c for c in stages if type(c) is not TransposeCodec and native_stage(c) is None)
+    reason = ""
+    if python:
+        reason = (
+            f"the array->array stages {_names(python)} run zarr's code on each decoded "
+            "chunk (no native kernel); the rest of the chain is native"
+        )
+    tail = native_tail(rest, inner_spec, reason or "native chain declined this chunk")
+    run: tuple[Any, ...] = tuple(native_stage(c) or c for c in stages)
+    return None if tail is None else HybridChain(run, tail, fallback, reason)
