@@ -142,15 +142,19 @@ def _compare(title: str, path: Path, expected: np.ndarray, repeat: int) -> list[
     return lines
 
 
-def run(repeat: int) -> list[str]:
+def run(repeat: int, only: str = "") -> list[str]:
     out: list[str] = []
     with tempfile.TemporaryDirectory() as tmp:
         for name, chain in CHAINS.items():
+            if only not in name:
+                continue
             for sharded in (False, True):
                 label = f"{name} ({'sharded' if sharded else 'unsharded'})"
                 path = Path(tmp) / label.replace(" ", "_")
                 expected = _write(path, chain, sharded)
                 out += _compare(label, path, expected, repeat)
+        if only:
+            return out
         path = Path(tmp) / "v2"
         out += _compare("v2 delta -> blosc (unsharded)", path, _write_v2(path), repeat)
     return out
@@ -160,10 +164,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=7)
     parser.add_argument("--pin", choices=["off", "on", "both"], default="off")
+    parser.add_argument("--only", default="", help="only the chains whose name has this")
     args = parser.parse_args(argv)
     if args.pin == "both":
         for pin in ("off", "on"):
             cmd = [sys.executable, __file__, "--repeat", str(args.repeat), "--pin", pin]
+            cmd += ["--only", args.only]
             if subprocess.run(cmd, check=False).returncode:
                 return 1
         return 0
@@ -172,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     cpus = sorted(os.sched_getaffinity(0))
     pinned = "pinned" if args.pin == "on" else "unpinned"
     print(f"# filter chains, local store, CPUs {cpus} ({pinned}), {args.repeat} rounds")
-    print("\n".join(run(args.repeat)), flush=True)
+    print("\n".join(run(args.repeat, args.only)), flush=True)
     return 0
 
 
