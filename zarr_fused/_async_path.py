@@ -37,16 +37,16 @@ from warnings import warn
 
 from zarr.abc.codec import ArrayBytesCodecPartialDecodeMixin
 from zarr.codecs.sharding import ShardingCodec
-from zarr.core.chunk_utils import _merge_chunk_array, chunk_is_empty
+from zarr.core.chunk_utils import chunk_is_empty
 from zarr.core.config import config as zarr_config
 from zarr.errors import ZarrUserWarning
-from zarr.storage._obstore import _ALLOWED_EXCEPTIONS as _ABSENT
 
 from zarr_fused._chain import NativeChain
 from zarr_fused._cpus import resolve_max_workers
 from zarr_fused._items import MISSING, PRESENT, describe_key
 from zarr_fused._pool import ElasticPool, get_pool, partition
 from zarr_fused._scatter_py import fill_missing, scatter_chunk
+from zarr_fused._zarr_compat import OBJECT_ABSENT, merge_chunk_array
 from zarr_fused.chunks.async_read import ObjectChunkReader
 from zarr_fused.chunks.merge import merge_and_encode
 from zarr_fused.config import ASYNC_CONCURRENCY_KEY, shard_write_lock
@@ -237,7 +237,7 @@ class _Requests:
             try:
                 response = await obstore.get_async(store, getter.path)
                 return await response.bytes_async()
-            except _ABSENT:
+            except OBJECT_ABSENT:
                 return None
 
     async def set(self, setter: Any, value: Buffer | None) -> None:
@@ -454,7 +454,7 @@ async def _write_chunks(
         _, spec, chunk_selection, out_selection, is_complete = item
         transform = plan.async_transform
         existing_array = None if existing is None else await transform.decode_chunk(existing, spec)
-        merged = _merge_chunk_array(
+        merged = merge_chunk_array(
             existing_array, value, out_selection, spec, chunk_selection, is_complete, drop_axes
         )
         if chunk_is_empty(merged, spec):

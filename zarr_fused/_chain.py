@@ -55,6 +55,7 @@ if TYPE_CHECKING:
     from zarr.core.indexing import SelectorTuple
 
     from zarr_fused._items import ReadItem
+    from zarr_fused._zarr_compat import ChunkTransform
 
 __all__ = [
     "Chain",

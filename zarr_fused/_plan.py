@@ -15,10 +15,8 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from zarr.abc.codec import ArrayBytesCodec, _codec_supports_sync
+from zarr.abc.codec import ArrayBytesCodec
 from zarr.codecs.sharding import ShardingCodec
-from zarr.core.chunk_utils import ChunkTransform, evolve_codecs
-from zarr.core.codec_pipeline import AsyncChunkTransform
 
 from zarr_fused._chain import (
     NativeChain,
@@ -29,6 +27,15 @@ from zarr_fused._chain import (
 )
 from zarr_fused._hybrid import hybrid_chain
 from zarr_fused._native import shard_kernels
+from zarr_fused._zarr_compat import (
+    AsyncChunkTransform,
+    ChunkTransform,
+    codec_supports_sync,
+    evolve_codecs,
+    has_partial_decode,
+    has_partial_encode,
+    inner_chunk_spec,
+)
 from zarr_fused.chunks.pipelined import PipelinedChunkReader
 from zarr_fused.chunks.read import ChunkReader, NativeChunkReader, PartialDecodeReader
 from zarr_fused.chunks.write import ChunkWriter, NativeChunkWriter, PartialEncodeWriter
@@ -150,7 +157,7 @@ def shard_chain_reason(codec: Any, spec: ArraySpec) -> tuple[str, NativeChain | 
     if index_format(codec) is None:
         names = " -> ".join(type(c).__name__ for c in codec.index_codecs)
         return f"no native reader for the shard index codecs {names}", None
-    inner_spec = codec._get_chunk_spec(spec)
+    inner_spec = inner_chunk_spec(codec, spec)
     inner_codecs = evolve_codecs(codec.codecs, inner_spec)
     reason, params = native_chain_params(inner_codecs, inner_spec)
     if reason:
@@ -191,7 +198,7 @@ def build_plan(
         if spec is None:
             why = "the pipeline was not evolved for an array"
         else:
-            names = ", ".join(type(c).__name__ for c in codecs if not _codec_supports_sync(c))
+            names = ", ".join(type(c).__name__ for c in codecs if not codec_supports_sync(c))
             why = f"codecs without synchronous implementations ({names})"
         return PipelinePlan(
             async_array_bytes_codec, None, async_transform, partial_decode, None, None, why, why
@@ -224,7 +231,7 @@ def _reader(
     chain: Chain, array_bytes_codec: ArrayBytesCodec, spec: ArraySpec, partial_decode: bool
 ) -> tuple[Reader, str]:
     """The synchronous reader, and why any reading falls back ("" if none)."""
-    if partial_decode and hasattr(array_bytes_codec, "_decode_partial_sync"):
+    if partial_decode and has_partial_decode(array_bytes_codec):
         reader = PartialDecodeReader(array_bytes_codec)
         reason, inner = shard_chain_reason(array_bytes_codec, spec)
         if inner is None:
@@ -242,7 +249,7 @@ def _writer(
     chain: Chain, array_bytes_codec: ArrayBytesCodec, spec: ArraySpec, partial_encode: bool
 ) -> tuple[Writer, str]:
     """The synchronous writer, and why any writing falls back ("" if none)."""
-    if partial_encode and hasattr(array_bytes_codec, "_encode_partial_sync"):
+    if partial_encode and has_partial_encode(array_bytes_codec):
         writer = PartialEncodeWriter(array_bytes_codec)
         reason, inner = shard_chain_reason(array_bytes_codec, spec)
         if inner is None:

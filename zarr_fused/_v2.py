@@ -51,13 +51,14 @@ from numcodecs.quantize import Quantize
 from numcodecs.shuffle import Shuffle
 from numcodecs.zlib import Zlib
 from numcodecs.zstd import Zstd
-from zarr.codecs._v2 import V2Codec
 from zarr.codecs.blosc import BloscCodec
 from zarr.codecs.bytes import BytesCodec
 from zarr.codecs.gzip import GzipCodec
 from zarr.codecs.transpose import TransposeCodec
 from zarr.codecs.zstd import ZstdCodec
 from zarr.core.dtype.common import HasEndianness
+
+from zarr_fused._zarr_compat import V2Codec
 
 if TYPE_CHECKING:
     from collections.abc import Callable

@@ -22,19 +22,19 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from warnings import warn
 
-from zarr.abc.store import SyncByteGetter, SyncByteSetter, _store_supports_sync_io
+from zarr.abc.store import SyncByteGetter, SyncByteSetter
 from zarr.core import codec_pipeline as _zarr_pipeline
-from zarr.core.chunk_utils import ChunkTransform, evolve_codecs
 from zarr.core.codec_pipeline import codecs_from_list, codecs_from_list_unchecked
 from zarr.core.config import config as zarr_config
 from zarr.registry import register_pipeline
-from zarr.storage._common import StorePath
+from zarr.storage import StorePath
 
 from zarr_fused._async_path import read_async, write_async
 from zarr_fused._cpus import resolve_max_workers
 from zarr_fused._native import missing_message
 from zarr_fused._plan import PipelinePlan, build_plan
 from zarr_fused._pool import off_loop
+from zarr_fused._zarr_compat import ChunkTransform, evolve_codecs, store_supports_sync_io
 from zarr_fused.config import strict_mode
 from zarr_fused.errors import NativeExtensionError, ZarrFusedWarning
 from zarr_fused.io.full import write_with_fewer_in_flight
@@ -79,7 +79,7 @@ def _has_sync_io(target: Any, *, write: bool) -> bool:
     the whole synchronous surface, or another getter/setter (the sharding
     codec's in-memory ones) that implements the sync protocol."""
     if isinstance(target, StorePath):
-        return _store_supports_sync_io(target.store)
+        return store_supports_sync_io(target.store)
     return isinstance(target, SyncByteSetter if write else SyncByteGetter)
 
 

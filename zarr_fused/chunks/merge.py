@@ -6,10 +6,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, cast
 
 import numpy as np
-from zarr.core.chunk_utils import _merge_chunk_array, chunk_is_empty, fill_value_or_default
+from zarr.core.chunk_utils import chunk_is_empty, fill_value_or_default
 from zarr.core.indexing import is_scalar
 
 from zarr_fused._dtypes import in_byte_order
+from zarr_fused._zarr_compat import merge_chunk_array
 
 if TYPE_CHECKING:
     from zarr.core.array_spec import ArraySpec
@@ -32,7 +33,7 @@ def merge_and_encode(
     """Bytes to store for one chunk, or None when it must not be stored."""
     setter, spec, chunk_selection, out_selection, is_complete = item
     existing_array = None if existing is None else chain.decode(existing, spec, setter)
-    merged = _merge_chunk_array(
+    merged = merge_chunk_array(
         existing_array, value, out_selection, spec, chunk_selection, is_complete, drop_axes
     )
     if chunk_is_empty(merged, spec):

@@ -30,6 +30,7 @@ from zarr_fused._dtypes import fill_pattern
 from zarr_fused._items import MISSING, PRESENT
 from zarr_fused._pool import partition, run_parallel
 from zarr_fused._scatter_py import fill_missing, scatter_chunk
+from zarr_fused._zarr_compat import decode_partial_sync
 from zarr_fused.io.local import local_files
 
 if TYPE_CHECKING:
@@ -235,7 +236,7 @@ class PartialDecodeReader:
         drop_axes: tuple[int, ...],
         max_workers: int,
     ) -> tuple[GetResult, ...]:
-        decode_partial = self.codec._decode_partial_sync  # type: ignore[attr-defined]
+        decode_partial = decode_partial_sync(self.codec)
 
         def read_one(item: ReadItem) -> GetResult:
             getter, spec, chunk_selection, out_selection, _ = item

@@ -45,6 +45,7 @@ from zarr.core.chunk_utils import chunk_is_empty
 from zarr_fused._dtypes import empty, empty_rule_pattern
 from zarr_fused._native import io_kernels
 from zarr_fused._pool import partition, run_parallel
+from zarr_fused._zarr_compat import encode_partial_sync
 from zarr_fused.chunks.merge import merge_and_encode, merge_owned
 from zarr_fused.io.engine import Writes, resolve_io_concurrency, write_window
 from zarr_fused.io.local import local_files, make_parents, write_parts
@@ -164,7 +165,7 @@ class PartialEncodeWriter:
     ) -> None:
         """`write` with the holds given (None: none taken, as when the
         caller holds the shard already)."""
-        encode_partial = self.codec._encode_partial_sync  # type: ignore[attr-defined]
+        encode_partial = encode_partial_sync(self.codec)
         scalar = len(value.shape) == 0
 
         def write_one(item: WriteItem) -> None:

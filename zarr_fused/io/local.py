@@ -15,10 +15,10 @@ import functools
 import os
 from typing import TYPE_CHECKING, Any
 
-from zarr.storage import LocalStore
-from zarr.storage._common import StorePath
+from zarr.storage import LocalStore, StorePath
 
 from zarr_fused._native import io_kernels, shard_local_kernels
+from zarr_fused._zarr_compat import open_local_store
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -55,9 +55,7 @@ def local_files(
     for getter, *_ in batch:
         if type(getter) is not StorePath or getter.store is not store:
             return None
-    store._ensure_open_sync()
-    if write:
-        store._check_writable()
+    open_local_store(store, write=write)
     return _root_prefix(store.root)
 
 

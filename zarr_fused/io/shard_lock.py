@@ -98,9 +98,9 @@ from typing import TYPE_CHECKING, Any, Final
 from warnings import warn
 
 from zarr.errors import ZarrUserWarning
-from zarr.storage import LocalStore, MemoryStore
-from zarr.storage._common import StorePath
+from zarr.storage import LocalStore, MemoryStore, StorePath
 
+from zarr_fused._zarr_compat import memory_store_dict
 from zarr_fused.config import SHARD_WRITE_LOCK_KEY, shard_write_lock
 
 if TYPE_CHECKING:
@@ -485,5 +485,5 @@ def shard_locks(batch: Sequence[tuple[Any, ...]]) -> ShardLocks | None:
         return ShardLocks(os.fsencode(store.root) + b"/", id(store))
     if type(store) is MemoryStore:
         # two MemoryStore objects over one dict hold the same keys
-        return ShardLocks(None, id(store._store_dict))
+        return ShardLocks(None, id(memory_store_dict(store)))
     return ShardLocks(None, id(store))

@@ -25,8 +25,9 @@ import threading
 import weakref
 from typing import Any
 
-from zarr.storage import LocalStore
-from zarr.storage._common import StorePath
+from zarr.storage import LocalStore, StorePath
+
+from zarr_fused._zarr_compat import fsspec_store_module
 
 __all__ = ["local_store_for", "with_local_files"]
 
@@ -56,7 +57,7 @@ def local_store_for(store: Any, *, write: bool = False) -> LocalStore | None:
     """A `LocalStore` over the same files as ``store`` when ``store`` is an
     `FsspecStore` on fsspec's local filesystem (for ``write``, one that
     creates directories), else None (cached per store)."""
-    fsspec_store = sys.modules.get("zarr.storage._fsspec")
+    fsspec_store = fsspec_store_module()
     if fsspec_store is None or type(store) is not fsspec_store.FsspecStore:
         return None
     if write and not getattr(_sync_fs(store.fs), "auto_mkdir", False):

@@ -31,7 +31,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 from zarr.abc.store import RangeByteRequest, SuffixByteRequest
-from zarr.core._coalesce import coalesce_ranges
 
 from zarr_fused._cpus import resolve_max_workers
 from zarr_fused._dtypes import fill_pattern
@@ -39,6 +38,7 @@ from zarr_fused._items import MISSING, PRESENT, describe_key
 from zarr_fused._native import shard_kernels
 from zarr_fused._pool import partition
 from zarr_fused._scatter_py import fill_missing
+from zarr_fused._zarr_compat import coalesce_ranges, inner_chunk_spec
 from zarr_fused.errors import CorruptShardError
 from zarr_fused.shard.buffers import RawBuffer
 from zarr_fused.shard.index import (
@@ -312,4 +312,4 @@ class _AsyncBatch:
         group.run()
 
     def _inner_spec(self, i: int) -> ArraySpec:
-        return self.reader.codec._get_chunk_spec(self.batch[i][1])
+        return inner_chunk_spec(self.reader.codec, self.batch[i][1])

@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
 from zarr_fused._cpus import resolve_max_workers
 from zarr_fused._native import shard_kernels
 from zarr_fused._pool import partition
+from zarr_fused._zarr_compat import inner_chunk_spec
 from zarr_fused.io.object_cas import NOTHING
 from zarr_fused.shard.index import stored_payloads, whole_shard
 
@@ -86,7 +87,7 @@ class AsyncShardWriter:
         if shard_kernels is None:
             return None
         writer = self.writer
-        inner_spec = writer.codec._get_chunk_spec(batch[0][1])
+        inner_spec = inner_chunk_spec(writer.codec, batch[0][1])
         if not writer.accepts(value.as_ndarray_like(), drop_axes, inner_spec):
             return None
         plans = [
@@ -133,7 +134,7 @@ class _AsyncWrite:
         self.tracker = tracker
         # a NumPy array: `AsyncShardWriter.applies` checked it
         data = cast("np.ndarray", value.as_ndarray_like())
-        inner_spec = writer.codec._get_chunk_spec(batch[0][1])
+        inner_spec = inner_chunk_spec(writer.codec, batch[0][1])
         self.ctx: _Write = writer._context(batch, value, data, drop_axes, inner_spec)
         self.workers = resolve_max_workers()
         #: workers one shard's encodes spread over (1 when shards go round)

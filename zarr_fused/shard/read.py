@@ -29,7 +29,7 @@ import time
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
-from zarr.abc.store import RangeByteRequest, Store, SuffixByteRequest, _store_supports_sync_io
+from zarr.abc.store import RangeByteRequest, Store, SuffixByteRequest
 from zarr.core.chunk_grids import ChunkGrid
 from zarr.core.indexing import get_indexer
 
@@ -38,6 +38,7 @@ from zarr_fused._items import MISSING, PRESENT, describe_key
 from zarr_fused._native import shard_kernels
 from zarr_fused._pool import partition, run_parallel
 from zarr_fused._scatter_py import fill_missing, scatter_array
+from zarr_fused._zarr_compat import inner_chunk_spec, store_supports_sync_io
 from zarr_fused.errors import CorruptShardError
 from zarr_fused.io.local import LOCAL_MAX_GAP, local_files, read_shard_part
 from zarr_fused.shard.buffers import RawBuffer, buffers
@@ -237,7 +238,7 @@ class ShardReader:
     ) -> list[np.ndarray] | None:
         """The bytes of ``ranges`` of the key, None when it is missing."""
         store = getattr(getter, "store", None)
-        if isinstance(store, Store) and _store_supports_sync_io(store):
+        if isinstance(store, Store) and store_supports_sync_io(store):
             results: list[Any] = [None] * len(ranges)
             try:
                 for i, buf in store.get_ranges_sync(
@@ -378,7 +379,7 @@ class ShardReader:
             if not queued:
                 general.append((lin, raw, inner_selection, temp_selection))
         group.run()
-        inner_spec = self.codec._get_chunk_spec(spec)
+        inner_spec = inner_chunk_spec(self.codec, spec)
         for lin, raw, inner_selection, temp_selection in general:
             if raw is None:
                 fill_missing(temp, temp_selection, inner_spec)

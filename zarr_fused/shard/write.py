@@ -57,6 +57,7 @@ from zarr.storage import MemoryStore
 from zarr_fused._dtypes import empty, empty_rule_pattern, in_byte_order
 from zarr_fused._native import index_kernels, shard_kernels
 from zarr_fused._pool import partition, run_parallel
+from zarr_fused._zarr_compat import inner_chunk_spec, inner_write_order
 from zarr_fused.chunks.merge import merge_owned
 from zarr_fused.io.engine import Batch, Writes, io_threads, resolve_io_concurrency, run_pipelined
 from zarr_fused.io.local import local_files, make_parents, write_parts
@@ -217,7 +218,7 @@ class ShardWriter:
         """Linear indices of the inner chunks in the codec's write order."""
         order = self._orders.get(grid)
         if order is None:
-            coords = list(self.codec._subchunk_order_iter(grid, self.codec.subchunk_write_order))
+            coords = list(inner_write_order(self.codec, grid))
             order = np.array([np.ravel_multi_index(tuple(c), grid) for c in coords], dtype=np.intp)
             with self._lock:
                 self._orders[grid] = order
@@ -253,7 +254,7 @@ class ShardWriter:
         max_workers: int,
     ) -> None:
         _, spec0, *_ = batch[0]
-        inner_spec = self.codec._get_chunk_spec(spec0)
+        inner_spec = inner_chunk_spec(self.codec, spec0)
         data = value.as_ndarray_like()
         locks = shard_locks(batch)
         if not self.accepts(data, drop_axes, inner_spec):
