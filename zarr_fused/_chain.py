@@ -36,7 +36,6 @@ from zarr.codecs.numcodecs import Zlib as NumcodecsZlib
 from zarr.codecs.transpose import TransposeCodec
 from zarr.codecs.zstd import ZstdCodec
 from zarr.core.buffer import cpu
-from zarr.core.chunk_utils import ChunkTransform
 from zarr.core.dtype.common import HasEndianness
 from zarr.core.dtype.npy.structured import Struct
 
@@ -45,6 +44,7 @@ from zarr_fused._items import describe_chunk
 from zarr_fused._native import batch_kernels, codec_kernels, scatter_kernels
 from zarr_fused._scatter_py import fill_missing, scatter_array, scatter_chunk
 from zarr_fused._v2 import V2Codec, v2_chain_params
+from zarr_fused._zarr_compat import ChunkTransform, numcodec_inside
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -55,7 +55,6 @@ if TYPE_CHECKING:
     from zarr.core.indexing import SelectorTuple
 
     from zarr_fused._items import ReadItem
-    from zarr_fused._zarr_compat import ChunkTransform
 
 __all__ = [
     "Chain",
@@ -322,7 +321,7 @@ def _bytes_to_bytes_params(codecs: tuple[Codec, ...], names: str) -> tuple[str, 
         elif type(codec) in (NumcodecsGZip, NumcodecsZlib):
             # ``numcodecs.gzip`` / ``numcodecs.zlib``: numcodecs' GZip (what
             # zarr's gzip codec runs too) and Zlib (format 2's zlib kernel)
-            numcodec: Any = codec._codec  # type: ignore[union-attr]
+            numcodec = numcodec_inside(codec)
             kind = "gzip" if type(codec) is NumcodecsGZip else "zlib"
             params.update(compressor=kind, level=numcodec.level)
         elif type(codec) is BloscCodec:

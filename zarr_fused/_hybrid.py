@@ -34,9 +34,10 @@ from zarr.codecs.transpose import TransposeCodec
 from zarr.core.array_spec import ArrayConfig, ArraySpec
 from zarr.core.dtype import get_data_type_from_native_dtype
 
-from zarr_fused._filter_stages import native_stage
+from zarr_fused._filter_stages import PythonStage, stage
 from zarr_fused._scatter_py import scatter_chunk
 from zarr_fused._v2 import V2Codec, v2_filtered_layout
+from zarr_fused._zarr_compat import codec_decode_sync, codec_encode_sync
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -67,7 +68,7 @@ def split_python_stages(codecs: tuple[Codec, ...]) -> int:
     return split
 
 
-def _stage_specs(stages: tuple[Codec, ...], spec: ArraySpec) -> list[ArraySpec]:
+def _stage_specs(stages: tuple[Any, ...], spec: ArraySpec) -> list[ArraySpec]:
     """The chunk spec before each stage, then the one after the last."""
     specs = [spec]
     for codec in stages:
@@ -113,7 +114,7 @@ class HybridChain:
 
     def __init__(
         self,
-        stages: tuple[Any, ...],
+        stages: tuple[PythonStage, ...],
         tail: NativeChain,
         fallback: TransformChain,
         reason: str,
@@ -135,7 +136,7 @@ class HybridChain:
     def _after_stages(self, chunk: NDBuffer, specs: list[ArraySpec]) -> NDBuffer:
         """Undo the Python stages on a chunk the tail decoded."""
         for codec, stage_spec in zip(self.stages[::-1], specs[-2::-1], strict=True):
-            chunk = codec._decode_sync(chunk, stage_spec)
+            chunk = codec.decode(chunk, stage_spec)
         return chunk
 
     def decode(self, raw: Buffer, spec: ArraySpec, key: Any = None) -> NDBuffer:
@@ -166,7 +167,7 @@ class HybridChain:
         chunk: NDBuffer | None = array
         for codec, stage_spec in zip(self.stages, specs, strict=False):
             assert chunk is not None
-            chunk = codec._encode_sync(chunk, stage_spec)
+            chunk = codec.encode(chunk, stage_spec)
             if chunk is None:  # the stage elides the chunk, as in zarr's chain
                 return None
         assert chunk is not None
@@ -218,7 +219,9 @@ class V2HybridChain:
         if flat is None:
             return self.fallback.decode(raw, spec)
         filtered = self.tail.decode_array(raw, flat, key).view(np.uint8)
-        return self.filters._decode_sync(spec.prototype.buffer.from_array_like(filtered), spec)
+        raw = spec.prototype.buffer.from_array_like(filtered)
+        decoded: NDBuffer = codec_decode_sync(self.filters, raw, spec)
+        return decoded
 
     def decode_into(
         self,
@@ -237,7 +240,7 @@ class V2HybridChain:
         flat = self._tail_spec(spec)
         if flat is None:
             return self.fallback.encode(array, spec)
-        filtered = self.filters._encode_sync(array, spec)
+        filtered = codec_encode_sync(self.filters, array, spec)
         assert filtered is not None
         data = filtered.as_numpy_array()
         if data.nbytes != flat.shape[0] * self.tail.dtype.itemsize:
@@ -281,7 +284,10 @@ def hybrid_chain(
         return None
     stages, rest = codecs[:split], codecs[split:]
     inner_spec = _stage_specs(stages, spec)[-1]
-    python = tuple(c for c in stages if type(c) is not TransposeCodec and native_stage(c) is None)
+    run = tuple(stage(c) for c in stages)
+    python = tuple(
+        r.codec for r in run if type(r) is PythonStage and type(r.codec) is not TransposeCodec
+    )
     reason = ""
     if python:
         reason = (
@@ -289,5 +295,4 @@ def hybrid_chain(
             "chunk (no native kernel); the rest of the chain is native"
         )
     tail = native_tail(rest, inner_spec, reason or "native chain declined this chunk")
-    run: tuple[Any, ...] = tuple(native_stage(c) or c for c in stages)
     return None if tail is None else HybridChain(run, tail, fallback, reason)

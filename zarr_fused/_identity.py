@@ -27,6 +27,7 @@ from zarr.codecs.zstd import ZstdCodec
 
 from zarr_fused._native import codec_kernels
 from zarr_fused._v2 import V2Codec, v2_byte_identical
+from zarr_fused._zarr_compat import numcodec_inside
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -137,7 +138,7 @@ def _codec_identical(
             and 1 <= codec.level <= 9
         )
     if type(codec) in (NumcodecsGZip, NumcodecsZlib):
-        numcodec: Any = codec._codec  # type: ignore[union-attr]
+        numcodec = numcodec_inside(codec)
         if type(codec) is NumcodecsGZip:  # the codec zarr's gzip runs
             gzip = GzipCodec(level=numcodec.level)
             return _codec_identical(gzip, versions, measured, gzip_mtime_zero)
