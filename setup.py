@@ -47,6 +47,12 @@ EXTENSIONS: list[dict] = [
         "libraries": [],
     },
     {
+        "name": "zarr_fused._filters",
+        "sources": ["zarr_fused/_filters.pyx"],
+        "depends": [],
+        "libraries": [],
+    },
+    {
         "name": "zarr_fused._localio",
         "sources": ["zarr_fused/_localio.pyx"],
         "depends": ["zarr_fused/_localio.pxd"],

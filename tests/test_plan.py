@@ -153,6 +153,7 @@ def test_native_info_reports_codecs() -> None:
         "zarr_fused._shard_index": True,
         "zarr_fused._shard": True,
         "zarr_fused._shard_local": True,
+        "zarr_fused._filters": True,
     }
     assert set(info["codecs"]) == {"bytes", "transpose", "crc32c", "zstd", "gzip", "blosc"}
     assert {"zstd", "zlib", "blosc", "crc32c"} <= set(info["libraries"])
@@ -349,6 +350,7 @@ _EXTENSIONS = (
     "_shard_index",
     "_shard",
     "_shard_local",
+    "_filters",
 )
 
 

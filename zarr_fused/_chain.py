@@ -13,9 +13,10 @@ kind they hold:
     bytes to store, or None when a codec elides the chunk.
 
 `build_chain` recognises the chains the native kernels cover,
-``[transpose...] -> bytes -> [zstd | gzip | blosc] with crc32c before or
-after the compressor``, for fixed-size data types on CPU buffers, and
-records for any other chain why it stays on zarr's code.
+``[transpose...] -> bytes -> [zstd | gzip | blosc | numcodecs.gzip |
+numcodecs.zlib] with crc32c before or after the compressor``, for fixed-size
+data types on CPU buffers, and records for any other chain why it stays on
+zarr's code (`zarr_fused._hybrid` then runs what it can of it natively).
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ from zarr.codecs.blosc import BloscCodec
 from zarr.codecs.bytes import BytesCodec
 from zarr.codecs.crc32c_ import Crc32cCodec
 from zarr.codecs.gzip import GzipCodec
+from zarr.codecs.numcodecs import GZip as NumcodecsGZip
+from zarr.codecs.numcodecs import Zlib as NumcodecsZlib
 from zarr.codecs.transpose import TransposeCodec
 from zarr.codecs.zstd import ZstdCodec
 from zarr.core.buffer import cpu
@@ -41,6 +44,7 @@ from zarr_fused._items import describe_chunk
 from zarr_fused._native import batch_kernels, codec_kernels, scatter_kernels
 from zarr_fused._scatter_py import fill_missing, scatter_array, scatter_chunk
 from zarr_fused._v2 import V2Codec, v2_chain_params
+from zarr_fused._zarr_compat import ChunkTransform, numcodec_inside
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -51,7 +55,6 @@ if TYPE_CHECKING:
     from zarr.core.indexing import SelectorTuple
 
     from zarr_fused._items import ReadItem
-    from zarr_fused._zarr_compat import ChunkTransform
 
 __all__ = [
     "Chain",
@@ -60,6 +63,7 @@ __all__ = [
     "TransformChain",
     "build_chain",
     "native_chain_params",
+    "native_tail",
 ]
 
 # dtype kinds the native chain stores: fixed-size, no Python objects
@@ -314,6 +318,12 @@ def _bytes_to_bytes_params(codecs: tuple[Codec, ...], names: str) -> tuple[str, 
             params.update(compressor="zstd", level=codec.level, checksum=codec.checksum)
         elif type(codec) is GzipCodec:
             params.update(compressor="gzip", level=codec.level)
+        elif type(codec) in (NumcodecsGZip, NumcodecsZlib):
+            # ``numcodecs.gzip`` / ``numcodecs.zlib``: numcodecs' GZip (what
+            # zarr's gzip codec runs too) and Zlib (format 2's zlib kernel)
+            numcodec = numcodec_inside(codec)
+            kind = "gzip" if type(codec) is NumcodecsGZip else "zlib"
+            params.update(compressor=kind, level=numcodec.level)
         elif type(codec) is BloscCodec:
             cname = codec.cname
             if cname not in codec_kernels.library_versions()["blosc_compressors"]:
@@ -385,3 +395,13 @@ def build_chain(codecs: tuple[Codec, ...], spec: ArraySpec, transform: ChunkTran
     if reason:
         return fallback
     return NativeChain(spec, params, fallback)
+
+
+def native_tail(codecs: tuple[Codec, ...], spec: ArraySpec, reason: str) -> NativeChain | None:
+    """The native chain for ``codecs`` run after Python stages (see
+    `zarr_fused._hybrid`) on chunks of ``spec``, or None when the kernels do
+    not cover them; ``reason`` says why the whole chain is not native."""
+    why_not, params = native_chain_params(codecs, spec)
+    if why_not:
+        return None
+    return NativeChain(spec, params, TransformChain(ChunkTransform(codecs=codecs), reason))

@@ -21,10 +21,13 @@ from typing import TYPE_CHECKING, Any
 
 from zarr.codecs.blosc import BloscCodec
 from zarr.codecs.gzip import GzipCodec
+from zarr.codecs.numcodecs import GZip as NumcodecsGZip
+from zarr.codecs.numcodecs import Zlib as NumcodecsZlib
 from zarr.codecs.zstd import ZstdCodec
 
 from zarr_fused._native import codec_kernels
 from zarr_fused._v2 import V2Codec, v2_byte_identical
+from zarr_fused._zarr_compat import numcodec_inside
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -134,6 +137,13 @@ def _codec_identical(
             and versions["zlib"] == versions["python_zlib"]
             and 1 <= codec.level <= 9
         )
+    if type(codec) in (NumcodecsGZip, NumcodecsZlib):
+        numcodec = numcodec_inside(codec)
+        if type(codec) is NumcodecsGZip:  # the codec zarr's gzip runs
+            gzip = GzipCodec(level=numcodec.level)
+            return _codec_identical(gzip, versions, measured, gzip_mtime_zero)
+        # levels 1-9, as for gzip
+        return versions["zlib"] == versions["python_zlib"] and 1 <= numcodec.level <= 9
     if type(codec) is BloscCodec:
         if codec.cname not in versions["blosc_compressors"]:
             return True  # zarr's own code encodes it

@@ -24,6 +24,7 @@ _EXTENSIONS = (
     "_shard_index",
     "_shard",
     "_shard_local",
+    "_filters",
 )
 
 _modules: dict[str, ModuleType] = {}
@@ -46,6 +47,7 @@ if TYPE_CHECKING:
     from zarr_fused import _codec_batch as batch_kernels
     from zarr_fused import _codecs as codec_kernels
     from zarr_fused import _fileio as fileio_kernels
+    from zarr_fused import _filters as filter_kernels
     from zarr_fused import _localio as io_kernels
     from zarr_fused import _scatter as scatter_kernels
     from zarr_fused import _shard as shard_kernels
@@ -60,6 +62,7 @@ else:
     shard_local_kernels = _usable.get("_shard_local")
     io_kernels = _usable.get("_localio")
     fileio_kernels = _usable.get("_fileio")
+    filter_kernels = _usable.get("_filters")
 
 
 def missing_message() -> str:

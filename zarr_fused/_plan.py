@@ -18,7 +18,14 @@ from typing import TYPE_CHECKING, Any
 from zarr.abc.codec import ArrayBytesCodec
 from zarr.codecs.sharding import ShardingCodec
 
-from zarr_fused._chain import NativeChain, TransformChain, build_chain, native_chain_params
+from zarr_fused._chain import (
+    NativeChain,
+    TransformChain,
+    build_chain,
+    native_chain_params,
+    native_tail,
+)
+from zarr_fused._hybrid import hybrid_chain
 from zarr_fused._native import shard_kernels
 from zarr_fused._zarr_compat import (
     AsyncChunkTransform,
@@ -198,6 +205,8 @@ def build_plan(
         )
 
     chain = build_chain(codecs, spec, sync_transform)
+    if isinstance(chain, TransformChain):
+        chain = hybrid_chain(codecs, spec, chain, native_tail) or chain
     reader, read_fallback = _reader(chain, array_bytes_codec, spec, partial_decode)
     writer, write_fallback = _writer(chain, array_bytes_codec, spec, partial_encode)
     return PipelinePlan(

@@ -16,14 +16,17 @@ makes for such a chain:
   codecs of the same names use (zarr's format-3 codecs call the same
   numcodecs classes); ``Zlib`` is the zlib-format mode of the gzip kernel.
 
+Filters with a fixed output size (``Delta``, ``FixedScaleOffset``,
+``Quantize``, ``BitRound``, ``AsType``, ``Shuffle``) make a hybrid chain
+(`zarr_fused._hybrid`): the filters run zarr's code on each chunk, the
+compressor runs natively over the filtered bytes, whose size
+`v2_filtered_layout` derives from the filters' parameters (the native
+decompressor insists on it). Strict mode still rejects such an array.
+
 What stays on zarr's code, per array, with the reason recorded in the plan:
 
-- every filter. The format-2 data in the wild (OME-Zarr 0.4 images, xarray's
-  climate stores) is a compressor over plain chunks; filters are rare there,
-  and the common ones either need Python objects (``VLenUTF8`` for object
-  strings) or are lossy transforms (``Quantize``, ``BitRound``,
-  ``FixedScaleOffset``) whose NumPy rounding a kernel would have to copy
-  bit for bit. They are not worth a kernel each;
+- other filters (``VLenUTF8`` and ``VLenBytes`` for object strings, whose
+  framing has no native parser yet; ``PackBits``, ``Categorize``, ...);
 - ``LZ4`` (numcodecs' own framing of an LZ4 block): zarr_fused is not linked
   with liblz4 (it reaches the process only inside c-blosc, without headers);
 - every other compressor (``BZ2``, ``LZMA``, ``Zfpy``, ...), subclasses of
@@ -34,10 +37,18 @@ What stays on zarr's code, per array, with the reason recorded in the plan:
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+from numcodecs.astype import AsType
+from numcodecs.bitround import BitRound
 from numcodecs.blosc import Blosc
+from numcodecs.delta import Delta
+from numcodecs.fixedscaleoffset import FixedScaleOffset
 from numcodecs.gzip import GZip
+from numcodecs.quantize import Quantize
+from numcodecs.shuffle import Shuffle
 from numcodecs.zlib import Zlib
 from numcodecs.zstd import Zstd
 from zarr.codecs.blosc import BloscCodec
@@ -55,7 +66,7 @@ if TYPE_CHECKING:
     from zarr.abc.codec import Codec
     from zarr.core.array_spec import ArraySpec
 
-__all__ = ["V2Codec", "v2_byte_identical", "v2_chain_params"]
+__all__ = ["V2Codec", "v2_byte_identical", "v2_chain_params", "v2_filtered_layout"]
 
 #: numcodecs Blosc's shuffle numbers as the kernel names them (AUTOSHUFFLE,
 #: -1, is resolved per item size first, as numcodecs does)
@@ -109,6 +120,39 @@ def _compressor_params(compressor: Any, itemsize: int) -> tuple[str, dict[str, A
             "(it reaches the process only inside c-blosc)"
         ), {}
     return f"no native kernel for the zarr format 2 compressor {_codec_id(compressor)!r}", {}
+
+
+def _filtered_item(f: Any, count: int, itemsize: int) -> tuple[int, int] | None:
+    """The element count and item size ``f`` encodes ``count`` items of
+    ``itemsize`` bytes to; None for a filter whose output size is not fixed
+    by those (or that zarr_fused does not know)."""
+    kind = type(f)
+    if kind in (Delta, FixedScaleOffset, Quantize):
+        return count, np.dtype(f.astype).itemsize
+    if kind is AsType:
+        return count, np.dtype(f.encode_dtype).itemsize
+    if kind is BitRound:
+        return count, itemsize  # the same bits, viewed as integers
+    if kind is Shuffle:
+        return count * itemsize, 1  # bytes
+    return None
+
+
+def v2_filtered_layout(filters: tuple[Any, ...], spec: ArraySpec) -> tuple[str, int, int]:
+    """``("", count, item size)`` of a chunk of ``spec`` after ``filters``
+    (the array the compressor receives), or ``(why not, 0, 0)``."""
+    dtype = spec.dtype.to_native_dtype()
+    if dtype.hasobject:
+        return f"data type {spec.dtype} is decoded by zarr", 0, 0
+    count, itemsize = math.prod(spec.shape), dtype.itemsize
+    for f in filters:
+        item = _filtered_item(f, count, itemsize)
+        if item is None:
+            return f"the zarr format 2 filter {_codec_id(f)!r} has no fixed output size", 0, 0
+        count, itemsize = item
+    if itemsize not in (1, 2, 4, 8):
+        return f"filtered items of {itemsize} bytes are decoded by zarr", 0, 0
+    return "", count, itemsize
 
 
 def layout_codecs(spec: ArraySpec) -> tuple[Codec, ...]:

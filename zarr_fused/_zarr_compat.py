@@ -44,6 +44,8 @@ __all__ = [
     "ChunkTransform",
     "V2Codec",
     "coalesce_ranges",
+    "codec_decode_sync",
+    "codec_encode_sync",
     "codec_supports_sync",
     "decode_partial_sync",
     "encode_partial_sync",
@@ -55,6 +57,7 @@ __all__ = [
     "inner_write_order",
     "memory_store_dict",
     "merge_chunk_array",
+    "numcodec_inside",
     "open_local_store",
     "store_supports_sync_io",
 ]
@@ -86,6 +89,22 @@ def inner_write_order(codec: ShardingCodec, grid: tuple[int, ...]) -> Iterable[t
 def codec_supports_sync(codec: object) -> bool:
     """Whether ``codec`` has zarr's synchronous encode and decode."""
     return bool(_codec_supports_sync(codec))
+
+
+def codec_decode_sync(codec: object, data: Any, spec: ArraySpec) -> Any:
+    """``codec``'s synchronous decode of one chunk (a hybrid chain's
+    Python stage)."""
+    return codec._decode_sync(data, spec)  # type: ignore[attr-defined]
+
+
+def codec_encode_sync(codec: object, data: Any, spec: ArraySpec) -> Any:
+    """``codec``'s synchronous encode of one chunk (None: elided)."""
+    return codec._encode_sync(data, spec)  # type: ignore[attr-defined]
+
+
+def numcodec_inside(codec: object) -> Any:
+    """The numcodecs codec one of zarr's ``numcodecs.*`` codecs runs."""
+    return codec._codec  # type: ignore[attr-defined]
 
 
 def open_local_store(store: LocalStore, *, write: bool) -> None:

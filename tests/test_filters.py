@@ -1,0 +1,675 @@
+"""Codec chains with array->array filters, and numcodecs' compressors.
+
+Every test writes and reads the same array through zarr_fused and through
+zarr's `BatchedCodecPipeline` (the oracle): values must agree, and stored
+chunks must agree byte for byte wherever `byte_identical` claims it.
+
+Chains with a filter that has no native kernel run as hybrid chains
+(`zarr_fused._hybrid`): the filter runs zarr's code, the rest natively;
+strict mode rejects them. ``numcodecs.zlib`` and ``numcodecs.gzip`` run on
+the native zlib and gzip kernels, in strict mode.
+"""
+
+from __future__ import annotations
+
+import gzip
+from pathlib import Path
+from typing import Any
+
+import numcodecs
+import numpy as np
+import pytest
+import zarr
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from zarr.codecs import (
+    BloscCodec,
+    BytesCodec,
+    Crc32cCodec,
+    ShardingCodec,
+    TransposeCodec,
+    ZstdCodec,
+)
+from zarr.codecs import numcodecs as znc
+from zarr.codecs._v2 import V2Codec
+from zarr.codecs.scale_offset import ScaleOffset
+from zarr.storage import MemoryStore
+
+from zarr_fused._hybrid import HybridChain, split_python_stages
+from zarr_fused._identity import byte_identical
+from zarr_fused.errors import DecompressionError, UnsupportedError
+
+from helpers import BATCHED, FUSED, assert_same_values, chunk_items, make_store
+from helpers.s3 import LatencyProxy
+from helpers.s3_stores import new_prefix, open_store
+
+STRICT = {"codec_pipeline.path": FUSED, "codec_pipeline.strict": True}
+LENIENT = {"codec_pipeline.path": FUSED, "codec_pipeline.strict": False}
+
+SHAPE = (37, 29)  # edge chunks on both axes
+CHUNKS = (16, 12)
+
+
+def _cast_value(data_type: str) -> Any:
+    pytest.importorskip("cast_value_rs")
+    from zarr.codecs.cast_value import CastValue
+
+    return CastValue(data_type=data_type, out_of_range="clamp")
+
+
+# Filter chains as climate, microscopy and zarr's docs write them: the
+# filters, the array's dtype, how values are drawn, the compressor
+FILTER_CHAINS: dict[str, dict[str, Any]] = {
+    "delta-i4-zstd": {
+        "filters": lambda: [znc.Delta(dtype="<i4")],
+        "dtype": "<i4",
+        "values": "ints",
+        "fill": -1,
+    },
+    "delta-f8-astype-f4": {
+        "filters": lambda: [znc.Delta(dtype="<f8", astype="<f4")],
+        "dtype": "<f8",
+        "values": "floats",
+    },
+    "fixedscaleoffset-f8-i2": {
+        "fill": 7,
+        "filters": lambda: [
+            znc.FixedScaleOffset(offset=273.15, scale=100, dtype="<f8", astype="<i2")
+        ],
+        "dtype": "<f8",
+        "values": "temperatures",
+    },
+    "fixedscaleoffset-f4-u1": {
+        "fill": 7,
+        "filters": lambda: [znc.FixedScaleOffset(offset=0, scale=2, dtype="<f4", astype="|u1")],
+        "dtype": "<f4",
+        "values": "small",
+    },
+    "quantize-f4": {
+        "filters": lambda: [znc.Quantize(digits=3, dtype="<f4")],
+        "dtype": "<f4",
+        "values": "floats",
+    },
+    "quantize-f8": {
+        "filters": lambda: [znc.Quantize(digits=2, dtype="<f8")],
+        "dtype": "<f8",
+        "values": "floats",
+    },
+    "bitround-f4": {
+        "filters": lambda: [znc.BitRound(keepbits=10)],
+        "dtype": "<f4",
+        "values": "floats",
+    },
+    "bitround-f8": {
+        "filters": lambda: [znc.BitRound(keepbits=20)],
+        "dtype": "<f8",
+        "values": "floats",
+    },
+    "astype-f8-f4": {
+        "filters": lambda: [znc.AsType(encode_dtype="<f4", decode_dtype="<f8")],
+        "dtype": "<f8",
+        "values": "floats",
+    },
+    "scale_offset-f4": {
+        "filters": lambda: [ScaleOffset(offset=10, scale=4)],
+        "dtype": "<f4",
+        "values": "small",
+    },
+    "cast_value-f8-i2": {
+        "fill": 7,
+        "filters": lambda: [_cast_value("int16")],
+        "dtype": "<f8",
+        "values": "small",
+    },
+    "scale_offset-cast_value-f4-u2": {
+        "fill": 7,
+        "filters": lambda: [ScaleOffset(offset=-50, scale=100), _cast_value("uint16")],
+        "dtype": "<f4",
+        "values": "small",
+    },
+    "delta-bitround-f4": {
+        "filters": lambda: [znc.BitRound(keepbits=12), znc.Delta(dtype="<f4")],
+        "dtype": "<f4",
+        "values": "floats",
+    },
+    "transpose-then-quantize": {
+        "filters": lambda: [TransposeCodec(order=(1, 0)), znc.Quantize(digits=4, dtype="<f8")],
+        "dtype": "<f8",
+        "values": "floats",
+    },
+}
+
+COMPRESSORS: dict[str, Any] = {
+    "zstd": lambda: [ZstdCodec(level=3)],
+    "blosc": lambda: [BloscCodec(cname="lz4", clevel=5)],
+    "zstd-crc32c": lambda: [ZstdCodec(level=1), Crc32cCodec()],
+    "none": list,
+}
+
+
+def values_of(kind: str, dtype: str, shape: tuple[int, ...], seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    if kind == "ints":
+        value = np.cumsum(rng.integers(-5, 6, size=shape), axis=-1)
+    elif kind == "temperatures":
+        value = 273.15 + 30 * rng.standard_normal(shape)
+    elif kind == "small":
+        value = rng.uniform(0, 100, size=shape).round(2)
+    else:
+        value = 1000 * rng.standard_normal(shape)
+    return value.astype(dtype)
+
+
+def create(
+    store: Any,
+    case: dict[str, Any],
+    compressors: list[Any],
+    *,
+    sharded: bool,
+    fill_value: Any,
+) -> Any:
+    filters = case["filters"]()
+    if sharded:
+        inner = ShardingCodec(chunk_shape=(8, 6), codecs=[*filters, BytesCodec(), *compressors])
+        return zarr.create_array(
+            store,
+            shape=SHAPE,
+            chunks=CHUNKS,
+            dtype=case["dtype"],
+            fill_value=fill_value,
+            serializer=inner,
+            compressors=None,
+            filters=None,
+        )
+    return zarr.create_array(
+        store,
+        shape=SHAPE,
+        chunks=CHUNKS,
+        dtype=case["dtype"],
+        fill_value=fill_value,
+        filters=filters,
+        serializer=BytesCodec(),
+        compressors=compressors,
+    )
+
+
+def write_both(
+    tmp_path: Path,
+    case: dict[str, Any],
+    compressor: str,
+    *,
+    store_kind: str,
+    sharded: bool,
+    fill_value: Any,
+    seed: int = 0,
+    fused: dict[str, Any] = LENIENT,
+) -> dict[str, Any]:
+    """The same writes (a whole array, then a partial overwrite) through
+    zarr_fused and zarr; the stores by pipeline name."""
+    value = values_of(case["values"], case["dtype"], SHAPE, seed)
+    patch = values_of(case["values"], case["dtype"], (5, 17), seed + 1)
+    stores = {}
+    for name, config in (("fused", fused), ("zarr", {"codec_pipeline.path": BATCHED})):
+        with zarr.config.set(config):
+            store = make_store(store_kind, tmp_path, name)
+            array = create(
+                store, case, COMPRESSORS[compressor](), sharded=sharded, fill_value=fill_value
+            )
+            array[:] = value
+            array[3:8, 6:23] = patch
+            array[20:, :] = fill_value  # whole chunks of fill value: not stored
+            stores[name] = store
+    return stores
+
+
+def assert_same_stores(stores: dict[str, Any], codecs: list[Any]) -> None:
+    ours, theirs = chunk_items(stores["fused"]), chunk_items(stores["zarr"])
+    assert sorted(ours) == sorted(theirs)
+    if byte_identical(codecs):
+        for key in theirs:
+            assert ours[key] == theirs[key], key
+    for store in stores.values():
+        with zarr.config.set({"codec_pipeline.path": BATCHED}):
+            expected = zarr.open_array(store, mode="r")
+            expected_all, expected_part = expected[:], expected[2:30:3, 5:]
+        with zarr.config.set(LENIENT):
+            array = zarr.open_array(store, mode="r")
+            assert_same_values(array[:], expected_all)
+            assert_same_values(array[2:30:3, 5:], expected_part)
+
+
+def case_params() -> list[Any]:
+    params = []
+    for name in FILTER_CHAINS:
+        for compressor in ("zstd", "blosc"):
+            params.append(pytest.param(name, compressor, id=f"{name}-{compressor}"))
+    return params
+
+
+@pytest.mark.parametrize(("name", "compressor"), case_params())
+@pytest.mark.parametrize("store_kind", ["memory", "local"])
+@pytest.mark.parametrize("sharded", [False, True], ids=["unsharded", "sharded"])
+def test_filter_chain_matches_zarr(
+    tmp_path: Path, name: str, compressor: str, store_kind: str, sharded: bool
+) -> None:
+    case = FILTER_CHAINS[name]
+    fill = case.get("fill", np.nan)
+    stores = write_both(
+        tmp_path, case, compressor, store_kind=store_kind, sharded=sharded, fill_value=fill
+    )
+    assert_same_stores(stores, [*case["filters"](), *COMPRESSORS[compressor]()])
+
+
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, id=n) for n in ("fixedscaleoffset-f8-i2", "quantize-f4")]
+)
+@pytest.mark.parametrize("sharded", [False, True], ids=["unsharded", "sharded"])
+def test_filter_chain_async_path(tmp_path: Path, name: str, sharded: bool) -> None:
+    """A store without synchronous IO: zarr_fused's async path."""
+    case = FILTER_CHAINS[name]
+    stores = write_both(
+        tmp_path, case, "zstd", store_kind="nosync", sharded=sharded, fill_value=case.get("fill", 0)
+    )
+    assert_same_stores(stores, [*case["filters"](), ZstdCodec(level=3)])
+
+
+@pytest.mark.parametrize("sharded", [False, True], ids=["unsharded", "sharded"])
+def test_filter_chain_object_store(proxy: LatencyProxy, sharded: bool) -> None:
+    """An obstore S3 store on a moto server, against zarr on a MemoryStore."""
+    pytest.importorskip("obstore.store")
+    case = FILTER_CHAINS["delta-i4-zstd"]
+    value = values_of(case["values"], case["dtype"], SHAPE, 4)
+    stores = {}
+    for label, config in (("fused", LENIENT), ("zarr", {"codec_pipeline.path": BATCHED})):
+        with zarr.config.set(config):
+            store = (
+                open_store("obstore", proxy, new_prefix()) if label == "fused" else MemoryStore()
+            )
+            array = create(store, case, [ZstdCodec()], sharded=sharded, fill_value=-1)
+            array[:] = value
+            array[3:8, 6:23] = value[:5, :17] * 3
+            stores[label] = store
+    assert chunk_items(stores["fused"]) == chunk_items(stores["zarr"])
+    with zarr.config.set({"codec_pipeline.path": BATCHED}):
+        expected = zarr.open_array(stores["zarr"], mode="r")[:]
+    with zarr.config.set(LENIENT):
+        assert_same_values(zarr.open_array(stores["fused"], mode="r")[1:30, 2:], expected[1:30, 2:])
+
+
+@pytest.mark.parametrize(
+    "compressor",
+    [pytest.param(c, id=c) for c in ("zstd-crc32c", "none")],
+)
+def test_filter_chain_checksum_and_raw(tmp_path: Path, compressor: str) -> None:
+    case = FILTER_CHAINS["fixedscaleoffset-f8-i2"]
+    stores = write_both(tmp_path, case, compressor, store_kind="local", sharded=False, fill_value=0)
+    assert_same_stores(stores, [*case["filters"](), *COMPRESSORS[compressor]()])
+
+
+def plan_of(array: Any) -> Any:
+    return array._async_array.codec_pipeline.plan
+
+
+@pytest.mark.parametrize(
+    "name",
+    [pytest.param(n, id=n) for n in ("fixedscaleoffset-f8-i2", "transpose-then-quantize")],
+)
+def test_plan_records_python_stage(name: str) -> None:
+    case = FILTER_CHAINS[name]
+    with zarr.config.set(LENIENT):
+        array = create(MemoryStore(), case, [ZstdCodec()], sharded=False, fill_value=0)
+        plan = plan_of(array)
+    assert isinstance(plan.chain, HybridChain)
+    stage = type(case["filters"]()[-1]).__name__
+    assert f"{stage} run zarr's code" in plan.read_fallback
+    assert plan.read_fallback == plan.write_fallback
+
+
+def test_native_stage_not_named_as_python() -> None:
+    """BitRound runs zarr's code, Delta natively: only BitRound is named."""
+    case = FILTER_CHAINS["delta-bitround-f4"]
+    with zarr.config.set(LENIENT):
+        array = create(MemoryStore(), case, [ZstdCodec()], sharded=False, fill_value=0)
+        reason = plan_of(array).read_fallback
+    assert "BitRound run zarr's code" in reason
+    assert "Delta" not in reason
+
+
+def test_strict_rejects_python_stage() -> None:
+    case = FILTER_CHAINS["quantize-f4"]
+    with zarr.config.set(STRICT):
+        array = create(MemoryStore(), case, [ZstdCodec()], sharded=False, fill_value=0)
+        with pytest.raises(UnsupportedError, match="Quantize run zarr's code"):
+            array[:] = 1.0
+        with pytest.raises(UnsupportedError, match="Quantize run zarr's code"):
+            array[:]
+
+
+def test_strict_rejects_python_stage_sharded() -> None:
+    case = FILTER_CHAINS["bitround-f4"]
+    with zarr.config.set(STRICT):
+        array = create(MemoryStore(), case, [ZstdCodec()], sharded=True, fill_value=0)
+        with pytest.raises(UnsupportedError, match="inner chunks"):
+            array[:]
+
+
+@pytest.mark.parametrize(
+    ("codecs", "split"),
+    [
+        pytest.param([BytesCodec()], 0, id="bytes"),
+        pytest.param([TransposeCodec(order=(1, 0)), BytesCodec()], 0, id="transpose"),
+        pytest.param([znc.Delta(dtype="<i4"), BytesCodec()], 1, id="delta"),
+        pytest.param(
+            [znc.Delta(dtype="<i4"), TransposeCodec(order=(1, 0)), BytesCodec()],
+            1,
+            id="delta-transpose",
+        ),
+        pytest.param(
+            [TransposeCodec(order=(1, 0)), znc.Delta(dtype="<i4"), BytesCodec()],
+            2,
+            id="transpose-delta",
+        ),
+    ],
+)
+def test_split_python_stages(codecs: list[Any], split: int) -> None:
+    assert split_python_stages(tuple(codecs)) == split
+
+
+def test_corrupt_chunk_names_key(tmp_path: Path) -> None:
+    case = FILTER_CHAINS["delta-i4-zstd"]
+    with zarr.config.set(LENIENT):
+        store = make_store("local", tmp_path)
+        array = create(store, case, [ZstdCodec()], sharded=False, fill_value=0)
+        array[:] = values_of("ints", "<i4", SHAPE, 3)
+        chunk = tmp_path / "data" / "c" / "1" / "0"
+        chunk.write_bytes(chunk.read_bytes()[:-7])
+        with pytest.raises(DecompressionError, match=r"c/1/0"):
+            array[:]
+
+
+# numcodecs' compressors under their format-3 names, on the native kernels
+
+
+NUMCODECS_COMPRESSORS = {
+    "zlib-1": lambda: znc.Zlib(level=1),
+    "zlib-9": lambda: znc.Zlib(level=9),
+    "zlib-default": lambda: znc.Zlib(),
+    "gzip-1": lambda: znc.GZip(level=1),
+    "gzip-6": lambda: znc.GZip(level=6),
+}
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, id=n) for n in NUMCODECS_COMPRESSORS])
+@pytest.mark.parametrize("store_kind", ["memory", "local"])
+def test_numcodecs_compressor_strict(tmp_path: Path, name: str, store_kind: str) -> None:
+    value = values_of("floats", "<f8", SHAPE, 5)
+    stores = {}
+    for label, config in (("fused", STRICT), ("zarr", {"codec_pipeline.path": BATCHED})):
+        with zarr.config.set(config):
+            store = make_store(store_kind, tmp_path, label)
+            array = zarr.create_array(
+                store,
+                shape=SHAPE,
+                chunks=CHUNKS,
+                dtype="<f8",
+                compressors=[NUMCODECS_COMPRESSORS[name]()],
+            )
+            array[:] = value
+            array[1:4, 2:9] = -1.0
+            stores[label] = store
+    ours, theirs = chunk_items(stores["fused"]), chunk_items(stores["zarr"])
+    assert sorted(ours) == sorted(theirs)
+    compressor = NUMCODECS_COMPRESSORS[name]()
+    for key in theirs:
+        if name.startswith("gzip"):
+            # zarr writes the clock into gzip's header; the payload agrees
+            assert gzip.decompress(ours[key]) == gzip.decompress(theirs[key]), key
+        elif byte_identical([compressor]):
+            assert ours[key] == theirs[key], key
+    for store in stores.values():
+        with zarr.config.set({"codec_pipeline.path": BATCHED}):
+            expected = zarr.open_array(store, mode="r")[:]
+        with zarr.config.set(STRICT):
+            assert_same_values(zarr.open_array(store, mode="r")[:], expected)
+
+
+def test_numcodecs_gzip_claimed_as_zarrs_gzip() -> None:
+    from zarr.codecs import GzipCodec
+
+    for level in (1, 6, 9):
+        assert byte_identical([znc.GZip(level=level)], gzip_mtime_zero=True) == byte_identical(
+            [GzipCodec(level=level)], gzip_mtime_zero=True
+        )
+
+
+# property test over filter parameters, dtypes and fill values
+
+
+@st.composite
+def filter_cases(draw: Any) -> tuple[list[Any], str, Any, int]:
+    dtype = draw(st.sampled_from(["<f4", "<f8"]))
+    kind = draw(st.sampled_from(["fixedscaleoffset", "quantize", "bitround", "delta"]))
+    if kind == "fixedscaleoffset":
+        astype = draw(st.sampled_from(["<i2", "<i4", "<u2"]))
+        scale = draw(st.sampled_from([1, 10, 100, 0.5]))
+        offset = draw(st.integers(-100, 100))
+        filters = [znc.FixedScaleOffset(offset=offset, scale=scale, dtype=dtype, astype=astype)]
+    elif kind == "quantize":
+        filters = [znc.Quantize(digits=draw(st.integers(0, 6)), dtype=dtype)]
+    elif kind == "bitround":
+        most = 23 if dtype == "<f4" else 52
+        filters = [znc.BitRound(keepbits=draw(st.integers(0, most)))]
+    else:
+        filters = [znc.Delta(dtype=dtype)]
+    fill = draw(st.sampled_from([0, 1.5, np.nan, -3]))
+    seed = draw(st.integers(0, 2**16))
+    return filters, dtype, fill, seed
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered in cast:RuntimeWarning")
+@settings(
+    max_examples=25,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+    derandomize=True,
+)
+@given(case=filter_cases())
+def test_filter_parameters_property(case: tuple[list[Any], str, Any, int]) -> None:
+    filters, dtype, fill, seed = case
+    rng = np.random.default_rng(seed)
+    value = rng.uniform(-50, 50, size=(21, 10)).astype(dtype)
+    value[rng.random(value.shape) < 0.2] = fill
+    stores = {}
+    for label, config in (("fused", LENIENT), ("zarr", {"codec_pipeline.path": BATCHED})):
+        with zarr.config.set(config):
+            store = MemoryStore()
+            array = zarr.create_array(
+                store,
+                shape=value.shape,
+                chunks=(8, 4),
+                dtype=dtype,
+                fill_value=fill,
+                filters=filters,
+                compressors=[ZstdCodec(level=1)],
+            )
+            array[:] = value
+            stores[label] = store
+            result = array[:]
+    ours, theirs = chunk_items(stores["fused"]), chunk_items(stores["zarr"])
+    assert ours == theirs
+    with zarr.config.set({"codec_pipeline.path": BATCHED}):
+        expected = zarr.open_array(stores["zarr"], mode="r")[:]
+    assert_same_values(result, expected)
+
+
+# zarr format 2 arrays with filters: the filters run zarr's code, the
+# compressor runs natively
+
+
+V2_CASES: dict[str, dict[str, Any]] = {
+    "delta-i4-blosc-auto": {
+        "filters": lambda: [numcodecs.Delta(dtype="<i4")],
+        "compressor": lambda: numcodecs.Blosc("lz4", 5, -1),
+        "dtype": "<i4",
+        "values": "ints",
+    },
+    "fixedscaleoffset-f8-i2-zstd-F": {
+        "filters": lambda: [
+            numcodecs.FixedScaleOffset(offset=273.15, scale=100, dtype="<f8", astype="<i2")
+        ],
+        "compressor": lambda: numcodecs.Zstd(level=3),
+        "dtype": "<f8",
+        "values": "temperatures",
+        "order": "F",
+    },
+    "quantize-f4-zlib": {
+        "filters": lambda: [numcodecs.Quantize(digits=3, dtype="<f4")],
+        "compressor": lambda: numcodecs.Zlib(level=1),
+        "dtype": "<f4",
+        "values": "floats",
+    },
+    "bitround-f4-blosc-shuffle": {
+        "filters": lambda: [numcodecs.BitRound(keepbits=10)],
+        "compressor": lambda: numcodecs.Blosc("zstd", 3, 1),
+        "dtype": "<f4",
+        "values": "floats",
+    },
+    "shuffle-f8-zstd": {
+        "filters": lambda: [numcodecs.Shuffle(elementsize=8)],
+        "compressor": lambda: numcodecs.Zstd(level=1),
+        "dtype": "<f8",
+        "values": "floats",
+    },
+    "astype-f8-f4-uncompressed": {
+        "filters": lambda: [numcodecs.AsType(encode_dtype="<f4", decode_dtype="<f8")],
+        "compressor": lambda: None,
+        "dtype": "<f8",
+        "values": "floats",
+    },
+    "delta-be-i2-zstd-F": {
+        "filters": lambda: [numcodecs.Delta(dtype=">i2")],
+        "compressor": lambda: numcodecs.Zstd(level=1),
+        "dtype": ">i2",
+        "values": "ints",
+        "order": "F",
+    },
+    "fixedscaleoffset-delta-gzip": {
+        "filters": lambda: [
+            numcodecs.FixedScaleOffset(offset=0, scale=10, dtype="<f8", astype="<i4"),
+            numcodecs.Delta(dtype="<i4", astype="<i2"),
+        ],
+        "compressor": lambda: numcodecs.GZip(level=5),
+        "dtype": "<f8",
+        "values": "small",
+    },
+}
+
+
+def create_v2(store: Any, case: dict[str, Any]) -> Any:
+    return zarr.create_array(
+        store,
+        shape=SHAPE,
+        chunks=CHUNKS,
+        dtype=case["dtype"],
+        zarr_format=2,
+        order=case.get("order", "C"),
+        filters=case["filters"](),
+        compressors=case["compressor"](),
+        fill_value=0,
+    )
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, id=n) for n in V2_CASES])
+@pytest.mark.parametrize("store_kind", ["memory", "local"])
+def test_v2_filters_match_zarr(tmp_path: Path, name: str, store_kind: str) -> None:
+    case = V2_CASES[name]
+    value = values_of(case["values"], case["dtype"], SHAPE, 11)
+    stores = {}
+    for label, config in (("fused", LENIENT), ("zarr", {"codec_pipeline.path": BATCHED})):
+        with zarr.config.set(config):
+            store = make_store(store_kind, tmp_path, label)
+            array = create_v2(store, case)
+            if label == "fused":
+                assert type(plan_of(array).chain).__name__ == "V2HybridChain"
+            array[:] = value
+            array[2:9, 4:20] = value[:7, :16] * 2
+            array[32:, :] = 0
+            stores[label] = store
+    codec = V2Codec(filters=tuple(case["filters"]()), compressor=case["compressor"]())
+    ours, theirs = chunk_items(stores["fused"]), chunk_items(stores["zarr"])
+    assert sorted(ours) == sorted(theirs)
+    for key in theirs:
+        if type(codec.compressor) is numcodecs.GZip:
+            assert gzip.decompress(ours[key]) == gzip.decompress(theirs[key]), key
+        elif byte_identical([codec]):
+            assert ours[key] == theirs[key], key
+    for store in stores.values():
+        with zarr.config.set({"codec_pipeline.path": BATCHED}):
+            expected = zarr.open_array(store, mode="r")[:]
+        with zarr.config.set(LENIENT):
+            actual = zarr.open_array(store, mode="r")[1:35:2, :]
+        assert_same_values(actual, expected[1:35:2, :])
+
+
+def test_v2_filters_strict_rejected() -> None:
+    with zarr.config.set(STRICT):
+        array = create_v2(MemoryStore(), V2_CASES["quantize-f4-zlib"])
+        with pytest.raises(UnsupportedError, match=r"filters \(quantize\) run zarr's code"):
+            array[:]
+
+
+def test_v2_object_filter_stays_on_zarr() -> None:
+    with zarr.config.set(LENIENT):
+        array = zarr.create_array(
+            MemoryStore(),
+            shape=(4,),
+            chunks=(2,),
+            dtype=str,
+            zarr_format=2,
+            compressors=numcodecs.Zstd(level=1),
+        )
+        plan = plan_of(array)
+    assert not isinstance(plan.chain, HybridChain)
+    assert plan.read_fallback
+
+
+# numcodecs.delta on the native kernel: the whole chain is native, in strict mode
+
+DELTA_DTYPES = ["|i1", "|u1", "<i2", "<u4", "<i8", "<f4", "<f8"]
+
+
+@pytest.mark.parametrize("dtype", [pytest.param(d, id=d) for d in DELTA_DTYPES])
+@pytest.mark.parametrize("store_kind", ["memory", "local"])
+def test_native_delta_strict(tmp_path: Path, dtype: str, store_kind: str) -> None:
+    kind = "floats" if dtype[1] == "f" else "ints"
+    case = {"filters": lambda: [znc.Delta(dtype=dtype)], "dtype": dtype, "values": kind}
+    fill = np.nan if kind == "floats" else 3
+    stores = write_both(
+        tmp_path, case, "zstd", store_kind=store_kind, sharded=False, fill_value=fill, fused=STRICT
+    )
+    assert chunk_items(stores["fused"]) == chunk_items(stores["zarr"])
+    with zarr.config.set(STRICT):
+        array = zarr.open_array(stores["fused"], mode="r")
+        plan = plan_of(array)
+        assert isinstance(plan.chain, HybridChain) and plan.chain.native
+        assert plan.read_fallback == plan.write_fallback == ""
+        got = array[1:33:2, 3:]
+    with zarr.config.set({"codec_pipeline.path": BATCHED}):
+        expected = zarr.open_array(stores["zarr"], mode="r")[1:33:2, 3:]
+    assert_same_values(got, expected)
+
+
+@pytest.mark.parametrize(
+    "filters",
+    [
+        pytest.param(lambda: [znc.Delta(dtype="<f8", astype="<f4")], id="astype"),
+        pytest.param(lambda: [znc.Delta(dtype=">i4")], id="big-endian"),
+        pytest.param(lambda: [znc.Delta(dtype="<f2")], id="float16"),
+    ],
+)
+def test_delta_without_kernel_runs_zarrs_code(filters: Any) -> None:
+    dtype = filters()[0].codec_config["dtype"]
+    case = {"filters": filters, "dtype": dtype.replace(">", "<"), "values": "floats"}
+    with zarr.config.set(LENIENT):
+        array = create(MemoryStore(), case, [ZstdCodec()], sharded=False, fill_value=0)
+        assert "Delta run zarr's code" in plan_of(array).read_fallback

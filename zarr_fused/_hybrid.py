@@ -1,0 +1,298 @@
+"""Hybrid chains: array->array stages without a native kernel run zarr's
+code, the rest of the chain runs natively.
+
+A chain such as ``numcodecs.delta -> bytes -> zstd`` used to leave the
+native path entirely, because one stage had no kernel. A `HybridChain`
+splits it in two:
+
+- the *stages*: the leading array->array codecs up to the last one the
+  tail does not cover (a transpose after it stays in the tail), run on
+  each decoded chunk, on the pool thread that decodes it: with a native
+  kernel where `zarr_fused._filter_stages` has one (``numcodecs.delta``
+  so far), else with zarr's own ``_decode_sync`` / ``_encode_sync``
+  (a *Python stage*);
+- the *native tail*: the rest (``[transpose] -> bytes -> [compressor]`` with
+  its checksums), a `NativeChain` built for the chunk spec the Python stages
+  resolve to, so decompression, checksums and byte swaps run in the kernels
+  with the GIL released, and the decoded chunk is scattered natively.
+
+The chain records which stages run Python and why (its ``reason``), so the
+plan logs it as a fallback and strict mode still rejects the array: a
+Python stage is zarr's code. A chain whose every stage is native has no
+reason, and strict mode accepts it. Values and stored bytes are zarr's:
+the Python stages are zarr's codecs, the native ones give numcodecs'
+bytes, and the tail is the native chain that already matches zarr's.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from zarr.abc.codec import ArrayArrayCodec
+from zarr.codecs.transpose import TransposeCodec
+from zarr.core.array_spec import ArrayConfig, ArraySpec
+from zarr.core.dtype import get_data_type_from_native_dtype
+
+from zarr_fused._filter_stages import PythonStage, stage
+from zarr_fused._scatter_py import scatter_chunk
+from zarr_fused._v2 import V2Codec, v2_filtered_layout
+from zarr_fused._zarr_compat import codec_decode_sync, codec_encode_sync
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from zarr.abc.codec import Codec
+    from zarr.core.buffer import Buffer, NDBuffer
+    from zarr.core.indexing import SelectorTuple
+
+    from zarr_fused._chain import NativeChain, TransformChain
+
+    #: `zarr_fused._chain.native_tail`: the native chain for codecs that run
+    #: after the Python stages, on a chunk of the given spec, or None
+    NativeTail = Callable[[tuple[Codec, ...], ArraySpec, str], NativeChain | None]
+
+__all__ = ["HybridChain", "V2HybridChain", "hybrid_chain", "split_python_stages"]
+
+
+def split_python_stages(codecs: tuple[Codec, ...]) -> int:
+    """How many leading codecs of ``codecs`` run as Python stages: the
+    array->array codecs up to and including the last one that is not a
+    transpose (0 when every array->array codec is a transpose)."""
+    split = 0
+    for index, codec in enumerate(codecs):
+        if not isinstance(codec, ArrayArrayCodec):
+            break
+        if type(codec) is not TransposeCodec:
+            split = index + 1
+    return split
+
+
+def _stage_specs(stages: tuple[Any, ...], spec: ArraySpec) -> list[ArraySpec]:
+    """The chunk spec before each stage, then the one after the last."""
+    specs = [spec]
+    for codec in stages:
+        specs.append(codec.resolve_metadata(specs[-1]))
+    return specs
+
+
+def _spec_key(spec: ArraySpec) -> tuple[Any, ...] | None:
+    """A key equal for chunk specs that resolve alike (a NaN fill value
+    too), or None when some part of ``spec`` cannot be hashed."""
+    fill = np.asarray(spec.fill_value)
+    key = (spec.shape, spec.dtype, spec.config, spec.prototype, fill.dtype.str, fill.tobytes())
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+class _SpecCache:
+    """Per chunk spec, what a hybrid chain derives from it: resolving a
+    spec through zarr's codecs and data type registry costs more than
+    decoding a small chunk, and every chunk of an array has the same."""
+
+    def __init__(self, derive: Callable[[ArraySpec], Any]) -> None:
+        self.derive = derive
+        self.cache: dict[tuple[Any, ...], Any] = {}
+
+    def __call__(self, spec: ArraySpec) -> Any:
+        key = _spec_key(spec)
+        if key is None:
+            return self.derive(spec)
+        found = self.cache.get(key, self)
+        if found is self:
+            # two threads may both derive it: the same value, set twice
+            found = self.cache[key] = self.derive(spec)
+        return found
+
+
+class HybridChain:
+    """Array->array stages over a native tail (see the module); native
+    when every stage is (``reason`` empty)."""
+
+    def __init__(
+        self,
+        stages: tuple[PythonStage, ...],
+        tail: NativeChain,
+        fallback: TransformChain,
+        reason: str,
+    ) -> None:
+        self.stages = stages
+        self.tail = tail
+        self.fallback = fallback
+        self.reason = reason
+        self.native = not reason
+        self._specs = _SpecCache(self._derive_specs)
+
+    def _derive_specs(self, spec: ArraySpec) -> list[ArraySpec] | None:
+        """The stage specs of a chunk of ``spec``; None when the native tail
+        cannot take the chunk those stages resolve to (zarr's chain then
+        runs the whole chunk)."""
+        specs = _stage_specs(self.stages, spec)
+        return specs if self.tail.handles(specs[-1]) else None
+
+    def _after_stages(self, chunk: NDBuffer, specs: list[ArraySpec]) -> NDBuffer:
+        """Undo the Python stages on a chunk the tail decoded."""
+        for codec, stage_spec in zip(self.stages[::-1], specs[-2::-1], strict=True):
+            chunk = codec.decode(chunk, stage_spec)
+        return chunk
+
+    def decode(self, raw: Buffer, spec: ArraySpec, key: Any = None) -> NDBuffer:
+        specs = self._specs(spec)
+        if specs is None:
+            return self.fallback.decode(raw, spec)
+        decoded = self.tail.decode_array(raw, specs[-1], key)
+        chunk = specs[-1].prototype.nd_buffer.from_ndarray_like(decoded)
+        return self._after_stages(chunk, specs)
+
+    def decode_into(
+        self,
+        raw: Buffer,
+        spec: ArraySpec,
+        chunk_selection: SelectorTuple,
+        out: NDBuffer,
+        out_selection: SelectorTuple,
+        drop_axes: tuple[int, ...],
+        key: Any = None,
+    ) -> None:
+        chunk = self.decode(raw, spec, key)
+        scatter_chunk(out, out_selection, chunk[chunk_selection], drop_axes)
+
+    def encode(self, array: NDBuffer, spec: ArraySpec, key: Any = None) -> Buffer | None:
+        specs = self._specs(spec)
+        if specs is None:
+            return self.fallback.encode(array, spec)
+        chunk: NDBuffer | None = array
+        for codec, stage_spec in zip(self.stages, specs, strict=False):
+            assert chunk is not None
+            chunk = codec.encode(chunk, stage_spec)
+            if chunk is None:  # the stage elides the chunk, as in zarr's chain
+                return None
+        assert chunk is not None
+        inner = specs[-1]
+        data = chunk.as_ndarray_like()
+        if data.shape != inner.shape and data.size == int(np.prod(inner.shape)):
+            # numcodecs filters return flat arrays; the bytes codec stores
+            # them in C order, which is this reshape's order
+            chunk = inner.prototype.nd_buffer.from_ndarray_like(data.reshape(inner.shape))
+        return self.tail.encode(chunk, inner, key)
+
+
+def _flat_spec(spec: ArraySpec, count: int, itemsize: int) -> ArraySpec:
+    """The spec of the filtered chunk as the native tail sees it: ``count``
+    little-endian unsigned integers of ``itemsize`` bytes, in C order."""
+    zdtype = get_data_type_from_native_dtype(np.dtype(f"<u{itemsize}"))
+    return ArraySpec(
+        shape=(count,),
+        dtype=zdtype,
+        fill_value=zdtype.default_scalar(),
+        config=ArrayConfig(order="C", write_empty_chunks=spec.config.write_empty_chunks),
+        prototype=spec.prototype,
+    )
+
+
+class V2HybridChain:
+    """A zarr format 2 chunk with filters: the filters run zarr's code (a
+    `V2Codec` without its compressor), the compressor runs natively over
+    the filtered bytes, whose size the filters fix (`v2_filtered_layout`)."""
+
+    native = False
+
+    def __init__(self, codec: V2Codec, tail: NativeChain, fallback: TransformChain, reason: str):
+        self.filters = V2Codec(filters=codec.filters, compressor=None)
+        self.tail = tail
+        self.fallback = fallback
+        self.reason = reason
+        self._tail_spec = _SpecCache(self._derive_tail_spec)
+
+    def _derive_tail_spec(self, spec: ArraySpec) -> ArraySpec | None:
+        why_not, count, itemsize = v2_filtered_layout(self.filters.filters or (), spec)
+        if why_not or itemsize != self.tail.dtype.itemsize:
+            return None
+        flat = _flat_spec(spec, count, itemsize)
+        return flat if self.tail.handles(flat) else None
+
+    def decode(self, raw: Buffer, spec: ArraySpec, key: Any = None) -> NDBuffer:
+        flat = self._tail_spec(spec)
+        if flat is None:
+            return self.fallback.decode(raw, spec)
+        filtered = self.tail.decode_array(raw, flat, key).view(np.uint8)
+        raw = spec.prototype.buffer.from_array_like(filtered)
+        decoded: NDBuffer = codec_decode_sync(self.filters, raw, spec)
+        return decoded
+
+    def decode_into(
+        self,
+        raw: Buffer,
+        spec: ArraySpec,
+        chunk_selection: SelectorTuple,
+        out: NDBuffer,
+        out_selection: SelectorTuple,
+        drop_axes: tuple[int, ...],
+        key: Any = None,
+    ) -> None:
+        chunk = self.decode(raw, spec, key)
+        scatter_chunk(out, out_selection, chunk[chunk_selection], drop_axes)
+
+    def encode(self, array: NDBuffer, spec: ArraySpec, key: Any = None) -> Buffer | None:
+        flat = self._tail_spec(spec)
+        if flat is None:
+            return self.fallback.encode(array, spec)
+        filtered = codec_encode_sync(self.filters, array, spec)
+        assert filtered is not None
+        data = filtered.as_numpy_array()
+        if data.nbytes != flat.shape[0] * self.tail.dtype.itemsize:
+            # the filters made another size than their parameters say
+            return self.fallback.encode(array, spec)
+        values = data.view(self.tail.dtype)
+        return self.tail.encode(flat.prototype.nd_buffer.from_ndarray_like(values), flat, key)
+
+
+def _v2_hybrid(
+    codec: V2Codec, spec: ArraySpec, fallback: TransformChain, native_tail: NativeTail
+) -> V2HybridChain | None:
+    why_not, count, itemsize = v2_filtered_layout(codec.filters or (), spec)
+    if why_not:
+        return None
+    flat = _flat_spec(spec, count, itemsize)
+    names = ", ".join(str(getattr(f, "codec_id", type(f).__name__)) for f in codec.filters or ())
+    reason = (
+        f"zarr format 2 filters ({names}) run zarr's code on each chunk (no native "
+        "kernel); the compressor is native"
+    )
+    tail = native_tail((V2Codec(filters=None, compressor=codec.compressor),), flat, reason)
+    return None if tail is None else V2HybridChain(codec, tail, fallback, reason)
+
+
+def _names(codecs: tuple[Codec, ...]) -> str:
+    return ", ".join(type(c).__name__ for c in codecs if type(c) is not TransposeCodec)
+
+
+def hybrid_chain(
+    codecs: tuple[Codec, ...], spec: ArraySpec, fallback: TransformChain, native_tail: NativeTail
+) -> HybridChain | V2HybridChain | None:
+    """A `HybridChain` for ``codecs`` when the codecs after the Python stages
+    run natively for the spec those stages resolve to (a `V2HybridChain`
+    for a format-2 chunk with filters), else None. ``native_tail`` builds
+    the native part (`zarr_fused._chain.native_tail`)."""
+    if len(codecs) == 1 and type(codecs[0]) is V2Codec and codecs[0].filters:
+        return _v2_hybrid(codecs[0], spec, fallback, native_tail)
+    split = split_python_stages(codecs)
+    if split == 0:
+        return None
+    stages, rest = codecs[:split], codecs[split:]
+    inner_spec = _stage_specs(stages, spec)[-1]
+    run = tuple(stage(c) for c in stages)
+    python = tuple(
+        r.codec for r in run if type(r) is PythonStage and type(r.codec) is not TransposeCodec
+    )
+    reason = ""
+    if python:
+        reason = (
+            f"the array->array stages {_names(python)} run zarr's code on each decoded "
+            "chunk (no native kernel); the rest of the chain is native"
+        )
+    tail = native_tail(rest, inner_spec, reason or "native chain declined this chunk")
+    return None if tail is None else HybridChain(run, tail, fallback, reason)
