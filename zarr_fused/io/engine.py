@@ -72,20 +72,15 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
-import operator
 import os
 import queue
 import threading
 from concurrent.futures import Future, wait
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, Self
-from warnings import warn
-
-from zarr.core.config import config as zarr_config
-from zarr.errors import ZarrUserWarning
 
 from zarr_fused._pool import ElasticPool, get_pool, in_worker_thread
-from zarr_fused.config import IO_CONCURRENCY_KEY
+from zarr_fused.config import IO_CONCURRENCY_KEY, int_setting
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator, Sequence
@@ -160,42 +155,13 @@ def resolve_io_concurrency() -> int:
     Inside `io_concurrency_at_most`, at most its cap.
     """
     cap = _io_cap.get()
-    resolved = _resolve_io_setting()
+    resolved = int_setting(
+        IO_CONCURRENCY_KEY,
+        cap=IO_CONCURRENCY_CAP,
+        default=lambda: DEFAULT_IO_CONCURRENCY,
+        stacklevel=2,
+    )
     return resolved if cap is None else max(1, min(cap, resolved))
-
-
-def _resolve_io_setting() -> int:
-    value = zarr_config.get(IO_CONCURRENCY_KEY, default=None)
-    if value is None:
-        return DEFAULT_IO_CONCURRENCY
-    parsed: int | None = None
-    if isinstance(value, str):  # from an environment variable
-        try:
-            parsed = int(value.strip())
-        except ValueError:
-            parsed = None
-    elif not isinstance(value, bool):
-        try:
-            parsed = operator.index(value)
-        except TypeError:
-            parsed = None
-    if parsed is None or parsed < 1:
-        warn(
-            f"Ignoring invalid `{IO_CONCURRENCY_KEY}` config value {value!r} (expected an "
-            f"integer >= 1 or None); using {DEFAULT_IO_CONCURRENCY}.",
-            category=ZarrUserWarning,
-            stacklevel=3,
-        )
-        return DEFAULT_IO_CONCURRENCY
-    if parsed > IO_CONCURRENCY_CAP:
-        warn(
-            f"`{IO_CONCURRENCY_KEY}` = {parsed} is above the cap of {IO_CONCURRENCY_CAP}; "
-            f"using {IO_CONCURRENCY_CAP}.",
-            category=ZarrUserWarning,
-            stacklevel=3,
-        )
-        return IO_CONCURRENCY_CAP
-    return parsed
 
 
 # -- the IO threads -------------------------------------------------------------------
