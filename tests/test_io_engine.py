@@ -252,7 +252,7 @@ def test_io_threads_are_shared_and_bounded() -> None:
         _pool.get_pool(1).set_idle(_pool.IDLE_SECONDS)
     assert after == before
     assert len([t for t in after if t.startswith("zarr_fused-fileio")]) <= max(
-        3, _io_engine._io_size
+        3, _io_engine.io_threads(1).size
     )
 
 
@@ -300,8 +300,9 @@ def fill(pool, n):
 
 def start_threads():
     # none of them retires while the script runs (the snapshots compare threads)
-    _io_engine.io_threads(args["io"]).set_idle(3600)
-    fill(_io_engine.io_threads(args["io"]), _io_engine._io_size)
+    io_pool = _io_engine.io_threads(args["io"])
+    io_pool.set_idle(3600)
+    fill(io_pool, io_pool.size)
     if args["workers"] > 1:
         _pool.get_pool(args["workers"] - 1).set_idle(3600)
         fill(_pool.get_pool(args["workers"] - 1), _pool.pool_size())
@@ -919,7 +920,7 @@ def test_an_encode_error_skips_the_queued_stores() -> None:
     # every IO thread busy (another batch's work) until this batch stopped,
     # so its five stores are still queued when its encoding fails
     writes = Writes(32)
-    busy = _io_engine._io_size
+    busy = writes.pool.size
     started = threading.Semaphore(0)
     stored: list[int] = []
     released: list[int] = []

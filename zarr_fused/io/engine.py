@@ -62,9 +62,10 @@ all its stores ran, so writes and deletes of one key stay in order.
 Threads: the IO threads are one process-wide pool (all reads of a process
 share ``io_concurrency`` requests in flight), created on first use, grown
 when the setting grows, and reset in a forked child (pool threads do not
-survive ``fork``), like the compute pool in `zarr_fused._pool`. Threads
-start on demand, and those beyond `DEFAULT_IO_CONCURRENCY` exit after
-`zarr_fused._pool.IDLE_SECONDS` without work.
+survive ``fork``), by the same factory as the compute pool
+(`zarr_fused._pool.shared_pool`). Threads start on demand, and those
+beyond `DEFAULT_IO_CONCURRENCY` exit after `zarr_fused._pool.IDLE_SECONDS`
+without work.
 """
 
 from __future__ import annotations
@@ -72,14 +73,13 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
-import os
 import queue
 import threading
 from concurrent.futures import Future, wait
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, Self
 
-from zarr_fused._pool import ElasticPool, get_pool, in_worker_thread
+from zarr_fused._pool import ElasticPool, PoolRole, get_pool, in_worker_thread, shared_pool
 from zarr_fused.config import IO_CONCURRENCY_KEY, int_setting
 
 if TYPE_CHECKING:
@@ -166,10 +166,8 @@ def resolve_io_concurrency() -> int:
 
 # -- the IO threads -------------------------------------------------------------------
 
-_io_pool: ElasticPool | None = None
-_io_size = 0
-_io_pid = os.getpid()
-_io_lock = threading.Lock()
+#: the IO threads: one pool per process, shared by every read and write
+_IO_THREADS: Final = PoolRole("zarr_fused-fileio", keep=lambda: DEFAULT_IO_CONCURRENCY)
 
 
 def io_threads(threads: int) -> ElasticPool:
@@ -180,32 +178,7 @@ def io_threads(threads: int) -> ElasticPool:
     without work (`zarr_fused._pool.ElasticPool`), so a burst at
     ``io_concurrency=1024`` does not leave a thousand threads behind.
     """
-    global _io_pool, _io_size
-    if _io_pid != os.getpid():
-        _reset_after_fork()
-    pool = _io_pool
-    if pool is None or _io_size < threads:
-        with _io_lock:
-            if _io_pool is None:
-                _io_pool = ElasticPool(
-                    threads, keep=DEFAULT_IO_CONCURRENCY, name="zarr_fused-fileio"
-                )
-            _io_pool.grow(threads)
-            _io_size = _io_pool.size
-            pool = _io_pool
-    return pool
-
-
-def _reset_after_fork() -> None:
-    global _io_pool, _io_size, _io_lock, _io_pid
-    _io_pool = None
-    _io_size = 0
-    _io_lock = threading.Lock()
-    _io_pid = os.getpid()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_reset_after_fork)
+    return shared_pool(_IO_THREADS, threads)
 
 
 # -- one pipelined batch ----------------------------------------------------------------
