@@ -146,25 +146,35 @@ def int_setting[D](key: str, *, cap: int, default: Callable[[], D], stacklevel: 
     value = zarr_config.get(key, default=None)
     if value is None:
         return default()
-    parsed = _integer(value)
-    if parsed is None or parsed < 1:
-        fallback = default()
-        using = "the default rule" if fallback is None else fallback
-        warn(
-            f"Ignoring invalid `{key}` config value {value!r} (expected an "
-            f"integer >= 1 or None); using {using}.",
-            category=ZarrUserWarning,
-            stacklevel=stacklevel + 1,
-        )
-        return fallback
-    if parsed > cap:
+    # a plain int (the usual case, read on every batch) skips the parse
+    parsed = value if type(value) is int else _integer(value)
+    if parsed is not None and 1 <= parsed <= cap:
+        return parsed
+    # one more frame between the caller and the warning
+    return _refused(key, value, parsed, cap, default, stacklevel + 1)
+
+
+def _refused[D](
+    key: str, value: Any, parsed: int | None, cap: int, default: Callable[[], D], stacklevel: int
+) -> int | D:
+    """What `int_setting` gives for a value it does not take as it is,
+    with the warning that says so (``stacklevel`` as there)."""
+    if parsed is not None and parsed > cap:
         warn(
             f"`{key}` = {parsed} is above the cap of {cap}; using {cap}.",
             category=ZarrUserWarning,
             stacklevel=stacklevel + 1,
         )
         return cap
-    return parsed
+    fallback = default()
+    using = "the default rule" if fallback is None else fallback
+    warn(
+        f"Ignoring invalid `{key}` config value {value!r} (expected an "
+        f"integer >= 1 or None); using {using}.",
+        category=ZarrUserWarning,
+        stacklevel=stacklevel + 1,
+    )
+    return fallback
 
 
 def _integer(value: Any) -> int | None:
