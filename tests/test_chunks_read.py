@@ -13,13 +13,8 @@ import zarr
 from zarr.storage import LocalStore
 
 from zarr_fused.chunks import read as chunk_read
-from zarr_fused.chunks.pipelined import (
-    FAST_FILE,
-    PROBE_INTERVAL,
-    PROBE_READS,
-    PipelinedChunkReader,
-    per_file_latency,
-)
+from zarr_fused.chunks.pipelined import PipelinedChunkReader
+from zarr_fused.io.probe import FAST_FILE, PROBE_INTERVAL, PROBE_READS, per_file_latency
 
 from helpers import BATCHED, FUSED, assert_same_values, with_pipeline
 
@@ -97,9 +92,9 @@ def test_reads_after_the_probe_interval_stay_direct_for_probe_reads(
         direct_counts = []
         for _ in range(PROBE_READS + 1):
             # files just seen fast, the last probe long ago
-            reader.seconds_per_file = 1e-6
-            reader.probed = time.monotonic() - 10 * PROBE_INTERVAL
-            reader.slow_until = 0.0
+            reader.probe.latency = 1e-6
+            reader.probe.probed = time.monotonic() - 10 * PROBE_INTERVAL
+            reader.probe.slow_until = 0.0
             assert_same_values(arr[...], data)
-            direct_counts.append(reader.direct_reads)
+            direct_counts.append(reader.probe.direct_reads)
     assert direct_counts == [*range(1, PROBE_READS + 1), 0]

@@ -30,7 +30,6 @@ from zarr.storage import LocalStore
 
 from zarr_fused import _pool
 from zarr_fused.chunks.pipelined import (
-    FAST_FILE,
     MAX_GROUP,
     REQUESTS_PER_THREAD,
     REQUESTS_PER_THREAD_SLOW,
@@ -47,8 +46,8 @@ from zarr_fused.io.engine import (
     run_pipelined,
     write_window,
 )
+from zarr_fused.io.probe import FAST_CALL, FAST_FILE, PROBE_FILES
 from zarr_fused.io.shard_lock import LOCK_FILE
-from zarr_fused.shard.pipelined import FAST_CALL
 
 from helpers import BATCHED, FUSED, with_pipeline
 
@@ -253,7 +252,7 @@ def test_io_threads_are_shared_and_bounded() -> None:
         _pool.get_pool(1).set_idle(_pool.IDLE_SECONDS)
     assert after == before
     assert len([t for t in after if t.startswith("zarr_fused-fileio")]) <= max(
-        3, _io_engine._io_size
+        3, _io_engine.io_threads(1).size
     )
 
 
@@ -301,8 +300,9 @@ def fill(pool, n):
 
 def start_threads():
     # none of them retires while the script runs (the snapshots compare threads)
-    _io_engine.io_threads(args["io"]).set_idle(3600)
-    fill(_io_engine.io_threads(args["io"]), _io_engine._io_size)
+    io_pool = _io_engine.io_threads(args["io"])
+    io_pool.set_idle(3600)
+    fill(io_pool, io_pool.size)
     if args["workers"] > 1:
         _pool.get_pool(args["workers"] - 1).set_idle(3600)
         fill(_pool.get_pool(args["workers"] - 1), _pool.pool_size())
@@ -324,15 +324,13 @@ READ = r"""
 def force_io(reader):
     # each read through the IO threads, however fast the files answer
     # (the readers otherwise read fast files directly)
-    if hasattr(reader, "seconds_per_file"):
-        reader.seconds_per_file = None
-    else:
-        reader.io.seconds_per_call = None
+    probe(reader).latency = None
+
+def probe(reader):
+    return reader.probe if hasattr(reader, "probe") else reader.io.probe
 
 def seen(reader):
-    if hasattr(reader, "seconds_per_file"):
-        return reader.seconds_per_file
-    return reader.io.seconds_per_call
+    return probe(reader).latency
 
 with zarr.config.set(config):
     arr = zarr.open_array(LocalStore(args["root"]), mode="r")
@@ -922,7 +920,7 @@ def test_an_encode_error_skips_the_queued_stores() -> None:
     # every IO thread busy (another batch's work) until this batch stopped,
     # so its five stores are still queued when its encoding fails
     writes = Writes(32)
-    busy = _io_engine._io_size
+    busy = writes.pool.size
     started = threading.Semaphore(0)
     stored: list[int] = []
     released: list[int] = []
@@ -1039,13 +1037,13 @@ def test_writes_go_through_the_io_threads_and_match_zarr(
         monkeypatch.setattr(shard_write.ShardWriter, "_load", spy(shard_write.ShardWriter._load))
         monkeypatch.setattr(LocalStore, "delete_sync", spy(LocalStore.delete_sync))
         writer = arr._async_array.codec_pipeline.plan.writer
-        if hasattr(writer, "seconds_per_file"):
+        if hasattr(writer, "probe"):
             # through the IO threads, however fast the files were stored
             # (the writer otherwise stores fast files from the compute
             # threads, and probes with them when it has no measurement):
             # as if the IO threads had just found them slow
-            writer.seconds_per_file = float("inf")
-            writer.probed = time.monotonic()
+            writer.probe.latency = float("inf")
+            writer.probe.probed = time.monotonic()
         apply_write(arr, write, new)
     assert _files(tmp_path / "fused") == _files(tmp_path / "zarr")
     assert threads, "no file was written, read or deleted"
@@ -1269,8 +1267,8 @@ def test_fast_chunk_files_are_written_by_the_compute_threads(
     with with_pipeline(FUSED), zarr.config.set({"codec_pipeline.max_workers": 2}):
         arr = _create_for_write(tmp_path / "fused", "chunked", old)
         writer = arr._async_array.codec_pipeline.plan.writer
-        writer.seconds_per_file = chunk_write.FAST_STORE / 2  # measured fast just now
-        writer.probed = time.monotonic()
+        writer.probe.latency = chunk_write.FAST_STORE / 2  # measured fast just now
+        writer.probe.probed = time.monotonic()
         monkeypatch.setattr(chunk_write, "write_parts", spy)
         arr[...] = old + 1
         np.testing.assert_array_equal(arr[...], old + 1)
@@ -1301,7 +1299,7 @@ def _stores_of_a_fresh_handle(
     with with_pipeline(FUSED), zarr.config.set({"codec_pipeline.max_workers": 2}):
         arr = zarr.open_array(LocalStore(tmp_path / "fused"), mode="r+")
         writer = arr._async_array.codec_pipeline.plan.writer
-        assert writer.seconds_per_file is None  # nothing measured yet
+        assert writer.probe.latency is None  # nothing measured yet
         arr[...] = old + 1
         np.testing.assert_array_equal(arr[...], old + 1)
     return stored, writer
@@ -1314,18 +1312,16 @@ def test_first_write_of_a_fresh_handle_stores_fast_files_itself(
     # compute threads (no hand-off to the IO threads for a first write)
     stored, writer = _stores_of_a_fresh_handle(tmp_path, monkeypatch, 10.0, 47)
     assert stored == []  # the encode kernel wrote every file itself
-    assert writer.seconds_per_file is not None
+    assert writer.probe.latency is not None
 
 
 def test_first_write_of_a_fresh_handle_hands_slow_files_to_the_io_threads(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import zarr_fused.chunks.write as chunk_write
-
     # no store counts as fast: after the probe's files (stored by the
     # compute threads), the rest goes to the IO threads
     stored, _ = _stores_of_a_fresh_handle(tmp_path, monkeypatch, 0.0, 48)
-    assert len(stored) == 64 - 2 * chunk_write.PROBE_FILES
+    assert len(stored) == 64 - 2 * PROBE_FILES
     assert all(name.startswith("zarr_fused-fileio") for name in stored), stored
 
 

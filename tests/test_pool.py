@@ -9,18 +9,23 @@ import multiprocessing
 import os
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pytest
 
 from zarr_fused import _pool
 from zarr_fused._pool import (
+    PoolRole,
     get_pool,
     in_worker_thread,
     pool_size,
     run_parallel,
+    shared_pool,
 )
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
 
 # A generous bound for anything that could hang: a deadlock fails the test.
 TIMEOUT = 30.0
@@ -311,6 +316,58 @@ def test_pool_resets_when_pid_changes(monkeypatch: pytest.MonkeyPatch) -> None:
     assert fresh is not old
     assert pool_size() == 1
     assert run_parallel(lambda x: -x, [1, 2, 3], 2) == [-1, -2, -3]
+
+
+# -- shared_pool: one pool per role ---------------------------------------------------
+
+
+#: set in the threads of the test role's pool, by its initializer
+_role_marks = threading.local()
+
+
+def _mark_role_thread() -> None:
+    _role_marks.on = True
+
+
+@pytest.fixture
+def role() -> Iterator[PoolRole]:
+    """A role of its own (no thread kept idle), its pool dropped afterwards."""
+    made = PoolRole("zarr_fused-test-role", keep=lambda: 0, initializer=_mark_role_thread)
+    yield made
+    pool = _pool._pools.pop(made, None)
+    if pool is not None:
+        pool.set_idle(0.0)
+
+
+def test_shared_pool_is_one_pool_per_role(role: PoolRole) -> None:
+    pool = shared_pool(role, 2)
+    assert shared_pool(role, 1) is pool
+    assert pool is not get_pool(1)
+    assert pool.keep == 0
+
+
+def test_shared_pool_grows_in_place(role: PoolRole) -> None:
+    pool = shared_pool(role, 1)
+    assert shared_pool(role, 3) is pool
+    assert pool.size == 3
+
+
+def test_shared_pool_threads_carry_the_roles_name_and_setup(role: PoolRole) -> None:
+    def where() -> tuple[str, bool]:
+        return threading.current_thread().name, getattr(_role_marks, "on", False)
+
+    name, marked = shared_pool(role, 1).submit(where).result(TIMEOUT)
+    assert name.startswith("zarr_fused-test-role_")
+    assert marked
+
+
+def test_every_role_resets_when_pid_changes(
+    role: PoolRole, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    old_role, old_compute = shared_pool(role, 1), get_pool(1)
+    monkeypatch.setattr(_pool, "_pool_pid", -1)
+    assert shared_pool(role, 1) is not old_role
+    assert get_pool(1) is not old_compute
 
 
 # -- fork ---------------------------------------------------------------------------

@@ -65,8 +65,8 @@ def test_thin_slab_splits_shards_only_while_calls_are_slow(
     ):
         reader = zarr.open_array(LocalStore(tmp_path / "a"), mode="r")
         shard_io = reader._async_array.codec_pipeline.plan.reader.io
-        shard_io.seconds_per_call = seen
-        shard_io.probed = 0.0  # look afresh: a pipelined read
+        shard_io.probe.latency = seen
+        shard_io.probe.probed = 0.0  # look afresh: a pipelined read
         got = reader[3:4]
     np.testing.assert_array_equal(got, data[3:4])
     assert bool(calls) == split
@@ -97,7 +97,7 @@ def _evict(root: Path) -> None:
 @pytest.mark.parametrize("cold", [pytest.param(False, id="hot"), pytest.param(True, id="cold")])
 def test_direct_read_of_a_cold_cache_pipelines_the_next(tmp_path: Path, cold: bool) -> None:
     """A direct read that had to go to the disk makes the next read
-    pipelined (seconds_per_call forgotten); a hot one keeps it."""
+    pipelined (the probe's latency forgotten); a hot one keeps it."""
     if pipelined.storage_read_bytes() is None or not hasattr(os, "posix_fadvise"):
         pytest.skip("no block-device read accounting here")
     data = _array(tmp_path)
@@ -108,8 +108,8 @@ def test_direct_read_of_a_cold_cache_pipelines_the_next(tmp_path: Path, cold: bo
     ):
         reader = zarr.open_array(LocalStore(tmp_path / "a"), mode="r")
         shard_io = reader._async_array.codec_pipeline.plan.reader.io
-        shard_io.seconds_per_call = 1e-6  # the files answered fast, just now
-        shard_io.probed = time.monotonic()
+        shard_io.probe.latency = 1e-6  # the files answered fast, just now
+        shard_io.probe.probed = time.monotonic()
         before = pipelined.storage_read_bytes()
         if cold:
             _evict(tmp_path / "a" / "c")
@@ -117,7 +117,7 @@ def test_direct_read_of_a_cold_cache_pipelines_the_next(tmp_path: Path, cold: bo
         if cold and pipelined.storage_read_bytes() == before:
             pytest.skip("evicted files were not read from a block device (tmpfs?)")
     np.testing.assert_array_equal(got, data)
-    assert (shard_io.seconds_per_call is None) == cold
+    assert (shard_io.probe.latency is None) == cold
 
 
 def _spy_prefetch(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
@@ -154,8 +154,8 @@ def test_pipelined_reads_ask_for_ranges_up_front(
     ):
         reader = zarr.open_array(LocalStore(tmp_path / "a"), mode="r")
         shard_io = reader._async_array.codec_pipeline.plan.reader.io
-        shard_io.seconds_per_call = seen
-        shard_io.probed = time.monotonic()
+        shard_io.probe.latency = seen
+        shard_io.probe.probed = time.monotonic()
         got = reader[3:4]
     np.testing.assert_array_equal(got, data[3:4])
     assert calls and set(calls) == {prefetch}
@@ -188,8 +188,8 @@ def test_shards_split_only_where_the_kernel_does_not_prefetch(
         if shard_io.from_device != cold:
             pytest.skip("evicted files were not read from a block device (tmpfs?)")
         calls.clear()
-        shard_io.seconds_per_call = 1e-3  # slow calls: split, unless prefetched
-        shard_io.probed = 0.0
+        shard_io.probe.latency = 1e-3  # slow calls: split, unless prefetched
+        shard_io.probe.probed = 0.0
         got = reader[3:4]
     np.testing.assert_array_equal(got, data[3:4])
     assert bool(calls) != cold

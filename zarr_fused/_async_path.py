@@ -24,7 +24,6 @@ inline, as in zarr's own pipeline.
 from __future__ import annotations
 
 import asyncio
-import operator
 from contextlib import (
     AbstractAsyncContextManager,
     asynccontextmanager,
@@ -33,13 +32,11 @@ from contextlib import (
 )
 from functools import partial
 from typing import TYPE_CHECKING, Any, Final, Literal
-from warnings import warn
 
 from zarr.abc.codec import ArrayBytesCodecPartialDecodeMixin
 from zarr.codecs.sharding import ShardingCodec
 from zarr.core.chunk_utils import chunk_is_empty
 from zarr.core.config import config as zarr_config
-from zarr.errors import ZarrUserWarning
 
 from zarr_fused._chain import NativeChain
 from zarr_fused._cpus import resolve_max_workers
@@ -49,7 +46,7 @@ from zarr_fused._scatter_py import fill_missing, scatter_chunk
 from zarr_fused._zarr_compat import OBJECT_ABSENT, merge_chunk_array
 from zarr_fused.chunks.async_read import ObjectChunkReader
 from zarr_fused.chunks.merge import merge_and_encode
-from zarr_fused.config import ASYNC_CONCURRENCY_KEY, shard_write_lock
+from zarr_fused.config import ASYNC_CONCURRENCY_KEY, int_setting, shard_write_lock
 from zarr_fused.errors import WriteConflictError, ZarrFusedError
 from zarr_fused.io import object_cas
 from zarr_fused.io.object_cas import NOTHING, Outcome
@@ -105,7 +102,9 @@ def request_limit() -> int | None:
     the default: `zarr_fused.config` documents setting our key instead.
     Never raises: an invalid value warns and follows the default rule.
     """
-    ours = _parse_limit(zarr_config.get(ASYNC_CONCURRENCY_KEY, default=None))
+    ours = int_setting(
+        ASYNC_CONCURRENCY_KEY, cap=ASYNC_CONCURRENCY_CAP, default=lambda: None, stacklevel=2
+    )
     if ours is not None:
         return ours
     theirs = zarr_config.get(_ZARR_KEY, default=None)
@@ -121,35 +120,6 @@ def _zarr_default() -> Any:
     for layer in zarr_config.defaults:
         value = layer.get("async", {}).get("concurrency", value)
     return value
-
-
-def _parse_limit(value: Any) -> int | None:
-    """``codec_pipeline.async_concurrency`` as an int in [1, cap], or None
-    when unset or invalid (with a warning)."""
-    if value is None:
-        return None
-    parsed: int | None = None
-    try:  # a string from an environment variable, or an integer
-        parsed = int(value.strip()) if isinstance(value, str) else operator.index(value)
-    except (TypeError, ValueError):
-        parsed = None
-    if parsed is None or isinstance(value, bool) or parsed < 1:
-        warn(
-            f"Ignoring invalid `{ASYNC_CONCURRENCY_KEY}` config value {value!r} (expected an "
-            "integer >= 1 or None); using the default rule.",
-            category=ZarrUserWarning,
-            stacklevel=3,
-        )
-        return None
-    if parsed > ASYNC_CONCURRENCY_CAP:
-        warn(
-            f"`{ASYNC_CONCURRENCY_KEY}` = {parsed} is above the cap of {ASYNC_CONCURRENCY_CAP}; "
-            f"using {ASYNC_CONCURRENCY_CAP}.",
-            category=ZarrUserWarning,
-            stacklevel=3,
-        )
-        return ASYNC_CONCURRENCY_CAP
-    return parsed
 
 
 class _Tracker:

@@ -11,17 +11,12 @@ of a Dask worker. The pool that runs them is `zarr_fused._pool`.
 from __future__ import annotations
 
 import math
-import operator
 import os
 import sys
 import time
 from pathlib import Path
-from warnings import warn
 
-from zarr.core.config import config as zarr_config
-from zarr.errors import ZarrUserWarning
-
-from zarr_fused.config import MAX_WORKERS_CAP, MAX_WORKERS_KEY
+from zarr_fused.config import MAX_WORKERS_CAP, MAX_WORKERS_KEY, int_setting
 
 __all__ = [
     "available_cpus",
@@ -241,40 +236,13 @@ def default_max_workers() -> tuple[int, str]:
 
 
 def resolve_max_workers() -> int:
-    """Threads for one batch, from ``codec_pipeline.max_workers``.
-
-    Never raises: the value often comes from an environment variable, and a
-    typo there must not break reads. See `zarr_fused.config` for the rules.
-    """
-    value = zarr_config.get(MAX_WORKERS_KEY, default=None)
-    if value is None:
-        return default_max_workers()[0]
-    parsed: int | None = None
-    if isinstance(value, str):  # from an environment variable
-        try:
-            parsed = int(value.strip())
-        except ValueError:
-            parsed = None
-    elif not isinstance(value, bool):
-        try:
-            parsed = operator.index(value)  # int, numpy integers
-        except TypeError:
-            parsed = None
-    if parsed is None or parsed < 1:
-        default = default_max_workers()[0]
-        warn(
-            f"Ignoring invalid `{MAX_WORKERS_KEY}` config value {value!r} (expected an "
-            f"integer >= 1 or None); using {default}.",
-            category=ZarrUserWarning,
-            stacklevel=2,
-        )
-        return default
-    if parsed > MAX_WORKERS_CAP:
-        warn(
-            f"`{MAX_WORKERS_KEY}` = {parsed} is above the cap of {MAX_WORKERS_CAP}; "
-            f"using {MAX_WORKERS_CAP}.",
-            category=ZarrUserWarning,
-            stacklevel=2,
-        )
-        return MAX_WORKERS_CAP
-    return parsed
+    """Threads for one batch, from ``codec_pipeline.max_workers``
+    (`zarr_fused.config.int_setting`: never raises; an invalid value warns
+    and uses `default_max_workers`, one above `MAX_WORKERS_CAP` warns and is
+    clamped)."""
+    return int_setting(
+        MAX_WORKERS_KEY,
+        cap=MAX_WORKERS_CAP,
+        default=lambda: default_max_workers()[0],
+        stacklevel=2,
+    )

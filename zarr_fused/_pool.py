@@ -7,15 +7,16 @@ module-global and an `ElasticPool`: its size (the most threads it runs at
 once) grows in place when a loop asks for more, and its threads start on
 demand; threads beyond the CPUs the process may run on retire once idle for
 `IDLE_SECONDS`, so one write with ``max_workers=256`` does not leave 255
-threads parked for the life of the process. The IO threads
-(`zarr_fused.io.engine.io_threads`) are an `ElasticPool` too.
+threads parked for the life of the process. Every process-wide pool comes
+from `shared_pool`, one per `PoolRole`: the compute threads (`get_pool`)
+and the IO threads (`zarr_fused.io.engine.io_threads`).
 
 Fork: executor threads do not survive ``fork()``; a child inheriting the
-parent's pool object would queue work that no thread ever runs, and it may
-inherit the pool lock in a locked state. ``os.register_at_fork`` drops both
-in the child; a pid check in `get_pool` is the backstop for forks that
-bypass the hook (``os.fork`` from C code). No OpenMP is used anywhere for
-the same reason: its runtime is not fork-safe.
+parent's pool objects would queue work that no thread ever runs, and it may
+inherit the pools' lock in a locked state. ``os.register_at_fork`` drops
+them all in the child; a pid check in `shared_pool` is the backstop for
+forks that bypass the hook (``os.fork`` from C code). No OpenMP is used
+anywhere for the same reason: its runtime is not fork-safe.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import threading
 import time
 import weakref
 from concurrent.futures import Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 if TYPE_CHECKING:
@@ -37,16 +39,19 @@ if TYPE_CHECKING:
 __all__ = [
     "IDLE_SECONDS",
     "ElasticPool",
+    "PoolRole",
     "get_pool",
     "in_worker_thread",
     "off_loop",
     "partition",
     "pool_size",
     "run_parallel",
+    "shared_pool",
 ]
 
-_pool: ElasticPool | None = None
-_pool_size = 0
+#: the process-wide pools, one per role (`shared_pool`), and the process
+#: they belong to
+_pools: dict[PoolRole, ElasticPool] = {}
 _pool_pid = os.getpid()
 _pool_lock = threading.Lock()
 # Set in pool worker threads, so a parallel loop started from inside another
@@ -209,7 +214,38 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_pools)
 
 
-# -- the pool ---------------------------------------------------------------------
+# -- the process-wide pools ----------------------------------------------------------
+
+
+@dataclass(frozen=True, eq=False)
+class PoolRole:
+    """What a process-wide pool is for (the key of `shared_pool`)."""
+
+    #: its threads' name prefix
+    name: str
+    #: threads kept when idle (asked when the pool is created)
+    keep: Callable[[], int]
+    #: run first in each of its threads
+    initializer: Callable[[], None] | None = None
+
+
+def shared_pool(role: PoolRole, threads: int) -> ElasticPool:
+    """The process's pool for ``role``, created on first use (anew in a
+    forked child) and grown to at least ``threads`` threads; those beyond
+    ``role.keep()`` retire when idle (`ElasticPool`)."""
+    if _pool_pid != os.getpid():
+        _reset_after_fork()
+    pool = _pools.get(role)
+    if pool is None or pool.size < threads:
+        with _pool_lock:
+            pool = _pools.get(role)
+            if pool is None:
+                pool = ElasticPool(
+                    threads, keep=role.keep(), name=role.name, initializer=role.initializer
+                )
+                _pools[role] = pool
+            pool.grow(threads)
+    return pool
 
 
 def _mark_worker() -> None:
@@ -225,39 +261,26 @@ def _cpus_here() -> int:
     return os.cpu_count() or 1
 
 
+#: the compute threads of every parallel loop (`run_parallel`)
+_COMPUTE: Final = PoolRole("zarr_fused", keep=_cpus_here, initializer=_mark_worker)
+
+
 def get_pool(threads: int) -> ElasticPool:
-    """The shared pool, grown to at least ``threads`` threads (>= 1); those
-    beyond `_cpus_here` retire when idle (`ElasticPool`)."""
-    global _pool, _pool_size
+    """The compute pool, grown to at least ``threads`` threads (>= 1)."""
     if threads < 1:
         raise ValueError(f"threads must be >= 1, got {threads}")
-    if _pool_pid != os.getpid():
-        _reset_after_fork()
-    pool = _pool
-    if pool is None or _pool_size < threads:
-        with _pool_lock:
-            if _pool is None:
-                _pool = ElasticPool(
-                    threads,
-                    keep=_cpus_here(),
-                    name="zarr_fused",
-                    initializer=_mark_worker,
-                )
-            _pool.grow(threads)
-            _pool_size = _pool.size
-            pool = _pool
-    return pool
+    return shared_pool(_COMPUTE, threads)
 
 
 def pool_size() -> int:
-    """Threads in the current pool (0 when none was created in this process)."""
-    return _pool_size if _pool_pid == os.getpid() else 0
+    """Threads in the compute pool (0 when none was created in this process)."""
+    pool = _pools.get(_COMPUTE) if _pool_pid == os.getpid() else None
+    return 0 if pool is None else pool.size
 
 
 def _reset_after_fork() -> None:
-    global _pool, _pool_size, _pool_lock, _pool_pid, _hop
-    _pool = None
-    _pool_size = 0
+    global _pool_lock, _pool_pid, _hop
+    _pools.clear()
     _pool_lock = threading.Lock()
     _pool_pid = os.getpid()
     _hop = None

@@ -67,11 +67,15 @@ zarr_fused is configured through zarr's own configuration object
 
 from __future__ import annotations
 
-from typing import Final
+import operator
+from typing import TYPE_CHECKING, Any, Final
 from warnings import warn
 
 from zarr.core.config import config as zarr_config
 from zarr.errors import ZarrUserWarning
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 __all__ = [
     "ASYNC_CONCURRENCY_KEY",
@@ -80,6 +84,7 @@ __all__ = [
     "MAX_WORKERS_KEY",
     "SHARD_WRITE_LOCK_KEY",
     "STRICT_KEY",
+    "int_setting",
     "shard_write_lock",
     "strict_mode",
 ]
@@ -122,3 +127,62 @@ def _flag(key: str, *, default: bool, invalid: str) -> bool:
         stacklevel=4,
     )
     return default
+
+
+def int_setting[D](key: str, *, cap: int, default: Callable[[], D], stacklevel: int = 1) -> int | D:
+    """A count setting (``max_workers``, ``io_concurrency``,
+    ``async_concurrency``), read on every call: an integer in ``[1, cap]``.
+
+    ``None`` (unset) gives ``default()``. An integer, a NumPy integer or a
+    string of one (an environment variable; surrounding blanks allowed) is
+    taken; anything else (not an integer, a bool, < 1) warns with
+    `ZarrUserWarning` and gives ``default()`` (named "the default rule" in
+    the warning when it is None); a value above ``cap`` warns and gives
+    ``cap``. Never raises: the value often comes from an environment
+    variable, and a typo there must not break reads. ``stacklevel`` is
+    where the warning points, counted from the caller (1: the call of
+    this function).
+    """
+    value = zarr_config.get(key, default=None)
+    if value is None:
+        return default()
+    # a plain int (the usual case, read on every batch) skips the parse
+    parsed = value if type(value) is int else _integer(value)
+    if parsed is not None and 1 <= parsed <= cap:
+        return parsed
+    # one more frame between the caller and the warning
+    return _refused(key, value, parsed, cap, default, stacklevel + 1)
+
+
+def _refused[D](
+    key: str, value: Any, parsed: int | None, cap: int, default: Callable[[], D], stacklevel: int
+) -> int | D:
+    """What `int_setting` gives for a value it does not take as it is,
+    with the warning that says so (``stacklevel`` as there)."""
+    if parsed is not None and parsed > cap:
+        warn(
+            f"`{key}` = {parsed} is above the cap of {cap}; using {cap}.",
+            category=ZarrUserWarning,
+            stacklevel=stacklevel + 1,
+        )
+        return cap
+    fallback = default()
+    using = "the default rule" if fallback is None else fallback
+    warn(
+        f"Ignoring invalid `{key}` config value {value!r} (expected an "
+        f"integer >= 1 or None); using {using}.",
+        category=ZarrUserWarning,
+        stacklevel=stacklevel + 1,
+    )
+    return fallback
+
+
+def _integer(value: Any) -> int | None:
+    """``value`` as an int: a string from an environment variable, an int or
+    a NumPy integer (never a bool); None otherwise."""
+    if isinstance(value, bool):
+        return None
+    try:
+        return int(value.strip()) if isinstance(value, str) else operator.index(value)
+    except (TypeError, ValueError):
+        return None

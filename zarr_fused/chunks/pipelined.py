@@ -28,6 +28,15 @@ from zarr_fused._items import MISSING, PRESENT
 from zarr_fused._native import fileio_kernels, io_kernels
 from zarr_fused.io.engine import Batch, resolve_io_concurrency, run_pipelined
 from zarr_fused.io.local import local_files
+from zarr_fused.io.probe import (
+    FAST_FILE,
+    PROBE_READS,
+    SLOW_HOLD,
+    Fastest,
+    LatencyProbe,
+    per_file_latency,
+    slow_direct,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -39,7 +48,7 @@ if TYPE_CHECKING:
     from zarr_fused._items import ReadItem
     from zarr_fused.chunks.read import NativeChunkReader
 
-__all__ = ["PipelinedChunkReader", "group_size", "per_file_latency"]
+__all__ = ["PipelinedChunkReader", "group_size"]
 
 #: most chunk files one IO request reads (one after another, in one IO thread)
 MAX_GROUP = 16
@@ -83,63 +92,19 @@ class _Fetched:
     oversize: dict[int, bytes]
 
 
-#: a chunk file that answers faster than this (seconds) is in the page cache
-#: or on a fast local disk: the compute threads read it themselves
-FAST_FILE = 50e-6
-#: stored bytes per file that count as one more `FAST_FILE` in a pipelined
-#: read's time per file: a file served from the page cache still costs a
-#: copy of its bytes (some 50 us per 256 KiB here), so large chunk files
-#: (an uncompressed 64^3 chunk is 512 KiB) must not look slow for their size
-FILE_BYTES = 256 << 10
-#: a direct read whose fastest group took longer than this per file
-#: (decoding included) goes back to the IO threads at once
-SLOW_DIRECT = 2 * FAST_FILE
-#: decoded bytes per chunk that count as one more `SLOW_DIRECT` (a direct
-#: read's time per file includes decoding, which grows with the chunk)
-DECODE_BYTES = 256 << 10
-#: seconds after which a direct read is pipelined again, to look afresh at
-#: how fast the files answer (a cache that went cold, a slower filesystem)
-PROBE_INTERVAL = 1.0
-#: and at least this many times the duration of recent reads: a pipelined
-#: read of a hot cache costs more CPU than a direct one (a hand-off per
-#: group of files), so reads that take a good part of `PROBE_INTERVAL` (a
-#: large array, a busy host) must not become probes every few reads
-PROBE_SPACING = 20
-#: how much of a read's duration is still counted at the next read
-TOOK_DECAY = 0.9
-#: and at least this many direct reads between two probes: reads that come
-#: every second or so (a loop over arrays, a caller that reads something
-#: else in between) would otherwise all be probes, each at the CPU cost of
-#: a pipelined read; a direct read that finds its files slow needs no
-#: probe, it goes back to the IO threads itself
-PROBE_READS = 4
-
-
-def per_file_latency(seconds: float, files: int, stored: int) -> float:
-    """Seconds per file of a group of ``files`` files holding ``stored``
-    bytes, each `FILE_BYTES` of a file counting as one more file (what is
-    compared with `FAST_FILE`)."""
-    return seconds / files / (1 + stored / files / FILE_BYTES)
-
-
 class PipelinedChunkReader:
     """Whole-chunk reads of LocalStore chunk files, IO apart from decoding.
 
-    Which threads read the files follows how fast they answer. Handing
-    each group of files from an IO thread to a compute thread costs thread
-    wake-ups, which a file served from the page cache in a few microseconds
-    does not repay: while files answer within `FAST_FILE` (and as much
-    again per `FILE_BYTES` they hold), the compute
-    threads read them inside their decode calls (`NativeChunkReader`).
-    Slower files (a network filesystem, a cold cache) go to the IO threads.
-    The first read of a plan is pipelined, and so are the reads of the next
-    ``10 * PROBE_INTERVAL`` seconds after a direct one whose fastest group
-    took more than `SLOW_DIRECT` per file (waits for a CPU left out: see
-    `zarr_fused.chunks.read.group_seconds_per_file`), and a read
-    `PROBE_INTERVAL` after the last pipelined one, or `PROBE_SPACING` times
-    the recent reads' duration if longer, once `PROBE_READS` direct reads
-    came in between (a direct read's time includes decoding, so only a
-    pipelined read measures the files).
+    Which threads read the files follows how fast they answer (`probe`,
+    see `zarr_fused.io.probe`): while files answer within `FAST_FILE` (and
+    as much again per `zarr_fused.io.probe.FILE_BYTES` they hold), the
+    compute threads read them inside their decode calls
+    (`NativeChunkReader`); slower files (a network filesystem, a cold
+    cache) go to the IO threads. Only a pipelined read measures the files
+    (a direct read's time includes decoding); a direct read whose fastest
+    group took more than `zarr_fused.io.probe.SLOW_DIRECT` per file (waits
+    for a CPU left out: see `zarr_fused.chunks.read.group_seconds_per_file`)
+    sends the reads of the next `SLOW_HOLD` seconds to the IO threads.
     """
 
     def __init__(self, chain: NativeChain, direct: NativeChunkReader) -> None:
@@ -147,19 +112,8 @@ class PipelinedChunkReader:
         #: the reader for everything the IO threads do not serve (the plan
         #: passes it in, so this module sits beside the chunk reader)
         self.direct = direct
-        #: seconds per chunk file seen by the last pipelined read; None
-        #: before the first, or when a direct read was slow
-        self.seconds_per_file: float | None = None
-        #: when the last pipelined read ended (time.monotonic)
-        self.probed = 0.0
-        #: until when reads stay pipelined after a slow direct one: a few
-        #: fast groups (blocks a disk or a VM host still caches) must not
-        #: send every other read of a cold array back to the compute threads
-        self.slow_until = 0.0
-        #: how long recent reads took (seconds; decays by `TOOK_DECAY`)
-        self.took = 0.0
-        #: direct reads since the last pipelined one
-        self.direct_reads = 0
+        #: how fast the files answered, and whether that still decides
+        self.probe = LatencyProbe(FAST_FILE, reads_between=PROBE_READS)
 
     def read(
         self,
@@ -179,11 +133,10 @@ class PipelinedChunkReader:
             prefix = local_files(batch)
         if prefix is None or not self.chain.writes_into(dst, batch[0][1]):
             return self.direct.read(batch, out, drop_axes, max_workers)
-        if self._direct_is_faster():
+        probe = self.probe
+        if probe.direct():
             return self._read_direct_timed(batch, out, drop_axes, max_workers)
-        seen = self.seconds_per_file
-        fast = seen is not None and seen < FAST_FILE
-        per_thread = REQUESTS_PER_THREAD if fast else REQUESTS_PER_THREAD_SLOW
+        per_thread = REQUESTS_PER_THREAD if probe.seen_fast() else REQUESTS_PER_THREAD_SLOW
         read = _PipelinedRead(self.chain, batch, out, drop_axes, prefix, io_concurrency, per_thread)
         start = time.perf_counter()
         run_pipelined(
@@ -194,46 +147,21 @@ class PipelinedChunkReader:
             io_concurrency=io_concurrency,
             max_workers=max_workers,
         )
-        self._note(time.perf_counter() - start)
-        self.direct_reads = 0
-        if read.fastest != float("inf"):
-            self.seconds_per_file = read.fastest
-            self.probed = time.monotonic()
+        probe.note_pipelined(time.perf_counter() - start, read.fastest.seconds)
         return tuple(read.statuses)
-
-    def _note(self, seconds: float) -> None:
-        self.took = max(seconds, TOOK_DECAY * self.took)
-
-    def _direct_is_faster(self) -> bool:
-        """Whether the files answered fast enough, recently enough, for the
-        compute threads to read them themselves (see the class docstring)."""
-        seen = self.seconds_per_file
-        now = time.monotonic()
-        return (
-            seen is not None
-            and seen < FAST_FILE
-            and now >= self.slow_until
-            and (
-                self.direct_reads < PROBE_READS
-                or now - self.probed < max(PROBE_INTERVAL, PROBE_SPACING * self.took)
-            )
-        )
 
     def _read_direct_timed(
         self, batch: Sequence[ReadItem], out: NDBuffer, drop_axes: tuple[int, ...], max_workers: int
     ) -> tuple[GetResult, ...]:
         start = time.perf_counter()
         result = self.direct.read(batch, out, drop_axes, max_workers)
-        self._note(time.perf_counter() - start)
-        self.direct_reads += 1
+        self.probe.note_direct(time.perf_counter() - start)
         # The fastest group, not the whole read: on a busy host a read's
         # threads wait for a CPU, which its mean time per file would count
         # as file latency and send a hot cache to the IO threads.
-        took = self.direct.fastest_file
         nbytes = self.chain.layout(batch[0][1].shape).nbytes
-        if took != float("inf") and took > SLOW_DIRECT * (1 + nbytes / DECODE_BYTES):
-            self.seconds_per_file = None
-            self.slow_until = time.monotonic() + 10 * PROBE_INTERVAL
+        if slow_direct(self.direct.fastest_file, nbytes):
+            self.probe.found_slow(hold=SLOW_HOLD)
         return result
 
 
@@ -271,10 +199,8 @@ class _PipelinedRead:
         # and a reused buffer is still in the CPU's cache.
         self.spare: list[np.ndarray] = []
         self.lock = threading.Lock()
-        # the fastest group's seconds per file: an IO thread may wait for a
-        # CPU in the middle of a group (32 of them share the cores), which a
-        # mean would count as file latency; a real round trip slows every group
-        self.fastest = float("inf")
+        #: the fastest group's seconds per file
+        self.fastest = Fastest()
 
     def _arena(self, need: int) -> np.ndarray:
         with self.lock:
@@ -294,9 +220,7 @@ class _PipelinedRead:
         )
         if done:
             stored = int(lengths[:done].clip(min=0).sum())
-            per_file = per_file_latency(time.perf_counter() - start, done, stored)
-            with self.lock:
-                self.fastest = min(self.fastest, per_file)
+            self.fastest.note(per_file_latency(time.perf_counter() - start, done, stored))
         oversize: dict[int, bytes] = {}
         for k in np.flatnonzero(lengths[:done] < -1).tolist():
             # larger than any chunk we would write: read it whole

@@ -20,11 +20,12 @@ were found fast to store (`FAST_STORE`: a hot tmpfs or local disk, where
 the hand-off costs more than it saves), the encode kernel writes each file
 itself, inside its nogil call.
 
-Which of the two a write takes is measured, not guessed: with no recent
-measurement (a new array handle, or none for `PROBE_INTERVAL` seconds) a
-write first stores a few files per compute thread itself (`PROBE_FILES`)
-and times them; only if they were slow does the rest go to the IO threads,
-whose own timing then decides the next writes. Handing a write that is
+Which of the two a write takes is measured, not guessed
+(`zarr_fused.io.probe`): with no recent measurement (a new array handle,
+or none for `zarr_fused.io.probe.PROBE_INTERVAL` seconds) a write first
+stores a few files per compute thread itself (`PROBE_FILES`) and times
+them; only if they were slow does the rest go to the IO threads, whose own
+timing then decides the next writes. Handing a write that is
 fast to store to the IO threads costs more CPU than it saves (on one CPU,
 every file wakes an IO thread and then the compute thread waiting for its
 parcel; docs/performance.md), so the first write of an array handle must
@@ -49,6 +50,7 @@ from zarr_fused._zarr_compat import encode_partial_sync
 from zarr_fused.chunks.merge import merge_and_encode, merge_owned
 from zarr_fused.io.engine import Writes, resolve_io_concurrency, write_window
 from zarr_fused.io.local import local_files, make_parents, write_parts
+from zarr_fused.io.probe import FAST_STORE, PROBE_FILES, LatencyProbe
 from zarr_fused.io.shard_lock import ShardLocks, shard_locks
 from zarr_fused.shard.buffers import buffers
 
@@ -69,19 +71,6 @@ __all__ = ["ChunkWriter", "NativeChunkWriter", "PartialEncodeWriter"]
 WRITE_GROUP = 32
 #: most chunk files one IO request writes
 MAX_FILES_PER_STORE = 16
-#: chunk files the IO threads store faster than this (seconds per file) are
-#: on a local disk or tmpfs, not a network filesystem (where a file costs
-#: three or four round trips of 0.2-2 ms): there the IO threads' creates
-#: and renames cost 10-30% more CPU than the compute threads', for the same
-#: wall time (docs/io-layer.md), so the compute threads write their files
-#: themselves (inside the encode call) for `PROBE_INTERVAL` seconds, after
-#: which the IO threads measure again
-FAST_STORE = 500e-6
-PROBE_INTERVAL = 1.0
-#: chunk files each compute thread stores itself, timed, before a write
-#: with no recent measurement decides where the rest go (at 1 ms per
-#: round trip, four files cost about 16 ms, once per `PROBE_INTERVAL`)
-PROBE_FILES = 4
 
 
 def files_per_store(n: int, window: int) -> int:
@@ -202,37 +191,27 @@ class NativeChunkWriter:
         self.chain = chain
         self.generic = ChunkWriter(chain)
         #: the fastest a chunk file was stored, per file, by the IO threads
-        #: or by a probe on the compute threads (seconds; None: not
-        #: measured), and when
-        self.seconds_per_file: float | None = None
-        self.probed = 0.0
+        #: or by a probe on the compute threads, and when
+        self.probe = LatencyProbe(FAST_STORE)
 
     def _behind(self) -> bool | None:
         """Whether the IO threads store this write's files (see the module
         docstring): True while they were recently found slow, False while
         fast, None when there is no recent measurement (probe first)."""
-        seen = self.seconds_per_file
-        if seen is None or time.monotonic() - self.probed >= PROBE_INTERVAL:
-            return None
-        return seen >= FAST_STORE
+        fast = self.probe.verdict()
+        return None if fast is None else not fast
 
-    def _measured(self, seconds_per_file: float) -> None:
-        self.seconds_per_file = seconds_per_file
-        self.probed = time.monotonic()
-
-    def _probe(self, job: _ChunkWrite, max_workers: int) -> tuple[int, float]:
+    def _probe(self, job: _ChunkWrite, max_workers: int) -> int:
         """Store the first `PROBE_FILES` files per compute thread from the
         compute threads, timed (encode included: an upper bound of the
-        store's cost); returns how many items that covered, and the time
-        per file."""
+        store's cost) into `probe`; returns how many items that covered."""
         n = min(len(job.batch), PROBE_FILES * max(1, max_workers))
         groups = partition(n, max_workers, max_group=PROBE_FILES)
         began = time.perf_counter()
         run_parallel(job.write_group, groups, max_workers)
         threads = max(1, min(max_workers, len(groups)))
-        seconds_per_file = (time.perf_counter() - began) * threads / n
-        self._measured(seconds_per_file)
-        return n, seconds_per_file
+        self.probe.measured((time.perf_counter() - began) * threads / n)
+        return n
 
     def write(
         self,
@@ -250,8 +229,8 @@ class NativeChunkWriter:
         behind = self._behind() if io_concurrency > 1 and io_kernels is not None else False
         start = 0
         if behind is None:
-            start, seconds_per_file = self._probe(job, max_workers)
-            behind = seconds_per_file >= FAST_STORE
+            start = self._probe(job, max_workers)
+            behind = not self.probe.seen_fast()
         rest = len(batch) - start
         if not behind:
             groups = _shifted(partition(rest, max_workers), start)
@@ -263,7 +242,7 @@ class NativeChunkWriter:
             job.files_per_store = files_per_store(rest, write_window(io_concurrency))
             run_parallel(job.write_group, groups, max_workers)
         if job.fastest != float("inf"):
-            self._measured(job.fastest)
+            self.probe.measured(job.fastest)
 
 
 def _shifted(groups: list[range], start: int) -> list[range]:

@@ -62,9 +62,10 @@ all its stores ran, so writes and deletes of one key stay in order.
 Threads: the IO threads are one process-wide pool (all reads of a process
 share ``io_concurrency`` requests in flight), created on first use, grown
 when the setting grows, and reset in a forked child (pool threads do not
-survive ``fork``), like the compute pool in `zarr_fused._pool`. Threads
-start on demand, and those beyond `DEFAULT_IO_CONCURRENCY` exit after
-`zarr_fused._pool.IDLE_SECONDS` without work.
+survive ``fork``), by the same factory as the compute pool
+(`zarr_fused._pool.shared_pool`). Threads start on demand, and those
+beyond `DEFAULT_IO_CONCURRENCY` exit after `zarr_fused._pool.IDLE_SECONDS`
+without work.
 """
 
 from __future__ import annotations
@@ -72,20 +73,14 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
-import operator
-import os
 import queue
 import threading
 from concurrent.futures import Future, wait
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, Self
-from warnings import warn
 
-from zarr.core.config import config as zarr_config
-from zarr.errors import ZarrUserWarning
-
-from zarr_fused._pool import ElasticPool, get_pool, in_worker_thread
-from zarr_fused.config import IO_CONCURRENCY_KEY
+from zarr_fused._pool import ElasticPool, PoolRole, get_pool, in_worker_thread, shared_pool
+from zarr_fused.config import IO_CONCURRENCY_KEY, int_setting
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator, Sequence
@@ -160,50 +155,19 @@ def resolve_io_concurrency() -> int:
     Inside `io_concurrency_at_most`, at most its cap.
     """
     cap = _io_cap.get()
-    resolved = _resolve_io_setting()
+    resolved = int_setting(
+        IO_CONCURRENCY_KEY,
+        cap=IO_CONCURRENCY_CAP,
+        default=lambda: DEFAULT_IO_CONCURRENCY,
+        stacklevel=2,
+    )
     return resolved if cap is None else max(1, min(cap, resolved))
-
-
-def _resolve_io_setting() -> int:
-    value = zarr_config.get(IO_CONCURRENCY_KEY, default=None)
-    if value is None:
-        return DEFAULT_IO_CONCURRENCY
-    parsed: int | None = None
-    if isinstance(value, str):  # from an environment variable
-        try:
-            parsed = int(value.strip())
-        except ValueError:
-            parsed = None
-    elif not isinstance(value, bool):
-        try:
-            parsed = operator.index(value)
-        except TypeError:
-            parsed = None
-    if parsed is None or parsed < 1:
-        warn(
-            f"Ignoring invalid `{IO_CONCURRENCY_KEY}` config value {value!r} (expected an "
-            f"integer >= 1 or None); using {DEFAULT_IO_CONCURRENCY}.",
-            category=ZarrUserWarning,
-            stacklevel=3,
-        )
-        return DEFAULT_IO_CONCURRENCY
-    if parsed > IO_CONCURRENCY_CAP:
-        warn(
-            f"`{IO_CONCURRENCY_KEY}` = {parsed} is above the cap of {IO_CONCURRENCY_CAP}; "
-            f"using {IO_CONCURRENCY_CAP}.",
-            category=ZarrUserWarning,
-            stacklevel=3,
-        )
-        return IO_CONCURRENCY_CAP
-    return parsed
 
 
 # -- the IO threads -------------------------------------------------------------------
 
-_io_pool: ElasticPool | None = None
-_io_size = 0
-_io_pid = os.getpid()
-_io_lock = threading.Lock()
+#: the IO threads: one pool per process, shared by every read and write
+_IO_THREADS: Final = PoolRole("zarr_fused-fileio", keep=lambda: DEFAULT_IO_CONCURRENCY)
 
 
 def io_threads(threads: int) -> ElasticPool:
@@ -214,32 +178,7 @@ def io_threads(threads: int) -> ElasticPool:
     without work (`zarr_fused._pool.ElasticPool`), so a burst at
     ``io_concurrency=1024`` does not leave a thousand threads behind.
     """
-    global _io_pool, _io_size
-    if _io_pid != os.getpid():
-        _reset_after_fork()
-    pool = _io_pool
-    if pool is None or _io_size < threads:
-        with _io_lock:
-            if _io_pool is None:
-                _io_pool = ElasticPool(
-                    threads, keep=DEFAULT_IO_CONCURRENCY, name="zarr_fused-fileio"
-                )
-            _io_pool.grow(threads)
-            _io_size = _io_pool.size
-            pool = _io_pool
-    return pool
-
-
-def _reset_after_fork() -> None:
-    global _io_pool, _io_size, _io_lock, _io_pid
-    _io_pool = None
-    _io_size = 0
-    _io_lock = threading.Lock()
-    _io_pid = os.getpid()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_reset_after_fork)
+    return shared_pool(_IO_THREADS, threads)
 
 
 # -- one pipelined batch ----------------------------------------------------------------

@@ -24,17 +24,16 @@ the key; a failed ``open``/``pread`` raises ``OSError`` with the file's path.
 The first failure cancels the shards not yet started (`run_pipelined`).
 
 Which threads read the files follows how fast they answer, as for
-unsharded chunks (`zarr_fused.chunks.pipelined`): the hand-off between
-threads costs wake-ups that a shard served from the page cache does not
-repay, so while file calls answer within `FAST_CALL`, the compute threads
-read their shards themselves (the direct path of ``ShardReader``). The
-first read of a reader is pipelined, and so is a read `PROBE_INTERVAL`
-(or `PROBE_SPACING` times its duration) after the last pipelined one (only
-a pipelined read measures the files: a direct read's time includes
-decoding), and the read after a direct one that made the process read
-from a block device (a page cache that went cold: `storage_read_bytes`).
-Without that, reads of a cache that went cold after a hot read stayed
-direct for as long as they came more often than the probes.
+unsharded chunks (`zarr_fused.io.probe`): the hand-off between threads
+costs wake-ups that a shard served from the page cache does not repay, so
+while file calls answer within `FAST_CALL`, the compute threads read their
+shards themselves (the direct path of ``ShardReader``). The first read of
+a reader is pipelined, and so is a read once the last measurement no
+longer stands (only a pipelined read measures the files: a direct read's
+time includes decoding), and the read after a direct one that made the
+process read from a block device (a page cache that went cold:
+`storage_read_bytes`): otherwise reads of a cache that went cold after a
+hot read stay direct for as long as they come more often than the probes.
 """
 
 from __future__ import annotations
@@ -48,29 +47,14 @@ import numpy as np
 
 from zarr_fused._native import io_kernels, shard_local_kernels
 from zarr_fused.io.engine import Batch, resolve_io_concurrency, run_pipelined
+from zarr_fused.io.probe import FAST_CALL, Fastest, LatencyProbe, per_call_latency
 from zarr_fused.shard.index import MISSING_OFFSET
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-__all__ = ["CALL_BYTES", "FAST_CALL", "PROBE_INTERVAL", "ShardIO", "storage_read_bytes"]
+__all__ = ["ShardIO", "storage_read_bytes"]
 
-#: a file call (open, pread) answered faster than this (seconds) comes from
-#: the page cache or a fast local disk: the compute threads read themselves
-FAST_CALL = 50e-6
-#: bytes a page-cache copy moves in about `FAST_CALL`: a large read counts
-#: as that many calls, so that copying is not taken for latency
-CALL_BYTES = 256 << 10
-#: seconds after which a direct read is pipelined again, to look afresh at
-#: how fast the files answer (a cache that went cold, a slower filesystem)
-PROBE_INTERVAL = 1.0
-#: and at least this many times the duration of recent reads: a pipelined
-#: read of a hot cache costs more than a direct one (more buffers in
-#: flight, each faulted in afresh), so reads that take a good part of
-#: `PROBE_INTERVAL` must not become probes every other time
-PROBE_SPACING = 20
-#: how much of a read's duration is still counted at the next read
-TOOK_DECAY = 0.9
 #: a shard split over several requests pays, per extra part, an ``open``,
 #: an index read and a hand-off between threads (about 0.1 ms of CPU);
 #: reads split shards only while file calls took at least this long
@@ -127,13 +111,9 @@ class ShardIO:
     batches of one `ShardReader`, and the pipelined read itself."""
 
     def __init__(self) -> None:
-        #: seconds per file call seen by the last pipelined read; None
-        #: before the first
-        self.seconds_per_call: float | None = None
-        #: when the last pipelined read ended (time.monotonic)
-        self.probed = 0.0
-        #: how long recent reads took (seconds; decays by `TOOK_DECAY`)
-        self.took = 0.0
+        #: how fast the file calls answered (seconds per call), and whether
+        #: that still decides
+        self.probe = LatencyProbe(FAST_CALL)
         #: `storage_read_bytes` when a direct read was chosen because the
         #: files answered fast; None otherwise
         self.direct_from: int | None = None
@@ -157,7 +137,7 @@ class ShardIO:
         io_concurrency = resolve_io_concurrency()
         if io_concurrency <= 1:
             return 0
-        if self._direct_is_faster():
+        if self.probe.direct():
             self.direct_from = storage_read_bytes()
             return 0
         return io_concurrency
@@ -166,28 +146,20 @@ class ShardIO:
         """Note how long a direct read took (spaces the probes), and
         whether it read from a block device: then the next read is
         pipelined and measures the files afresh."""
-        self.took = max(seconds, TOOK_DECAY * self.took)
+        self.probe.note_direct(seconds)
         start, self.direct_from = self.direct_from, None
         if start is None:
             return
         now = storage_read_bytes()
         if now is not None and now > start:
-            self.seconds_per_call = None
-
-    def _direct_is_faster(self) -> bool:
-        seen = self.seconds_per_call
-        return (
-            seen is not None
-            and seen < FAST_CALL
-            and time.monotonic() - self.probed < max(PROBE_INTERVAL, PROBE_SPACING * self.took)
-        )
+            self.probe.found_slow()
 
     def run(self, read: ShardBatch, io_concurrency: int, max_workers: int) -> None:
         """Fetch every shard of ``read`` on the IO threads and decode each
         on a compute thread as soon as it is in."""
-        timing = _Timing()
-        began = time.monotonic()
-        seen = self.seconds_per_call
+        timing = Fastest()
+        began = time.perf_counter()
+        seen = self.probe.latency
         split = (seen is None or seen >= SPLIT_CALL) and not self.from_device
         requests = _Requests(read, io_concurrency, split)
         device_before = storage_read_bytes()
@@ -200,8 +172,7 @@ class ShardIO:
             fetched = requests.fetch(request)
             calls, nbytes = read.fetched_io(fetched)
             if calls:
-                calls += nbytes // CALL_BYTES
-                timing.note((time.perf_counter() - start) / calls)
+                timing.note(per_call_latency(time.perf_counter() - start, calls, nbytes))
             return fetched
 
         try:
@@ -217,28 +188,12 @@ class ShardIO:
             # shards fetched but not decoded (the batch failed) give their
             # buffers back; run_pipelined returned, so no fetch still runs
             requests.release()
-        if timing.fastest != float("inf"):
-            self.seconds_per_call = timing.fastest
-            self.probed = time.monotonic()
-            self.took = max(self.probed - began, TOOK_DECAY * self.took)
+        # a read that timed no file call (every shard missing) leaves the
+        # probe as it was, the recent reads' duration included
+        if timing.seconds != float("inf"):
+            self.probe.note_pipelined(time.perf_counter() - began, timing.seconds)
         device_after = storage_read_bytes()
         self.from_device = device_after is not None and device_after != device_before
-
-
-class _Timing:
-    """The fastest request's seconds per file call: an IO thread may wait
-    for a CPU in the middle of a request (many share the cores), which a
-    mean would count as file latency; a real round trip slows them all."""
-
-    __slots__ = ("fastest", "lock")
-
-    def __init__(self) -> None:
-        self.fastest = float("inf")
-        self.lock = threading.Lock()
-
-    def note(self, seconds: float) -> None:
-        with self.lock:
-            self.fastest = min(self.fastest, seconds)
 
 
 class _Part:
