@@ -515,7 +515,7 @@ def test_local_reads_never_read_wide_gaps(
 def test_idle_shard_buffers_are_bounded() -> None:
     """The pool of reused shard buffers keeps at most ``keep`` buffers and
     ``max_bytes`` bytes while idle, dropping the smallest or the largest."""
-    from zarr_fused.shard.buffers import BufferPool as _Buffers
+    from zarr_fused._buffers import BufferPool as _Buffers
 
     pool = _Buffers(keep=2, max_bytes=1 << 20)
     small, medium, large = (np.empty(n, np.uint8) for n in (1 << 16, 1 << 18, 1 << 19))

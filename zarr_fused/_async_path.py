@@ -44,11 +44,11 @@ from zarr.errors import ZarrUserWarning
 from zarr_fused._chain import NativeChain
 from zarr_fused._cpus import resolve_max_workers
 from zarr_fused._items import MISSING, PRESENT, describe_key
+from zarr_fused._merge import merge_and_encode
 from zarr_fused._pool import ElasticPool, get_pool, partition
 from zarr_fused._scatter_py import fill_missing, scatter_chunk
 from zarr_fused._zarr_compat import OBJECT_ABSENT, merge_chunk_array
 from zarr_fused.chunks.async_read import ObjectChunkReader
-from zarr_fused.chunks.merge import merge_and_encode
 from zarr_fused.config import ASYNC_CONCURRENCY_KEY, shard_write_lock
 from zarr_fused.errors import WriteConflictError, ZarrFusedError
 from zarr_fused.io import object_cas
