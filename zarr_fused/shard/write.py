@@ -4,7 +4,7 @@ shards assembled natively.
 For each shard a write touches, `ShardWriter` follows zarr's sharding codec
 step by step (``ShardingCodec._encode_partial_sync``), so stored shards are
 byte-identical to zarr's wherever the inner codecs are
-(`zarr_fused._identity.byte_identical`):
+(`zarr_fused.cli.identity.byte_identical`):
 
 1. a write that covers every inner chunk whole does not read the shard;
    any other reads the stored shard once (its index checked natively);
