@@ -16,6 +16,7 @@ apart.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from zarr_fused._dtypes import fill_pattern
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
 __all__ = ["BatchReader", "HeldWriter", "ReadTarget"]
 
 
+@dataclass(slots=True)
 class ReadTarget:
     """The output side of one native read batch.
 
@@ -46,23 +48,12 @@ class ReadTarget:
     each starting as ``status``.
     """
 
-    __slots__ = ("drop_axes", "dst", "ndim", "out", "pattern", "statuses")
-
-    def __init__(
-        self,
-        out: NDBuffer,
-        dst: np.ndarray,
-        drop_axes: tuple[int, ...],
-        pattern: bytes,
-        ndim: int,
-        statuses: list[GetResult],
-    ) -> None:
-        self.out = out
-        self.dst = dst
-        self.drop_axes = drop_axes
-        self.pattern = pattern
-        self.ndim = ndim
-        self.statuses = statuses
+    out: NDBuffer
+    dst: np.ndarray
+    drop_axes: tuple[int, ...]
+    pattern: bytes
+    ndim: int
+    statuses: list[GetResult]
 
     @classmethod
     def native(
