@@ -58,8 +58,8 @@ from zarr.storage import MemoryStore
 from zarr_fused import _codec_batch as batches
 from zarr_fused import _codecs as native
 from zarr_fused._chain import native_chain_params
-from zarr_fused._identity import _versions as chain_versions
-from zarr_fused._identity import byte_identical, same_blosc
+from zarr_fused.cli.identity import _versions as chain_versions
+from zarr_fused.cli.identity import byte_identical, same_blosc
 from zarr_fused.errors import (
     ChecksumError,
     ChunkSizeError,
@@ -475,7 +475,7 @@ def test_byte_identical_with_equal_library_versions(monkeypatch: pytest.MonkeyPa
     # (at zarr's MTIME 0); blosc stays unclaimed without its measurements
     versions = {**chain_versions(), "numcodecs": "0.0.0"}
     versions.update(numcodecs_zstd=versions["zstd"], python_zlib=versions["zlib"])
-    monkeypatch.setattr("zarr_fused._identity._versions", lambda: versions)
+    monkeypatch.setattr("zarr_fused.cli.identity._versions", lambda: versions)
     assert all(byte_identical([BytesCodec(), ZstdCodec(level=lv)]) for lv in (-50, 3, 9, 22))
     assert all(
         byte_identical([BytesCodec(), GzipCodec(level=lv)], gzip_mtime_zero=True)
@@ -501,7 +501,7 @@ def test_byte_identical_with_numcodecs_blosc(monkeypatch: pytest.MonkeyPatch) ->
             "zstd": "1.5.6",
         },
     }
-    monkeypatch.setattr("zarr_fused._identity._versions", lambda: versions)
+    monkeypatch.setattr("zarr_fused.cli.identity._versions", lambda: versions)
     assert all(
         byte_identical([BytesCodec(), BloscCodec(cname=cname, clevel=clevel)])
         for cname in BLOSC_CNAMES
@@ -514,7 +514,7 @@ def test_byte_identical_with_numcodecs_blosc(monkeypatch: pytest.MonkeyPatch) ->
 def test_byte_identical_with_other_library_versions(monkeypatch: pytest.MonkeyPatch) -> None:
     # versions nobody measured: no compressor is claimed
     versions = {**chain_versions(), "zstd": "0.0.1", "zlib": "0.0.1"}
-    monkeypatch.setattr("zarr_fused._identity._versions", lambda: versions)
+    monkeypatch.setattr("zarr_fused.cli.identity._versions", lambda: versions)
     assert not byte_identical([BytesCodec(), ZstdCodec(level=1)])
     assert not byte_identical([BytesCodec(), GzipCodec(level=6)], gzip_mtime_zero=True)
     assert not byte_identical([BytesCodec(), BloscCodec(cname="lz4", clevel=5)])

@@ -46,7 +46,7 @@ from zarr.codecs._v2 import V2Codec
 from zarr.core.buffer import default_buffer_prototype
 from zarr.storage import LocalStore, MemoryStore
 
-from zarr_fused._identity import byte_identical
+from zarr_fused.cli.identity import byte_identical
 from zarr_fused.io.shard_lock import LOCK_FILE
 
 from helpers import BATCHED, FUSED, METADATA_KEYS, with_pipeline
@@ -97,7 +97,7 @@ FUZZ = settings(_profile())
 
 def bytes_must_match(spec: ArraySpec) -> bool:
     """Whether stored chunks must equal zarr's byte for byte: exactly where
-    zarr_fused claims it (`zarr_fused._identity.byte_identical`, which depends on
+    zarr_fused claims it (`zarr_fused.cli.identity.byte_identical`, which depends on
     the compression libraries at hand). Zarr format 2 chunks are judged as
     the `V2Codec` zarr builds for them (their compressor runs on zarr_fused's
     kernels since issue 17; gzip headers hold the time of writing, so two

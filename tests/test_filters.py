@@ -36,7 +36,7 @@ from zarr.codecs.scale_offset import ScaleOffset
 from zarr.storage import MemoryStore
 
 from zarr_fused._hybrid import HybridChain, split_python_stages
-from zarr_fused._identity import byte_identical
+from zarr_fused.cli.identity import byte_identical
 from zarr_fused.errors import DecompressionError, UnsupportedError
 
 from helpers import BATCHED, FUSED, assert_same_values, chunk_items, make_store

@@ -22,9 +22,8 @@ from zarr.core.buffer import default_buffer_prototype
 from zarr.core.buffer.cpu import NDBuffer
 from zarr.core.chunk_utils import ChunkTransform, evolve_codecs
 
-from zarr_fused import _reference as reference
 from zarr_fused._chain import build_chain
-from zarr_fused._identity import byte_identical
+from zarr_fused.cli.identity import byte_identical
 from zarr_fused.errors import ChecksumError, ChunkSizeError, CorruptChunkError, DecompressionError
 
 from helpers import (
@@ -34,6 +33,7 @@ from helpers import (
     chunk_items,
     chunk_spec,
     make_store,
+    reference,
     with_pipeline,
 )
 
@@ -291,9 +291,9 @@ def test_empty_chunk_rule_matches_zarr(
     assert keys[FUSED] == keys[BATCHED]
 
 
-# -- the chain against its reference twin (zarr_fused._reference) --------------------
+# -- the chain against its reference twin (helpers.reference) --------------------
 #
-# `_reference.encode_chunk` / `decode_chunk` are the pure NumPy/numcodecs
+# `reference.encode_chunk` / `decode_chunk` are the pure NumPy/numcodecs
 # twins of a native chain. Each case runs the native chain (`build_chain`, as
 # the pipeline builds it) and the twin on the same chunk and compares bytes:
 # decoded chunks bit for bit (NaN payloads and all), encoded payloads exactly

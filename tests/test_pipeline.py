@@ -26,7 +26,7 @@ from zarr.codecs import (
 )
 from zarr.errors import ChunkNotFoundError
 
-from zarr_fused._identity import byte_identical
+from zarr_fused.cli.identity import byte_identical
 
 from helpers import BATCHED, FUSED, assert_same_values, chunk_items, make_store, with_pipeline
 
@@ -171,7 +171,7 @@ def read_through(path: str, store: Any, selection: Any = Ellipsis) -> np.ndarray
 
 def assert_same_chunks(ours: Any, theirs: Any) -> None:
     """The same chunk keys; the same bytes wherever zarr_fused claims them
-    (`zarr_fused._identity.byte_identical`: compressed bytes depend on the
+    (`zarr_fused.cli.identity.byte_identical`: compressed bytes depend on the
     library versions at hand, gzip headers on zarr's clock)."""
     ours_items, theirs_items = chunk_items(ours), chunk_items(theirs)
     assert sorted(ours_items) == sorted(theirs_items)

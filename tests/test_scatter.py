@@ -1,6 +1,6 @@
 """The scatter kernels (`zarr_fused._scatter`) against their NumPy reference.
 
-Each case runs the native kernel and `zarr_fused._reference` on identical
+Each case runs the native kernel and `helpers.reference` on identical
 inputs and compares the *whole buffer* the destination lives in byte for
 byte, so NaN payloads, -0.0, the padding of strings and every element outside
 the selection count. Destinations start out filled with a sentinel byte
@@ -25,9 +25,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zarr_fused import _reference as reference
 from zarr_fused import _scatter as native
 
+from helpers import reference
 from helpers.gil import spins_during
 
 SENTINEL = 0xA5

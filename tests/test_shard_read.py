@@ -19,7 +19,6 @@ from zarr.core.buffer import default_buffer_prototype
 from zarr.storage import LocalStore, MemoryStore, WrapperStore
 from zarr.testing.strategies import basic_indices, orthogonal_indices
 
-from zarr_fused import _reference as reference
 from zarr_fused import _shard_index as index_kernels
 from zarr_fused.errors import CorruptChunkError, CorruptShardError
 from zarr_fused.shard.read import ShardReader
@@ -31,6 +30,7 @@ from helpers import (
     assert_same_values,
     chunk_spec,
     make_store,
+    reference,
     with_pipeline,
 )
 from helpers.shards import ALWAYS_DETECTED, CORRUPTIONS, corrupt, index_entries, with_index
@@ -515,7 +515,7 @@ def test_local_reads_never_read_wide_gaps(
 def test_idle_shard_buffers_are_bounded() -> None:
     """The pool of reused shard buffers keeps at most ``keep`` buffers and
     ``max_bytes`` bytes while idle, dropping the smallest or the largest."""
-    from zarr_fused.shard.buffers import BufferPool as _Buffers
+    from zarr_fused._buffers import BufferPool as _Buffers
 
     pool = _Buffers(keep=2, max_bytes=1 << 20)
     small, medium, large = (np.empty(n, np.uint8) for n in (1 << 16, 1 << 18, 1 << 19))
@@ -766,9 +766,9 @@ def test_truncated_shard_in_zarrs_words(
         assert "c/0/0" in str(info.value)
 
 
-# -- the shard index against its reference twin (zarr_fused._reference) --------------
+# -- the shard index against its reference twin (helpers.reference) --------------
 #
-# `_shard.parse_index` against `_reference.parse_index` / `shard_index`:
+# `_shard.parse_index` against `reference.parse_index` / `shard_index`:
 # the same entries for every valid index (index at the start or end, either
 # byte order, with or without crc32c, missing chunks), and the same error,
 # naming the same inner chunk, for every invalid one. The twin is itself

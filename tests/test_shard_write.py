@@ -19,9 +19,8 @@ from zarr.core.chunk_utils import evolve_codecs
 from zarr.storage import LocalStore, MemoryStore, WrapperStore
 from zarr.testing.strategies import basic_indices
 
-from zarr_fused import _reference as reference
 from zarr_fused import _shard_index as index_kernels
-from zarr_fused._identity import byte_identical
+from zarr_fused.cli.identity import byte_identical
 from zarr_fused.errors import CorruptChunkError
 from zarr_fused.shard.write import ShardWriter
 
@@ -33,6 +32,7 @@ from helpers import (
     chunk_items,
     chunk_spec,
     make_store,
+    reference,
     with_pipeline,
 )
 
@@ -421,9 +421,9 @@ def test_mismatched_value_behaves_like_zarr(value_shape: tuple[int, ...]) -> Non
     assert outcomes[FUSED] == outcomes[BATCHED]
 
 
-# -- shard assembly against its reference twin (zarr_fused._reference) ---------------
+# -- shard assembly against its reference twin (helpers.reference) ---------------
 #
-# `_shard.assemble_shard` against `_reference.assemble_shard`, byte for byte:
+# `_shard.assemble_shard` against `reference.assemble_shard`, byte for byte:
 # index at the start or end, either byte order, with or without crc32c, any
 # storage order, missing (None) and empty payloads. The twin itself, fed
 # the inner chunks encoded by the chain's twin in zarr's subchunk order, must

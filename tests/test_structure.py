@@ -71,6 +71,32 @@ def test_package_has_no_long_functions_outside_allow_list(report: Any) -> None:
     assert [(f.name, f.lines) for f in report.unallowed] == []
 
 
+def _crossing(graph: dict[str, set[str]], source: str, target: str) -> list[str]:
+    """The imports (``a -> b``) from modules of folder ``source`` into ``target``."""
+    return sorted(
+        f"{module} -> {imported}"
+        for module, imports in graph.items()
+        if module.startswith(f"zarr_fused.{source}.")
+        for imported in imports
+        if imported == f"zarr_fused.{target}" or imported.startswith(f"zarr_fused.{target}.")
+    )
+
+
+@pytest.mark.parametrize(
+    ("source", "target"),
+    [
+        pytest.param("chunks", "shard", id="chunks-to-shard"),
+        pytest.param("shard", "chunks", id="shard-to-chunks"),
+    ],
+)
+def test_chunk_and_shard_paths_import_nothing_from_each_other(source: str, target: str) -> None:
+    # imports under TYPE_CHECKING and inside functions count: what both
+    # paths share lives below them (`_buffers`, `_merge`, `_batch`)
+    graph = checker.import_graph(PACKAGE, type_checking=True)
+    assert any(m.startswith(f"zarr_fused.{source}.") for m in graph)
+    assert _crossing(graph, source, target) == []
+
+
 # -- the checker can fail -------------------------------------------------------------
 
 

@@ -28,7 +28,7 @@ from zarr.codecs._v2 import V2Codec
 from zarr.core.buffer import default_buffer_prototype
 from zarr.storage import LocalStore, MemoryStore
 
-from zarr_fused._identity import byte_identical
+from zarr_fused.cli.identity import byte_identical
 from zarr_fused.errors import (
     ChunkSizeError,
     CorruptChunkError,

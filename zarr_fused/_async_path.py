@@ -41,11 +41,11 @@ from zarr.core.config import config as zarr_config
 from zarr_fused._chain import NativeChain
 from zarr_fused._cpus import resolve_max_workers
 from zarr_fused._items import MISSING, PRESENT, describe_key
+from zarr_fused._merge import merge_and_encode
 from zarr_fused._pool import ElasticPool, get_pool, partition
 from zarr_fused._scatter_py import fill_missing, scatter_chunk
 from zarr_fused._zarr_compat import OBJECT_ABSENT, merge_chunk_array
 from zarr_fused.chunks.async_read import ObjectChunkReader
-from zarr_fused.chunks.merge import merge_and_encode
 from zarr_fused.config import ASYNC_CONCURRENCY_KEY, int_setting, shard_write_lock
 from zarr_fused.errors import WriteConflictError, ZarrFusedError
 from zarr_fused.io import object_cas

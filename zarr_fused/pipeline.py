@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 from warnings import warn
 
 from zarr.abc.store import SyncByteGetter, SyncByteSetter
@@ -181,36 +181,32 @@ class FusedCodecPipeline(_zarr_pipeline.FusedCodecPipeline):
     async def decode(
         self, chunk_bytes_and_specs: Iterable[tuple[Buffer | None, ArraySpec]]
     ) -> Iterable[NDBuffer | None]:
-        items = list(chunk_bytes_and_specs)
-        plan = self._checked_plan("decode")
-        chain = plan.chain
-        if chain is None:
-            return [
-                None if raw is None else await plan.async_transform.decode_chunk(raw, spec)
-                for raw, spec in items
-            ]
-
-        def decode_all() -> list[NDBuffer | None]:
-            return [None if raw is None else chain.decode(raw, spec) for raw, spec in items]
-
-        return await off_loop(decode_all)
+        return await self._each_chunk("decode", chunk_bytes_and_specs)
 
     async def encode(
         self, chunk_arrays_and_specs: Iterable[tuple[NDBuffer | None, ArraySpec]]
     ) -> Iterable[Buffer | None]:
-        items = list(chunk_arrays_and_specs)
-        plan = self._checked_plan("encode")
+        return await self._each_chunk("encode", chunk_arrays_and_specs)
+
+    async def _each_chunk(
+        self, what: Literal["decode", "encode"], pairs: Iterable[tuple[Any, ArraySpec]]
+    ) -> list[Any]:
+        """``what`` each chunk of ``pairs`` (None stays None): through the
+        native chain in one hop off the event loop, else zarr's async
+        transform chunk by chunk."""
+        items = list(pairs)
+        plan = self._checked_plan(what)
         chain = plan.chain
         if chain is None:
-            return [
-                None if array is None else await plan.async_transform.encode_chunk(array, spec)
-                for array, spec in items
-            ]
+            transform = plan.async_transform
+            step: Any = transform.decode_chunk if what == "decode" else transform.encode_chunk
+            return [None if data is None else await step(data, spec) for data, spec in items]
+        native: Any = chain.decode if what == "decode" else chain.encode
 
-        def encode_all() -> list[Buffer | None]:
-            return [None if array is None else chain.encode(array, spec) for array, spec in items]
+        def each() -> list[Any]:
+            return [None if data is None else native(data, spec) for data, spec in items]
 
-        return await off_loop(encode_all)
+        return await off_loop(each)
 
     # -- synchronous read / write ----------------------------------------------------
 
@@ -264,7 +260,8 @@ class FusedCodecPipeline(_zarr_pipeline.FusedCodecPipeline):
             return ()
         batch = with_local_files(batch)
         plan = self.plan
-        if plan is not None and plan.reader is not None and _has_sync_io(batch[0][0], write=False):
+        getter, *_ = batch[0]
+        if plan is not None and plan.reader is not None and _has_sync_io(getter, write=False):
             # One thread hop for the whole batch. Running it inline would block
             # the event loop that every zarr sync-API call in the process shares.
             return await off_loop(
@@ -286,7 +283,8 @@ class FusedCodecPipeline(_zarr_pipeline.FusedCodecPipeline):
             return
         batch = with_local_files(batch, write=True)
         plan = self.plan
-        if plan is not None and plan.writer is not None and _has_sync_io(batch[0][0], write=True):
+        setter, *_ = batch[0]
+        if plan is not None and plan.writer is not None and _has_sync_io(setter, write=True):
             await off_loop(
                 self.write_sync, batch, value, drop_axes, max_workers=resolve_max_workers()
             )

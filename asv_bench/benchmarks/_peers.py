@@ -20,6 +20,9 @@ import numpy as np
 import zarr
 from zarr.storage import LocalStore, MemoryStore
 
+from zarr_fused.cli.common import ZARR_PIPELINES
+from zarr_fused.cli.peers import not_installed
+
 # ZARR_FUSED_BENCH_QUICK=1 trims every parameter grid to a few points (the
 # quick run in CI checks that the benchmarks work, in seconds)
 QUICK = os.environ.get("ZARR_FUSED_BENCH_QUICK") == "1"
@@ -29,12 +32,8 @@ def choose(full: list[Any], quick: list[Any]) -> list[Any]:
     return quick if QUICK else full
 
 
-PIPELINES = {
-    "zarr-batched": "zarr.core.codec_pipeline.BatchedCodecPipeline",
-    "zarr-fused": "zarr.core.codec_pipeline.FusedCodecPipeline",
-    "zarr_fused": "zarr_fused.FusedCodecPipeline",
-    "zarrs": "zarrs.ZarrsCodecPipeline",
-}
+#: the zarr pipelines, as ``zarr-fused bench`` names them
+PIPELINES = ZARR_PIPELINES
 PEERS = choose([*PIPELINES, "tensorstore"], ["zarr_fused", "zarr-fused"])
 STORES = choose(["local", "memory"], ["local"])
 THREADS = choose([1, 2], [2])
@@ -42,14 +41,7 @@ THREADS = choose([1, 2], [2])
 
 def available(peer: str) -> bool:
     """Whether ``peer`` can run here (zarrs and tensorstore are optional)."""
-    try:
-        if peer == "zarrs":
-            import zarrs  # noqa: F401
-        elif peer == "tensorstore":
-            import tensorstore  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    return not_installed(peer) is None
 
 
 # the peers ``codec_pipeline.max_workers`` applies to (a ``threads`` param)

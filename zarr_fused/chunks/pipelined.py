@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from zarr_fused._dtypes import fill_pattern
-from zarr_fused._items import MISSING, PRESENT
+from zarr_fused._batch import ReadTarget
+from zarr_fused._items import PRESENT
 from zarr_fused._native import fileio_kernels, io_kernels
 from zarr_fused.io.engine import Batch, resolve_io_concurrency, run_pipelined
 from zarr_fused.io.local import local_files
@@ -126,18 +126,18 @@ class PipelinedChunkReader:
             # the compute threads already keep every file of the batch in
             # flight: IO threads could only add a hand-off per chunk
             return self.direct.read(batch, out, drop_axes, max_workers)
-        dst = out.as_ndarray_like()
         io_concurrency = resolve_io_concurrency()
         prefix = None
         if io_concurrency > 1 and fileio_kernels is not None and io_kernels is not None:
             prefix = local_files(batch)
-        if prefix is None or not self.chain.writes_into(dst, batch[0][1]):
+        target = None if prefix is None else ReadTarget.native(self.chain, batch, out, drop_axes)
+        if prefix is None or target is None:
             return self.direct.read(batch, out, drop_axes, max_workers)
         probe = self.probe
         if probe.direct():
             return self._read_direct_timed(batch, out, drop_axes, max_workers)
         per_thread = REQUESTS_PER_THREAD if probe.seen_fast() else REQUESTS_PER_THREAD_SLOW
-        read = _PipelinedRead(self.chain, batch, out, drop_axes, prefix, io_concurrency, per_thread)
+        read = _PipelinedRead(self.chain, batch, target, prefix, io_concurrency, per_thread)
         start = time.perf_counter()
         run_pipelined(
             read.groups,
@@ -159,7 +159,8 @@ class PipelinedChunkReader:
         # The fastest group, not the whole read: on a busy host a read's
         # threads wait for a CPU, which its mean time per file would count
         # as file latency and send a hot cache to the IO threads.
-        nbytes = self.chain.layout(batch[0][1].shape).nbytes
+        _, spec0, *_ = batch[0]
+        nbytes = self.chain.layout(spec0.shape).nbytes
         if slow_direct(self.direct.fastest_file, nbytes):
             self.probe.found_slow(hold=SLOW_HOLD)
         return result
@@ -173,22 +174,17 @@ class _PipelinedRead:
         self,
         chain: NativeChain,
         batch: Sequence[ReadItem],
-        out: NDBuffer,
-        drop_axes: tuple[int, ...],
+        target: ReadTarget,
         prefix: bytes,
         io_concurrency: int,
         per_thread: int,
     ) -> None:
         self.chain = chain
         self.batch = batch
-        self.out = out
-        self.dst = out.as_ndarray_like()
-        self.drop_axes = drop_axes
-        self.pattern = fill_pattern(batch[0][1], self.dst.dtype)
-        self.ndim = max(self.dst.ndim, len(batch[0][1].shape))
-        self.statuses: list[GetResult] = [MISSING] * len(batch)
-        self.paths = [prefix + os.fsencode(item[0].path) for item in batch]
-        self.bounds = [chain.encode_bound(chain.layout(item[1].shape).nbytes) for item in batch]
+        self.target = target
+        self.statuses = target.statuses
+        self.paths = [prefix + os.fsencode(getter.path) for getter, *_ in batch]
+        self.bounds = [chain.encode_bound(chain.layout(spec.shape).nbytes) for _, spec, *_ in batch]
         self.size = group_size(len(batch), io_concurrency, max(self.bounds), per_thread)
         self.groups = [
             range(s, min(len(batch), s + self.size)) for s in range(0, len(batch), self.size)
@@ -242,8 +238,9 @@ class _PipelinedRead:
                     payload = fetched.arena[offset : offset + length]
             payloads.append((i, payload))
             offset += self.bounds[i]
+        target = self.target
         self.chain.decode_group(
-            self.batch, self.out, self.drop_axes, self.pattern, self.ndim, payloads
+            self.batch, target.out, target.drop_axes, target.pattern, target.ndim, payloads
         )
         with self.lock:
             self.spare.append(fetched.arena)

@@ -26,7 +26,7 @@ try:
 except ImportError:  # not Unix
     resource = None  # type: ignore[assignment]
 
-from zarr_fused._dtypes import fill_pattern
+from zarr_fused._batch import ReadTarget
 from zarr_fused._items import MISSING, PRESENT
 from zarr_fused._pool import partition, run_parallel
 from zarr_fused._scatter_py import fill_missing, scatter_chunk
@@ -34,7 +34,7 @@ from zarr_fused._zarr_compat import decode_partial_sync
 from zarr_fused.io.local import local_files
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
 
     from zarr.abc.codec import ArrayBytesCodec, GetResult
     from zarr.core.buffer import Buffer, NDBuffer
@@ -60,16 +60,35 @@ class ChunkReader:
     ) -> tuple[GetResult, ...]:
         chain = self.chain
 
-        def read_one(item: ReadItem) -> GetResult:
+        def read_into(item: ReadItem) -> bool:
             getter, spec, chunk_selection, out_selection, _ = item
             raw = getter.get_sync(prototype=spec.prototype)
             if raw is None:
-                fill_missing(out, out_selection, spec)
-                return MISSING
+                return False
             chain.decode_into(raw, spec, chunk_selection, out, out_selection, drop_axes, getter)
-            return PRESENT
+            return True
 
-        return tuple(run_parallel(read_one, batch, max_workers))
+        return _read_each(batch, out, max_workers, read_into)
+
+
+def _read_each(
+    batch: Sequence[ReadItem],
+    out: NDBuffer,
+    max_workers: int,
+    read_into: Callable[[ReadItem], bool],
+) -> tuple[GetResult, ...]:
+    """Each item of ``batch`` through ``read_into`` on the pool: it reads the
+    chunk into ``out`` and says whether the chunk was stored; a chunk that
+    was not gets its fill value here."""
+
+    def read_one(item: ReadItem) -> GetResult:
+        if read_into(item):
+            return PRESENT
+        _, spec, _, out_selection, _ = item
+        fill_missing(out, out_selection, spec)
+        return MISSING
+
+    return tuple(run_parallel(read_one, batch, max_workers))
 
 
 class NativeChunkReader:
@@ -90,14 +109,13 @@ class NativeChunkReader:
         drop_axes: tuple[int, ...],
         max_workers: int,
     ) -> tuple[GetResult, ...]:
-        dst = out.as_ndarray_like()
-        _, spec0, *_ = batch[0]
-        if not self.chain.writes_into(dst, spec0):
+        target = ReadTarget.native(self.chain, batch, out, drop_axes)
+        if target is None:
             return self.generic.read(batch, out, drop_axes, max_workers)
-        job = _ChunkRead(self.chain, batch, out, drop_axes)
+        job = _ChunkRead(self.chain, batch, target)
         run_parallel(job.read_group, partition(len(batch), max_workers), max_workers)
         self.fastest_file = job.fastest
-        return tuple(job.statuses)
+        return tuple(target.statuses)
 
 
 class _ChunkRead:
@@ -105,23 +123,11 @@ class _ChunkRead:
     files of) a group's chunks, decode them into ``out`` in one nogil call;
     chunks the kernels do not take go through the chain one by one."""
 
-    def __init__(
-        self,
-        chain: NativeChain,
-        batch: Sequence[ReadItem],
-        out: NDBuffer,
-        drop_axes: tuple[int, ...],
-    ) -> None:
+    def __init__(self, chain: NativeChain, batch: Sequence[ReadItem], target: ReadTarget) -> None:
         self.chain = chain
         self.batch = batch
-        self.out = out
-        self.dst = out.as_ndarray_like()
-        self.drop_axes = drop_axes
-        _, spec0, *_ = batch[0]
-        self.pattern = fill_pattern(spec0, self.dst.dtype)
-        self.ndim = max(self.dst.ndim, len(spec0.shape))
+        self.target = target
         self.prefix = local_files(batch)
-        self.statuses: list[GetResult] = [MISSING] * len(batch)
         self.fastest = float("inf")
 
     def read_group(self, indices: range) -> None:
@@ -134,9 +140,10 @@ class _ChunkRead:
         self.fastest = min(self.fastest, group_seconds_per_file(before, _group_clock(), indices))
 
     def _read_group(self, indices: range) -> None:
-        chain, dst, drop_axes, statuses = self.chain, self.dst, self.drop_axes, self.statuses
-        group = chain.decode_batch(len(indices), self.ndim)
-        group.set_fill(self.pattern)
+        chain, target = self.chain, self.target
+        dst, drop_axes, statuses = target.dst, target.drop_axes, target.statuses
+        group = chain.decode_batch(len(indices), target.ndim)
+        group.set_fill(target.pattern)
         queued_items: list[int] = []
         general: list[tuple[int, Buffer | None]] = []
         for i in indices:
@@ -176,14 +183,15 @@ class _ChunkRead:
 
     def _read_general(self, general: list[tuple[int, Buffer | None]]) -> None:
         """The chunks the kernels did not take, through the chain."""
+        out, drop_axes, statuses = self.target.out, self.target.drop_axes, self.target.statuses
         for i, raw in general:
             getter, spec, chunk_selection, out_selection, _ = self.batch[i]
             if raw is None:
-                fill_missing(self.out, out_selection, spec)
+                fill_missing(out, out_selection, spec)
             else:
-                self.statuses[i] = PRESENT
+                statuses[i] = PRESENT
                 self.chain.decode_into(
-                    raw, spec, chunk_selection, self.out, out_selection, self.drop_axes, getter
+                    raw, spec, chunk_selection, out, out_selection, drop_axes, getter
                 )
 
 
@@ -238,13 +246,12 @@ class PartialDecodeReader:
     ) -> tuple[GetResult, ...]:
         decode_partial = decode_partial_sync(self.codec)
 
-        def read_one(item: ReadItem) -> GetResult:
+        def read_into(item: ReadItem) -> bool:
             getter, spec, chunk_selection, out_selection, _ = item
             selected = decode_partial(getter, chunk_selection, spec)
             if selected is None:
-                fill_missing(out, out_selection, spec)
-                return MISSING
+                return False
             scatter_chunk(out, out_selection, selected, drop_axes)
-            return PRESENT
+            return True
 
-        return tuple(run_parallel(read_one, batch, max_workers))
+        return _read_each(batch, out, max_workers, read_into)

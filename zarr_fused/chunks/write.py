@@ -43,16 +43,16 @@ import numpy as np
 from zarr.codecs.sharding import ShardingCodec
 from zarr.core.chunk_utils import chunk_is_empty
 
+from zarr_fused._buffers import buffers
 from zarr_fused._dtypes import empty, empty_rule_pattern
+from zarr_fused._merge import merge_and_encode, merge_owned
 from zarr_fused._native import io_kernels
 from zarr_fused._pool import partition, run_parallel
 from zarr_fused._zarr_compat import encode_partial_sync
-from zarr_fused.chunks.merge import merge_and_encode, merge_owned
 from zarr_fused.io.engine import Writes, resolve_io_concurrency, write_window
 from zarr_fused.io.local import local_files, make_parents, write_parts
 from zarr_fused.io.probe import FAST_STORE, PROBE_FILES, LatencyProbe
 from zarr_fused.io.shard_lock import ShardLocks, shard_locks
-from zarr_fused.shard.buffers import buffers
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -118,7 +118,8 @@ class ChunkWriter:
             if locks is None or _is_complete(item):
                 update(item)
                 return
-            with locks.hold(item[0]):
+            setter, *_ = item
+            with locks.hold(setter):
                 update(item)
 
         run_parallel(write_one, batch, max_workers)
@@ -364,9 +365,11 @@ class _ChunkWrite:
         if self.writes is None:
             return None
         chain = self.chain
-        return buffers.take(
-            sum(chain.encode_bound(chain.layout(self.batch[i][1].shape).nbytes) for i in indices)
-        )
+        size = 0
+        for i in indices:
+            _, spec, *_ = self.batch[i]
+            size += chain.encode_bound(chain.layout(spec.shape).nbytes)
+        return buffers.take(size)
 
     def write_group(self, indices: range) -> None:
         chain = self.chain
@@ -432,7 +435,7 @@ class _ChunkWrite:
         assert self.writes is not None
         stores: list[tuple[Any, ...]] = []
         for i, ready, position in results:
-            setter = self.batch[i][0]
+            setter, *_ = self.batch[i]
             stored: Any = ready
             if position >= 0:
                 result = encoded[position]

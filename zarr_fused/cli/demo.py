@@ -27,8 +27,8 @@ from zarr.core.metadata import ArrayV3Metadata
 from zarr.storage import LocalStore
 
 from zarr_fused._cpus import available_cpus
-from zarr_fused._identity import byte_identical
 from zarr_fused._version import __version__
+from zarr_fused.cli.identity import byte_identical
 from zarr_fused.cli.sample import sample_data, sample_geometry
 from zarr_fused.io.shard_lock import LOCK_FILE
 
@@ -40,7 +40,7 @@ PIPELINES = {
 }
 
 # Byte-identical chunks are zarr_fused's promise with respect to zarr's own
-# pipelines wherever `zarr_fused._identity.byte_identical` makes it (it depends on
+# pipelines wherever `zarr_fused.cli.identity.byte_identical` makes it (it depends on
 # the compression libraries at hand); the demo requires it exactly there.
 # zarrs is an independent implementation that may lay a shard out
 # differently (it orders the inner chunks another way), which the spec

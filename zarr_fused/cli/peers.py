@@ -41,12 +41,18 @@ def _importable(module: str) -> str | None:
     return None
 
 
+def not_installed(name: str) -> str | None:
+    """Why pipeline (or peer) ``name`` is not installed here, None when it
+    is; the asv benchmarks ask this too (``asv_bench/benchmarks/_peers.py``)."""
+    module = _OPTIONAL.get(name)
+    return None if module is None else _importable(module)
+
+
 def why_not(name: str, source: Source) -> str | None:
     """Why pipeline ``name`` cannot read ``source`` here (None: it can)."""
-    if name in _OPTIONAL:
-        missing = _importable(_OPTIONAL[name])
-        if missing:
-            return f"not installed ({missing})"
+    missing = not_installed(name)
+    if missing:
+        return f"not installed ({missing})"
     if name == "tensorstore":
         if source.local_dir is None:
             return "it is driven here on local directories only, not on zip files"

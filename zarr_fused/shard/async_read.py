@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 from zarr.abc.store import RangeByteRequest, SuffixByteRequest
 
+from zarr_fused._buffers import RawBuffer
 from zarr_fused._cpus import resolve_max_workers
 from zarr_fused._dtypes import fill_pattern
 from zarr_fused._items import MISSING, PRESENT, describe_key
@@ -40,7 +41,6 @@ from zarr_fused._pool import partition
 from zarr_fused._scatter_py import fill_missing
 from zarr_fused._zarr_compat import coalesce_ranges, inner_chunk_spec
 from zarr_fused.errors import CorruptShardError
-from zarr_fused.shard.buffers import RawBuffer
 from zarr_fused.shard.index import (
     MISSING_OFFSET,
     index_format,

@@ -23,10 +23,10 @@ import numpy as np
 from zarr.codecs.bytes import BytesCodec
 from zarr.codecs.crc32c_ import Crc32cCodec
 
+from zarr_fused._buffers import buffers
 from zarr_fused._items import describe_chunk, describe_key
 from zarr_fused._native import index_kernels, io_kernels
 from zarr_fused.errors import CorruptShardError
-from zarr_fused.shard.buffers import buffers
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -42,6 +42,7 @@ __all__ = [
     "index_size",
     "inner_describer",
     "inner_grid",
+    "planned_format",
     "read_whole_shard",
     "stored_payloads",
     "whole_shard",
@@ -129,6 +130,14 @@ def index_format(codec: ShardingCodec) -> IndexFormat | None:
         big_endian=codecs[0].endian == "big",
         at_start=codec.index_location == "start",
     )
+
+
+def planned_format(codec: ShardingCodec) -> IndexFormat:
+    """`index_format` of a codec the plan routed to a native shard path,
+    which it does only for native index formats."""
+    fmt = index_format(codec)
+    assert fmt is not None, "the plan admits only native index formats"
+    return fmt
 
 
 @dataclass

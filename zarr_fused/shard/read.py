@@ -33,6 +33,8 @@ from zarr.abc.store import RangeByteRequest, Store, SuffixByteRequest
 from zarr.core.chunk_grids import ChunkGrid
 from zarr.core.indexing import get_indexer
 
+from zarr_fused._batch import ReadTarget
+from zarr_fused._buffers import RawBuffer, buffers
 from zarr_fused._dtypes import fill_pattern
 from zarr_fused._items import MISSING, PRESENT, describe_key
 from zarr_fused._native import shard_kernels
@@ -41,12 +43,11 @@ from zarr_fused._scatter_py import fill_missing, scatter_array
 from zarr_fused._zarr_compat import inner_chunk_spec, store_supports_sync_io
 from zarr_fused.errors import CorruptShardError
 from zarr_fused.io.local import LOCAL_MAX_GAP, local_files, read_shard_part
-from zarr_fused.shard.buffers import RawBuffer, buffers
 from zarr_fused.shard.index import (
     MISSING_OFFSET,
-    index_format,
     inner_describer,
     inner_grid,
+    planned_format,
     read_whole_shard,
 )
 
@@ -58,9 +59,9 @@ if TYPE_CHECKING:
     from zarr.core.array_spec import ArraySpec
     from zarr.core.buffer import NDBuffer
 
+    from zarr_fused._batch import BatchReader
     from zarr_fused._chain import NativeChain
     from zarr_fused._items import ReadItem
-    from zarr_fused.chunks.read import PartialDecodeReader
     from zarr_fused.shard.pipelined import ShardIO
 
 __all__ = ["LOCAL_MAX_GAP", "ShardReader"]
@@ -97,16 +98,14 @@ class ShardReader:
         self,
         codec: ShardingCodec,
         chain: NativeChain,
-        fallback: PartialDecodeReader,
+        fallback: BatchReader,
         io: ShardIO | None = None,
     ) -> None:
         self.codec = codec
         self.chain = chain
         self.fallback = fallback
         self.inner_shape = tuple(codec.chunk_shape)
-        fmt = index_format(codec)
-        assert fmt is not None, "the plan admits only native index formats"
-        self.fmt = fmt
+        self.fmt = planned_format(codec)
         self._fill_cache: tuple[Any, bytes] | None = None
         #: the largest whole shard read so far (see `read_whole_shard`)
         self._whole_hint = 0
@@ -274,13 +273,14 @@ class ShardReader:
         drop_axes: tuple[int, ...],
         max_workers: int,
     ) -> tuple[GetResult, ...]:
-        dst = out.as_ndarray_like()
-        _, spec0, *_ = batch[0]
         # inner chunks share the shard spec's dtype and prototype, all that
         # `writes_into` looks at
-        if not self.chain.writes_into(dst, spec0):
+        target = ReadTarget.native(
+            self.chain, batch, out, drop_axes, self.inner_shape, PRESENT, self._fill
+        )
+        if target is None:
             return self.fallback.read(batch, out, drop_axes, max_workers)
-        read = _ReadBatch(self, batch, out, drop_axes)
+        read = _ReadBatch(self, batch, target)
         io = self.io
         if io is not None:
             local = local_files(batch, shard_io=True) is not None
@@ -392,31 +392,25 @@ class _ReadBatch:
     """One `ShardReader.read` call: its shards and the steps that fetch and
     decode them (see the module docstring for shard-by-shard vs waves)."""
 
-    def __init__(
-        self,
-        reader: ShardReader,
-        batch: Sequence[ReadItem],
-        out: NDBuffer,
-        drop_axes: tuple[int, ...],
-    ) -> None:
+    def __init__(self, reader: ShardReader, batch: Sequence[ReadItem], target: ReadTarget) -> None:
         self.reader = reader
         self.chain = reader.chain
         self.batch = batch
-        self.out = out
-        # `ShardReader.read` checked it is a NumPy array (`writes_into`)
-        self.dst = cast("np.ndarray", out.as_ndarray_like())
-        self.drop_axes = drop_axes
+        self.out = target.out
+        self.dst = target.dst
+        self.drop_axes = target.drop_axes
+        self.pattern = target.pattern
+        self.statuses = target.statuses
+        self.ndim = target.ndim
         _, spec0, *_ = batch[0]
         inner_shape = reader.inner_shape
-        self.pattern = reader._fill(spec0, self.dst.dtype)
         self.layout = self.chain.layout(inner_shape)
-        self.ndim = max(self.dst.ndim, len(inner_shape))
         self.describe = inner_describer(inner_grid(spec0, inner_shape))
-        self.statuses: list[GetResult] = [PRESENT] * len(batch)
         #: whether fetches ask the kernel for a shard's ranges up front
         #: (set by the pipelined path, `zarr_fused.shard.pipelined`)
         self.prefetch = False
         plan_selection = shard_kernels.plan_selection
+        drop_axes = target.drop_axes
         self.shards = [
             _Shard(
                 i, None if drop_axes else plan_selection(spec.shape, inner_shape, chunk_selection)

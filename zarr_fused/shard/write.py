@@ -4,7 +4,7 @@ shards assembled natively.
 For each shard a write touches, `ShardWriter` follows zarr's sharding codec
 step by step (``ShardingCodec._encode_partial_sync``), so stored shards are
 byte-identical to zarr's wherever the inner codecs are
-(`zarr_fused._identity.byte_identical`):
+(`zarr_fused.cli.identity.byte_identical`):
 
 1. a write that covers every inner chunk whole does not read the shard;
    any other reads the stored shard once (its index checked natively);
@@ -54,19 +54,19 @@ import numpy as np
 from zarr.core.chunk_utils import chunk_is_empty, fill_value_or_default
 from zarr.storage import MemoryStore
 
+from zarr_fused._buffers import buffers
 from zarr_fused._dtypes import empty, empty_rule_pattern, in_byte_order
+from zarr_fused._merge import merge_owned
 from zarr_fused._native import index_kernels, shard_kernels
 from zarr_fused._pool import partition, run_parallel
 from zarr_fused._zarr_compat import inner_chunk_spec, inner_write_order
-from zarr_fused.chunks.merge import merge_owned
 from zarr_fused.io.engine import Batch, Writes, io_threads, resolve_io_concurrency, run_pipelined
 from zarr_fused.io.local import local_files, make_parents, write_parts
 from zarr_fused.io.shard_lock import shard_locks
-from zarr_fused.shard.buffers import buffers
 from zarr_fused.shard.index import (
-    index_format,
     inner_describer,
     inner_grid,
+    planned_format,
     read_whole_shard,
     stored_payloads,
 )
@@ -79,9 +79,9 @@ if TYPE_CHECKING:
     from zarr.core.buffer import NDBuffer
     from zarr.core.indexing import SelectorTuple
 
+    from zarr_fused._batch import HeldWriter
     from zarr_fused._chain import NativeChain
     from zarr_fused._items import WriteItem
-    from zarr_fused.chunks.write import PartialEncodeWriter
     from zarr_fused.io.shard_lock import Hold, ShardLocks
 
     #: gives ``(payloads, pooled buffer)`` of the stored shard at ``(setter,
@@ -201,16 +201,12 @@ class _ShardJob:
 class ShardWriter:
     """Native writes of whole and partial shards (see the module docstring)."""
 
-    def __init__(
-        self, codec: ShardingCodec, chain: NativeChain, fallback: PartialEncodeWriter
-    ) -> None:
+    def __init__(self, codec: ShardingCodec, chain: NativeChain, fallback: HeldWriter) -> None:
         self.codec = codec
         self.chain = chain
         self.fallback = fallback
         self.inner_shape = tuple(codec.chunk_shape)
-        fmt = index_format(codec)
-        assert fmt is not None, "the plan admits only native index formats"
-        self.fmt = fmt
+        self.fmt = planned_format(codec)
         self._orders: dict[tuple[int, ...], np.ndarray] = {}
         self._lock = threading.Lock()
 
@@ -351,7 +347,8 @@ class ShardWriter:
         if locks is None:
             update(ctx, job, *args)
             return
-        with locks.hold(job[0][0]):
+        (setter, *_), _ = job
+        with locks.hold(setter):
             update(ctx, job, *args)
 
     def _write_behind(
@@ -394,7 +391,8 @@ class ShardWriter:
     def _fetch_held(self, ctx: _Write, job: tuple[WriteItem, Any], locks: ShardLocks) -> Any:
         """`_fetch` under the shard's hold, taken without waiting: a
         `_Fetched`, or `_DEFER` when the shard is held elsewhere."""
-        hold = locks.take(job[0][0], blocking=False)
+        (setter, *_), _ = job
+        hold = locks.take(setter, blocking=False)
         if hold is None:
             return _DEFER
         try:
@@ -457,7 +455,10 @@ class ShardWriter:
         ahead: dict[int, Future[Any]] = {}
 
         def read_ahead(k: int) -> None:
-            if k < len(native) and not self.covers(native[k][1]):
+            if k >= len(native):
+                return
+            _, plan = native[k]
+            if not self.covers(plan):
                 ahead[k] = pool.submit(self._fetch, ctx, native[k])
 
         read_ahead(0)
@@ -714,7 +715,7 @@ class ShardWriter:
         """Give the new shard's store (or delete) to the IO threads; the
         shard's buffers go back to the pool once it is written."""
         assert ctx.writes is not None and ctx.prefix is not None
-        setter = state.item[0]
+        setter, *_ = state.item
         try:
             parts = index_kernels.shard_parts(
                 self._order(state.grid), state.payloads, **layout_args

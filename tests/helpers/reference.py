@@ -1,6 +1,7 @@
 """Pure-NumPy implementations of zarr_fused's kernels.
 
-For testing and reference, not production: every native kernel with a
+For testing and reference, not production (so it lives with the tests,
+outside the installed package): every native kernel with a
 simple equivalent is checked against the function here (and the pipeline as
 a whole against zarr's own pipelines). Each one is written to be obviously
 correct, not fast: NumPy for the element moves, numcodecs and the standard

@@ -12,6 +12,10 @@ not change between the two versions; those were found by comparing every
 level on varied data, and are claimed only for the exact set of versions
 they were measured on (`_MEASURED_ON`). tests/test_codecs.py checks every
 claim on every run. gzip: see `byte_identical`.
+
+It sits with the command line because ``zarr-fused demo`` is what uses it
+at run time (to say whether the stores it wrote must match zarr's byte for
+byte); no read or write path asks it anything. The tests import it too.
 """
 
 from __future__ import annotations

@@ -70,7 +70,7 @@ class RawBuffer:
         return self.data
 
 
-#: the pool the shard paths share
+#: the pool the chunk and shard paths share
 buffers = BufferPool()
 
 if hasattr(os, "register_at_fork"):  # the lock may be held by a thread the child lacks
