@@ -43,7 +43,7 @@ EXTENSIONS: list[dict] = [
     {
         "name": "zarr_fused._scatter",
         "sources": ["zarr_fused/_scatter.pyx"],
-        "depends": ["zarr_fused/_scatter.pxd"],
+        "depends": ["zarr_fused/_scatter.pxd", "zarr_fused/_ndindex.pxd"],
         "libraries": [],
     },
     {
@@ -107,6 +107,7 @@ EXTENSIONS: list[dict] = [
         "depends": [
             "zarr_fused/_codec_batch.pxd",
             "zarr_fused/_codecs.pxd",
+            "zarr_fused/_ndindex.pxd",
             "zarr_fused/_scatter.pxd",
             "zarr_fused/_shard_index.pxd",
             "zarr_fused/_zstd.pxd",

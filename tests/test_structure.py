@@ -214,3 +214,60 @@ def test_checker_allow_list_excuses_a_long_function(tmp_path: Path) -> None:
 def test_checker_clean_package_passes(tmp_path: Path) -> None:
     pkg = make_package(tmp_path, {"a.py": "import pkg.b\n", "b.py": "X = 1\n"})
     assert checker.main([str(pkg)]) == 0
+
+
+# -- Cython sources -------------------------------------------------------------------
+
+
+def cython_body(keyword: str, lines: int) -> str:
+    """A Cython function of exactly ``lines`` lines, its header on three."""
+    head = f"{keyword} f(\n    int a,\n) noexcept nogil:\n"
+    return head + "".join(f"    x{i} = {i}\n" for i in range(lines - 3))
+
+
+@pytest.mark.parametrize(
+    ("keyword", "lines", "flagged"),
+    [
+        pytest.param("cdef int", 60, False, id="cdef-60-lines"),
+        pytest.param("cdef int", 61, True, id="cdef-61-lines"),
+        pytest.param("cdef inline Py_ssize_t", 61, True, id="cdef-inline-61-lines"),
+        pytest.param("cpdef object", 61, True, id="cpdef-61-lines"),
+    ],
+)
+def test_checker_flags_long_cython_functions(
+    tmp_path: Path, keyword: str, lines: int, flagged: bool
+) -> None:
+    pkg = make_package(tmp_path, {"_ext.pyx": cython_body(keyword, lines)})
+    found = checker.analyze(pkg, allowed={})
+    assert [(f.name, f.lines) for f in found.unallowed] == (
+        [("pkg._ext.f", lines)] if flagged else []
+    )
+
+
+def test_checker_flags_long_inline_functions_of_a_pxd(tmp_path: Path) -> None:
+    pkg = make_package(tmp_path, {"_ext.pxd": cython_body("cdef inline int", 61)})
+    assert [f.name for f in checker.analyze(pkg, allowed={}).unallowed] == ["pkg._ext.f"]
+
+
+def test_checker_names_cython_methods_after_their_class(tmp_path: Path) -> None:
+    source = "cdef class K:\n    cdef int m(self):\n" + textwrap.indent(long_body(61), "        ")
+    pkg = make_package(tmp_path, {"_ext.pyx": source})
+    names = [f.name for f in checker.analyze(pkg, allowed={}).unallowed]
+    assert names == ["pkg._ext.K.m", "pkg._ext.K.m.f"]
+
+
+def test_checker_skips_cython_declarations(tmp_path: Path) -> None:
+    # prototypes, variables, structs and extern blocks are no functions,
+    # and a string at column 0 inside a body does not end it
+    source = (
+        "cdef int proto(int a) noexcept nogil\n"
+        "cdef struct S:\n    int a\n"
+        'cdef extern from *:\n    """\n#define X 1\n"""\n    int X\n'
+        "cdef int g():\n"
+        "    cdef int y = h(1)\n"
+        '    s = """\n' + "\n" * 60 + '"""\n'
+        "    return y\n"
+    )
+    pkg = make_package(tmp_path, {"_ext.pyx": source})
+    found = checker.analyze(pkg, allowed={})
+    assert [(f.name, f.lines) for f in found.unallowed] == [("pkg._ext.g", 65)]

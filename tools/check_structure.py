@@ -33,14 +33,23 @@ What counts (standard library ``ast`` only, nothing is imported):
   strongly connected component counts with all its modules.
 - **Function length** is from the ``def`` line to the last line of the
   body, docstring and nested functions included, decorators excluded.
+  The Cython sources (``.pyx``, and ``.pxd`` files, whose ``inline``
+  functions have bodies) are measured the same way: every ``def``,
+  ``cdef`` and ``cpdef`` function and method, from the line that starts it
+  to the last line of its body (found with ``tokenize``, which reads
+  Cython's syntax as Python tokens; declarations without a body, such as
+  a ``.pxd`` prototype, are no function). They are named like Python
+  functions, after the extension: ``pkg._ext.Class.method``.
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import io
 import json
 import sys
+import tokenize
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -320,6 +329,106 @@ def long_functions(module: str, path: Path, max_lines: int, root: Path) -> list[
     return found
 
 
+# -- Cython sources --------------------------------------------------------------------
+
+#: Words after ``cdef`` that start a declaration which is not a function.
+_CDEF_NOT_FUNCTION = frozenset(
+    {"class", "struct", "union", "enum", "extern", "packed", "fused", "cppclass", "ctypedef"}
+)
+
+
+@dataclass(frozen=True)
+class _Line:
+    """One logical line of a Cython source: its rows, indentation and tokens."""
+
+    first: int
+    last: int
+    indent: int
+    tokens: list[tokenize.TokenInfo]
+
+
+def _logical_lines(text: str) -> list[_Line]:
+    skip = {tokenize.NL, tokenize.COMMENT, tokenize.INDENT, tokenize.DEDENT, tokenize.ENDMARKER}
+    lines: list[_Line] = []
+    current: list[tokenize.TokenInfo] = []
+    for tok in tokenize.generate_tokens(io.StringIO(text).readline):
+        if tok.type == tokenize.NEWLINE:
+            if current:
+                lines.append(_Line(current[0].start[0], tok.start[0], current[0].start[1], current))
+            current = []
+        elif tok.type not in skip:
+            current.append(tok)
+    return lines
+
+
+def _block_header(line: _Line) -> tuple[str, str] | None:
+    """``("function" | "class", name)`` when ``line`` opens a function or a
+    class body (``def``/``cdef``/``cpdef``, ``class``/``cdef class``)."""
+    words = [t.string for t in line.tokens]
+    if words[-1] != ":" or words[0] not in ("def", "cdef", "cpdef", "class"):
+        return None
+    if words[0] == "class" or words[:2] == ["cdef", "class"]:
+        at = words.index("class") + 1
+        return ("class", words[at]) if at < len(words) else None
+    if words[0] == "cdef" and (len(words) < 2 or words[1] in _CDEF_NOT_FUNCTION or words[1] == ":"):
+        return None
+    # the name is the word before the first "(" (a declaration ``cdef int x =
+    # f(y)`` has "=" before it, and ends in no ":")
+    for i, word in enumerate(words):
+        if word == "=":
+            return None
+        if word == "(":
+            tok = line.tokens[i - 1]
+            return ("function", tok.string) if tok.type == tokenize.NAME and i > 1 else None
+    return None
+
+
+def cython_functions(name: str, path: Path) -> list[tuple[str, int, int]]:
+    """``(qualified name, first line, lines)`` of every function and method
+    in a Cython source, nested ones too."""
+    lines = _logical_lines(path.read_text(encoding="utf-8"))
+    found: list[tuple[str, int, int]] = []
+    open_blocks: list[tuple[int, str]] = [(-1, name)]  # (indent, qualified name)
+    for at, line in enumerate(lines):
+        while line.indent <= open_blocks[-1][0]:
+            open_blocks.pop()
+        header = _block_header(line)
+        if header is None:
+            continue
+        qualified = f"{open_blocks[-1][1]}.{header[1]}"
+        open_blocks.append((line.indent, qualified))
+        if header[0] == "function":
+            end = line.last
+            for body in lines[at + 1 :]:
+                if body.indent <= line.indent:
+                    break
+                end = body.last
+            found.append((qualified, line.first, end - line.first + 1))
+    return found
+
+
+def cython_sources(package_dir: Path) -> dict[Path, str]:
+    """The ``.pyx`` and ``.pxd`` files under ``package_dir``, with the dotted
+    name of the extension each belongs to."""
+    root = package_dir.name
+    found: dict[Path, str] = {}
+    for path in sorted(package_dir.rglob("*")):
+        if path.suffix in (".pyx", ".pxd") and path.is_file():
+            parts = path.relative_to(package_dir).with_suffix("").parts
+            found[path] = ".".join((root, *parts))
+    return found
+
+
+def long_cython_functions(name: str, path: Path, max_lines: int, root: Path) -> list[LongFunction]:
+    """Functions and methods of a Cython source over ``max_lines`` lines."""
+    rel = str(path.relative_to(root)) if path.is_relative_to(root) else str(path)
+    return [
+        LongFunction(qualified, lines, rel, lineno)
+        for qualified, lineno, lines in cython_functions(name, path)
+        if lines > max_lines
+    ]
+
+
 # -- the report -------------------------------------------------------------------------
 
 
@@ -337,6 +446,11 @@ def analyze(
     depth, chain = longest_chain(import_graph(package_dir, False))
     root = package_dir.parent
     long = [f for m, p in modules.items() for f in long_functions(m, p, max_lines, root)]
+    long += [
+        f
+        for p, name in cython_sources(package_dir).items()
+        for f in long_cython_functions(name, p, max_lines, root)
+    ]
     return Report(
         package=package_dir.name,
         modules=sorted(modules),

@@ -34,6 +34,13 @@ cdef class TaskBatch:
     cdef Py_ssize_t* task_dims(self, Py_ssize_t i) noexcept nogil
     cdef const char* fill_ptr(self) noexcept
     cdef object fail(self, Status* status, Py_ssize_t failed)
+    cdef Status* status_of(self, Py_ssize_t i) noexcept nogil
+    cdef object raise_failed(self, Py_ssize_t failed)
+    cdef Py_ssize_t run_group(self, Workspace ws, Py_ssize_t i, Py_ssize_t stop, const char* fill,
+                              Py_ssize_t* size) noexcept nogil
+    cdef Py_ssize_t run_tasks(self, Workspace ws, Py_ssize_t start, Py_ssize_t stop,
+                              const char* fill) noexcept nogil
+    cdef Py_ssize_t run_clamped(self, Py_ssize_t start, Py_ssize_t stop) except -1
 
 cdef class DecodeBatch(TaskBatch):
     cdef DecodeTask* tasks
@@ -43,9 +50,6 @@ cdef class DecodeBatch(TaskBatch):
                      Py_ssize_t* shape) except -2
     cdef object _add(self, payload, bytes path, ChunkLayout layout, chunk_selection,
                      cnp.ndarray out, out_selection, tuple drop_axes, key)
-    cdef Py_ssize_t decode_range(self, Workspace ws, Py_ssize_t start, Py_ssize_t stop,
-                                 const char* fill) noexcept nogil
-    cdef object raise_failed(self, Py_ssize_t failed)
 
 cdef class EncodeBatch(TaskBatch):
     cdef EncodeTask* tasks
@@ -55,8 +59,6 @@ cdef class EncodeBatch(TaskBatch):
     cdef EncodeTask* queue(self, ChunkLayout layout, const char* src,
                            const Py_ssize_t* strides, bint swap, bint skip_fill,
                            cnp.ndarray out, key) except NULL
-    cdef Py_ssize_t encode_range(self, Workspace ws, Py_ssize_t start, Py_ssize_t stop,
-                                 const char* fill) noexcept nogil
 
 cdef Py_ssize_t contiguous_run(int ndim, const Py_ssize_t* shape, const Py_ssize_t* strides,
                                Py_ssize_t itemsize) noexcept nogil

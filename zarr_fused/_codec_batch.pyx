@@ -39,9 +39,8 @@ from zarr_fused._codecs cimport (
 )
 from zarr_fused._scatter cimport (
     ZF_MAX_DIMS,
-    copy_rows_side_by_side,
     equal_strided,
-    gather_rows_side_by_side,
+    rows_side_by_side,
 )
 
 cnp.import_array()
@@ -242,7 +241,7 @@ cdef Py_ssize_t _decode_side_by_side(ChainKernel kernel, Workspace ws, DecodeTas
     cdef DecodeTask* t0 = &tasks[0]
     cdef Py_ssize_t j
     if kernel.compressor != COMP_NONE:
-        # decoded straight into the slots (no inner checksums: see decode_range)
+        # decoded straight into the slots (no inner checksums: see DecodeBatch.run_group)
         slots = ws.reserve(<size_t>(count * t0.nbytes))
         if slots == NULL:
             t0.status.code = ZF_ERR_NOMEM
@@ -253,8 +252,8 @@ cdef Py_ssize_t _decode_side_by_side(ChainKernel kernel, Workspace ws, DecodeTas
                                  &data, &tasks[j].status) < 0:
             return j
         srcs[j] = <const char*>data + t0.src_offset
-    copy_rows_side_by_side(srcs, <int>count, t0.src_strides, t0.dst, t0.dst_strides,
-                           t0.shape, t0.ndim, kernel.itemsize, kernel.swap_unit)
+    rows_side_by_side(t0.dst, t0.dst_strides, <char**>srcs, t0.src_strides, <int>count,
+                      t0.shape, t0.ndim, kernel.itemsize, kernel.swap_unit, True)
     return -1
 
 
@@ -314,8 +313,8 @@ cdef Py_ssize_t _encode_group(ChainKernel kernel, Workspace ws, EncodeTask* task
         for j in range(count):
             parts[j] = <char*>slots + j * slot
     c_strides(t0.ndim, t0.shape, kernel.itemsize, cstr)
-    gather_rows_side_by_side(t0.src, t0.src_strides, parts, <int>count, cstr, t0.shape, t0.ndim,
-                             kernel.itemsize, t0.swap_unit)
+    rows_side_by_side(<char*>t0.src, t0.src_strides, parts, cstr, <int>count, t0.shape, t0.ndim,
+                      kernel.itemsize, t0.swap_unit, False)
     for j in range(count):
         t = &tasks[j]
         # the fill test reads the source, in its own byte order, as run_encode's
@@ -390,6 +389,50 @@ cdef class TaskBatch:
 
     cdef object fail(self, Status* status, Py_ssize_t failed):
         raise status_error(status, self.describe(self.keys[failed]))
+
+    cdef Status* status_of(self, Py_ssize_t i) noexcept nogil:
+        """Where task ``i`` leaves its status (each batch has its own tasks)."""
+        return NULL
+
+    cdef object raise_failed(self, Py_ssize_t failed):
+        self.fail(self.status_of(failed), failed)
+
+    cdef Py_ssize_t run_group(self, Workspace ws, Py_ssize_t i, Py_ssize_t stop, const char* fill,
+                              Py_ssize_t* size) noexcept nogil:
+        """Run the tasks from ``i`` on (before ``stop``) that go together,
+        their count into ``size[0]``: -1, or the position in the group of
+        the task that failed. Each batch runs its own kind of task."""
+        size[0] = 1
+        return 0
+
+    cdef Py_ssize_t run_tasks(self, Workspace ws, Py_ssize_t start, Py_ssize_t stop,
+                              const char* fill) noexcept nogil:
+        """Run tasks ``start:stop`` (a valid range) group by group, with
+        ``fill`` as the fill pattern; the first failed task's position, or -1."""
+        cdef Py_ssize_t size, bad, i = start
+        while i < stop:
+            bad = self.run_group(ws, i, stop, fill, &size)
+            if bad >= 0:
+                return i + bad
+            i += size
+        return -1
+
+    cdef Py_ssize_t run_clamped(self, Py_ssize_t start, Py_ssize_t stop) except -1:
+        """`run_tasks` over ``start:stop`` clamped to the batch (to its end
+        when ``stop`` is negative) with the GIL released; raise for the first
+        task that failed. Returns the clamped stop."""
+        cdef Workspace ws = workspace()
+        cdef const char* fill = self.fill_ptr()
+        cdef Py_ssize_t failed
+        if stop < 0 or stop > self.n:
+            stop = self.n
+        if start < 0:
+            start = 0
+        with nogil:
+            failed = self.run_tasks(ws, start, stop, fill)
+        if failed >= 0:
+            self.raise_failed(failed)
+        return stop
 
 
 cdef class DecodeBatch(TaskBatch):
@@ -552,46 +595,27 @@ cdef class DecodeBatch(TaskBatch):
             Positions (in order of adding) of the chunks in the range whose
             file was missing (`add_file`); their regions hold the fill value.
         """
-        cdef Workspace ws = workspace()
-        cdef const char* fill = self.fill_ptr()
-        cdef Py_ssize_t failed
-        if stop < 0 or stop > self.n:
-            stop = self.n
-        if start < 0:
-            start = 0
-        with nogil:
-            failed = self.decode_range(ws, start, stop, fill)
-        if failed >= 0:
-            self.raise_failed(failed)
-        return [i for i in range(start, stop) if self.tasks[i].was_missing]
+        stop = self.run_clamped(start, stop)
+        return [i for i in range(max(start, 0), stop) if self.tasks[i].was_missing]
 
     def run(self):
         """Decode every queued chunk (`run_range` over the whole batch)."""
         return self.run_range(0, self.n)
 
-    cdef Py_ssize_t decode_range(self, Workspace ws, Py_ssize_t start, Py_ssize_t stop,
-                                 const char* fill) noexcept nogil:
-        """Decode tasks ``start:stop`` (a valid range) with ``fill`` for
-        missing chunks; the first failed task's position, or -1."""
-        # side by side only where every payload decodes into its own slot:
-        # not with inner checksums (decoded through the shared scratch)
-        cdef bint side = (self.kernel.compressor == COMP_NONE or self.kernel.inner_crcs == 0)
-        cdef Py_ssize_t g, bad, i = start
-        while i < stop:
-            g = _side_by_side(&self.tasks[i], stop - i, self.kernel.itemsize) if side else 1
-            if g > 1:
-                bad = _decode_side_by_side(self.kernel, ws, &self.tasks[i], g)
-                if bad >= 0:
-                    return i + bad
-            else:
-                self.kernel.run_decode(ws, &self.tasks[i], fill)
-                if self.tasks[i].status.code != ZF_OK:
-                    return i
-            i += g
-        return -1
+    cdef Status* status_of(self, Py_ssize_t i) noexcept nogil:
+        return &self.tasks[i].status
 
-    cdef object raise_failed(self, Py_ssize_t failed):
-        self.fail(&self.tasks[failed].status, failed)
+    cdef Py_ssize_t run_group(self, Workspace ws, Py_ssize_t i, Py_ssize_t stop, const char* fill,
+                              Py_ssize_t* size) noexcept nogil:
+        """One task, or the tasks from ``i`` on decoded side by side:
+        not with inner checksums (decoded through the shared scratch), so
+        that every payload decodes into its own slot."""
+        cdef bint side = (self.kernel.compressor == COMP_NONE or self.kernel.inner_crcs == 0)
+        size[0] = _side_by_side(&self.tasks[i], stop - i, self.kernel.itemsize) if side else 1
+        if size[0] > 1:
+            return _decode_side_by_side(self.kernel, ws, &self.tasks[i], size[0])
+        self.kernel.run_decode(ws, &self.tasks[i], fill)
+        return -1 if self.tasks[i].status.code == ZF_OK else 0
 
 
 cdef class EncodeBatch(TaskBatch):
@@ -700,35 +724,20 @@ cdef class EncodeBatch(TaskBatch):
         is negative) with the GIL released; raise for the first that failed.
         Several threads may run disjoint ranges of one batch at once; the
         outcomes are read with `results` once all have run."""
-        cdef Workspace ws = workspace()
-        cdef const char* fill = self.fill_ptr()
-        cdef Py_ssize_t failed
-        if stop < 0 or stop > self.n:
-            stop = self.n
-        if start < 0:
-            start = 0
-        with nogil:
-            failed = self.encode_range(ws, start, stop, fill)
-        if failed >= 0:
-            self.fail(&self.tasks[failed].status, failed)
+        self.run_clamped(start, stop)
 
-    cdef Py_ssize_t encode_range(self, Workspace ws, Py_ssize_t start, Py_ssize_t stop,
-                                 const char* fill) noexcept nogil:
-        """Encode tasks ``start:stop`` (a valid range), skipping chunks equal
-        to ``fill`` throughout; the first failed task's position, or -1."""
-        cdef Py_ssize_t g, bad, i = start
-        while i < stop:
-            g = _encode_side_by_side(&self.tasks[i], stop - i, self.kernel)
-            if g > 1:
-                bad = _encode_group(self.kernel, ws, &self.tasks[i], g, fill)
-                if bad >= 0:
-                    return i + bad
-            else:
-                self.kernel.run_encode(ws, &self.tasks[i], fill)
-                if self.tasks[i].status.code != ZF_OK:
-                    return i
-            i += g
-        return -1
+    cdef Status* status_of(self, Py_ssize_t i) noexcept nogil:
+        return &self.tasks[i].status
+
+    cdef Py_ssize_t run_group(self, Workspace ws, Py_ssize_t i, Py_ssize_t stop, const char* fill,
+                              Py_ssize_t* size) noexcept nogil:
+        """One task, skipped when it equals ``fill`` throughout, or the
+        tasks from ``i`` on gathered side by side."""
+        size[0] = _encode_side_by_side(&self.tasks[i], stop - i, self.kernel)
+        if size[0] > 1:
+            return _encode_group(self.kernel, ws, &self.tasks[i], size[0], fill)
+        self.kernel.run_encode(ws, &self.tasks[i], fill)
+        return -1 if self.tasks[i].status.code == ZF_OK else 0
 
     def results(self):
         """The outcome of every task, once all have run (see `run`)."""

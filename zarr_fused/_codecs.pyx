@@ -310,6 +310,15 @@ cdef Py_ssize_t _zstd_decompress(Workspace ws, const uint8_t* src, Py_ssize_t n,
     return <Py_ssize_t>r
 
 
+cdef inline void _z_buffers(zl.z_stream* z, const uint8_t* src, Py_ssize_t n, uint8_t* dst,
+                            Py_ssize_t cap) noexcept nogil:
+    """Give a zlib stream its input and output (both checked to fit 32 bits)."""
+    z.next_in = <unsigned char*>src
+    z.avail_in = <unsigned int>n
+    z.next_out = dst
+    z.avail_out = <unsigned int>cap
+
+
 # gzip streams (RFC 1952) and, with ``zlib_format``, zlib streams (RFC 1950:
 # numcodecs' Zlib, Python's zlib.compress). Both take the thread's one
 # inflater; inflateReset2 switches its format and keeps its window.
@@ -332,10 +341,7 @@ cdef Py_ssize_t _gzip_decompress(Workspace ws, const uint8_t* src, Py_ssize_t n,
         st.code = ZF_ERR_GZIP
         st.msg = "inflateReset failed"
         return -1
-    z.next_in = <unsigned char*>src
-    z.avail_in = <unsigned int>n
-    z.next_out = dst
-    z.avail_out = <unsigned int>cap
+    _z_buffers(z, src, n, dst, cap)
     while True:
         rc = zl.inflate(z, zl.Z_FINISH)
         if rc == zl.Z_STREAM_END and zlib_format:
@@ -548,10 +554,7 @@ cdef Py_ssize_t _gzip_compress(ChainKernel k, Workspace ws, const uint8_t* src, 
         st.code = ZF_ERR_ENCODE
         st.msg = "deflateSetHeader failed"
         return -1
-    z.next_in = <unsigned char*>src
-    z.avail_in = <unsigned int>n
-    z.next_out = dst
-    z.avail_out = <unsigned int>cap
+    _z_buffers(z, src, n, dst, cap)
     rc = zl.deflate(z, zl.Z_FINISH)
     if rc != zl.Z_STREAM_END:
         st.code = ZF_ERR_ENCODE

@@ -18,15 +18,10 @@ import os
 
 import numpy as np
 
-from zarr_fused._localio cimport FILE_ERROR, FILE_MISSING, FILE_OK, open_regular, pread_full
+from zarr_fused._localio cimport FILE_ERROR, FILE_MISSING, FILE_OK, FILE_SHORT, FileStatus
+from zarr_fused._localio cimport open_regular, pread_full
 
 cnp.import_array()
-
-
-cdef enum ReadStatus:
-    READ_OK = 0
-    READ_SHRANK = 1  # the file ended before its size (a writer not replacing atomically)
-    READ_FAILED = -1
 
 
 def read_files_into(list paths, cnp.ndarray arena, cnp.ndarray offsets,
@@ -48,29 +43,11 @@ def read_files_into(list paths, cnp.ndarray arena, cnp.ndarray offsets,
     OSError
         For the first file that cannot be read, naming it.
     """
-    cdef Py_ssize_t n = len(paths), i, done = 0, size = 0
-    cdef int fd = -1, rc = FILE_OK, err = 0
+    cdef Py_ssize_t n = len(paths), i, done = 0
+    cdef int err = 0
+    cdef FileStatus rc
     cdef const char** cpaths = NULL
-    cdef unsigned char* base
-    cdef Py_ssize_t* off
-    cdef Py_ssize_t* cap
-    cdef Py_ssize_t* out
-    for a in (offsets, capacities, lengths):
-        if a.dtype != np.intp or not a.flags.c_contiguous or a.shape[0] != n:
-            raise TypeError("offsets, capacities and lengths must be intp arrays, one per path")
-    if arena.dtype != np.uint8 or not arena.flags.c_contiguous or not arena.flags.writeable:
-        raise TypeError("arena must be a writeable contiguous uint8 array")
-    if not lengths.flags.writeable or stop.shape[0] < 1:
-        raise TypeError("lengths must be writeable and stop must hold one byte")
-    off = <Py_ssize_t*>cnp.PyArray_DATA(offsets)
-    cap = <Py_ssize_t*>cnp.PyArray_DATA(capacities)
-    out = <Py_ssize_t*>cnp.PyArray_DATA(lengths)
-    for i in range(n):
-        if type(paths[i]) is not bytes:
-            raise TypeError("paths must be bytes")
-        if off[i] < 0 or cap[i] < 0 or off[i] + cap[i] > arena.shape[0]:
-            raise ValueError("a file's place does not fit the arena")
-    base = <unsigned char*>cnp.PyArray_DATA(arena)
+    _check_places(paths, arena, offsets, capacities, lengths, stop)
     cpaths = <const char**>malloc(sizeof(char*) * (n if n else 1))
     if cpaths == NULL:
         raise MemoryError()
@@ -78,27 +55,68 @@ def read_files_into(list paths, cnp.ndarray arena, cnp.ndarray offsets,
         for i in range(n):
             cpaths[i] = <bytes>paths[i]  # the list keeps the bytes alive
         with nogil:
-            i = 0
-            while i < n and stop[0] == 0:
-                rc = open_regular(cpaths[i], &fd, &size, &err)
-                if rc == FILE_MISSING:
-                    out[i] = -1
-                elif rc == FILE_OK:
-                    if size > cap[i]:
-                        out[i] = -2 - size
-                    else:
-                        rc = pread_full(fd, base + off[i], size, 0, &err)
-                        if rc == READ_SHRANK:
-                            err = 5  # EIO, as _localio.read_into reports it
-                            rc = READ_FAILED
-                        out[i] = size
-                    close(fd)
-                if rc == FILE_ERROR or rc == READ_FAILED:
-                    break
-                i += 1
-            done = i
+            rc = _read_files(cpaths, n, <unsigned char*>cnp.PyArray_DATA(arena),
+                             <const Py_ssize_t*>cnp.PyArray_DATA(offsets),
+                             <const Py_ssize_t*>cnp.PyArray_DATA(capacities),
+                             <Py_ssize_t*>cnp.PyArray_DATA(lengths), &stop[0], &done, &err)
     finally:
         free(cpaths)
-    if rc == FILE_ERROR or rc == READ_FAILED:
+    if rc == FILE_ERROR:
         raise OSError(err, os.strerror(err), os.fsdecode(paths[done]))
     return done
+
+
+cdef int _check_places(list paths, cnp.ndarray arena, cnp.ndarray offsets,
+                       cnp.ndarray capacities, cnp.ndarray lengths,
+                       const unsigned char[::1] stop) except -1:
+    """Raise unless every path is bytes and every file's place fits the arena."""
+    cdef Py_ssize_t n = len(paths), i
+    cdef const Py_ssize_t* off
+    cdef const Py_ssize_t* cap
+    for a in (offsets, capacities, lengths):
+        if a.dtype != np.intp or not a.flags.c_contiguous or a.shape[0] != n:
+            raise TypeError("offsets, capacities and lengths must be intp arrays, one per path")
+    if arena.dtype != np.uint8 or not arena.flags.c_contiguous or not arena.flags.writeable:
+        raise TypeError("arena must be a writeable contiguous uint8 array")
+    if not lengths.flags.writeable or stop.shape[0] < 1:
+        raise TypeError("lengths must be writeable and stop must hold one byte")
+    off = <const Py_ssize_t*>cnp.PyArray_DATA(offsets)
+    cap = <const Py_ssize_t*>cnp.PyArray_DATA(capacities)
+    for i in range(n):
+        if type(paths[i]) is not bytes:
+            raise TypeError("paths must be bytes")
+        if off[i] < 0 or cap[i] < 0 or off[i] + cap[i] > arena.shape[0]:
+            raise ValueError("a file's place does not fit the arena")
+    return 0
+
+
+cdef FileStatus _read_files(const char** paths, Py_ssize_t n, unsigned char* base,
+                            const Py_ssize_t* off, const Py_ssize_t* cap, Py_ssize_t* out,
+                            const unsigned char* stop, Py_ssize_t* done,
+                            int* err) noexcept nogil:
+    """The loop of `read_files_into`: ``done[0]`` files handled; FILE_ERROR
+    with the failed file's position in ``done[0]`` and the error number in
+    ``err[0]``, else FILE_OK."""
+    cdef Py_ssize_t i = 0, size = 0
+    cdef int fd = -1
+    cdef FileStatus rc
+    while i < n and stop[0] == 0:
+        rc = open_regular(paths[i], &fd, &size, err)
+        if rc == FILE_MISSING:
+            out[i] = -1
+        elif rc == FILE_OK:
+            if size > cap[i]:
+                out[i] = -2 - size
+            else:
+                rc = pread_full(fd, base + off[i], size, 0, err)
+                if rc == FILE_SHORT:  # shrank while read: a writer not replacing atomically
+                    err[0] = 5  # EIO, as _localio.read_into reports it
+                    rc = FILE_ERROR
+                out[i] = size
+            close(fd)
+        if rc == FILE_ERROR:
+            done[0] = i
+            return FILE_ERROR
+        i += 1
+    done[0] = i
+    return FILE_OK

@@ -242,6 +242,21 @@ cdef inline bint _flags_unsupported(int e) noexcept nogil:
     return e == EINVAL or e == ENOSYS or e == EOPNOTSUPP
 
 
+cdef inline int _refused(int guessed_wrong, int hint) noexcept nogil:
+    """After a ``renameat2`` that failed (``errno``): 0 when a plain rename
+    may follow, because the target's existence was guessed wrong (errno
+    ``guessed_wrong``: ``hint`` is what the next write tries) or the flags
+    are not supported here (no more tries); else the error number."""
+    cdef int e = errno
+    if e == guessed_wrong:
+        zf_set_hint(hint)
+    elif _flags_unsupported(e):
+        zf_set_hint(PLAIN_RENAME)
+    else:
+        return e
+    return 0
+
+
 cdef int replace_target(const char* tmp, const char* path, int hint) noexcept nogil:
     """Put the file ``tmp`` in the place of ``path`` atomically, as ``rename``
     does: 0, or the error number (``tmp`` is then still there).
@@ -265,24 +280,49 @@ cdef int replace_target(const char* tmp, const char* path, int hint) noexcept no
             # any other failure to unlink leaves the old chunk under the
             # temporary name (as a crash would); the new one is in place
             return 0
-        e = errno
-        if e == ENOENT:
-            zf_set_hint(TARGET_NEW)
-        elif _flags_unsupported(e):
-            zf_set_hint(PLAIN_RENAME)
-        else:
+        e = _refused(ENOENT, TARGET_NEW)
+        if e:
             return e
     elif hint == TARGET_NEW:
         if zf_rename_flags(tmp, path, ZF_RENAME_NOREPLACE) == 0:
             return 0
-        e = errno
-        if e == EEXIST:
-            zf_set_hint(TARGET_EXISTED)
-        elif _flags_unsupported(e):
-            zf_set_hint(PLAIN_RENAME)
-        else:
+        e = _refused(EEXIST, TARGET_EXISTED)
+        if e:
             return e
     return errno if rename(tmp, path) != 0 else 0
+
+
+cdef int _write_all(int fd, const unsigned char** parts, const Py_ssize_t* lengths,
+                    Py_ssize_t n) noexcept nogil:
+    """Write the concatenation of ``n`` parts to ``fd`` with ``writev``, up
+    to ``GROUP_MAX`` parts a call: 0, or the error number."""
+    cdef iovec iov[GROUP_MAX]
+    cdef int cnt
+    cdef Py_ssize_t i = 0, k, off = 0, put
+    while True:
+        # the next parts still to write (the first from ``off`` on)
+        cnt = 0
+        k = i
+        while k < n and cnt < GROUP_MAX:
+            if lengths[k] > (off if k == i else 0):
+                iov[cnt].iov_base = <void*>(parts[k] + (off if k == i else 0))
+                iov[cnt].iov_len = <size_t>(lengths[k] - (off if k == i else 0))
+                cnt += 1
+            k += 1
+        if cnt == 0:
+            return 0
+        put = writev(fd, iov, cnt)
+        if put <= 0:
+            if put < 0 and errno == EINTR:
+                continue
+            return errno if put < 0 else 5  # EIO: no progress
+        # step over what was written (whole parts, then into the next one)
+        while i < n and put >= lengths[i] - off:
+            put -= lengths[i] - off
+            i += 1
+            off = 0
+        if i < n:
+            off += put
 
 
 cdef FileStatus write_file_atomic(const char* path, const unsigned char* data, Py_ssize_t n,
@@ -299,9 +339,7 @@ cdef FileStatus write_parts_atomic(const char* path, const unsigned char** parts
     first), then rename it over ``path``: readers see the old file or the
     whole new one, never a part."""
     cdef char tmp[4096 + TMP_SUFFIX_MAX]
-    cdef iovec iov[GROUP_MAX]
-    cdef int fd, cnt, hint
-    cdef Py_ssize_t i = 0, k, off = 0, put
+    cdef int fd, hint
     cdef int rc = snprintf(tmp, sizeof(tmp), "%s.%llx-%x-%llx.partial", path, _salt,
                            _pid, zf_next_tmp_id())
     if rc < 0 or <size_t>rc >= sizeof(tmp):
@@ -314,33 +352,12 @@ cdef FileStatus write_parts_atomic(const char* path, const unsigned char** parts
     if fd < 0:
         err[0] = errno
         return FILE_ERROR
-    while True:
-        # the next parts still to write (the first from ``off`` on)
-        cnt = 0
-        k = i
-        while k < n and cnt < GROUP_MAX:
-            if lengths[k] > (off if k == i else 0):
-                iov[cnt].iov_base = <void*>(parts[k] + (off if k == i else 0))
-                iov[cnt].iov_len = <size_t>(lengths[k] - (off if k == i else 0))
-                cnt += 1
-            k += 1
-        if cnt == 0:
-            break
-        put = writev(fd, iov, cnt)
-        if put <= 0:
-            if put < 0 and errno == EINTR:
-                continue
-            err[0] = errno if put < 0 else 5  # EIO: no progress
-            close(fd)
-            unlink(tmp)
-            return FILE_ERROR
-        # step over what was written (whole parts, then into the next one)
-        while i < n and put >= lengths[i] - off:
-            put -= lengths[i] - off
-            i += 1
-            off = 0
-        if i < n:
-            off += put
+    rc = _write_all(fd, parts, lengths, n)
+    if rc != 0:
+        err[0] = rc
+        close(fd)
+        unlink(tmp)
+        return FILE_ERROR
     hint = zf_get_hint()
     if hint == TARGET_EXISTED:
         zf_start_writeback(fd)

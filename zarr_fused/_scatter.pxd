@@ -16,28 +16,17 @@ cdef int copy_strided(
     Py_ssize_t swap_unit,
 ) noexcept nogil
 
-cdef int copy_rows_side_by_side(
-    const char* const* srcs,
+cdef int rows_side_by_side(
+    char* big,
+    const Py_ssize_t* big_strides,
+    char* const* parts,
+    const Py_ssize_t* part_strides,
     int count,
-    const Py_ssize_t* src_strides,
-    char* dst,
-    const Py_ssize_t* dst_strides,
     const Py_ssize_t* shape,
     int ndim,
     Py_ssize_t itemsize,
     Py_ssize_t swap_unit,
-) noexcept nogil
-
-cdef int gather_rows_side_by_side(
-    const char* src,
-    const Py_ssize_t* src_strides,
-    char* const* dsts,
-    int count,
-    const Py_ssize_t* dst_strides,
-    const Py_ssize_t* shape,
-    int ndim,
-    Py_ssize_t itemsize,
-    Py_ssize_t swap_unit,
+    bint into_big,
 ) noexcept nogil
 
 cdef int fill_strided(

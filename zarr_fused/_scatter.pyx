@@ -21,6 +21,8 @@ from libc.string cimport memcmp, memcpy, memset
 cimport numpy as cnp
 import numpy as np
 
+from zarr_fused._ndindex cimport carry_steps, next_index
+
 from zarr_fused._dtypes import element_bytes
 
 cnp.import_array()
@@ -283,23 +285,31 @@ cdef inline void _copy_row(
             _swap_element(sp + i * ss, dp + i * ds, itemsize, swap_unit)
 
 
-cdef inline bint _next_row(Py_ssize_t* idx, const Py_ssize_t* shape, const Py_ssize_t* s1,
-                           const Py_ssize_t* s2, int outer, Py_ssize_t* o1,
+cdef inline bint _next_row(Py_ssize_t* idx, const Py_ssize_t* shape, int outer,
+                           const Py_ssize_t* step1, const Py_ssize_t* step2, Py_ssize_t* o1,
                            Py_ssize_t* o2) noexcept nogil:
-    """Advance two offsets (strides ``s1``, ``s2``) to the next row of an
-    ``outer``-d grid of rows (C order); False past the last row."""
-    cdef int d = outer - 1
-    while d >= 0:
-        idx[d] += 1
-        o1[0] += s1[d]
-        o2[0] += s2[d]
-        if idx[d] < shape[d]:
-            return True
-        o1[0] -= s1[d] * shape[d]
-        o2[0] -= s2[d] * shape[d]
-        idx[d] = 0
-        d -= 1
-    return False
+    """Move two offsets to the next row of an ``outer``-d grid of rows (C
+    order), by their `carry_steps`; False past the last row."""
+    cdef int d = next_index(idx, shape, outer)
+    if d < 0:
+        return False
+    o1[0] += step1[d]
+    o2[0] += step2[d]
+    return True
+
+
+cdef inline bint _rows_ahead(Py_ssize_t* idx, const Py_ssize_t* shape, int outer,
+                             const Py_ssize_t* step1, const Py_ssize_t* step2, Py_ssize_t* o1,
+                             Py_ssize_t* o2) noexcept nogil:
+    """Start a second walk of the grid (`_next_row`) ``_PREFETCH_ROWS`` rows
+    ahead of the first, into the next plane too; False when fewer rows
+    remain."""
+    cdef int _k
+    memset(idx, 0, sizeof(Py_ssize_t) * outer)
+    for _k in range(_PREFETCH_ROWS):
+        if not _next_row(idx, shape, outer, step1, step2, o1, o2):
+            return False
+    return True
 
 
 # A copy whose destination rows are dense but whose source steps far along
@@ -382,6 +392,8 @@ cdef void _copy_tiled(
     cdef Py_ssize_t gshp[ZF_MAX_DIMS]
     cdef Py_ssize_t gss[ZF_MAX_DIMS]
     cdef Py_ssize_t gds[ZF_MAX_DIMS]
+    cdef Py_ssize_t sstep[ZF_MAX_DIMS]
+    cdef Py_ssize_t dstep[ZF_MAX_DIMS]
     cdef Py_ssize_t idx[ZF_MAX_DIMS]
     cdef Py_ssize_t soff = 0, doff = 0
     cdef int d, k = 0
@@ -392,10 +404,57 @@ cdef void _copy_tiled(
             gds[k] = ds[d]
             idx[k] = 0
             k += 1
+    carry_steps(gshp, gss, k, sstep)
+    carry_steps(gshp, gds, k, dstep)
     while True:
         _copy_tile_block(src + soff, dst + doff, shp[p], shp[n - 1], ss[p], ss[n - 1], ds[p],
                          ds[n - 1], itemsize, swap_unit)
-        if not _next_row(idx, gshp, gss, gds, k, &soff, &doff):
+        if not _next_row(idx, gshp, k, sstep, dstep, &soff, &doff):
+            break
+
+
+cdef void _copy_rows(
+    const char* src,
+    const Py_ssize_t* ss,
+    char* dst,
+    const Py_ssize_t* ds,
+    const Py_ssize_t* shp,
+    int n,
+    Py_ssize_t itemsize,
+    Py_ssize_t swap_unit,
+) noexcept nogil:
+    """`copy_strided` of a coalesced block, row by row (its innermost
+    dimension)."""
+    cdef Py_ssize_t idx[ZF_MAX_DIMS]
+    cdef Py_ssize_t ahead_idx[ZF_MAX_DIMS]
+    cdef Py_ssize_t sstep[ZF_MAX_DIMS]
+    cdef Py_ssize_t dstep[ZF_MAX_DIMS]
+    cdef Py_ssize_t soff = 0, doff = 0, sahead = 0, dahead = 0, dspan = 0, sspan = 0
+    cdef int inner = n - 1
+    cdef bint more
+    # prefetch along the dimension just outside the rows, when rows are short
+    # and that dimension steps far (beyond the row itself)
+    if inner >= 1:
+        dspan = _row_span(shp[inner], ds[inner], itemsize)
+        sspan = _row_span(shp[inner], ss[inner], itemsize)
+        if ds[inner - 1] <= dspan:
+            dspan = 0
+        if ss[inner - 1] <= sspan:
+            sspan = 0
+    carry_steps(shp, ss, inner, sstep)
+    carry_steps(shp, ds, inner, dstep)
+    memset(idx, 0, sizeof(Py_ssize_t) * inner)
+    more = (dspan != 0 or sspan != 0) and _rows_ahead(ahead_idx, shp, inner, sstep, dstep,
+                                                      &sahead, &dahead)
+    while True:
+        if more:
+            if dspan:
+                _prefetch_span(dst + dahead, dspan, True)
+            if sspan:
+                _prefetch_span(src + sahead, sspan, False)
+            more = _next_row(ahead_idx, shp, inner, sstep, dstep, &sahead, &dahead)
+        _copy_row(src + soff, ss[inner], dst + doff, ds[inner], shp[inner], itemsize, swap_unit)
+        if not _next_row(idx, shp, inner, sstep, dstep, &soff, &doff):
             break
 
 
@@ -414,9 +473,7 @@ cdef int copy_strided(
     cdef Py_ssize_t shp[ZF_MAX_DIMS]
     cdef Py_ssize_t ss[ZF_MAX_DIMS]
     cdef Py_ssize_t ds[ZF_MAX_DIMS]
-    cdef Py_ssize_t idx[ZF_MAX_DIMS]
-    cdef Py_ssize_t soff = 0, doff = 0
-    cdef int n, d, inner
+    cdef int n, p
     if ndim < 0 or ndim > ZF_MAX_DIMS:
         return -1
     n = _sort_coalesce(shape, src_strides, dst_strides, ndim, shp, ss, ds)
@@ -425,48 +482,15 @@ cdef int copy_strided(
     if n == 0:
         _copy_row(src, itemsize, dst, itemsize, 1, itemsize, swap_unit)
         return 0
-    d = _tile_partner(ss, ds, shp, n, itemsize)
-    if d >= 0:
-        _copy_tiled(src, ss, dst, ds, shp, n, d, itemsize, swap_unit)
-        return 0
-    inner = n - 1
-    for d in range(inner):
-        idx[d] = 0
-    # prefetch along the dimension just outside the rows, when rows are short
-    # and that dimension steps far (beyond the row itself)
-    cdef Py_ssize_t dspan = 0, sspan = 0
-    if inner >= 1:
-        dspan = _row_span(shp[inner], ds[inner], itemsize)
-        sspan = _row_span(shp[inner], ss[inner], itemsize)
-        if ds[inner - 1] <= dspan:
-            dspan = 0
-        if ss[inner - 1] <= sspan:
-            sspan = 0
-    # the rows ``_PREFETCH_ROWS`` rows ahead, into the next plane too
-    cdef Py_ssize_t ahead_idx[ZF_MAX_DIMS]
-    cdef Py_ssize_t dahead = 0, sahead = 0
-    cdef Py_ssize_t _k
-    cdef bint more = dspan != 0 or sspan != 0
-    if more:
-        for d in range(inner):
-            ahead_idx[d] = 0
-        for _k in range(_PREFETCH_ROWS):
-            if more:
-                more = _next_row(ahead_idx, shp, ss, ds, inner, &sahead, &dahead)
-    while True:
-        if more:
-            if dspan:
-                _prefetch_span(dst + dahead, dspan, True)
-            if sspan:
-                _prefetch_span(src + sahead, sspan, False)
-            more = _next_row(ahead_idx, shp, ss, ds, inner, &sahead, &dahead)
-        _copy_row(src + soff, ss[inner], dst + doff, ds[inner], shp[inner], itemsize, swap_unit)
-        if not _next_row(idx, shp, ss, ds, inner, &soff, &doff):
-            break
+    p = _tile_partner(ss, ds, shp, n, itemsize)
+    if p >= 0:
+        _copy_tiled(src, ss, dst, ds, shp, n, p, itemsize, swap_unit)
+    else:
+        _copy_rows(src, ss, dst, ds, shp, n, itemsize, swap_unit)
     return 0
 
 
-cdef int _rows_side_by_side(
+cdef int rows_side_by_side(
     char* big,
     const Py_ssize_t* big_strides,
     char* const* parts,
@@ -483,14 +507,16 @@ cdef int _rows_side_by_side(
     axis (block ``k`` starts ``k`` rows' width after ``big``), one whole row
     of the region at a time: the large array is touched in runs of
     ``count`` rows instead of ``count`` short runs at different times.
-    ``into_big``: parts -> big (a scatter), else big -> parts (a gather).
-    Rows must be contiguous on both sides. Returns 0, or -1 on bad
-    arguments."""
+    ``into_big``: parts -> big (a scatter, ``big`` written), else big ->
+    parts (a gather, ``big`` only read). Rows must be contiguous on both
+    sides. Returns 0, or -1 on bad arguments."""
     cdef Py_ssize_t idx[ZF_MAX_DIMS]
     cdef Py_ssize_t ahead_idx[ZF_MAX_DIMS]
+    cdef Py_ssize_t bstep[ZF_MAX_DIMS]
+    cdef Py_ssize_t pstep[ZF_MAX_DIMS]
     cdef Py_ssize_t n, row, span, boff = 0, poff = 0, ahead = 0, unused = 0
-    cdef bint more = True
-    cdef int d, k, _k, outer
+    cdef bint more
+    cdef int d, k, outer
     if ndim < 1 or ndim > ZF_MAX_DIMS or count < 1:
         return -1
     if big_strides[ndim - 1] != itemsize or part_strides[ndim - 1] != itemsize:
@@ -498,22 +524,21 @@ cdef int _rows_side_by_side(
     for d in range(ndim):
         if shape[d] <= 0:
             return 0
-        idx[d] = ahead_idx[d] = 0
+        idx[d] = 0
     n = shape[ndim - 1]
     row = n * itemsize
     outer = ndim - 1
-    # the region's row ``_PREFETCH_ROWS`` rows ahead (into the next plane
-    # too), prefetched like copy_strided's when rows are short and far apart
+    carry_steps(shape, big_strides, outer, bstep)
+    carry_steps(shape, part_strides, outer, pstep)
+    # the region's row ``_PREFETCH_ROWS`` rows ahead, prefetched like
+    # copy_strided's when rows are short and far apart
     span = count * row
-    if outer == 0 or span > _PREFETCH_MAX_SPAN or big_strides[outer - 1] <= span:
-        span = 0
-    for _k in range(_PREFETCH_ROWS):
-        if span and more:
-            more = _next_row(ahead_idx, shape, big_strides, part_strides, outer, &ahead, &unused)
+    more = (outer > 0 and span <= _PREFETCH_MAX_SPAN and big_strides[outer - 1] > span
+            and _rows_ahead(ahead_idx, shape, outer, bstep, pstep, &ahead, &unused))
     while True:
-        if span and more:
+        if more:
             _prefetch_span(big + ahead, span, into_big)
-            more = _next_row(ahead_idx, shape, big_strides, part_strides, outer, &ahead, &unused)
+            more = _next_row(ahead_idx, shape, outer, bstep, pstep, &ahead, &unused)
         for k in range(count):
             if into_big:
                 _copy_row(parts[k] + poff, itemsize, big + boff + k * row, itemsize, n,
@@ -521,43 +546,9 @@ cdef int _rows_side_by_side(
             else:
                 _copy_row(big + boff + k * row, itemsize, parts[k] + poff, itemsize, n,
                           itemsize, swap_unit)
-        if not _next_row(idx, shape, big_strides, part_strides, outer, &boff, &poff):
+        if not _next_row(idx, shape, outer, bstep, pstep, &boff, &poff):
             break
     return 0
-
-
-cdef int copy_rows_side_by_side(
-    const char* const* srcs,
-    int count,
-    const Py_ssize_t* src_strides,
-    char* dst,
-    const Py_ssize_t* dst_strides,
-    const Py_ssize_t* shape,
-    int ndim,
-    Py_ssize_t itemsize,
-    Py_ssize_t swap_unit,
-) noexcept nogil:
-    """Scatter ``count`` blocks into ``dst``, where they sit side by side
-    along its last axis (see `_rows_side_by_side`)."""
-    return _rows_side_by_side(dst, dst_strides, <char* const*>srcs, src_strides, count, shape,
-                              ndim, itemsize, swap_unit, True)
-
-
-cdef int gather_rows_side_by_side(
-    const char* src,
-    const Py_ssize_t* src_strides,
-    char* const* dsts,
-    int count,
-    const Py_ssize_t* dst_strides,
-    const Py_ssize_t* shape,
-    int ndim,
-    Py_ssize_t itemsize,
-    Py_ssize_t swap_unit,
-) noexcept nogil:
-    """Gather ``count`` blocks that sit side by side along the last axis of
-    ``src`` into ``dsts`` (see `_rows_side_by_side`)."""
-    return _rows_side_by_side(<char*>src, src_strides, dsts, dst_strides, count, shape, ndim,
-                              itemsize, swap_unit, False)
 
 
 cdef void _fill_row(
@@ -582,6 +573,21 @@ cdef void _fill_row(
             memcpy(dp + i * ds, pattern, <size_t>itemsize)
 
 
+cdef inline int _block_rows(const Py_ssize_t* shape, const Py_ssize_t* strides, int ndim,
+                            Py_ssize_t* shp, Py_ssize_t* st, Py_ssize_t* steps,
+                            Py_ssize_t* idx) noexcept nogil:
+    """Set up a walk over the rows of one n-d block (`fill_strided`,
+    `equal_strided`): its dimensions sorted and coalesced into ``shp`` and
+    ``st``, the rows' index ``idx`` at 0 and the `carry_steps` of an
+    offset. Returns the coalesced ndim (-1 for an empty block)."""
+    cdef Py_ssize_t unused[ZF_MAX_DIMS]
+    cdef int n = _sort_coalesce(shape, strides, strides, ndim, shp, st, unused)
+    if n > 0:
+        carry_steps(shp, st, n - 1, steps)
+        memset(idx, 0, sizeof(Py_ssize_t) * (n - 1))
+    return n
+
+
 cdef int fill_strided(
     char* dst,
     const Py_ssize_t* dst_strides,
@@ -593,47 +599,36 @@ cdef int fill_strided(
     """Write ``pattern`` (one element) into every element of an n-d block."""
     cdef Py_ssize_t shp[ZF_MAX_DIMS]
     cdef Py_ssize_t ds[ZF_MAX_DIMS]
-    cdef Py_ssize_t ds2[ZF_MAX_DIMS]
+    cdef Py_ssize_t steps[ZF_MAX_DIMS]
     cdef Py_ssize_t idx[ZF_MAX_DIMS]
     cdef int n, d, inner
-    cdef Py_ssize_t b
+    cdef Py_ssize_t b, off = 0, dspan = 0
     cdef bint zero = True
-    cdef char* dp = dst
     if ndim < 0 or ndim > ZF_MAX_DIMS:
         return -1
     for b in range(itemsize):
         if pattern[b] != 0:
             zero = False
             break
-    n = _sort_coalesce(shape, dst_strides, dst_strides, ndim, shp, ds, ds2)
+    n = _block_rows(shape, dst_strides, ndim, shp, ds, steps, idx)
     if n < 0:
         return 0
     if n == 0:
-        memcpy(dp, pattern, <size_t>itemsize)
+        memcpy(dst, pattern, <size_t>itemsize)
         return 0
     inner = n - 1
-    for d in range(inner):
-        idx[d] = 0
-    cdef Py_ssize_t dspan = 0
     if inner >= 1:
         dspan = _row_span(shp[inner], ds[inner], itemsize)
         if ds[inner - 1] <= dspan:
             dspan = 0
     while True:
         if dspan and idx[inner - 1] + _PREFETCH_ROWS < shp[inner - 1]:
-            _prefetch_span(dp + _PREFETCH_ROWS * ds[inner - 1], dspan, True)
-        _fill_row(dp, ds[inner], shp[inner], pattern, itemsize, zero)
-        d = inner - 1
-        while d >= 0:
-            idx[d] += 1
-            dp += ds[d]
-            if idx[d] < shp[d]:
-                break
-            dp -= ds[d] * shp[d]
-            idx[d] = 0
-            d -= 1
+            _prefetch_span(dst + off + _PREFETCH_ROWS * ds[inner - 1], dspan, True)
+        _fill_row(dst + off, ds[inner], shp[inner], pattern, itemsize, zero)
+        d = next_index(idx, shp, inner)
         if d < 0:
             break
+        off += steps[d]
     return 0
 
 
@@ -669,40 +664,29 @@ cdef bint equal_strided(
     """Whether every element of an n-d block has the bytes of ``pattern``."""
     cdef Py_ssize_t shp[ZF_MAX_DIMS]
     cdef Py_ssize_t ss[ZF_MAX_DIMS]
-    cdef Py_ssize_t ss2[ZF_MAX_DIMS]
+    cdef Py_ssize_t steps[ZF_MAX_DIMS]
     cdef Py_ssize_t idx[ZF_MAX_DIMS]
     cdef int n, d, inner
-    cdef Py_ssize_t b
+    cdef Py_ssize_t b, off = 0
     cdef uint64_t word = 0
-    cdef const char* sp = src
     if ndim < 0 or ndim > ZF_MAX_DIMS:
         return False
     if 8 % itemsize == 0:
         for b in range(8):
             (<char*>&word)[b] = pattern[b % itemsize]
-    n = _sort_coalesce(shape, src_strides, src_strides, ndim, shp, ss, ss2)
+    n = _block_rows(shape, src_strides, ndim, shp, ss, steps, idx)
     if n < 0:
         return True
     if n == 0:
-        return memcmp(sp, pattern, <size_t>itemsize) == 0
+        return memcmp(src, pattern, <size_t>itemsize) == 0
     inner = n - 1
-    for d in range(inner):
-        idx[d] = 0
     while True:
-        if not _row_equal(sp, ss[inner], shp[inner], pattern, itemsize, word):
+        if not _row_equal(src + off, ss[inner], shp[inner], pattern, itemsize, word):
             return False
-        d = inner - 1
-        while d >= 0:
-            idx[d] += 1
-            sp += ss[d]
-            if idx[d] < shp[d]:
-                break
-            sp -= ss[d] * shp[d]
-            idx[d] = 0
-            d -= 1
+        d = next_index(idx, shp, inner)
         if d < 0:
-            break
-    return True
+            return True
+        off += steps[d]
 
 
 # -- Python-facing wrappers ---------------------------------------------------
@@ -745,6 +729,29 @@ cdef Py_ssize_t _swap_unit(cnp.dtype dtype):
     return dtype.itemsize
 
 
+cdef cnp.ndarray _scatter_target(cnp.ndarray s, out, selection, bint swap):
+    """``out[selection]``, checked to receive ``s`` (in the opposite byte
+    order when ``swap``)."""
+    want = s.dtype.newbyteorder() if swap else s.dtype
+    if not isinstance(out, np.ndarray):
+        raise TypeError(f"out must be a numpy.ndarray, got {type(out).__name__}")
+    if not out.flags.writeable:
+        raise ValueError("out is read-only")
+    dview = _basic_view(<cnp.ndarray>out, selection)
+    shape = (<object>s).shape  # a tuple (cnp.ndarray's own is a C array)
+    if dview.shape != shape:
+        raise ValueError(
+            f"destination shape {dview.shape} does not match source shape {shape}"
+        )
+    if dview.dtype != want:
+        raise TypeError(f"destination dtype {dview.dtype} does not match {want} (swap={swap})")
+    if np.may_share_memory(s, dview):
+        raise ValueError("src and out overlap")
+    if swap and cnp.PyDataType_HASFIELDS(s.dtype):
+        raise TypeError("scatter cannot swap the byte order of structured elements")
+    return <cnp.ndarray>dview
+
+
 def scatter(src, out=None, selection=None, *, bint swap=False):
     """Copy ``src`` into ``out[selection]`` with the GIL released.
 
@@ -768,7 +775,7 @@ def scatter(src, out=None, selection=None, *, bint swap=False):
     numpy.ndarray
         ``out``.
     """
-    cdef cnp.ndarray s, o, d
+    cdef cnp.ndarray s, d
     cdef const char* sp
     cdef char* dp
     cdef Py_ssize_t* sstr
@@ -781,30 +788,13 @@ def scatter(src, out=None, selection=None, *, bint swap=False):
     s = <cnp.ndarray>src
     if s.dtype.hasobject:
         raise TypeError("scatter cannot copy object arrays")
-    want = s.dtype.newbyteorder() if swap else s.dtype
     if out is None:
         if selection is not None:
             raise ValueError("selection needs an out array")
-        out = np.empty(src.shape, dtype=want)
-    if not isinstance(out, np.ndarray):
-        raise TypeError(f"out must be a numpy.ndarray, got {type(out).__name__}")
-    o = <cnp.ndarray>out
-    if not o.flags.writeable:
-        raise ValueError("out is read-only")
-    dview = _basic_view(o, selection)
-    if dview.shape != src.shape:
-        raise ValueError(
-            f"destination shape {dview.shape} does not match source shape {src.shape}"
-        )
-    if dview.dtype != want:
-        raise TypeError(f"destination dtype {dview.dtype} does not match {want} (swap={swap})")
-    if np.may_share_memory(src, dview):
-        raise ValueError("src and out overlap")
-    d = <cnp.ndarray>dview
+        out = np.empty(src.shape, dtype=s.dtype.newbyteorder() if swap else s.dtype)
+    d = _scatter_target(s, out, selection, swap)
     ndim = s.ndim
     itemsize = s.dtype.itemsize
-    if swap and cnp.PyDataType_HASFIELDS(s.dtype):
-        raise TypeError("scatter cannot swap the byte order of structured elements")
     unit = _swap_unit(s.dtype) if swap else 0
     sp = <const char*>cnp.PyArray_DATA(s)
     dp = <char*>cnp.PyArray_DATA(d)

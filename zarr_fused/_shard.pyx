@@ -17,6 +17,7 @@ decoding it in one nogil section is `_shard_local`.
 from cpython.slice cimport PySlice_GetIndicesEx
 from libc.stdint cimport uint8_t, uint64_t
 from libc.stdlib cimport free, malloc
+from libc.string cimport memset
 
 cimport numpy as cnp
 
@@ -29,11 +30,16 @@ from zarr_fused._codec_batch cimport (
     as_selection_tuple,
     select_basic,
 )
-from zarr_fused._codecs cimport DecodeTask
+from zarr_fused._codecs cimport DecodeTask, c_strides
+from zarr_fused._ndindex cimport next_index
 from zarr_fused._scatter cimport ZF_MAX_DIMS
-from zarr_fused._shard_index cimport entry_missing
-
-from zarr_fused.errors import CorruptShardError
+from zarr_fused._shard_index cimport (
+    CHUNK_MISSING,
+    CHUNK_OUTSIDE,
+    ChunkPlace,
+    chunk_place,
+    outside_error,
+)
 
 cnp.import_array()
 
@@ -43,7 +49,8 @@ cdef class ShardPlan:
 
     Per axis, the touched inner chunks with the first selected element in
     each, how many elements it selects and where they land in the output;
-    the touched set is the product of the axes.
+    the touched set is the product of the axes, walked in C order by an
+    index ``idx`` of a position per axis (`next_index` over ``n_axis``).
     """
 
     cdef readonly int ndim
@@ -51,11 +58,13 @@ cdef class ShardPlan:
     cdef readonly Py_ssize_t n_touched
     cdef readonly Py_ssize_t n_total
     cdef Py_ssize_t grid[ZF_MAX_DIMS]
+    cdef Py_ssize_t grid_strides[ZF_MAX_DIMS]  # of the linear index
     cdef Py_ssize_t inner[ZF_MAX_DIMS]
     cdef Py_ssize_t step[ZF_MAX_DIMS]
     cdef bint dropped[ZF_MAX_DIMS]
     cdef Py_ssize_t out_shape[ZF_MAX_DIMS]
-    cdef Py_ssize_t offs[ZF_MAX_DIMS + 1]
+    cdef Py_ssize_t n_axis[ZF_MAX_DIMS]  # touched inner chunks along each axis
+    cdef Py_ssize_t offs[ZF_MAX_DIMS + 1]  # axis d's entries: offs[d]:offs[d + 1]
     cdef Py_ssize_t* chunk
     cdef Py_ssize_t* first
     cdef Py_ssize_t* count
@@ -81,77 +90,132 @@ cdef class ShardPlan:
     def out_shape(self):
         return tuple(self.out_shape[i] for i in range(self.kept))
 
+    cdef int set_grid(self, tuple shard_shape, tuple inner_shape) except -2:
+        """The grid of inner chunks, and room for every axis' entries; -1
+        when the shard is not a whole number of inner chunks."""
+        cdef Py_ssize_t total = 0
+        cdef int d
+        self.ndim = len(shard_shape)
+        self.n_total = 1
+        for d in range(self.ndim):
+            self.inner[d] = inner_shape[d]
+            if self.inner[d] <= 0 or shard_shape[d] % self.inner[d]:
+                return -1
+            self.grid[d] = shard_shape[d] // self.inner[d]
+            self.n_total *= self.grid[d]
+            total += self.grid[d]
+        c_strides(self.ndim, self.grid, 1, self.grid_strides)
+        self.chunk = <Py_ssize_t*>malloc(sizeof(Py_ssize_t) * (total if total else 1))
+        self.first = <Py_ssize_t*>malloc(sizeof(Py_ssize_t) * (total if total else 1))
+        self.count = <Py_ssize_t*>malloc(sizeof(Py_ssize_t) * (total if total else 1))
+        self.out_start = <Py_ssize_t*>malloc(sizeof(Py_ssize_t) * (total if total else 1))
+        if self.chunk == NULL or self.first == NULL or self.count == NULL or self.out_start == NULL:
+            raise MemoryError()
+        return 0
+
+    cdef Py_ssize_t slice_axis(self, int d, Py_ssize_t pos, Py_ssize_t start, Py_ssize_t step,
+                               Py_ssize_t length) noexcept nogil:
+        """Enter the inner chunks that ``length`` elements from ``start``,
+        ``step`` apart, touch along axis ``d`` from entry ``pos`` on;
+        returns the next free entry."""
+        cdef Py_ssize_t cs = self.inner[d]
+        cdef Py_ssize_t c, lo, hi, i0, last
+        self.dropped[d] = False
+        self.step[d] = step
+        if length <= 0:
+            return pos
+        last = start + (length - 1) * step
+        for c in range(start // cs, last // cs + 1):
+            lo = c * cs
+            hi = lo + cs
+            i0 = start if start >= lo else start + ((lo - start + step - 1) // step) * step
+            if i0 >= hi or i0 > last:
+                continue
+            self.chunk[pos] = c
+            self.first[pos] = i0 - lo
+            self.count[pos] = ((hi - 1 if hi - 1 < last else last) - i0) // step + 1
+            self.out_start[pos] = (i0 - start) // step
+            pos += 1
+        return pos
+
+    cdef Py_ssize_t index_axis(self, int d, Py_ssize_t pos, Py_ssize_t idx) noexcept nogil:
+        """Enter the inner chunk that element ``idx`` of axis ``d`` (dropped
+        from the output) lies in, at entry ``pos``; returns ``pos + 1``."""
+        cdef Py_ssize_t cs = self.inner[d]
+        self.dropped[d] = True
+        self.step[d] = 1
+        self.chunk[pos] = idx // cs
+        self.first[pos] = idx - (idx // cs) * cs
+        self.count[pos] = 1
+        self.out_start[pos] = 0
+        return pos + 1
+
+    cdef Py_ssize_t linear(self, const Py_ssize_t* idx) noexcept nogil:
+        """The linear (C-order) index in the shard of the touched chunk at
+        ``idx``."""
+        cdef Py_ssize_t lin = 0
+        cdef int d
+        for d in range(self.ndim):
+            lin += self.chunk[self.offs[d] + idx[d]] * self.grid_strides[d]
+        return lin
+
+    cdef bint covers(self, int d, Py_ssize_t j) noexcept nogil:
+        """Whether the selection along axis ``d`` takes all of entry ``j``'s
+        inner chunk, in order."""
+        if self.dropped[d]:
+            return self.inner[d] == 1
+        return self.first[j] == 0 and self.count[j] == self.inner[d] and (
+            self.step[d] == 1 or self.count[j] == 1)
+
     def items(self):
         """Per touched inner chunk, in `touched` order: (linear index, the
         selection within the chunk, the selection within the plan's output
         block, whether the chunk is covered whole)."""
         cdef Py_ssize_t idx[ZF_MAX_DIMS]
-        cdef Py_ssize_t strides[ZF_MAX_DIMS]
-        cdef Py_ssize_t d, _k, j, lin
+        cdef Py_ssize_t _k, j
+        cdef int d
         cdef bint whole
         result = []
-        if self.n_touched == 0:
-            return result
-        strides[self.ndim - 1] = 1
-        for d in range(self.ndim - 2, -1, -1):
-            strides[d] = strides[d + 1] * self.grid[d + 1]
-        for d in range(self.ndim):
-            idx[d] = 0
+        memset(idx, 0, sizeof(Py_ssize_t) * self.ndim)
         for _k in range(self.n_touched):
-            lin = 0
             inner = []
             block = []
             whole = True
             for d in range(self.ndim):
                 j = self.offs[d] + idx[d]
-                lin += self.chunk[j] * strides[d]
+                whole = whole and self.covers(d, j)
                 if self.dropped[d]:
                     inner.append(self.first[j])
-                    whole = whole and self.inner[d] == 1
                 else:
                     inner.append(slice(self.first[j],
                                        self.first[j] + (self.count[j] - 1) * self.step[d] + 1,
                                        self.step[d]))
                     block.append(slice(self.out_start[j], self.out_start[j] + self.count[j]))
-                    whole = whole and self.first[j] == 0 and self.count[j] == self.inner[d] and (
-                        self.step[d] == 1 or self.count[j] == 1)
-            result.append((lin, tuple(inner), tuple(block), whole))
-            d = self.ndim - 1
-            while d >= 0:
-                idx[d] += 1
-                if idx[d] < self.offs[d + 1] - self.offs[d]:
-                    break
-                idx[d] = 0
-                d -= 1
+            result.append((self.linear(idx), tuple(inner), tuple(block), whole))
+            next_index(idx, self.n_axis, self.ndim)
         return result
 
     def touched(self):
         """Linear (C-order) indices of the touched inner chunks, ascending."""
         cdef Py_ssize_t idx[ZF_MAX_DIMS]
-        cdef Py_ssize_t strides[ZF_MAX_DIMS]
-        cdef Py_ssize_t d, k, lin
+        cdef Py_ssize_t k
         cdef cnp.ndarray result = np.empty(self.n_touched, dtype=np.intp)
         cdef Py_ssize_t* rp = <Py_ssize_t*>cnp.PyArray_DATA(result)
-        if self.n_touched == 0:
-            return result
-        strides[self.ndim - 1] = 1
-        for d in range(self.ndim - 2, -1, -1):
-            strides[d] = strides[d + 1] * self.grid[d + 1]
-        for d in range(self.ndim):
-            idx[d] = 0
+        memset(idx, 0, sizeof(Py_ssize_t) * self.ndim)
         for k in range(self.n_touched):
-            lin = 0
-            for d in range(self.ndim):
-                lin += self.chunk[self.offs[d] + idx[d]] * strides[d]
-            rp[k] = lin
-            d = self.ndim - 1
-            while d >= 0:
-                idx[d] += 1
-                if idx[d] < self.offs[d + 1] - self.offs[d]:
-                    break
-                idx[d] = 0
-                d -= 1
+            rp[k] = self.linear(idx)
+            next_index(idx, self.n_axis, self.ndim)
         return result
+
+
+cdef bint _basic(tuple sel):
+    """Whether every selector is a slice or an integer (not a bool)."""
+    for s in sel:
+        if type(s) is slice:
+            continue
+        if not isinstance(s, (int, np.integer)) or isinstance(s, (bool, np.bool_)):
+            return False
+    return True
 
 
 def plan_selection(tuple shard_shape, tuple inner_shape, selection):
@@ -160,77 +224,108 @@ def plan_selection(tuple shard_shape, tuple inner_shape, selection):
     cdef ShardPlan plan = ShardPlan()
     cdef int ndim = len(shard_shape)
     cdef int d, k = 0
-    cdef Py_ssize_t start, stop, step, length, idx, size, cs, c, lo, hi, i0, last, total = 0
-    cdef Py_ssize_t pos = 0
+    cdef Py_ssize_t start, stop, step, length, idx, size, pos = 0
     if ndim == 0 or ndim > ZF_MAX_DIMS or len(inner_shape) != ndim:
         return None
     sel = as_selection_tuple(selection)
-    if len(sel) > ndim:
+    if len(sel) > ndim or not _basic(sel) or plan.set_grid(shard_shape, inner_shape) < 0:
         return None
-    for s in sel:
-        if type(s) is slice:
-            continue
-        if not isinstance(s, (int, np.integer)) or isinstance(s, (bool, np.bool_)):
-            return None
-    plan.ndim = ndim
-    plan.n_total = 1
-    for d in range(ndim):
-        plan.inner[d] = inner_shape[d]
-        if plan.inner[d] <= 0 or shard_shape[d] % plan.inner[d]:
-            return None
-        plan.grid[d] = shard_shape[d] // plan.inner[d]
-        plan.n_total *= plan.grid[d]
-        total += plan.grid[d]
-    plan.chunk = <Py_ssize_t*>malloc(sizeof(Py_ssize_t) * (total if total else 1))
-    plan.first = <Py_ssize_t*>malloc(sizeof(Py_ssize_t) * (total if total else 1))
-    plan.count = <Py_ssize_t*>malloc(sizeof(Py_ssize_t) * (total if total else 1))
-    plan.out_start = <Py_ssize_t*>malloc(sizeof(Py_ssize_t) * (total if total else 1))
-    if plan.chunk == NULL or plan.first == NULL or plan.count == NULL or plan.out_start == NULL:
-        raise MemoryError()
     plan.n_touched = 1
     for d in range(ndim):
         size = shard_shape[d]
-        cs = plan.inner[d]
         plan.offs[d] = pos
         s = sel[d] if d < len(sel) else slice(None)
         if type(s) is slice:
             PySlice_GetIndicesEx(s, size, &start, &stop, &step, &length)
             if step <= 0:
                 return None
-            plan.dropped[d] = False
-            plan.step[d] = step
             plan.out_shape[k] = length
             k += 1
-            if length > 0:
-                last = start + (length - 1) * step
-                for c in range(start // cs, last // cs + 1):
-                    lo = c * cs
-                    hi = lo + cs
-                    i0 = start if start >= lo else start + ((lo - start + step - 1) // step) * step
-                    if i0 >= hi or i0 > last:
-                        continue
-                    plan.chunk[pos] = c
-                    plan.first[pos] = i0 - lo
-                    plan.count[pos] = ((hi - 1 if hi - 1 < last else last) - i0) // step + 1
-                    plan.out_start[pos] = (i0 - start) // step
-                    pos += 1
+            pos = plan.slice_axis(d, pos, start, step, length)
         else:
             idx = s
             if idx < 0:
                 idx += size
             if idx < 0 or idx >= size:
                 return None
-            plan.dropped[d] = True
-            plan.step[d] = 1
-            plan.chunk[pos] = idx // cs
-            plan.first[pos] = idx - (idx // cs) * cs
-            plan.count[pos] = 1
-            plan.out_start[pos] = 0
-            pos += 1
-        plan.n_touched *= pos - plan.offs[d]
+            pos = plan.index_axis(d, pos, idx)
+        plan.n_axis[d] = pos - plan.offs[d]
+        plan.n_touched *= plan.n_axis[d]
     plan.offs[ndim] = pos
     plan.kept = k
     return plan
+
+
+cdef int _plan_region(ShardPlan plan, cnp.ndarray arr, selection, Py_ssize_t* base,
+                      Py_ssize_t* region_strides) except -2:
+    """Select ``arr[selection]`` (`select_basic`: its offset added to
+    ``base[0]``, its strides into ``region_strides``); its ndim, or -1 when
+    it is not a basic selection of the plan's output shape."""
+    cdef Py_ssize_t region_shape[ZF_MAX_DIMS]
+    cdef int d, nd
+    if arr.ndim > ZF_MAX_DIMS:
+        return -1
+    nd = select_basic(arr.ndim, <Py_ssize_t*>cnp.PyArray_DIMS(arr),
+                      <Py_ssize_t*>cnp.PyArray_STRIDES(arr), selection, base, region_shape,
+                      region_strides)
+    if nd != plan.kept:
+        return -1
+    for d in range(nd):
+        if region_shape[d] != plan.out_shape[d]:
+            return -1
+    return nd
+
+
+cdef void _describe_task(DecodeTask* t, ShardPlan plan, ChunkLayout layout,
+                         const Py_ssize_t* idx, const Py_ssize_t* region_strides,
+                         char* out_data) noexcept nogil:
+    """Point decode task ``t`` at the touched chunk at ``idx``: the part of
+    the chunk selected, where it lands in the region at ``out_data``."""
+    cdef Py_ssize_t j
+    cdef int d, k = 0
+    t.dst = out_data
+    t.src_offset = 0
+    for d in range(plan.ndim):
+        j = plan.offs[d] + idx[d]
+        t.src_offset += plan.first[j] * layout.strides[d]
+        if not plan.dropped[d]:
+            t.shape[k] = plan.count[j]
+            t.src_strides[k] = plan.step[d] * layout.strides[d]
+            t.dst_strides[k] = region_strides[k]
+            t.dst += plan.out_start[j] * region_strides[k]
+            k += 1
+    t.ndim = k
+    t.nbytes = layout.nbytes
+    t.chunk = plan.linear(idx)
+
+
+cdef const uint64_t* _checked_entries(DecodeBatch batch, cnp.ndarray entries,
+                                      ShardPlan plan) except NULL:
+    """The shard's (offset, nbytes) pairs, once checked to be its index."""
+    if (entries is None or entries.dtype != np.uint64 or entries.ndim != 2
+            or entries.shape[0] != plan.n_total or entries.shape[1] != 2
+            or not entries.flags.c_contiguous):
+        raise ValueError("entries must be the shard's (n, 2) uint64 index")
+    batch.refs.append(entries)
+    return <const uint64_t*>cnp.PyArray_DATA(entries)
+
+
+cdef int _bind_task(DecodeBatch batch, DecodeTask* t, const uint64_t* ep, const uint8_t* data,
+                    Py_ssize_t total, key) except -1:
+    """Point task ``t`` at its chunk among the ``total`` bytes at ``data``
+    (``ep``: the shard's index), or mark it missing."""
+    cdef uint64_t off, size
+    cdef ChunkPlace place = chunk_place(ep, t.chunk, total, &off, &size)
+    if place == CHUNK_OUTSIDE:
+        raise outside_error(key, t.chunk, off, size, total)
+    if place == CHUNK_MISSING:
+        if batch.fill is None:
+            raise ValueError("set_fill() first")
+        t.missing = True
+    else:
+        t.src = data + off
+        t.src_len = <Py_ssize_t>size
+    return 0
 
 
 def add_shard(DecodeBatch batch, payload, cnp.ndarray entries, ShardPlan plan,
@@ -247,100 +342,45 @@ def add_shard(DecodeBatch batch, payload, cnp.ndarray entries, ShardPlan plan,
     ignored); `read_shard_local` fetches it and points the tasks at their
     chunks before decoding them.
     """
-    cdef Py_ssize_t region_shape[ZF_MAX_DIMS]
     cdef Py_ssize_t region_strides[ZF_MAX_DIMS]
-    cdef Py_ssize_t grid_strides[ZF_MAX_DIMS]
     cdef Py_ssize_t idx[ZF_MAX_DIMS]
-    cdef Py_ssize_t base = 0
-    cdef Py_ssize_t d, k, j, lin, _n, payload_len = 0
-    cdef uint64_t off, size
+    cdef Py_ssize_t base = 0, _n, payload_len = 0
     cdef int nd
     cdef DecodeTask* t
     cdef const uint8_t* data = NULL
     cdef const uint8_t[::1] view
-    cdef const uint64_t* ep
+    cdef const uint64_t* ep = NULL
     cdef char* out_data
-    if layout.ndim != plan.ndim or out.ndim > ZF_MAX_DIMS or not out.flags.writeable:
+    if (layout.ndim != plan.ndim or not out.flags.writeable
+            or out.dtype.itemsize != batch.kernel.itemsize):
         return False
-    if out.dtype.itemsize != batch.kernel.itemsize:
+    nd = _plan_region(plan, out, out_selection, &base, region_strides)
+    if nd < 0 or nd > batch.max_ndim:
         return False
-    nd = select_basic(out.ndim, <Py_ssize_t*>cnp.PyArray_DIMS(out),
-                      <Py_ssize_t*>cnp.PyArray_STRIDES(out), out_selection, &base,
-                      region_shape, region_strides)
-    if nd != plan.kept or nd > batch.max_ndim:
-        return False
-    for d in range(nd):
-        if region_shape[d] != plan.out_shape[d]:
-            return False
     if plan.n_touched == 0:
         return True
     if batch.n + plan.n_touched > batch.cap:
         raise IndexError("decode batch is full")
-    if defer:
-        if batch.fill is None:
-            raise ValueError("set_fill() first")
-    elif (entries is None or entries.dtype != np.uint64 or entries.ndim != 2
-          or entries.shape[0] != plan.n_total or entries.shape[1] != 2
-          or not entries.flags.c_contiguous):
-        raise ValueError("entries must be the shard's (n, 2) uint64 index")
-    if payload is not None and not defer:
-        view = memoryview(payload).cast("B")
-        payload_len = view.shape[0]
-        data = &view[0] if payload_len else NULL
-        batch.refs.append(view)
+    if defer and batch.fill is None:
+        raise ValueError("set_fill() first")
     if not defer:
-        batch.refs.append(entries)
-        ep = <const uint64_t*>cnp.PyArray_DATA(entries)
+        ep = _checked_entries(batch, entries, plan)
+        if payload is not None:
+            view = memoryview(payload).cast("B")
+            payload_len = view.shape[0]
+            data = &view[0] if payload_len else NULL
+            batch.refs.append(view)
     out_data = <char*>cnp.PyArray_DATA(out) + base
-    grid_strides[plan.ndim - 1] = 1
-    for d in range(plan.ndim - 2, -1, -1):
-        grid_strides[d] = grid_strides[d + 1] * plan.grid[d + 1]
-    for d in range(plan.ndim):
-        idx[d] = 0
+    memset(idx, 0, sizeof(Py_ssize_t) * plan.ndim)
     for _n in range(plan.n_touched):
         t = batch.next_task()
-        lin = 0
-        k = 0
-        t.dst = out_data
-        t.src_offset = 0
-        for d in range(plan.ndim):
-            j = plan.offs[d] + idx[d]
-            lin += plan.chunk[j] * grid_strides[d]
-            t.src_offset += plan.first[j] * layout.strides[d]
-            if not plan.dropped[d]:
-                t.shape[k] = plan.count[j]
-                t.src_strides[k] = plan.step[d] * layout.strides[d]
-                t.dst_strides[k] = region_strides[k]
-                t.dst += plan.out_start[j] * region_strides[k]
-                k += 1
-        t.ndim = k
-        t.nbytes = layout.nbytes
-        t.chunk = lin
-        if defer:
-            pass  # src, src_len and missing are set once fetched
-        elif entry_missing(ep[2 * lin], ep[2 * lin + 1]):
-            if batch.fill is None:
-                raise ValueError("set_fill() first")
-            t.missing = True
-        else:
-            off = ep[2 * lin]
-            size = ep[2 * lin + 1]
-            if off > <uint64_t>payload_len or size > <uint64_t>payload_len - off:
-                raise CorruptShardError(
-                    f"{key!r}: inner chunk {lin} (bytes {off}..{off + size}) lies outside "
-                    f"the {payload_len} bytes read")
-            t.src = data + off
-            t.src_len = <Py_ssize_t>size
+        _describe_task(t, plan, layout, idx, region_strides, out_data)
+        if not defer:  # deferred: src, src_len and missing are set once fetched
+            _bind_task(batch, t, ep, data, payload_len, key)
         t.direct = batch.is_direct(t, layout)
-        batch.keys.append((key, lin))
+        batch.keys.append((key, t.chunk))
         batch.n += 1
-        d = plan.ndim - 1
-        while d >= 0:
-            idx[d] += 1
-            if idx[d] < plan.offs[d + 1] - plan.offs[d]:
-                break
-            idx[d] = 0
-            d -= 1
+        next_index(idx, plan.n_axis, plan.ndim)
     return True
 
 
@@ -356,67 +396,42 @@ def add_shard_encode(EncodeBatch batch, cnp.ndarray value, value_selection, Shar
         The linear indices of the queued chunks, in queue order; None when
         ``value_selection`` is not a basic selection of the plan's shape.
     """
-    cdef Py_ssize_t region_shape[ZF_MAX_DIMS]
     cdef Py_ssize_t region_strides[ZF_MAX_DIMS]
     cdef Py_ssize_t logical[ZF_MAX_DIMS]
-    cdef Py_ssize_t grid_strides[ZF_MAX_DIMS]
     cdef Py_ssize_t idx[ZF_MAX_DIMS]
-    cdef Py_ssize_t base = 0
-    cdef Py_ssize_t d, k, j, lin, _n
-    cdef int nd
+    cdef Py_ssize_t base = 0, j, lin, _n
+    cdef int d, k
     cdef bint whole
     cdef char* src
-    cdef Py_ssize_t itemsize = batch.kernel.itemsize
-    if layout.ndim != plan.ndim or value.ndim > ZF_MAX_DIMS or value.dtype.itemsize != itemsize:
+    if (layout.ndim != plan.ndim or value.dtype.itemsize != batch.kernel.itemsize
+            or value.dtype.hasobject):
         return None
-    if value.dtype.hasobject:
+    if _plan_region(plan, value, value_selection, &base, region_strides) < 0:
         return None
-    nd = select_basic(value.ndim, <Py_ssize_t*>cnp.PyArray_DIMS(value),
-                      <Py_ssize_t*>cnp.PyArray_STRIDES(value), value_selection, &base,
-                      region_shape, region_strides)
-    if nd != plan.kept:
-        return None
-    for d in range(nd):
-        if region_shape[d] != plan.out_shape[d]:
-            return None
     if skip_fill and batch.fill is None:
         raise ValueError("set_fill() first")
     queued = []
     if plan.n_touched == 0:
         return np.array(queued, dtype=np.intp)
-    grid_strides[plan.ndim - 1] = 1
-    for d in range(plan.ndim - 2, -1, -1):
-        grid_strides[d] = grid_strides[d + 1] * plan.grid[d + 1]
-    for d in range(plan.ndim):
-        idx[d] = 0
+    memset(idx, 0, sizeof(Py_ssize_t) * plan.ndim)
     for _n in range(plan.n_touched):
-        lin = 0
         k = 0
         whole = True
         src = <char*>cnp.PyArray_DATA(value) + base
         for d in range(plan.ndim):
             j = plan.offs[d] + idx[d]
-            lin += plan.chunk[j] * grid_strides[d]
-            if plan.dropped[d]:
-                whole = whole and plan.inner[d] == 1
-                logical[d] = 0
-            else:
-                whole = whole and plan.first[j] == 0 and plan.count[j] == plan.inner[d] and (
-                    plan.step[d] == 1 or plan.count[j] == 1)
+            whole = whole and plan.covers(d, j)
+            logical[d] = 0
+            if not plan.dropped[d]:
                 logical[d] = region_strides[k]
                 src += plan.out_start[j] * region_strides[k]
                 k += 1
         if whole:
+            lin = plan.linear(idx)
             batch.queue(layout, src, logical, swap, skip_fill,
                         np.empty(batch.kernel.encode_bound(layout.nbytes), dtype=np.uint8),
                         (key, lin))
             queued.append(lin)
-        d = plan.ndim - 1
-        while d >= 0:
-            idx[d] += 1
-            if idx[d] < plan.offs[d + 1] - plan.offs[d]:
-                break
-            idx[d] = 0
-            d -= 1
+        next_index(idx, plan.n_axis, plan.ndim)
     batch.refs.append(value)
     return np.array(queued, dtype=np.intp)

@@ -25,6 +25,26 @@ cdef inline bint entry_missing(uint64_t offset, uint64_t nbytes) noexcept nogil:
     return offset == MISSING and nbytes == MISSING
 
 
+# Where an inner chunk's bytes are among the bytes read of its shard
+cdef enum ChunkPlace:
+    CHUNK_PRESENT = 0
+    CHUNK_MISSING = 1
+    CHUNK_OUTSIDE = 2  # its entry points past the bytes read
+
+
+cdef inline ChunkPlace chunk_place(const uint64_t* entries, Py_ssize_t lin, Py_ssize_t total,
+                                   uint64_t* offset, uint64_t* nbytes) noexcept nogil:
+    """Where inner chunk ``lin`` lies among ``total`` bytes read, by its
+    index entry (``offset[0]``, ``nbytes[0]``)."""
+    offset[0] = entries[2 * lin]
+    nbytes[0] = entries[2 * lin + 1]
+    if entry_missing(offset[0], nbytes[0]):
+        return CHUNK_MISSING
+    if offset[0] > <uint64_t>total or nbytes[0] > <uint64_t>total - offset[0]:
+        return CHUNK_OUTSIDE
+    return CHUNK_PRESENT
+
+
 cdef inline Py_ssize_t index_size(Py_ssize_t n_chunks, bint checksum) noexcept nogil:
     """Bytes of the encoded index of ``n_chunks`` inner chunks."""
     return ENTRY_NBYTES * n_chunks + (CHECKSUM_NBYTES if checksum else 0)
@@ -55,3 +75,5 @@ cdef int decode_index(const uint8_t* raw, Py_ssize_t n_chunks, bint checksum, bi
 
 cdef object index_error(int problem, cnp.ndarray entries, Py_ssize_t bad, Py_ssize_t other,
                         uint32_t stored, uint32_t computed, Py_ssize_t shard_len, grid, where)
+
+cdef object outside_error(key, Py_ssize_t lin, uint64_t offset, uint64_t nbytes, Py_ssize_t total)

@@ -170,6 +170,16 @@ cdef object index_error(int problem, cnp.ndarray entries, Py_ssize_t bad, Py_ssi
     return CorruptShardError(f"{where}: {name(bad)} {reason}")
 
 
+cdef object outside_error(key, Py_ssize_t lin, uint64_t offset, uint64_t nbytes,
+                          Py_ssize_t total):
+    """The exception for an inner chunk (`chunk_place` CHUNK_OUTSIDE) whose
+    entry points past the ``total`` bytes read of shard ``key``."""
+    start = int(offset)  # a Python int: the end may not fit 64 bits
+    return CorruptShardError(
+        f"{key!r}: inner chunk {lin} (bytes {start}..{start + nbytes}) lies outside "
+        f"the {total} bytes read")
+
+
 def parse_index(index, Py_ssize_t n_chunks, *, bint checksum, bint big_endian,
                 Py_ssize_t shard_len=-1, Py_ssize_t index_start=0, grid=None,
                 where="shard"):
@@ -222,6 +232,24 @@ def parse_index(index, Py_ssize_t n_chunks, *, bint checksum, bint big_endian,
     return entries
 
 
+cdef bytes _encoded_index(cnp.ndarray entries, bint checksum, bint big_endian):
+    """The stored bytes of a shard index: the (n, 2) ``entries`` in the
+    byte order of the index codecs, then their crc32c when ``checksum``."""
+    cdef bytes index = entries.astype(">u8" if big_endian else "<u8", copy=False).tobytes()
+    cdef const uint8_t[::1] iview
+    cdef size_t n = len(index)
+    cdef uint32_t crc
+    if not checksum:
+        return index
+    iview = index
+    if <Py_ssize_t>n >= _NOGIL_MIN_BYTES:
+        with nogil:
+            crc = zf_crc32c(&iview[0], n)
+    else:
+        crc = zf_crc32c(&iview[0], n)
+    return index + int(crc).to_bytes(4, "little")
+
+
 def shard_parts(cnp.ndarray order, list payloads, *, bint at_start, bint checksum,
                 bint big_endian):
     """The pieces of a shard in file order: the index, and the present
@@ -248,13 +276,10 @@ def shard_parts(cnp.ndarray order, list payloads, *, bint at_start, bint checksu
     """
     cdef Py_ssize_t n = len(payloads)
     cdef Py_ssize_t index_len = index_size(n, checksum)
-    cdef Py_ssize_t entries_len = ENTRY_NBYTES * n
     cdef Py_ssize_t pos, i, lin, size
     cdef cnp.ndarray entries
     cdef uint64_t* ep
     cdef Py_ssize_t* ordp
-    cdef const uint8_t[::1] iview
-    cdef uint32_t crc
     if order.dtype != np.intp or order.ndim != 1 or order.shape[0] != n:
         raise ValueError("order must list every inner chunk once")
     ordp = <Py_ssize_t*>cnp.PyArray_DATA(order)
@@ -267,9 +292,7 @@ def shard_parts(cnp.ndarray order, list payloads, *, bint at_start, bint checksu
         if lin < 0 or lin >= n:
             raise ValueError("order must list every inner chunk once")
         p = payloads[lin]
-        if p is None:
-            continue
-        size = len(p)
+        size = 0 if p is None else len(p)
         if size == 0:
             continue
         if ep[2 * lin] != MISSING:
@@ -280,15 +303,7 @@ def shard_parts(cnp.ndarray order, list payloads, *, bint at_start, bint checksu
         parts.append(p)
     if not parts:
         return None
-    index = entries.astype(">u8" if big_endian else "<u8", copy=False).tobytes()
-    if checksum:
-        iview = index
-        if entries_len >= _NOGIL_MIN_BYTES:
-            with nogil:
-                crc = zf_crc32c(&iview[0], <size_t>entries_len)
-        else:
-            crc = zf_crc32c(&iview[0], <size_t>entries_len)
-        index += int(crc).to_bytes(4, "little")
+    index = _encoded_index(entries, checksum, big_endian)
     if at_start:
         parts.insert(0, index)
     else:

@@ -1,7 +1,7 @@
 """Typed interface of the compiled `zarr_fused._shard_local` (see _shard_local.pyx)."""
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Required, TypedDict, Unpack
 
 import numpy as np
 
@@ -10,24 +10,29 @@ from zarr_fused._codec_batch import DecodeBatch
 type _Take = Callable[[int], np.ndarray[Any, np.dtype[np.uint8]]]
 type _Give = Callable[[np.ndarray[Any, np.dtype[np.uint8]]], Any]
 
+class _ReadSettings(TypedDict, total=False):
+    """How a shard's index and chunks are read (the keywords both readers take)."""
+
+    checksum: Required[bool]
+    big_endian: Required[bool]
+    at_start: Required[bool]
+    max_gap: int
+    max_coalesced: int
+    size_hint: int
+    grid: tuple[int, ...] | None
+    where: str | Callable[[], str]
+    prefetch: bool
+
 def fetch_partial_local(
     path: bytes,
     n_chunks: int,
     touched: np.ndarray[Any, np.dtype[np.intp]],
     take: _Take,
     *,
-    checksum: bool,
-    big_endian: bool,
-    at_start: bool,
-    max_gap: int = ...,
-    max_coalesced: int = ...,
-    size_hint: int = 0,
     give: _Give | None = None,
-    grid: tuple[int, ...] | None = None,
-    where: str | Callable[[], str] = "shard",
     decode: DecodeBatch | None = None,
     first: int = 0,
-    prefetch: bool = False,
+    **settings: Unpack[_ReadSettings],
 ) -> (
     tuple[
         np.ndarray[Any, np.dtype[np.uint64]],
@@ -44,16 +49,7 @@ def read_shard_local(
     touched: np.ndarray[Any, np.dtype[np.intp]],
     take: _Take,
     give: _Give,
-    *,
-    checksum: bool,
-    big_endian: bool,
-    at_start: bool,
-    max_gap: int = ...,
-    max_coalesced: int = ...,
-    size_hint: int = 0,
-    grid: tuple[int, ...] | None = None,
-    where: str | Callable[[], str] = "shard",
-    prefetch: bool = False,
+    **settings: Unpack[_ReadSettings],
 ) -> bool: ...
 def decode_part(
     batch: DecodeBatch,

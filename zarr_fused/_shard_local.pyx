@@ -35,14 +35,18 @@ from zarr_fused._localio cimport (
     read_ranges_fd,
 )
 from zarr_fused._shard_index cimport (
+    CHUNK_MISSING,
+    CHUNK_OUTSIDE,
     INDEX_NOMEM,
     INDEX_OK,
     MISSING,
+    ChunkPlace,
     Span,
+    chunk_place,
     decode_index,
-    entry_missing,
     index_error,
     index_size,
+    outside_error,
     sort_spans,
 )
 
@@ -283,9 +287,8 @@ cdef cnp.ndarray _fetch(PartialFetch* f, bytes path, cnp.ndarray entries, take, 
         if f.rc == FILE_OK and f.problem == INDEX_OK and f.total <= buf.shape[0]:
             _fetch_ranges(f, bp)
             if decode and f.ranges_rc == FILE_OK:
-                outside = _bind(batch, first, stop, f.entries, bp, f.total)
-                if outside < 0:
-                    failed = batch.decode_range(ws, first, stop, fill)
+                _bind_and_decode(batch, ws, first, stop, fill, f.entries, bp, f.total, &outside,
+                                 &failed)
     if _fetch_check(f, path, entries, grid, where):
         give_back(give, buf)
         return None
@@ -296,18 +299,11 @@ cdef cnp.ndarray _fetch(PartialFetch* f, bytes path, cnp.ndarray entries, take, 
         with nogil:
             _fetch_ranges(f, bp)
             if decode and f.ranges_rc == FILE_OK:
-                outside = _bind(batch, first, stop, f.entries, bp, f.total)
-                if outside < 0:
-                    failed = batch.decode_range(ws, first, stop, fill)
+                _bind_and_decode(batch, ws, first, stop, fill, f.entries, bp, f.total, &outside,
+                                 &failed)
         _fetch_check(f, path, entries, grid, where)
-    if outside >= 0:
-        lin = batch.tasks[outside].chunk
-        off, size = (int(v) for v in entries[lin])
-        raise CorruptShardError(
-            f"{batch.keys[outside][0]!r}: inner chunk {lin} (bytes {off}..{off + size}) "
-            f"lies outside the {f.total} bytes read")
-    if failed >= 0:
-        batch.raise_failed(failed)
+    if decode:
+        _raise_for(batch, entries, f.total, outside, failed)
     return buf
 
 
@@ -345,22 +341,45 @@ cdef Py_ssize_t _bind(DecodeBatch batch, Py_ssize_t first, Py_ssize_t stop,
     """Point deferred tasks ``first:stop`` at their fetched chunks (or mark
     them missing); the first task whose chunk lies outside the ``total``
     bytes read, or -1."""
-    cdef Py_ssize_t i, lin
+    cdef Py_ssize_t i
     cdef uint64_t off, size
+    cdef ChunkPlace place
     cdef DecodeTask* t
     for i in range(first, stop):
         t = &batch.tasks[i]
-        lin = t.chunk
-        off = ep[2 * lin]
-        size = ep[2 * lin + 1]
-        if entry_missing(off, size):
-            t.missing = True
-            continue
-        if off > <uint64_t>total or size > <uint64_t>total - off:
+        place = chunk_place(ep, t.chunk, total, &off, &size)
+        if place == CHUNK_OUTSIDE:
             return i
-        t.src = data + off
-        t.src_len = <Py_ssize_t>size
+        if place == CHUNK_MISSING:
+            t.missing = True
+        else:
+            t.src = data + off
+            t.src_len = <Py_ssize_t>size
     return -1
+
+
+cdef void _bind_and_decode(DecodeBatch batch, Workspace ws, Py_ssize_t first, Py_ssize_t stop,
+                           const char* fill, const uint64_t* ep, const unsigned char* data,
+                           Py_ssize_t total, Py_ssize_t* outside,
+                           Py_ssize_t* failed) noexcept nogil:
+    """`_bind` the deferred tasks ``first:stop``, then decode them: the task
+    whose chunk lies outside the bytes read into ``outside[0]``, else the
+    first that failed to decode into ``failed[0]`` (-1 when none)."""
+    outside[0] = _bind(batch, first, stop, ep, data, total)
+    if outside[0] < 0:
+        failed[0] = batch.run_tasks(ws, first, stop, fill)
+
+
+cdef int _raise_for(DecodeBatch batch, cnp.ndarray entries, Py_ssize_t total,
+                    Py_ssize_t outside, Py_ssize_t failed) except -1:
+    """Raise for what `_bind_and_decode` found, if anything."""
+    if outside >= 0:
+        lin = batch.tasks[outside].chunk
+        off, size = entries[lin]
+        raise outside_error(batch.keys[outside][0], lin, off, size, total)
+    if failed >= 0:
+        batch.raise_failed(failed)
+    return 0
 
 
 cdef cnp.ndarray _usable(buf, Py_ssize_t nbytes):
@@ -398,15 +417,7 @@ def decode_part(DecodeBatch batch, Py_ssize_t first, Py_ssize_t stop, cnp.ndarra
             raise IndexError("a task's chunk is not in entries")
     total = payload.shape[0]
     with nogil:
-        outside = _bind(batch, first, stop, <const uint64_t*>cnp.PyArray_DATA(entries),
-                        <const unsigned char*>cnp.PyArray_DATA(payload), total)
-        if outside < 0:
-            failed = batch.decode_range(ws, first, stop, fill)
-    if outside >= 0:
-        lin = batch.tasks[outside].chunk
-        off, size = (int(v) for v in entries[lin])
-        raise CorruptShardError(
-            f"{batch.keys[outside][0]!r}: inner chunk {lin} (bytes {off}..{off + size}) "
-            f"lies outside the {total} bytes read")
-    if failed >= 0:
-        batch.raise_failed(failed)
+        _bind_and_decode(batch, ws, first, stop, fill, <const uint64_t*>cnp.PyArray_DATA(entries),
+                         <const unsigned char*>cnp.PyArray_DATA(payload), total, &outside,
+                         &failed)
+    _raise_for(batch, entries, total, outside, failed)
