@@ -12,8 +12,8 @@ Each batch runs inside `zarr_fused.io.requests.open_batch`: its store
 requests share one limit, and when anything fails everything it started is
 cancelled or awaited before the error propagates. This module opens it and
 hands the readers and writers its `BatchIO`, so they import the IO layer's
-classes only as types (and the plan, which holds them,
-stays within the import-depth limit).
+classes only as types (and the plan, which holds them, stays within the
+import-depth limit).
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 Every async reader and writer (`zarr_fused.chunks.async_read`,
 `zarr_fused.chunks.async_write`, `zarr_fused.shard.async_read`,
-`zarr_fused.shard.async_write`) runs a batch inside `open_batch`, which
-gives it (as a `BatchIO`)
+`zarr_fused.shard.async_write`) runs a batch inside `open_batch` (opened
+by `zarr_fused._async_path`), which gives it a `BatchIO`:
 
 - `Requests`: every store request of the batch (GET, PUT, DELETE, a
   conditional read-modify-write) holds one of `request_limit` slots while
