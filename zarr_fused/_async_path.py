@@ -51,31 +51,22 @@ async def read_async(
             return await shard_reader.read(batch, plans, out, io)
     codec = plan.array_bytes_codec
     if plan.partial_decode and isinstance(codec, ArrayBytesCodecPartialDecodeMixin):
-        return await _read_partial(codec, batch, out, drop_axes)
+        # The codec fetches only the byte ranges it needs (coalesced), as in
+        # zarr's pipelines; its inner chunks come back through this pipeline.
+        arrays = await codec.decode_partial(
+            [(getter, chunk_selection, spec) for getter, spec, chunk_selection, *_ in batch]
+        )
+        results: list[GetResult] = []
+        for array, (_, spec, _, out_selection, _) in zip(arrays, batch, strict=True):
+            if array is None:
+                fill_missing(out, out_selection, spec)
+                results.append(MISSING)
+            else:
+                scatter_chunk(out, out_selection, array, drop_axes)
+                results.append(PRESENT)
+        return tuple(results)
     async with open_batch() as io:
         return await plan.async_chunk_reader.read(batch, out, drop_axes, io)
-
-
-async def _read_partial(
-    codec: ArrayBytesCodecPartialDecodeMixin,
-    batch: list[ReadItem],
-    out: NDBuffer,
-    drop_axes: tuple[int, ...],
-) -> tuple[GetResult, ...]:
-    """The codec fetches only the byte ranges it needs (coalesced), as in
-    zarr's pipelines; its inner chunks come back through this pipeline."""
-    arrays = await codec.decode_partial(
-        [(getter, chunk_selection, spec) for getter, spec, chunk_selection, *_ in batch]
-    )
-    results: list[GetResult] = []
-    for array, (_, spec, _, out_selection, _) in zip(arrays, batch, strict=True):
-        if array is None:
-            fill_missing(out, out_selection, spec)
-            results.append(MISSING)
-        else:
-            scatter_chunk(out, out_selection, array, drop_axes)
-            results.append(PRESENT)
-    return tuple(results)
 
 
 async def write_async(
