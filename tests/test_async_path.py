@@ -22,16 +22,12 @@ from zarr.errors import ZarrUserWarning
 from zarr.registry import register_codec
 
 import zarr_fused
-from zarr_fused import _async_path
-from zarr_fused._async_path import (
-    ASYNC_CONCURRENCY_CAP,
-    DEFAULT_ASYNC_CONCURRENCY,
-    read_async,
-    request_limit,
-    write_async,
-)
+from zarr_fused._async_path import read_async, write_async
 from zarr_fused._pool import partition
+from zarr_fused.chunks import async_write
+from zarr_fused.chunks.async_read import AsyncChunkReader
 from zarr_fused.errors import CorruptChunkError
+from zarr_fused.io.requests import ASYNC_CONCURRENCY_CAP, DEFAULT_ASYNC_CONCURRENCY, request_limit
 
 from helpers import (
     BATCHED,
@@ -103,7 +99,8 @@ def test_decoding_starts_while_fetches_are_in_flight() -> None:
             first_decode.set()
             inner.decode_into(*args)
 
-    spy_plan = dataclasses.replace(plan, chain=SpyChain())
+    spy_reader = AsyncChunkReader(SpyChain(), plan.async_transform)  # type: ignore[arg-type]
+    spy_plan = dataclasses.replace(plan, async_chunk_reader=spy_reader)
     data = {f"c{i}": _encoded(np.arange(4) + 10 * i) for i in range(3)}
 
     async def wait_for_a_decode() -> None:
@@ -453,13 +450,13 @@ def test_whole_chunk_writes_encode_a_group_per_pool_job(
     pool job each, and store the same bytes as zarr's pipeline; a chunk
     left empty is deleted, not stored."""
     calls: list[int] = []
-    encode_group = _async_path._encode_group
+    encode_group = async_write._encode_group
 
     def counting(chain: Any, value: Any, items: Any, drop_axes: Any) -> Any:
         calls.append(len(items))
         return encode_group(chain, value, items, drop_axes)
 
-    monkeypatch.setattr(_async_path, "_encode_group", counting)
+    monkeypatch.setattr(async_write, "_encode_group", counting)
     data = np.random.default_rng(152).integers(1, 99, (40, 40)).astype("<i4")
     data[:4] = 0  # a row of chunks holding only the fill value
     stored = {}
@@ -473,7 +470,7 @@ def test_whole_chunk_writes_encode_a_group_per_pool_job(
         stored[path] = {k: v.to_bytes() for k, v in memory._store_dict.items()}
     assert stored[FUSED] == stored[BATCHED]
     assert "c/0/0" not in stored[FUSED]
-    groups = _async_path._ramp(partition(100, max_workers))
+    groups = async_write._ramp(partition(100, max_workers))
     assert sorted(calls) == sorted(len(g) for g in groups)  # pool jobs finish in any order
     assert len(groups[0]) <= 4  # the first requests wait for a few encodes only
 
@@ -484,7 +481,7 @@ def test_ramp_covers_every_item_in_order(n: int, workers: int) -> None:
     """`_ramp` keeps every index once and in order, starts with at most 4,
     doubles, and never makes a group larger than `partition`'s."""
     full = partition(n, workers)
-    groups = _async_path._ramp(full)
+    groups = async_write._ramp(full)
     assert [i for g in groups for i in g] == list(range(n))
     if not groups:
         return
@@ -515,13 +512,13 @@ def test_without_a_pool_requests_start_before_the_last_encode(
     """Without a pool the loop encodes a group at a time: the first request
     starts before the last group is encoded, not after every group."""
     store = StartOrderStore(zarr.storage.MemoryStore())
-    encode_group = _async_path._encode_group
+    encode_group = async_write._encode_group
 
     def recording(chain: Any, value: Any, items: Any, drop_axes: Any) -> Any:
         store.events.append(("encode", ""))
         return encode_group(chain, value, items, drop_axes)
 
-    monkeypatch.setattr(_async_path, "_encode_group", recording)
+    monkeypatch.setattr(async_write, "_encode_group", recording)
     data = np.random.default_rng(154).integers(1, 99, (40, 40)).astype("<i4")
     with with_pipeline(FUSED), zarr.config.set({"codec_pipeline.max_workers": 1}):
         arr = zarr.create_array(store, shape=data.shape, chunks=(4, 4), dtype=data.dtype)

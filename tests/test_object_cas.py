@@ -1,5 +1,5 @@
 """Conditional writes on object stores (`zarr_fused.io.object_cas` and the
-read-modify-write loop of `zarr_fused._async_path`): concurrent partial
+read-modify-write loop of `zarr_fused.io.requests`): concurrent partial
 writes of one shard lose nothing on moto's S3 server through obstore.
 
 Conflicts are forced deterministically through a seam: the GET of the

@@ -16,7 +16,7 @@ import pytest
 import zarr
 from zarr.abc.store import Store
 
-from zarr_fused._async_path import DEFAULT_ASYNC_CONCURRENCY
+from zarr_fused.io.requests import DEFAULT_ASYNC_CONCURRENCY
 
 from helpers import BATCHED, FUSED, ZARR_FUSED, assert_same_values, with_pipeline
 from helpers.s3 import LatencyProxy, Stats

@@ -36,6 +36,8 @@ from zarr_fused._zarr_compat import (
     has_partial_encode,
     inner_chunk_spec,
 )
+from zarr_fused.chunks.async_read import AsyncChunkReader, ObjectChunkReader
+from zarr_fused.chunks.async_write import AsyncChunkWriter
 from zarr_fused.chunks.pipelined import PipelinedChunkReader
 from zarr_fused.chunks.read import ChunkReader, NativeChunkReader, PartialDecodeReader
 from zarr_fused.chunks.write import ChunkWriter, NativeChunkWriter, PartialEncodeWriter
@@ -77,6 +79,11 @@ class PipelinePlan:
     read_fallback: str
     #: why some of the writing runs on zarr's own code ("" when none does)
     write_fallback: str
+    #: the unsharded reads and writes of the async path (and the shards
+    #: zarr's sharding codec handles there); stateless, so one serves every
+    #: thread and a forked child
+    async_chunk_reader: AsyncChunkReader | ObjectChunkReader
+    async_chunk_writer: AsyncChunkWriter
     #: the native shard reads of the async path (None: zarr's sharding codec)
     async_shard_reader: AsyncShardReader | None = None
     #: the native shard writes of the async path (None: zarr's sharding codec)
@@ -184,31 +191,21 @@ def build_plan(
     chunks of a sharded array through that pipeline, whatever the process's
     configuration says.
     """
-    async_codecs = _pin_inner_pipeline(codecs, pipeline_class)
-    async_transform = AsyncChunkTransform(codecs=async_codecs)
-    async_array_bytes_codec = next(
-        (
-            pinned
-            for c, pinned in zip(codecs, async_codecs, strict=True)
-            if c is array_bytes_codec and isinstance(pinned, ArrayBytesCodec)
-        ),
-        array_bytes_codec,
+    async_transform, async_array_bytes_codec = _async_codecs(
+        codecs, array_bytes_codec, pipeline_class
     )
+    chain: Chain | None = None
+    reader: Reader | None = None
+    writer: Writer | None = None
     if spec is None or sync_transform is None:
-        if spec is None:
-            why = "the pipeline was not evolved for an array"
-        else:
-            names = ", ".join(type(c).__name__ for c in codecs if not codec_supports_sync(c))
-            why = f"codecs without synchronous implementations ({names})"
-        return PipelinePlan(
-            async_array_bytes_codec, None, async_transform, partial_decode, None, None, why, why
-        )
-
-    chain = build_chain(codecs, spec, sync_transform)
-    if isinstance(chain, TransformChain):
-        chain = hybrid_chain(codecs, spec, chain, native_tail) or chain
-    reader, read_fallback = _reader(chain, array_bytes_codec, spec, partial_decode)
-    writer, write_fallback = _writer(chain, array_bytes_codec, spec, partial_encode)
+        read_fallback = write_fallback = _no_sync_reason(codecs, spec)
+    else:
+        chain = build_chain(codecs, spec, sync_transform)
+        if isinstance(chain, TransformChain):
+            chain = hybrid_chain(codecs, spec, chain, native_tail) or chain
+        reader, read_fallback = _reader(chain, array_bytes_codec, spec, partial_decode)
+        writer, write_fallback = _writer(chain, array_bytes_codec, spec, partial_encode)
+    sharded = isinstance(async_array_bytes_codec, ShardingCodec)
     return PipelinePlan(
         async_array_bytes_codec,
         chain,
@@ -218,9 +215,47 @@ def build_plan(
         writer,
         read_fallback,
         write_fallback,
-        AsyncShardReader(reader.codec, reader.chain) if isinstance(reader, ShardReader) else None,
+        _async_chunk_reader(chain, async_transform),
+        AsyncChunkWriter(chain, async_transform, sharded),
+        AsyncShardReader(reader) if isinstance(reader, ShardReader) else None,
         AsyncShardWriter(writer) if isinstance(writer, ShardWriter) else None,
     )
+
+
+def _async_codecs(
+    codecs: tuple[Codec, ...],
+    array_bytes_codec: ArrayBytesCodec,
+    pipeline_class: type[CodecPipeline] | None,
+) -> tuple[AsyncChunkTransform, ArrayBytesCodec]:
+    """The async path's chunk transform and array->bytes codec: ``codecs``
+    with the sharding codec's inner pipeline pinned to ``pipeline_class``."""
+    async_codecs = _pin_inner_pipeline(codecs, pipeline_class)
+    async_array_bytes_codec = next(
+        (
+            pinned
+            for c, pinned in zip(codecs, async_codecs, strict=True)
+            if c is array_bytes_codec and isinstance(pinned, ArrayBytesCodec)
+        ),
+        array_bytes_codec,
+    )
+    return AsyncChunkTransform(codecs=async_codecs), async_array_bytes_codec
+
+
+def _no_sync_reason(codecs: tuple[Codec, ...], spec: ArraySpec | None) -> str:
+    """Why a plan has no synchronous path (everything runs on the async path)."""
+    if spec is None:
+        return "the pipeline was not evolved for an array"
+    names = ", ".join(type(c).__name__ for c in codecs if not codec_supports_sync(c))
+    return f"codecs without synchronous implementations ({names})"
+
+
+def _async_chunk_reader(
+    chain: Chain | None, transform: AsyncChunkTransform
+) -> AsyncChunkReader | ObjectChunkReader:
+    """The async path's unsharded reader: a native chain reads zarr's
+    ``ObjectStore`` keys in groups, and any other batch a chunk at a time."""
+    generic = AsyncChunkReader(chain, transform)
+    return ObjectChunkReader(chain, generic) if isinstance(chain, NativeChain) else generic
 
 
 # Same dispatch as zarr's FusedCodecPipeline: a codec that implements the

@@ -28,7 +28,7 @@ zarr_fused is configured through zarr's own configuration object
     store without synchronous IO: zarr's ``ObjectStore`` and ``FsspecStore``
     (S3, GCS, HTTP), ``ZipStore``. ``None`` (default): zarr's own
     ``async.concurrency`` when it has been set, else 64
-    (`zarr_fused._async_path.DEFAULT_ASYNC_CONCURRENCY`; on an object store
+    (`zarr_fused.io.requests.DEFAULT_ASYNC_CONCURRENCY`; on an object store
     each request is a round trip of tens of ms, and 64 requests in flight read
     and write faster than zarr's 10, see the tuning guide). "Set" means a value
     other than zarr's default of 10 (by ``zarr.config.set``, a YAML file or

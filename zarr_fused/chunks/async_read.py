@@ -1,5 +1,6 @@
-"""Unsharded chunk reads from zarr's ``ObjectStore`` (obstore), decoded in
-groups as they arrive.
+"""Unsharded chunk reads on the async path: from zarr's ``ObjectStore``
+(obstore) decoded in groups as they arrive, from any other store a task per
+chunk.
 
 Over an object store each chunk is one GET, and for small chunks the
 client's cost per request, not the decode, is what a read pays for: zarr's
@@ -21,32 +22,42 @@ into a NumPy output, is read here with
   (``max_workers`` = 1) on the loop; the last, smaller group on the loop
   once every chunk has arrived. Missing chunks are filled in the same call.
 
-Any other batch takes the generic async path (`applies` says which).
+Any other batch (`applies` says which) takes `AsyncChunkReader`: a task
+per chunk, fetched through zarr's byte getter (one of `request_limit`
+slots held while in flight) and decoded in the pool the moment its bytes
+arrive, so decoding overlaps the fetches still in flight.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
-from typing import TYPE_CHECKING, Any, Final, Protocol
+from typing import TYPE_CHECKING, Any, Final
 
 from zarr.storage import ObjectStore, StorePath
 
 from zarr_fused._dtypes import fill_pattern
 from zarr_fused._items import MISSING, PRESENT
+from zarr_fused._scatter_py import fill_missing, scatter_chunk
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Iterator, Sequence
-    from concurrent.futures import Future
+    from collections.abc import Iterator, Sequence
 
     from zarr.abc.codec import GetResult
-    from zarr.core.buffer import NDBuffer
+    from zarr.core.buffer import Buffer, NDBuffer
 
-    from zarr_fused._chain import NativeChain
+    from zarr_fused._chain import Chain, NativeChain
     from zarr_fused._items import ReadItem
-    from zarr_fused._pool import ElasticPool
+    from zarr_fused._zarr_compat import AsyncChunkTransform
+    from zarr_fused.io.requests import BatchIO, Requests, Tracker
 
-__all__ = ["MAX_GROUP", "MAX_GROUP_BYTES", "ObjectChunkReader", "group_target"]
+__all__ = [
+    "MAX_GROUP",
+    "MAX_GROUP_BYTES",
+    "AsyncChunkReader",
+    "ObjectChunkReader",
+    "group_target",
+]
 
 #: most chunks one decode call takes (more arrive while it runs)
 MAX_GROUP: Final = 64
@@ -71,29 +82,50 @@ def group_target(n: int) -> int:
     return max(1, min(MAX_GROUP, -(-n // GROUPS_PER_BATCH)))
 
 
-class Requests(Protocol):
-    """The batch's store requests (`zarr_fused._async_path`)."""
+class AsyncChunkReader:
+    """Any unsharded batch: a task per chunk, each fetched through its byte
+    getter and decoded by the chain in the pool (inline without one), or by
+    zarr's async codecs when a codec has no synchronous code (``chain``
+    None)."""
 
-    limit: int | None
+    def __init__(self, chain: Chain | None, transform: AsyncChunkTransform) -> None:
+        self.chain = chain
+        self.transform = transform
 
-    def get_object(self, store: Any, getter: Any) -> Awaitable[Any]: ...
+    async def read(
+        self, batch: Sequence[ReadItem], out: NDBuffer, drop_axes: tuple[int, ...], io: BatchIO
+    ) -> tuple[GetResult, ...]:
+        chain, transform = self.chain, self.transform
+        requests, tracker = io.requests, io.tracker
 
+        def decode_sync(item: ReadItem, raw: Buffer, chain: Chain) -> None:
+            getter, spec, chunk_selection, out_selection, _ = item
+            chain.decode_into(raw, spec, chunk_selection, out, out_selection, drop_axes, getter)
 
-class Tracker(Protocol):
-    """What the batch started, to cancel and await on failure."""
+        async def read_one(item: ReadItem) -> GetResult:
+            getter, spec, chunk_selection, out_selection, _ = item
+            raw = await requests.get(getter, spec.prototype)
+            if raw is None:
+                fill_missing(out, out_selection, spec)
+                return MISSING
+            if chain is not None:
+                await tracker.compute(decode_sync, item, raw, chain)
+            else:
+                chunk = await transform.decode_chunk(raw, spec)
+                scatter_chunk(out, out_selection, chunk[chunk_selection], drop_axes)
+            return PRESENT
 
-    pool: ElasticPool | None
-    workers: int
-    threads: list[Future[Any]]
-
-    def task(self, coro: Awaitable[Any]) -> asyncio.Future[Any]: ...
+        return tuple(await asyncio.gather(*(tracker.task(read_one(item)) for item in batch)))
 
 
 class ObjectChunkReader:
-    """Whole-chunk reads of a native chain over one zarr ``ObjectStore``."""
+    """Whole-chunk reads of a native chain over one zarr ``ObjectStore``;
+    any other batch goes to the reader it wraps (``fallback``). Holds no
+    state of its own, so one serves every thread and survives a fork."""
 
-    def __init__(self, chain: NativeChain) -> None:
+    def __init__(self, chain: NativeChain, fallback: AsyncChunkReader) -> None:
         self.chain = chain
+        self.fallback = fallback
 
     def applies(self, batch: Sequence[ReadItem], out: NDBuffer) -> Any | None:
         """The obstore store every chunk of ``batch`` is read from, or None
@@ -110,19 +142,17 @@ class ObjectChunkReader:
         return store.store
 
     async def read(
-        self,
-        store: Any,
-        batch: Sequence[ReadItem],
-        out: NDBuffer,
-        drop_axes: tuple[int, ...],
-        requests: Requests,
-        tracker: Tracker,
+        self, batch: Sequence[ReadItem], out: NDBuffer, drop_axes: tuple[int, ...], io: BatchIO
     ) -> tuple[GetResult, ...]:
-        run = _GroupedRead(self.chain, batch, out, drop_axes, tracker)
+        store = self.applies(batch, out)
+        if store is None:
+            return await self.fallback.read(batch, out, drop_axes, io)
+        run = _GroupedRead(self.chain, batch, out, drop_axes, io.tracker)
         order = iter(range(len(batch)))
-        lanes = len(batch) if requests.limit is None else min(requests.limit, len(batch))
+        limit = io.requests.limit
+        lanes = len(batch) if limit is None else min(limit, len(batch))
         await asyncio.gather(
-            *(tracker.task(run.lane(store, order, requests)) for _ in range(lanes))
+            *(io.tracker.task(run.lane(store, order, io.requests)) for _ in range(lanes))
         )
         await run.finish()
         return tuple(run.statuses)

@@ -15,8 +15,8 @@ This module is the store-facing half: which stores take conditional writes
 (`conditional_store`), a GET that returns the object's version with its
 bytes (`get_versioned`), the conditional PUT (`put_if_unchanged`, raising
 `zarr_fused.errors.WriteConflictError`), and what happens on a store that
-cannot (`unprotected`). The loop itself is `_Requests.update` in
-`zarr_fused._async_path`, which holds a request slot for each request and
+cannot (`unprotected`). The loop itself is `Requests.update` in
+`zarr_fused.io.requests`, which holds a request slot for each request and
 none while merging.
 
 A shard left empty by a write is deleted, as zarr deletes it.

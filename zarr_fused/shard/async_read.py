@@ -16,7 +16,7 @@ pattern so that no read costs more requests than zarr's pipelines:
   the output.
 
 Every request of the batch (index, whole shard, merged range) shares the
-batch's limiter: `zarr_fused._async_path.request_limit` requests in flight,
+batch's limiter: `zarr_fused.io.requests.request_limit` requests in flight,
 as the async path uses for unsharded chunks. Missing shards and inner chunks are filled
 natively. The engine applies to basic selections that the shard planner
 covers, decoded straight into a NumPy output of the chain's own dtype; any
@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from zarr.abc.store import RangeByteRequest, SuffixByteRequest
@@ -43,53 +43,35 @@ from zarr_fused._zarr_compat import coalesce_ranges, inner_chunk_spec
 from zarr_fused.errors import CorruptShardError
 from zarr_fused.shard.index import (
     MISSING_OFFSET,
-    index_format,
     inner_describer,
     inner_grid,
     whole_shard,
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable, Sequence
+    from collections.abc import Sequence
 
     from zarr.abc.codec import GetResult
-    from zarr.abc.store import ByteRequest
-    from zarr.codecs.sharding import ShardingCodec
     from zarr.core.array_spec import ArraySpec
     from zarr.core.buffer import Buffer, NDBuffer
 
-    from zarr_fused._chain import NativeChain
     from zarr_fused._items import ReadItem
+    from zarr_fused.io.requests import BatchIO
+    from zarr_fused.shard.read import ShardReader
 
 __all__ = ["AsyncShardReader"]
 
 
-class Requests(Protocol):
-    """The store requests of one batch (see `zarr_fused._async_path`)."""
-
-    async def get(
-        self, getter: Any, prototype: Any, byte_range: ByteRequest | None = None
-    ) -> Buffer | None: ...
-
-
-class Tracker(Protocol):
-    """What one batch has started (see `zarr_fused._async_path`)."""
-
-    def task(self, coro: Awaitable[Any]) -> asyncio.Future[Any]: ...
-
-    def compute(self, fn: Callable[..., Any], *args: Any) -> asyncio.Future[Any]: ...
-
-
 class AsyncShardReader:
-    """Native shard reads over an async store (see the module docstring)."""
+    """Native shard reads over an async store (see the module docstring),
+    of the shards the synchronous ``reader`` reads: its codec, inner chain,
+    inner chunk shape and index format."""
 
-    def __init__(self, codec: ShardingCodec, chain: NativeChain) -> None:
-        self.codec = codec
-        self.chain = chain
-        self.inner_shape = tuple(codec.chunk_shape)
-        fmt = index_format(codec)
-        assert fmt is not None, "the plan admits only native index formats"
-        self.fmt = fmt
+    def __init__(self, reader: ShardReader) -> None:
+        self.codec = reader.codec
+        self.chain = reader.chain
+        self.inner_shape = reader.inner_shape
+        self.fmt = reader.fmt
 
     def applies(
         self, batch: Sequence[ReadItem], out: NDBuffer, drop_axes: tuple[int, ...]
@@ -112,18 +94,13 @@ class AsyncShardReader:
         return plans
 
     async def read(
-        self,
-        batch: Sequence[ReadItem],
-        plans: list[Any],
-        out: NDBuffer,
-        requests: Requests,
-        tracker: Tracker,
+        self, batch: Sequence[ReadItem], plans: list[Any], out: NDBuffer, io: BatchIO
     ) -> tuple[GetResult, ...]:
         """Read ``batch`` (its ``plans`` from `applies`) into ``out``."""
-        run = _AsyncBatch(self, batch, out, requests, tracker)
+        run = _AsyncBatch(self, batch, out, io)
         return tuple(
             await asyncio.gather(
-                *(tracker.task(run.shard(i, plan)) for i, plan in enumerate(plans))
+                *(io.tracker.task(run.shard(i, plan)) for i, plan in enumerate(plans))
             )
         )
 
@@ -139,12 +116,7 @@ class _AsyncBatch:
     each shard."""
 
     def __init__(
-        self,
-        reader: AsyncShardReader,
-        batch: Sequence[ReadItem],
-        out: NDBuffer,
-        requests: Requests,
-        tracker: Tracker,
+        self, reader: AsyncShardReader, batch: Sequence[ReadItem], out: NDBuffer, io: BatchIO
     ) -> None:
         self.reader = reader
         self.fmt = reader.fmt
@@ -153,8 +125,8 @@ class _AsyncBatch:
         self.out = out
         # a NumPy array: `AsyncShardReader.applies` checked it
         self.dst: np.ndarray = out.as_ndarray_like()  # type: ignore[assignment]
-        self.requests = requests
-        self.tracker = tracker
+        self.requests = io.requests
+        self.tracker = io.tracker
         spec0 = batch[0][1]
         self.pattern = fill_pattern(spec0, self.dst.dtype)
         self.layout = self.chain.layout(reader.inner_shape)

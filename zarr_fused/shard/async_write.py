@@ -25,7 +25,7 @@ it stored, after a pause (`zarr_fused.io.object_cas`); the batch's
 
 Stored bytes are the local writer's, byte-identical to zarr's sharding
 codec. Every request shares the batch's limiter (``async.concurrency``) and
-names its key in errors (`zarr_fused._async_path`). Selections the shard
+names its key in errors (`zarr_fused.io.requests`). Selections the shard
 planner does not cover, and a value that does not fit its selection, are
 handed back to the async path's generic write (zarr's sharding codec).
 """
@@ -35,7 +35,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from functools import partial
-from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 from zarr_fused._cpus import resolve_max_workers
 from zarr_fused._native import shard_kernels
@@ -45,7 +45,7 @@ from zarr_fused.io.object_cas import NOTHING
 from zarr_fused.shard.index import stored_payloads, whole_shard
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable, Sequence
+    from collections.abc import Sequence
 
     import numpy as np
     from zarr.core.array_spec import ArraySpec
@@ -53,23 +53,10 @@ if TYPE_CHECKING:
 
     from zarr_fused._items import WriteItem
     from zarr_fused.io.object_cas import Outcome
-    from zarr_fused.shard.async_read import Tracker
+    from zarr_fused.io.requests import BatchIO
     from zarr_fused.shard.write import ShardWriter, _ShardJob, _Write
 
 __all__ = ["AsyncShardWriter"]
-
-
-class Requests(Protocol):
-    """The store requests of one batch (see `zarr_fused._async_path`)."""
-
-    async def set(self, setter: Any, value: Buffer | None) -> None: ...
-
-    async def update(
-        self,
-        setter: Any,
-        prototype: Any,
-        merge: Callable[[Buffer | None], Awaitable[Buffer | None | Literal[Outcome.NOTHING]]],
-    ) -> None: ...
 
 
 class AsyncShardWriter:
@@ -102,18 +89,17 @@ class AsyncShardWriter:
         plans: list[Any],
         value: NDBuffer,
         drop_axes: tuple[int, ...],
-        requests: Requests,
-        tracker: Tracker,
+        io: BatchIO,
     ) -> list[WriteItem]:
         """Write the items of ``batch`` that have a plan (from `applies`);
         return those left for zarr's sharding codec."""
         native = [(item, plan) for item, plan in zip(batch, plans, strict=True) if plan is not None]
         rest = [item for item, plan in zip(batch, plans, strict=True) if plan is None]
-        run = _AsyncWrite(self.writer, batch, value, drop_axes, requests, tracker)
+        run = _AsyncWrite(self.writer, batch, value, drop_axes, io)
         run.spread = run.workers if len(native) < 2 * run.workers else 1
         if run.ctx.scalar:
-            run.ctx.scalar_payload = await tracker.compute(self.writer._encode_scalar, run.ctx)
-        await asyncio.gather(*(tracker.task(run.shard(item, plan)) for item, plan in native))
+            run.ctx.scalar_payload = await io.tracker.compute(self.writer._encode_scalar, run.ctx)
+        await asyncio.gather(*(io.tracker.task(run.shard(item, plan)) for item, plan in native))
         return rest + run.misfits
 
 
@@ -126,12 +112,11 @@ class _AsyncWrite:
         batch: Sequence[WriteItem],
         value: NDBuffer,
         drop_axes: tuple[int, ...],
-        requests: Requests,
-        tracker: Tracker,
+        io: BatchIO,
     ) -> None:
         self.writer = writer
-        self.requests = requests
-        self.tracker = tracker
+        self.requests = io.requests
+        self.tracker = io.tracker
         # a NumPy array: `AsyncShardWriter.applies` checked it
         data = cast("np.ndarray", value.as_ndarray_like())
         inner_spec = inner_chunk_spec(writer.codec, batch[0][1])
