@@ -535,3 +535,50 @@ def test_sharded_io_error_filename_is_text(
     assert log, "the shim injected no fault"
     assert_old_error(result, errno.EIO)
     assert not result["filename"].startswith("b"), result["filename"]
+
+
+# -- a file that shrinks under the reader ------------------------------------------------
+
+FILE_GROUP_READ = r"""
+import numpy as np
+from zarr_fused import _fileio
+
+path = args["path"].encode()
+size = args["size"]
+arena = np.zeros(size, dtype=np.uint8)
+offsets = np.zeros(1, dtype=np.intp)
+capacities = np.full(1, size, dtype=np.intp)
+lengths = np.zeros(1, dtype=np.intp)
+result = [_fileio.read_files_into([path], arena, offsets, capacities, lengths,
+                                  np.zeros(1, dtype=np.uint8)), int(lengths[0])]
+"""
+
+
+@pytest.mark.parametrize(
+    "fault",
+    [
+        pytest.param({}, id="none"),
+        pytest.param({"mode": "eof", "ops": "read"}, id="ends-early"),
+    ],
+)
+def test_file_groups_refuse_a_file_that_ends_before_its_size(
+    tmp_path: Path, faulty_child: FaultyChild, fault: dict[str, str]
+) -> None:
+    """The IO threads' file-group read (`_fileio.read_files_into`): a file
+    whose read ends before the size `fstat` gave (truncated by another
+    process) is an EIO naming it, never its old length over stale bytes."""
+    root = tmp_path / "files"
+    root.mkdir()
+    path = root / TARGET.replace("/", "_")
+    path.write_bytes(bytes(range(256)) * 16)
+    log = tmp_path / "faultfs.log"
+    args = {"path": str(path), "size": 4096}
+    result = faulty_child.run(FILE_GROUP_READ, args, marker=path, log=log, **fault)
+    if not fault:
+        assert result["ok"], result.get("traceback")
+        assert result["result"] == [1, 4096]
+        return
+    assert log.exists(), "the shim touched no call"
+    assert not result["ok"], f"read as {result.get('result')}"
+    assert result["errno"] == errno.EIO, result
+    assert path.name in result["message"], result

@@ -22,7 +22,10 @@
  *                   the middle of it);
  *                   delay: sleep FAULTFS_DELAY_US microseconds, then make
  *                   the call (a network filesystem's round trip: see
- *                   asv_bench/latency_side_by_side.py)
+ *                   asv_bench/latency_side_by_side.py);
+ *                   eof: a triggered read returns 0 bytes, end of file, as
+ *                   when another process truncated the file under the
+ *                   reader (for the read group only)
  *   FAULTFS_ERRNO   EIO, EACCES, ENOSPC, EINTR, EROFS or a number (EIO)
  *   FAULTFS_SKIP    matching calls let through before the first fault (0)
  *   FAULTFS_EVERY   from then on, act on every k-th matching call (1): with
@@ -59,7 +62,7 @@
 
 enum { G_OPEN = 1, G_CREATE = 2, G_READ = 4, G_WRITE = 8, G_RENAME = 16, G_CLOSE = 32,
        G_FSYNC = 64 };
-enum { M_ERROR, M_SHORT, M_CRASH, M_DELAY };
+enum { M_ERROR, M_SHORT, M_CRASH, M_DELAY, M_EOF };
 enum { MAX_FD = 1 << 16 };
 
 static const char* marker = NULL;
@@ -132,6 +135,7 @@ int faultfs_reload(void) {
     if (v && !strcmp(v, "short")) mode = M_SHORT;
     if (v && !strcmp(v, "crash")) mode = M_CRASH;
     if (v && !strcmp(v, "delay")) mode = M_DELAY;
+    if (v && !strcmp(v, "eof")) mode = M_EOF;
     fault_errno = parse_errno(getenv("FAULTFS_ERRNO"));
     if ((v = getenv("FAULTFS_SKIP"))) skip = atol(v);
     if ((v = getenv("FAULTFS_COUNT"))) count = atol(v);
@@ -278,12 +282,14 @@ static int io_action(int group, int fd, const char* what) {
     }
     if (!trigger(group, what, "fd")) return 0;
     if (mode == M_DELAY) return delayed();
+    if (mode == M_EOF) return group == G_READ ? 4 : 0;
     return mode == M_CRASH ? 3 : 1;
 }
 
 static size_t clamp(size_t n, int action) {
     if (action == 2) return n < short_limit ? n : short_limit;
     if (action == 3) return n / 2;
+    if (action == 4) return 0;
     return n;
 }
 
@@ -353,7 +359,7 @@ ssize_t pwrite64(int fd, const void* buf, size_t n, off_t off) {
     int use_cnt = cnt; \
     ssize_t r; \
     if (action == 1) { errno = fault_errno; return -1; } \
-    if ((action == 2 || action == 3) && cnt > 0 && cnt <= 1024) { \
+    if ((action == 2 || action == 3 || action == 4) && cnt > 0 && cnt <= 1024) { \
         memcpy(copy, iov, sizeof(struct iovec) * (size_t)cnt); \
         use_cnt = trim_iov(copy, cnt, clamp(iov_total(iov, cnt), action)); \
         use = copy; \
