@@ -11,7 +11,6 @@ import pytest
 import zarr
 from zarr.errors import ZarrUserWarning
 
-from zarr_fused._async_path import ASYNC_CONCURRENCY_CAP, request_limit
 from zarr_fused._cpus import default_max_workers, resolve_max_workers
 from zarr_fused.config import (
     ASYNC_CONCURRENCY_KEY,
@@ -25,6 +24,7 @@ from zarr_fused.config import (
     strict_mode,
 )
 from zarr_fused.io.engine import DEFAULT_IO_CONCURRENCY, IO_CONCURRENCY_CAP, resolve_io_concurrency
+from zarr_fused.io.requests import ASYNC_CONCURRENCY_CAP, request_limit
 
 if TYPE_CHECKING:
     from collections.abc import Callable
