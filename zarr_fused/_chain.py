@@ -42,7 +42,7 @@ from zarr.core.dtype.npy.structured import Struct
 from zarr_fused._dtypes import empty
 from zarr_fused._items import describe_chunk
 from zarr_fused._native import batch_kernels, codec_kernels, scatter_kernels
-from zarr_fused._scatter_py import fill_missing, scatter_array, scatter_chunk
+from zarr_fused._scatter_py import DecodeThenScatter, fill_missing, scatter_array
 from zarr_fused._v2 import V2Codec, v2_chain_params
 from zarr_fused._zarr_compat import ChunkTransform, numcodec_inside
 
@@ -100,7 +100,7 @@ class Chain(Protocol):
     def encode(self, array: NDBuffer, spec: ArraySpec, key: Any = None) -> Buffer | None: ...
 
 
-class TransformChain:
+class TransformChain(DecodeThenScatter):
     """zarr's own synchronous codec chain."""
 
     native = False
@@ -111,19 +111,6 @@ class TransformChain:
 
     def decode(self, raw: Buffer, spec: ArraySpec, key: Any = None) -> NDBuffer:
         return self.transform.decode_chunk(raw, spec)
-
-    def decode_into(
-        self,
-        raw: Buffer,
-        spec: ArraySpec,
-        chunk_selection: SelectorTuple,
-        out: NDBuffer,
-        out_selection: SelectorTuple,
-        drop_axes: tuple[int, ...],
-        key: Any = None,
-    ) -> None:
-        chunk = self.transform.decode_chunk(raw, spec)
-        scatter_chunk(out, out_selection, chunk[chunk_selection], drop_axes)
 
     def encode(self, array: NDBuffer, spec: ArraySpec, key: Any = None) -> Buffer | None:
         return self.transform.encode_chunk(array, spec)

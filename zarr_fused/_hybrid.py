@@ -35,7 +35,7 @@ from zarr.core.array_spec import ArrayConfig, ArraySpec
 from zarr.core.dtype import get_data_type_from_native_dtype
 
 from zarr_fused._filter_stages import PythonStage, stage
-from zarr_fused._scatter_py import scatter_chunk
+from zarr_fused._scatter_py import DecodeThenScatter
 from zarr_fused._v2 import V2Codec, v2_filtered_layout
 from zarr_fused._zarr_compat import codec_decode_sync, codec_encode_sync
 
@@ -44,7 +44,6 @@ if TYPE_CHECKING:
 
     from zarr.abc.codec import Codec
     from zarr.core.buffer import Buffer, NDBuffer
-    from zarr.core.indexing import SelectorTuple
 
     from zarr_fused._chain import NativeChain, TransformChain
 
@@ -108,7 +107,7 @@ class _SpecCache:
         return found
 
 
-class HybridChain:
+class HybridChain(DecodeThenScatter):
     """Array->array stages over a native tail (see the module); native
     when every stage is (``reason`` empty)."""
 
@@ -147,19 +146,6 @@ class HybridChain:
         chunk = specs[-1].prototype.nd_buffer.from_ndarray_like(decoded)
         return self._after_stages(chunk, specs)
 
-    def decode_into(
-        self,
-        raw: Buffer,
-        spec: ArraySpec,
-        chunk_selection: SelectorTuple,
-        out: NDBuffer,
-        out_selection: SelectorTuple,
-        drop_axes: tuple[int, ...],
-        key: Any = None,
-    ) -> None:
-        chunk = self.decode(raw, spec, key)
-        scatter_chunk(out, out_selection, chunk[chunk_selection], drop_axes)
-
     def encode(self, array: NDBuffer, spec: ArraySpec, key: Any = None) -> Buffer | None:
         specs = self._specs(spec)
         if specs is None:
@@ -193,7 +179,7 @@ def _flat_spec(spec: ArraySpec, count: int, itemsize: int) -> ArraySpec:
     )
 
 
-class V2HybridChain:
+class V2HybridChain(DecodeThenScatter):
     """A zarr format 2 chunk with filters: the filters run zarr's code (a
     `V2Codec` without its compressor), the compressor runs natively over
     the filtered bytes, whose size the filters fix (`v2_filtered_layout`)."""
@@ -222,19 +208,6 @@ class V2HybridChain:
         raw = spec.prototype.buffer.from_array_like(filtered)
         decoded: NDBuffer = codec_decode_sync(self.filters, raw, spec)
         return decoded
-
-    def decode_into(
-        self,
-        raw: Buffer,
-        spec: ArraySpec,
-        chunk_selection: SelectorTuple,
-        out: NDBuffer,
-        out_selection: SelectorTuple,
-        drop_axes: tuple[int, ...],
-        key: Any = None,
-    ) -> None:
-        chunk = self.decode(raw, spec, key)
-        scatter_chunk(out, out_selection, chunk[chunk_selection], drop_axes)
 
     def encode(self, array: NDBuffer, spec: ArraySpec, key: Any = None) -> Buffer | None:
         flat = self._tail_spec(spec)

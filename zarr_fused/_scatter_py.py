@@ -4,11 +4,13 @@ The native kernels (`zarr_fused._scatter`) take every basic selection of a
 NumPy output with a fixed-size dtype, the GIL released; anything else (an
 orthogonal or coordinate selection, object arrays, non-NumPy buffers, a
 build without the extensions) takes zarr's own assignment, which is the
-reference behaviour.
+reference behaviour. `DecodeThenScatter` gives a codec chain that decodes
+whole chunks its ``decode_into`` on top of these.
 """
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -19,10 +21,10 @@ from zarr_fused._native import scatter_kernels
 
 if TYPE_CHECKING:
     from zarr.core.array_spec import ArraySpec
-    from zarr.core.buffer import NDBuffer
+    from zarr.core.buffer import Buffer, NDBuffer
     from zarr.core.indexing import SelectorTuple
 
-__all__ = ["SWAPPABLE_KINDS", "fill_missing", "scatter_array", "scatter_chunk"]
+__all__ = ["SWAPPABLE_KINDS", "DecodeThenScatter", "fill_missing", "scatter_array", "scatter_chunk"]
 
 # dtype kinds whose byte order the copy kernel reverses on the fly (per
 # element, per component for complex)
@@ -83,6 +85,29 @@ def scatter_chunk(
     if drop_axes:
         chunk = chunk.squeeze(axis=drop_axes)
     out[out_selection] = chunk
+
+
+class DecodeThenScatter(ABC):
+    """The ``decode_into`` of a chain that decodes whole chunks only: its
+    ``decode``, then the selected part written into ``out`` (`scatter_chunk`).
+    zarr's chain and the hybrid chains share it; `NativeChain` writes into
+    ``out`` in the kernels instead."""
+
+    @abstractmethod
+    def decode(self, raw: Buffer, spec: ArraySpec, key: Any = None) -> NDBuffer: ...
+
+    def decode_into(
+        self,
+        raw: Buffer,
+        spec: ArraySpec,
+        chunk_selection: SelectorTuple,
+        out: NDBuffer,
+        out_selection: SelectorTuple,
+        drop_axes: tuple[int, ...],
+        key: Any = None,
+    ) -> None:
+        chunk = self.decode(raw, spec, key)
+        scatter_chunk(out, out_selection, chunk[chunk_selection], drop_axes)
 
 
 def fill_missing(out: NDBuffer, out_selection: SelectorTuple, spec: ArraySpec) -> None:

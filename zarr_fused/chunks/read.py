@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import time
+from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING
 
 try:
@@ -34,7 +35,7 @@ from zarr_fused._zarr_compat import decode_partial_sync
 from zarr_fused.io.local import local_files
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import Sequence
 
     from zarr.abc.codec import ArrayBytesCodec, GetResult
     from zarr.core.buffer import Buffer, NDBuffer
@@ -45,11 +46,13 @@ if TYPE_CHECKING:
 __all__ = ["ChunkReader", "NativeChunkReader", "PartialDecodeReader"]
 
 
-class ChunkReader:
-    """Whole-chunk reads through a chain."""
+class _EachChunk(ABC):
+    """A read path that reads each chunk on its own, on the pool threads:
+    `read_into` reads one into ``out`` and says whether it was stored; a
+    chunk that was not gets its fill value here."""
 
-    def __init__(self, chain: Chain) -> None:
-        self.chain = chain
+    @abstractmethod
+    def read_into(self, item: ReadItem, out: NDBuffer, drop_axes: tuple[int, ...]) -> bool: ...
 
     def read(
         self,
@@ -58,37 +61,29 @@ class ChunkReader:
         drop_axes: tuple[int, ...],
         max_workers: int,
     ) -> tuple[GetResult, ...]:
-        chain = self.chain
+        def read_one(item: ReadItem) -> GetResult:
+            if self.read_into(item, out, drop_axes):
+                return PRESENT
+            _, spec, _, out_selection, _ = item
+            fill_missing(out, out_selection, spec)
+            return MISSING
 
-        def read_into(item: ReadItem) -> bool:
-            getter, spec, chunk_selection, out_selection, _ = item
-            raw = getter.get_sync(prototype=spec.prototype)
-            if raw is None:
-                return False
-            chain.decode_into(raw, spec, chunk_selection, out, out_selection, drop_axes, getter)
-            return True
-
-        return _read_each(batch, out, max_workers, read_into)
+        return tuple(run_parallel(read_one, batch, max_workers))
 
 
-def _read_each(
-    batch: Sequence[ReadItem],
-    out: NDBuffer,
-    max_workers: int,
-    read_into: Callable[[ReadItem], bool],
-) -> tuple[GetResult, ...]:
-    """Each item of ``batch`` through ``read_into`` on the pool: it reads the
-    chunk into ``out`` and says whether the chunk was stored; a chunk that
-    was not gets its fill value here."""
+class ChunkReader(_EachChunk):
+    """Whole-chunk reads through a chain."""
 
-    def read_one(item: ReadItem) -> GetResult:
-        if read_into(item):
-            return PRESENT
-        _, spec, _, out_selection, _ = item
-        fill_missing(out, out_selection, spec)
-        return MISSING
+    def __init__(self, chain: Chain) -> None:
+        self.chain = chain
 
-    return tuple(run_parallel(read_one, batch, max_workers))
+    def read_into(self, item: ReadItem, out: NDBuffer, drop_axes: tuple[int, ...]) -> bool:
+        getter, spec, chunk_selection, out_selection, _ = item
+        raw = getter.get_sync(prototype=spec.prototype)
+        if raw is None:
+            return False
+        self.chain.decode_into(raw, spec, chunk_selection, out, out_selection, drop_axes, getter)
+        return True
 
 
 class NativeChunkReader:
@@ -230,28 +225,17 @@ def group_seconds_per_file(
     return wall / len(indices)
 
 
-class PartialDecodeReader:
+class PartialDecodeReader(_EachChunk):
     """Reads through the array->bytes codec's synchronous partial decode,
     which fetches the shard index and then only the needed inner chunks."""
 
     def __init__(self, codec: ArrayBytesCodec) -> None:
         self.codec = codec
 
-    def read(
-        self,
-        batch: Sequence[ReadItem],
-        out: NDBuffer,
-        drop_axes: tuple[int, ...],
-        max_workers: int,
-    ) -> tuple[GetResult, ...]:
-        decode_partial = decode_partial_sync(self.codec)
-
-        def read_into(item: ReadItem) -> bool:
-            getter, spec, chunk_selection, out_selection, _ = item
-            selected = decode_partial(getter, chunk_selection, spec)
-            if selected is None:
-                return False
-            scatter_chunk(out, out_selection, selected, drop_axes)
-            return True
-
-        return _read_each(batch, out, max_workers, read_into)
+    def read_into(self, item: ReadItem, out: NDBuffer, drop_axes: tuple[int, ...]) -> bool:
+        getter, spec, chunk_selection, out_selection, _ = item
+        selected = decode_partial_sync(self.codec)(getter, chunk_selection, spec)
+        if selected is None:
+            return False
+        scatter_chunk(out, out_selection, selected, drop_axes)
+        return True

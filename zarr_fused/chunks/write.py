@@ -55,7 +55,7 @@ from zarr_fused.io.probe import FAST_STORE, PROBE_FILES, LatencyProbe
 from zarr_fused.io.shard_lock import ShardLocks, shard_locks
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
 
     from zarr.abc.codec import ArrayBytesCodec
     from zarr.core.array_spec import ArraySpec
@@ -103,7 +103,6 @@ class ChunkWriter:
         max_workers: int,
     ) -> None:
         chain = self.chain
-        locks = shard_locks(batch) if self.shards else None
 
         def update(item: WriteItem) -> None:
             setter, spec, _, _, is_complete = item
@@ -114,15 +113,8 @@ class ChunkWriter:
             else:
                 setter.set_sync(encoded)
 
-        def write_one(item: WriteItem) -> None:
-            if locks is None or _is_complete(item):
-                update(item)
-                return
-            setter, *_ = item
-            with locks.hold(setter):
-                update(item)
-
-        run_parallel(write_one, batch, max_workers)
+        locks = shard_locks(batch) if self.shards else None
+        _update_held(update, batch, max_workers, locks)
 
 
 class PartialEncodeWriter:
@@ -158,16 +150,33 @@ class PartialEncodeWriter:
         encode_partial = encode_partial_sync(self.codec)
         scalar = len(value.shape) == 0
 
-        def write_one(item: WriteItem) -> None:
-            setter, spec, chunk_selection, out_selection, is_complete = item
+        def update(item: WriteItem) -> None:
+            setter, spec, chunk_selection, out_selection, _ = item
             chunk_value = value if scalar else value[out_selection]
-            if locks is None or is_complete:
-                encode_partial(setter, chunk_value, chunk_selection, spec)
-                return
-            with locks.hold(setter):
-                encode_partial(setter, chunk_value, chunk_selection, spec)
+            encode_partial(setter, chunk_value, chunk_selection, spec)
 
-        run_parallel(write_one, batch, max_workers)
+        _update_held(update, batch, max_workers, locks)
+
+
+def _update_held(
+    update: Callable[[WriteItem], None],
+    batch: Sequence[WriteItem],
+    max_workers: int,
+    locks: ShardLocks | None,
+) -> None:
+    """``update`` each item of ``batch`` on the compute threads; an item the
+    write covers only in part runs under its shard's hold, from its read to
+    its replacement (``locks`` None: no holds, the caller's or none needed)."""
+
+    def update_one(item: WriteItem) -> None:
+        setter, _, _, _, is_complete = item
+        if locks is None or is_complete:
+            update(item)
+            return
+        with locks.hold(setter):
+            update(item)
+
+    run_parallel(update_one, batch, max_workers)
 
 
 def _is_complete(item: WriteItem) -> bool:

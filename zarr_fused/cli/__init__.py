@@ -104,20 +104,18 @@ def _add_bench(sub: Subparsers) -> None:
     bench.add_argument(
         "--array", metavar="NAME", help="path of the array inside the group at PATH (e.g. 'raw/s0')"
     )
-    bench.add_argument(
+    _add_count(
+        bench,
         "--size",
-        type=_positive_int,
-        default=DEFAULT_SIZE,
-        metavar="N",
-        help=f"edge of the generated sample cube (default {DEFAULT_SIZE}: "
+        DEFAULT_SIZE,
+        f"edge of the generated sample cube (default {DEFAULT_SIZE}: "
         f"{DEFAULT_SIZE**3 * 2 // 2**20} MiB)",
     )
-    bench.add_argument(
+    _add_count(
+        bench,
         "--repeat",
-        type=_positive_int,
-        default=DEFAULT_REPEAT,
-        metavar="N",
-        help=f"timed reads per pipeline, median reported (default {DEFAULT_REPEAT})",
+        DEFAULT_REPEAT,
+        f"timed reads per pipeline, median reported (default {DEFAULT_REPEAT})",
     )
     _add_bench_choices(bench)
     _add_bench_outputs(bench)
@@ -163,18 +161,13 @@ def _add_demo(sub: Subparsers) -> None:
         "available pipeline, check that the values read back and the stored bytes are "
         "identical, and print the timings side by side.",
     )
-    demo.add_argument(
-        "--edge",
-        type=_positive_int,
-        default=256,
-        help="edge length of the cubic sample (default 256)",
-    )
-    demo.add_argument(
-        "--repeat",
-        type=_positive_int,
-        default=3,
-        help="timed repetitions, best is kept (default 3)",
-    )
+    _add_count(demo, "--edge", 256, "edge length of the cubic sample (default 256)")
+    _add_count(demo, "--repeat", 3, "timed repetitions, best is kept (default 3)")
+
+
+def _add_count(parser: argparse.ArgumentParser, flag: str, default: int, text: str) -> None:
+    """A positive integer option ``flag`` (shown as ``N``)."""
+    parser.add_argument(flag, type=_positive_int, default=default, metavar="N", help=text)
 
 
 def _dispatch(args: argparse.Namespace) -> int:
