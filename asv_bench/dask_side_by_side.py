@@ -37,10 +37,7 @@ from typing import Any
 import numpy as np
 import zarr
 from zarr.codecs import ZstdCodec
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-
-from helpers.cluster import local_cluster
+from zarr_fused_testing.cluster import local_cluster
 
 PIPELINES = {
     "zarr-batched": "zarr.core.codec_pipeline.BatchedCodecPipeline",

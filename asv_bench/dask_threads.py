@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import tempfile
 import threading
 import time
@@ -30,10 +29,7 @@ from typing import Any
 import numpy as np
 import zarr
 from zarr.codecs import ZstdCodec
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-
-from helpers.cluster import CLUSTER_OPTIONS, local_cluster
+from zarr_fused_testing.cluster import CLUSTER_OPTIONS, local_cluster
 
 
 def _thread_names() -> list[str]:

@@ -40,7 +40,7 @@ Without added latency moto itself (a few ms per request) dominates: compare
 peers at 20 ms, and only as ratios measured in one run.
 
 ``--server static`` serves reads and writes from
-`helpers.s3_static.StaticS3Server` instead: a light S3 server (one asyncio
+`zarr_fused_testing.s3_static.StaticS3Server` instead: a light S3 server (one asyncio
 process, no signature checks) that adds the latency itself, over a local
 directory (the same keys; the arrays every peer reads written there by zarr's
 Batched pipeline, a write's array created and checked there, untimed). Then
@@ -71,9 +71,7 @@ from typing import Any
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "tests"))
-
-from helpers.s3 import (
+from zarr_fused_testing.s3 import (
     ACCESS_KEY,
     REGION,
     SECRET_KEY,
@@ -83,7 +81,7 @@ from helpers.s3 import (
     Stats,
     obstore_s3,
 )
-from helpers.s3_static import StaticS3Server
+from zarr_fused_testing.s3_static import StaticS3Server
 
 BUCKET = "zarr-fused-bench"
 PIPELINES = {

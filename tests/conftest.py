@@ -7,11 +7,11 @@ from collections.abc import Iterator
 
 import pytest
 import zarr
+from zarr_fused_testing.s3 import BUCKET, LatencyProxy, MotoServer
 
 import zarr_fused
 
 from helpers import FUSED
-from helpers.s3 import BUCKET, LatencyProxy, MotoServer
 from helpers.s3_stores import started_or_skip
 
 
@@ -36,7 +36,7 @@ def fused() -> Iterator[None]:
 
 @pytest.fixture(scope="module")
 def moto() -> Iterator[MotoServer]:
-    """moto's S3 server with the bucket `helpers.s3.BUCKET`, once per test
+    """moto's S3 server with the bucket `zarr_fused_testing.s3.BUCKET`, once per test
     module (a module's S3 tests skip when it cannot start)."""
     with started_or_skip(MotoServer()) as server:
         server.create_bucket(BUCKET)

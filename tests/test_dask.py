@@ -17,9 +17,9 @@ from typing import Any
 import numpy as np
 import pytest
 import zarr
+from zarr_fused_testing.cluster import local_cluster
 
 from helpers import BATCHED, FUSED, chunk_items, with_pipeline
-from helpers.cluster import local_cluster
 
 distributed = pytest.importorskip("distributed")
 da = pytest.importorskip("dask.array")

@@ -34,13 +34,13 @@ from zarr.codecs import numcodecs as znc
 from zarr.codecs._v2 import V2Codec
 from zarr.codecs.scale_offset import ScaleOffset
 from zarr.storage import MemoryStore
+from zarr_fused_testing.s3 import LatencyProxy
 
 from zarr_fused._hybrid import HybridChain, split_python_stages
 from zarr_fused.cli.identity import byte_identical
 from zarr_fused.errors import DecompressionError, UnsupportedError
 
 from helpers import BATCHED, FUSED, assert_same_values, chunk_items, make_store
-from helpers.s3 import LatencyProxy
 from helpers.s3_stores import new_prefix, open_store
 
 STRICT = {"codec_pipeline.path": FUSED, "codec_pipeline.strict": True}

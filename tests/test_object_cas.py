@@ -26,12 +26,12 @@ import pytest
 import zarr
 from zarr.codecs import BytesCodec, Crc32cCodec, ShardingCodec, ZstdCodec
 from zarr.storage import ObjectStore
+from zarr_fused_testing.s3 import BUCKET, LatencyProxy, MotoServer, obstore_s3
 
 from zarr_fused.errors import UnprotectedWriteWarning, UnsupportedError, WriteConflictError
 from zarr_fused.io import object_cas
 
 from helpers import BATCHED, FUSED, with_pipeline
-from helpers.s3 import BUCKET, LatencyProxy, MotoServer, obstore_s3
 from helpers.s3_stores import new_prefix, open_store, stored
 
 SHAPE = (64, 64)  # one shard

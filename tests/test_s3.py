@@ -24,11 +24,7 @@ from zarr.abc.store import ByteRequest, Store, SuffixByteRequest
 from zarr.codecs import BytesCodec, Crc32cCodec, ShardingCodec, ZstdCodec
 from zarr.core.buffer import Buffer
 from zarr.storage import FsspecStore, LocalStore, WrapperStore
-
-from zarr_fused.errors import CorruptChunkError, CorruptShardError
-
-from helpers import BATCHED, FUSED, ZARR_FUSED, assert_same_values, with_pipeline
-from helpers.s3 import (
+from zarr_fused_testing.s3 import (
     BUCKET,
     Fault,
     LatencyProxy,
@@ -36,6 +32,10 @@ from helpers.s3 import (
     RangeServer,
     Stats,
 )
+
+from zarr_fused.errors import CorruptChunkError, CorruptShardError
+
+from helpers import BATCHED, FUSED, ZARR_FUSED, assert_same_values, with_pipeline
 from helpers.s3_stores import (
     assert_same_objects_and_values,
     new_prefix,

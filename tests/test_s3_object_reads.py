@@ -17,13 +17,13 @@ import numpy as np
 import pytest
 import zarr
 from zarr.storage import LocalStore, ObjectStore
+from zarr_fused_testing.s3 import ACCESS_KEY, REGION, SECRET_KEY
+from zarr_fused_testing.s3_static import StaticS3Server
 
 from zarr_fused.chunks import async_read
 from zarr_fused.chunks.async_read import MAX_GROUP, group_target
 
 from helpers import BATCHED, FUSED, assert_same_values
-from helpers.s3 import ACCESS_KEY, REGION, SECRET_KEY
-from helpers.s3_static import StaticS3Server
 
 obstore_store = pytest.importorskip("obstore.store")
 

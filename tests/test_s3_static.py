@@ -1,4 +1,4 @@
-"""The light static S3 server of the benchmarks (`helpers.s3_static`) read by a
+"""The light static S3 server of the benchmarks (`zarr_fused_testing.s3_static`) read by a
 real S3 client (obstore's ``S3Store``): whole objects, single ranges as zarr
 asks for them, HEAD, and missing keys, with requests counted; and a sharded
 array read through zarr's ``ObjectStore`` with our pipeline."""
@@ -14,10 +14,10 @@ from typing import Any
 import numpy as np
 import pytest
 import zarr
+from zarr_fused_testing.s3 import obstore_s3
+from zarr_fused_testing.s3_static import StaticS3Server, parse_range
 
 from helpers import FUSED
-from helpers.s3 import obstore_s3
-from helpers.s3_static import StaticS3Server, parse_range
 
 obstore = pytest.importorskip("obstore")
 

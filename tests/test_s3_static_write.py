@@ -1,4 +1,4 @@
-"""The light static S3 server with writes (`helpers.s3_static`,
+"""The light static S3 server with writes (`zarr_fused_testing.s3_static`,
 ``writable=True``), as the write benchmarks use it: zarr arrays written
 through zarr's ``ObjectStore`` (obstore) and ``FsspecStore`` (s3fs) by our
 pipeline land as the same objects, with the same PUTs, as zarr's
@@ -16,10 +16,10 @@ from typing import Any
 import numpy as np
 import pytest
 import zarr
+from zarr_fused_testing.s3 import BUCKET, obstore_s3
+from zarr_fused_testing.s3_static import StaticS3Server
 
 from helpers import BATCHED, FUSED, assert_same_values
-from helpers.s3 import BUCKET, obstore_s3
-from helpers.s3_static import StaticS3Server
 from helpers.s3_stores import open_store
 
 obstore = pytest.importorskip("obstore")

@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 import zarr
 from zarr.abc.store import Store
+from zarr_fused_testing.s3 import LatencyProxy, Stats
 
 from zarr_fused.io.requests import DEFAULT_ASYNC_CONCURRENCY
 
 from helpers import BATCHED, FUSED, ZARR_FUSED, assert_same_values, with_pipeline
-from helpers.s3 import LatencyProxy, Stats
 from helpers.s3_stores import new_prefix, open_store
 
 pytest.importorskip("obstore.store")

@@ -27,6 +27,7 @@ from zarr.abc.store import Store
 from zarr.codecs import BytesCodec, Crc32cCodec, ShardingCodec, ZstdCodec
 from zarr.core.buffer import Buffer, default_buffer_prototype
 from zarr.storage import MemoryStore
+from zarr_fused_testing.s3 import Fault, LatencyProxy, MotoServer, Stats
 
 from zarr_fused.errors import CorruptShardError
 from zarr_fused.shard.async_write import AsyncShardWriter
@@ -41,7 +42,6 @@ from helpers import (
     chunk_items,
     with_pipeline,
 )
-from helpers.s3 import Fault, LatencyProxy, MotoServer, Stats
 from helpers.s3_stores import (
     assert_same_objects_and_values,
     new_prefix,

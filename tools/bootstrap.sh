@@ -86,12 +86,14 @@ pip_quiet() {  # pip install, without the noise of unreachable local mirrors
     2> >(grep -v "^WARNING: Location 'file:" >&2)
 }
 
-want="$(cat pyproject.toml setup.py | sha256sum | cut -c1-16) extras=$EXTRAS"
+want="$(cat pyproject.toml setup.py testing/pyproject.toml | sha256sum | cut -c1-16) extras=$EXTRAS"
 stamp="$VENV/.zarr_fused-installed"
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   say "installing zarr_fused[$EXTRAS] and its dependencies into $VENV"
   pip_quiet "setuptools>=77" "Cython>=3.1" "numpy>=2" wheel
   pip_quiet --no-build-isolation -e ".[$EXTRAS]"
+  # the servers and cluster the tests and benchmarks share (development only)
+  pip_quiet --no-build-isolation --no-deps -e testing
   echo "$want" > "$stamp"
 fi
 

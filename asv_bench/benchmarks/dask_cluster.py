@@ -9,15 +9,9 @@ runs the same scenarios side by side in one process.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import numpy as np
 
 from ._peers import PIPELINES, available, choose, data_dir
-
-# the tests' cluster settings (tests/helpers/cluster.py)
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 
 PEERS = choose(list(PIPELINES), ["zarr_fused", "zarr-batched"])
 
@@ -42,10 +36,9 @@ class DaskSharded:
             raise NotImplementedError("dask and distributed are not installed") from exc
         import zarr
         from zarr.codecs import ZstdCodec
+        from zarr_fused_testing.cluster import local_cluster
 
         import zarr_fused.dask
-
-        from helpers.cluster import local_cluster
 
         edge = choose([256], [64])[0]
         self.shard, self.inner = edge // 4, edge // 16

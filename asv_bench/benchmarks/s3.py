@@ -2,7 +2,7 @@
 (zarr's pipelines, zarr_fused, zarrs) or tensorstore's ``s3`` kvstore.
 
 Reads and writes are served by the light static server of the tests
-(``tests/helpers/s3_static.py``, writable, as ``s3_side_by_side.py --server
+(``testing/zarr_fused_testing/s3_static.py``, writable, as ``s3_side_by_side.py --server
 static``): one asyncio process serving the files zarr's Batched pipeline
 wrote to a local directory and storing what is PUT there, adding the latency
 itself. moto answers a few hundred requests a second on a busy host (about
@@ -35,9 +35,9 @@ import numpy as np
 
 from ._peers import QUICK, available, choose, scale
 
-# s3_side_by_side (asv_bench/) and the tests' server helpers (tests/helpers/)
+# s3_side_by_side (asv_bench/); the servers come from zarr_fused_testing
 _ROOT = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(_ROOT / "asv_bench"), str(_ROOT / "tests")]
+sys.path.insert(0, str(_ROOT / "asv_bench"))
 
 PEERS = choose(["zarr_fused", "zarr-fused", "zarr-batched", "zarrs", "tensorstore"], ["zarr_fused"])
 LATENCIES = choose([0, 20], [0])  # ms added per request
@@ -74,8 +74,7 @@ class _S3:
             raise NotImplementedError(f"{peer} is not installed")
         try:
             import obstore  # noqa: F401
-
-            from helpers.s3 import ACCESS_KEY, REGION, SECRET_KEY, ServerUnavailable
+            from zarr_fused_testing.s3 import ACCESS_KEY, REGION, SECRET_KEY, ServerUnavailable
         except ImportError as exc:
             raise NotImplementedError(f"the S3 benchmarks need obstore: {exc}") from exc
         # tensorstore's "environment" credentials; the server accepts any
@@ -100,8 +99,7 @@ class _S3:
         import zarr
         from s3_side_by_side import BUCKET, WRITER, Peer, zarr_config
         from zarr.storage import LocalStore
-
-        from helpers.s3_static import StaticS3Server
+        from zarr_fused_testing.s3_static import StaticS3Server
 
         self.root = tempfile.mkdtemp(prefix="asv-s3-static-")
         self.s3 = _scenario(self.scenario)

@@ -2,8 +2,8 @@
 them (test_s3, test_s3_write, test_s3_unsharded).
 
 The ``moto`` and ``proxy`` fixtures (``conftest.py``) start the servers once
-per test module, with the bucket `helpers.s3.BUCKET`; each test works under its own key
-prefix (`new_prefix`). Unlike `helpers.s3`, this module imports zarr: the
+per test module, with the bucket `zarr_fused_testing.s3.BUCKET`; each test works under its own key
+prefix (`new_prefix`). Unlike `zarr_fused_testing.s3`, this module imports zarr: the
 servers' child processes never load it.
 """
 
@@ -20,9 +20,7 @@ import pytest
 import zarr
 from zarr.abc.store import Store
 from zarr.storage import FsspecStore, ObjectStore
-
-from . import assert_same_values
-from .s3 import (
+from zarr_fused_testing.s3 import (
     ACCESS_KEY,
     BUCKET,
     REGION,
@@ -33,6 +31,8 @@ from .s3 import (
     ServerUnavailable,
     obstore_s3,
 )
+
+from . import assert_same_values
 
 _prefixes = itertools.count()
 _s3fs_cache: dict[str, Any] = {}
@@ -45,7 +45,7 @@ class _Server(Protocol):
 
 @contextlib.contextmanager
 def started_or_skip[S: _Server](server: S) -> Iterator[S]:
-    """``server`` (a `helpers.s3` server) started for the block and stopped
+    """``server`` (a `zarr_fused_testing.s3` server) started for the block and stopped
     after it; the test skips, saying why, when it cannot start here."""
     try:
         server.start()

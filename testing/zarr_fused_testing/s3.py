@@ -11,8 +11,9 @@
 
 Each starts with a bounded wait and raises `ServerUnavailable` (fixtures turn
 it into a skip with its message) when it cannot; `stop()` is idempotent. The
-child processes run this file (``python s3.py moto|proxy ...``) and exit when
-their stdin closes, so none outlives the process that started it.
+child processes run this module (``python -m zarr_fused_testing.s3
+moto|proxy ...``) and exit when their stdin closes, so none outlives the
+process that started it.
 Nothing here imports zarr or zarr_fused: the benchmarks use it too.
 """
 
@@ -138,7 +139,7 @@ class MotoServer:
         # through this file's entry point: the server exits when its stdin
         # closes, so it never outlives this process (even one killed hard)
         self._proc = subprocess.Popen(
-            [sys.executable, __file__, "moto", str(self.port)],
+            [sys.executable, "-m", "zarr_fused_testing.s3", "moto", str(self.port)],
             stdin=subprocess.PIPE,
             stdout=self._log,
             stderr=subprocess.STDOUT,
@@ -164,11 +165,14 @@ class MotoServer:
         return self._log.read().decode(errors="replace")
 
     def stop(self) -> None:
+        # Closing stdin ends the server through `_exit_with_stdin`'s
+        # ``os._exit``; a SIGTERM at once would run the interpreter's
+        # shutdown under moto's daemon request threads, which aborts the
+        # server (and dumps core) when one of them holds stderr's lock.
         proc, self._proc = self._proc, None
         if proc is not None and proc.stdin is not None:
             proc.stdin.close()
-        if proc is not None and proc.poll() is None:
-            proc.terminate()
+        if proc is not None:
             try:
                 proc.wait(10)
             except subprocess.TimeoutExpired:
@@ -474,7 +478,14 @@ class LatencyProxy(ChildServer):
         self.upstream = upstream
 
     def _argv(self) -> list[str]:
-        return [sys.executable, __file__, "proxy", self.upstream, str(self._latency)]
+        return [
+            sys.executable,
+            "-m",
+            "zarr_fused_testing.s3",
+            "proxy",
+            self.upstream,
+            str(self._latency),
+        ]
 
     @property
     def latency(self) -> float:

@@ -28,7 +28,7 @@ directory laid out as ``<root>/<bucket>/<key>``:
 - signatures are ignored;
 - the latency is added by the server itself (``asyncio.sleep`` before each
   response, concurrently across connections), and requests and bytes are
-  counted as the proxy counts them (`helpers.s3.Stats`).
+  counted as the proxy counts them (`zarr_fused_testing.s3.Stats`).
 
 Connections are kept alive (HTTP/1.1). File contents are cached by path,
 size and mtime, so a request costs a ``stat`` and a write. The handle talks
@@ -55,18 +55,15 @@ from typing import Any
 from xml.etree import ElementTree
 from xml.sax.saxutils import escape
 
-try:
-    from .s3 import CONTROL, HOST, IO_TIMEOUT, ChildServer, Request, Stats, serve_until_stdin_closes
-except ImportError:  # run as a script: the server's own process
-    from s3 import (  # type: ignore[no-redef]
-        CONTROL,
-        HOST,
-        IO_TIMEOUT,
-        ChildServer,
-        Request,
-        Stats,
-        serve_until_stdin_closes,
-    )
+from zarr_fused_testing.s3 import (
+    CONTROL,
+    HOST,
+    IO_TIMEOUT,
+    ChildServer,
+    Request,
+    Stats,
+    serve_until_stdin_closes,
+)
 
 _MISSING = (
     '<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>{code}</Code>'
@@ -96,7 +93,7 @@ class StaticS3Server(ChildServer):
 
     def _argv(self) -> list[str]:
         args = [str(self.root), str(self.latency), str(self.cpu), str(int(self.writable))]
-        return [sys.executable, __file__, *args]
+        return [sys.executable, "-m", "zarr_fused_testing.s3_static", *args]
 
     @property
     def cpu_seconds(self) -> float:
