@@ -93,14 +93,17 @@ def peers(path: Path, sels: list[Any]) -> dict[str, Callable[[], list[Any]]]:
     return out
 
 
-def timed(fn: Callable[[], list[Any]], repeat: int) -> tuple[float, list[Any]]:
+def timed(fn: Callable[[], list[Any]], repeat: int) -> tuple[float, float, list[Any]]:
+    """Median wall and CPU seconds (the process' user + system time, every
+    thread's, which a busy machine disturbs less than the wall clock)."""
     result = fn()  # warm: files in the page cache, pools started
-    times = []
+    walls, cpus = [], []
     for _ in range(repeat):
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times), result
+        walls.append(time.perf_counter() - start)
+        cpus.append(time.process_time() - cpu)
+    return statistics.median(walls), statistics.median(cpus), result
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -123,21 +126,24 @@ def main(argv: list[str] | None = None) -> int:
         f"(shards {args.shard}^3, inner {args.inner}^3, zstd), {cpus} CPU(s), "
         f"median of {args.repeat}"
     )
-    results: dict[str, float] = {}
+    results: dict[str, tuple[float, float]] = {}
     reference: list[Any] | None = None
     for name, fn in peers(path, sels).items():
         if args.only and name not in args.only:
             continue
-        seconds, values = timed(fn, args.repeat)
+        wall, cpu, values = timed(fn, args.repeat)
         if reference is None:
             reference = values
         elif not all(np.array_equal(a, b) for a, b in zip(reference, values, strict=True)):
             raise AssertionError(f"{name} read other values")
-        results[name] = seconds
+        results[name] = (wall, cpu)
     base = results.get("read_regions")
-    for name, seconds in results.items():
-        ratio = f"{seconds / base:6.2f}x read_regions' time" if base else ""
-        print(f"  {name:14s} {seconds:8.4f} s  {ratio}")
+    print(
+        f"  {'':14s} {'wall s':>8s} {'ratio':>6s} {'CPU s':>8s} {'ratio':>6s}  (ratio: / read_regions)"
+    )
+    for name, (wall, cpu) in results.items():
+        ratios = (f"{wall / base[0]:6.2f}", f"{cpu / base[1]:6.2f}") if base else ("", "")
+        print(f"  {name:14s} {wall:8.4f} {ratios[0]} {cpu:8.4f} {ratios[1]}")
     return 0
 
 
