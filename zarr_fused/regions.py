@@ -202,39 +202,65 @@ def _outer_range(region: _Region, outer: tuple[int, ...]) -> Iterable[tuple[int,
     )
 
 
-def _blocks(geometry: _Geometry, regions: Iterable[_Region]) -> dict[tuple[int, ...], _Block]:
+def _pairs(lo: np.ndarray, hi: np.ndarray, outer: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Every (region, stored key) overlap: the region's row in ``lo``/``hi``
+    and the key's grid position. Regions over at most two keys per axis
+    (the usual small patch) are enumerated together, by offset from their
+    first key; larger ones one by one."""
+    first = lo // outer
+    span = (hi - 1) // outer - first + 1
+    small = (span <= 2).all(axis=1)
+    rows: list[np.ndarray] = []
+    coords: list[np.ndarray] = []
+    if small.any():
+        idx = np.flatnonzero(small)
+        for offset in itertools.product(*(range(int(m)) for m in span[idx].max(axis=0))):
+            step = np.array(offset, dtype=np.int64)
+            hit = idx[(step < span[idx]).all(axis=1)]
+            rows.append(hit)
+            coords.append(first[hit] + step)
+    for r in np.flatnonzero(~small):
+        grid = np.indices(tuple(span[r])).reshape(len(outer), -1).T
+        rows.append(np.full(len(grid), r, dtype=np.intp))
+        coords.append(first[r] + grid)
+    return np.concatenate(rows), np.concatenate(coords)
+
+
+def _blocks(geometry: _Geometry, regions: Sequence[_Region]) -> list[_Block]:
     """One block per stored key any region overlaps: the box, aligned to
     the decode units and clipped to the array, that holds every unit of
-    that key a region touches."""
-    blocks: dict[tuple[int, ...], _Block] = {}
-    outer, inner, shape = geometry.outer, geometry.inner, geometry.shape
-    for region in regions:
-        for coords in _outer_range(region, outer):
-            lo = [
-                max(r, c * o) // u * u
-                for r, c, o, u in zip(region.lo, coords, outer, inner, strict=True)
-            ]
-            hi = [
-                min(-(-min(r, (c + 1) * o) // u) * u, n)
-                for r, c, o, u, n in zip(region.hi, coords, outer, inner, shape, strict=True)
-            ]
-            block = blocks.get(coords)
-            if block is None:
-                blocks[coords] = _Block(coords, lo, hi)
-            else:
-                block.lo = [min(a, b) for a, b in zip(block.lo, lo, strict=True)]
-                block.hi = [max(a, b) for a, b in zip(block.hi, hi, strict=True)]
-    return blocks
+    that key a region touches; in store order."""
+    outer, inner = np.array(geometry.outer), np.array(geometry.inner)
+    shape = np.array(geometry.shape)
+    lo = np.array([r.lo for r in regions], dtype=np.int64).reshape(len(regions), -1)
+    hi = np.array([r.hi for r in regions], dtype=np.int64).reshape(len(regions), -1)
+    rows, coords = _pairs(lo, hi, outer)
+    part_lo = np.maximum(lo[rows], coords * outer) // inner * inner
+    part_hi = np.minimum(-(-np.minimum(hi[rows], (coords + 1) * outer) // inner) * inner, shape)
+    grid = tuple(int(g) for g in -(-shape // outer))
+    keys, first, which = np.unique(
+        np.ravel_multi_index(tuple(coords.T), grid), return_index=True, return_inverse=True
+    )
+    block_lo = np.full((len(keys), len(grid)), np.iinfo(np.int64).max, dtype=np.int64)
+    block_hi = np.zeros((len(keys), len(grid)), dtype=np.int64)
+    np.minimum.at(block_lo, which, part_lo)
+    np.maximum.at(block_hi, which, part_hi)
+    return [
+        _Block(tuple(c), b_lo, b_hi)
+        for c, b_lo, b_hi in zip(
+            coords[first].tolist(), block_lo.tolist(), block_hi.tolist(), strict=True
+        )
+    ]
 
 
 def _waves(blocks: Sequence[_Block], width: tuple[int, ...], itemsize: int) -> list[list[_Block]]:
-    """``blocks`` in store order, cut into waves whose staging arrays hold
+    """``blocks`` cut into waves whose staging arrays hold
     at most `STAGING_BYTES` (a block larger than that is a wave alone); each
     block's ``row`` set within its wave."""
     row_bytes = int(np.prod(width, dtype=np.int64)) * itemsize
     waves: list[list[_Block]] = [[]]
     rows = 0
-    for block in sorted(blocks, key=lambda b: b.coords):
+    for block in blocks:
         height = block.hi[0] - block.lo[0]
         if waves[-1] and (rows + height) * row_bytes > STAGING_BYTES:
             waves.append([])
@@ -450,7 +476,7 @@ def _read_planned(
     work = [i for i, region in regions.items() if 0 not in region.full_shape]
     if not work:
         return
-    blocks = list(_blocks(geometry, (regions[i] for i in work)).values())
+    blocks = _blocks(geometry, [regions[i] for i in work])
     width = tuple(max(b.hi[d] - b.lo[d] for b in blocks) for d in range(1, len(geometry.shape)))
     max_workers = resolve_max_workers()
     for wave_blocks in _waves(blocks, width, geometry.dtype.itemsize):
