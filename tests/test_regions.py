@@ -372,3 +372,21 @@ def test_each_chunk_is_fetched_once_unsharded(tmp_path: Path) -> None:
     keys = [key for key, _ in counting.gets]
     assert sorted(keys) == sorted(set(keys))
     assert len(keys) == 8  # the chunks the regions overlap, of 8 x 7
+
+
+# -- object stores ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", [pytest.param(k, id=k) for k in ("obstore", "s3fs")])
+@pytest.mark.parametrize("geometry", [pytest.param(g, id=g) for g in ("sharded", "v3")])
+def test_regions_on_s3_equal_zarr(proxy: Any, kind: str, geometry: str) -> None:
+    """A moto S3 server, through zarr's ObjectStore (obstore) and
+    FsspecStore (s3fs): the async path of the pipeline reads the batch."""
+    pytest.importorskip("obstore.store" if kind == "obstore" else "s3fs")
+    from helpers.s3_stores import new_prefix, open_store
+
+    store = open_store(kind, proxy, new_prefix())
+    _filled(store, geometry, seed=19)
+    arr = _open(store, FUSED)
+    selections = _random_selections(arr.shape, 20, seed=20)
+    _assert_all(zarr_fused.read_regions(arr, selections), _expected(store, selections))
