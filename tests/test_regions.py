@@ -21,6 +21,7 @@ import zarr_fused
 from zarr_fused import regions as regions_module
 
 from helpers import BATCHED, FUSED, assert_same_values, make_store, with_pipeline
+from helpers.s3_stores import new_prefix, open_store
 
 # -- arrays -------------------------------------------------------------------------------
 
@@ -383,8 +384,6 @@ def test_regions_on_s3_equal_zarr(proxy: Any, kind: str, geometry: str) -> None:
     """A moto S3 server, through zarr's ObjectStore (obstore) and
     FsspecStore (s3fs): the async path of the pipeline reads the batch."""
     pytest.importorskip("obstore.store" if kind == "obstore" else "s3fs")
-    from helpers.s3_stores import new_prefix, open_store
-
     store = open_store(kind, proxy, new_prefix())
     _filled(store, geometry, seed=19)
     arr = _open(store, FUSED)
