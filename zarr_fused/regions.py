@@ -61,7 +61,7 @@ if TYPE_CHECKING:
 __all__ = ["STAGING_BYTES", "read_regions"]
 
 #: the most bytes of decoded blocks one wave of a `read_regions` call holds
-STAGING_BYTES = 256 << 20
+STAGING_BYTES = 64 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,13 +72,12 @@ class _Region:
     lo: tuple[int, ...]
     hi: tuple[int, ...]
     dropped: tuple[int, ...]
-
-    @property
-    def full_shape(self) -> tuple[int, ...]:
-        return tuple(h - lo for lo, h in zip(self.lo, self.hi, strict=True))
+    #: the box's shape, every axis kept
+    full_shape: tuple[int, ...]
 
     @property
     def shape(self) -> tuple[int, ...]:
+        """The result's shape (without the dropped axes)."""
         return tuple(n for d, n in enumerate(self.full_shape) if d not in self.dropped)
 
 
@@ -126,7 +125,9 @@ def _region(selection: Any, shape: tuple[int, ...]) -> _Region | None:
         hi.append(axis[1])
         if axis[2]:
             dropped.append(d)
-    return _Region(tuple(lo), tuple(hi), tuple(dropped))
+    return _Region(
+        tuple(lo), tuple(hi), tuple(dropped), tuple(h - a for a, h in zip(lo, hi, strict=True))
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,19 +188,14 @@ def _with_order(config: Any, order: Any) -> Any:
 class _Block:
     """The bounding box ``[lo, hi)`` of the touched units of one stored key
     at grid position ``coords``; ``row`` is where it starts along the first
-    axis of the staging array."""
+    axis of the staging array; ``regions`` the regions (by their place in
+    the list `_blocks` was given) that overlap it."""
 
     coords: tuple[int, ...]
     lo: list[int]
     hi: list[int]
+    regions: list[int]
     row: int = 0
-
-
-def _outer_range(region: _Region, outer: tuple[int, ...]) -> Iterable[tuple[int, ...]]:
-    """The grid positions of the stored keys ``region`` overlaps."""
-    return itertools.product(
-        *(range(lo // c, (hi - 1) // c + 1) for lo, hi, c in zip(region.lo, region.hi, outer))
-    )
 
 
 def _pairs(lo: np.ndarray, hi: np.ndarray, outer: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -245,10 +241,12 @@ def _blocks(geometry: _Geometry, regions: Sequence[_Region]) -> list[_Block]:
     block_hi = np.zeros((len(keys), len(grid)), dtype=np.int64)
     np.minimum.at(block_lo, which, part_lo)
     np.maximum.at(block_hi, which, part_hi)
+    order = np.argsort(which, kind="stable")
+    overlaps = np.split(rows[order], np.cumsum(np.bincount(which, minlength=len(keys)))[:-1])
     return [
-        _Block(tuple(c), b_lo, b_hi)
-        for c, b_lo, b_hi in zip(
-            coords[first].tolist(), block_lo.tolist(), block_hi.tolist(), strict=True
+        _Block(tuple(c), b_lo, b_hi, r.tolist())
+        for c, b_lo, b_hi, r in zip(
+            coords[first].tolist(), block_lo.tolist(), block_hi.tolist(), overlaps, strict=True
         )
     ]
 
@@ -279,10 +277,6 @@ class _Wave:
     blocks: list[_Block]
     width: tuple[int, ...]
     staging: np.ndarray = field(init=False)
-    by_coords: dict[tuple[int, ...], _Block] = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.by_coords = {block.coords: block for block in self.blocks}
 
     def items(self) -> list[tuple[Any, ArraySpec, tuple[slice, ...], tuple[slice, ...], bool]]:
         """The read batch: one item per block, in zarr's batch layout."""
@@ -327,26 +321,18 @@ class _Wave:
         if not geometry.read_missing:
             _raise_missing(geometry, [b.coords for b in self.blocks], results)
 
-    def copy_into(self, region: _Region, dst: np.ndarray) -> None:
-        """Copy the part of ``region`` this wave decoded into ``dst`` (the
+    def copy(self, region: _Region, block: _Block, dst: np.ndarray) -> None:
+        """Copy the part of ``region`` that ``block`` holds into ``dst`` (the
         region's result with every axis kept)."""
-        by_coords = self.by_coords
-        for coords in _outer_range(region, self.geometry.outer):
-            block = by_coords.get(coords)
-            if block is None:
-                continue
-            lo = [max(a, b) for a, b in zip(region.lo, block.lo, strict=True)]
-            hi = [min(a, b) for a, b in zip(region.hi, block.hi, strict=True)]
-            src = (
-                slice(block.row + lo[0] - block.lo[0], block.row + hi[0] - block.lo[0]),
-                *(
-                    slice(a - b, c - b)
-                    for a, c, b in zip(lo[1:], hi[1:], block.lo[1:], strict=True)
-                ),
-            )
-            dst[tuple(slice(a - r, c - r) for a, c, r in zip(lo, hi, region.lo, strict=True))] = (
-                self.staging[src]
-            )
+        lo = [max(a, b) for a, b in zip(region.lo, block.lo, strict=True)]
+        hi = [min(a, b) for a, b in zip(region.hi, block.hi, strict=True)]
+        src = (
+            slice(block.row + lo[0] - block.lo[0], block.row + hi[0] - block.lo[0]),
+            *(slice(a - b, c - b) for a, c, b in zip(lo[1:], hi[1:], block.lo[1:], strict=True)),
+        )
+        dst[tuple(slice(a - r, c - r) for a, c, r in zip(lo, hi, region.lo, strict=True))] = (
+            self.staging[src]
+        )
 
 
 def _raise_missing(geometry: _Geometry, coords: list[tuple[int, ...]], results: Any) -> None:
@@ -476,16 +462,25 @@ def _read_planned(
     work = [i for i, region in regions.items() if 0 not in region.full_shape]
     if not work:
         return
-    blocks = _blocks(geometry, [regions[i] for i in work])
+    boxes = [regions[i] for i in work]
+    blocks = _blocks(geometry, boxes)
     width = tuple(max(b.hi[d] - b.lo[d] for b in blocks) for d in range(1, len(geometry.shape)))
     max_workers = resolve_max_workers()
     for wave_blocks in _waves(blocks, width, geometry.dtype.itemsize):
         wave = _Wave(geometry, wave_blocks, width)
         wave.read()
-        run_parallel(partial(_copy_one, wave, regions, dsts), work, max_workers)
+        pairs = [(block, r) for block in wave_blocks for r in block.regions]
+        n_parts = min(len(pairs), 4 * max_workers)
+        parts = [pairs[k::n_parts] for k in range(n_parts)]
+        run_parallel(partial(_copy_part, wave, boxes, [dsts[i] for i in work]), parts, max_workers)
 
 
-def _copy_one(
-    wave: _Wave, regions: dict[int, _Region], dsts: dict[int, np.ndarray], i: int
+def _copy_part(
+    wave: _Wave,
+    boxes: list[_Region],
+    dsts: list[np.ndarray],
+    pairs: list[tuple[_Block, int]],
 ) -> None:
-    wave.copy_into(regions[i], dsts[i])
+    """Copy ``pairs`` (a block and a region overlapping it) out of ``wave``."""
+    for block, r in pairs:
+        wave.copy(boxes[r], block, dsts[r])
