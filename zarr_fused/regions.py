@@ -16,7 +16,8 @@ overlaps it. `read_regions` plans all the regions together instead:
    the same entry point zarr's ``Array`` calls), so each shard index is read
    once, the ranges of a shard are coalesced, and every unit is fetched and
    decoded once, on the pool and the IO threads, however many regions
-   overlap it;
+   overlap it (a block is a box: units inside it that no region touches,
+   between regions far apart in one shard, are decoded too);
 4. each region is copied out of the staging array, block by block, on the
    pool (NumPy releases the GIL for these copies).
 
