@@ -46,6 +46,19 @@ def test_inner_chunk_spec_is_the_inner_chunk_shape() -> None:
     assert inner.fill_value == 7
 
 
+@pytest.mark.parametrize(
+    ("shards", "grid_chunks"),
+    [pytest.param((8, 6), (8, 6), id="sharded"), pytest.param(None, (4, 3), id="unsharded")],
+)
+def test_array_chunk_grid_is_the_grid_of_stored_keys(
+    shards: tuple[int, ...] | None, grid_chunks: tuple[int, ...]
+) -> None:
+    arr = zarr.create_array({}, shape=(16, 12), chunks=(4, 3), shards=shards, dtype="uint8")
+    grid = compat.array_chunk_grid(arr)
+    assert grid.is_regular
+    assert tuple(grid.chunk_shape) == grid_chunks
+
+
 def test_partial_codecs_are_found_on_the_sharding_codec() -> None:
     codec = _sharding_codec()
     assert compat.has_partial_decode(codec)

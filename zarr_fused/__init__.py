@@ -21,6 +21,7 @@ from zarr_fused.errors import (
     ZarrFusedWarning,
 )
 from zarr_fused.pipeline import FusedCodecPipeline
+from zarr_fused.regions import read_regions
 
 __all__ = [
     "CorruptChunkError",
@@ -33,4 +34,5 @@ __all__ = [
     "available_cpus",
     "default_max_workers",
     "native_info",
+    "read_regions",
 ]

@@ -43,6 +43,7 @@ __all__ = [
     "AsyncChunkTransform",
     "ChunkTransform",
     "V2Codec",
+    "array_chunk_grid",
     "coalesce_ranges",
     "codec_decode_sync",
     "codec_encode_sync",
@@ -149,3 +150,9 @@ def fsspec_store_module() -> ModuleType | None:
     """zarr's fsspec store module if it was imported (importing it would
     import fsspec), else None."""
     return sys.modules.get("zarr.storage._fsspec")
+
+
+def array_chunk_grid(array: Any) -> Any:
+    """The chunk grid of the stored keys of a ``zarr.Array`` (its shards
+    when sharded): ``is_regular`` and ``chunk_shape`` as zarr reads them."""
+    return array.async_array._chunk_grid

@@ -1,0 +1,391 @@
+"""`zarr_fused.read_regions`: many regions as one planned batch, against
+``array[sel]`` read with zarr's own BatchedCodecPipeline."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import zarr
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from numcodecs import Blosc
+from numcodecs import Zstd as NumcodecsZstd
+from zarr.codecs import BytesCodec, Crc32cCodec, ShardingCodec, ZstdCodec
+from zarr.errors import ChunkNotFoundError
+from zarr.storage import MemoryStore, WrapperStore
+
+import zarr_fused
+from zarr_fused import regions as regions_module
+
+from helpers import BATCHED, FUSED, assert_same_values, make_store, with_pipeline
+from helpers.s3_stores import new_prefix, open_store
+
+# -- arrays -------------------------------------------------------------------------------
+
+
+def _sharded(store: Any, shape: tuple[int, ...], shards: Any, inner: Any, dtype: str) -> Any:
+    return zarr.create_array(
+        store,
+        shape=shape,
+        dtype=dtype,
+        chunks=shards,
+        serializer=ShardingCodec(
+            chunk_shape=inner,
+            codecs=[BytesCodec(), ZstdCodec(level=1)],
+            index_codecs=[BytesCodec(), Crc32cCodec()],
+        ),
+        compressors=None,
+        fill_value=7,
+    )
+
+
+def _create(store: Any, geometry: str) -> Any:
+    """An array of ``geometry``, created through zarr_fused."""
+    if geometry == "sharded":
+        return _sharded(store, (40, 36, 20), (16, 12, 20), (8, 6, 5), "uint16")
+    if geometry == "sharded-2d":
+        return _sharded(store, (50, 33), (20, 22), (5, 11), "<i4")
+    if geometry == "v3":
+        return zarr.create_array(
+            store, shape=(45, 31, 10), chunks=(8, 7, 10), dtype="<f8", fill_value=-1.5
+        )
+    if geometry == "v3-fortran":
+        return zarr.create_array(
+            store,
+            shape=(33, 21),
+            chunks=(8, 5),
+            dtype="int16",
+            fill_value=3,
+            config={"order": "F"},
+        )
+    if geometry == "v2-zstd":
+        return zarr.create_array(
+            store,
+            shape=(37, 29),
+            chunks=(6, 8),
+            dtype="<u4",
+            fill_value=9,
+            zarr_format=2,
+            compressors=NumcodecsZstd(level=1),
+        )
+    if geometry == "v2-blosc-f":
+        return zarr.create_array(
+            store,
+            shape=(30, 26),
+            chunks=(7, 9),
+            dtype="<i8",
+            fill_value=0,
+            zarr_format=2,
+            compressors=Blosc(cname="lz4", clevel=1),
+            order="F",
+        )
+    raise AssertionError(geometry)
+
+
+GEOMETRIES = ["sharded", "sharded-2d", "v3", "v3-fortran", "v2-zstd", "v2-blosc-f"]
+
+
+def _filled(store: Any, geometry: str, seed: int, holes: bool = True) -> np.ndarray:
+    """Create the array of ``geometry`` in ``store`` and write random values,
+    leaving some chunks or shards unwritten (read as the fill value) when
+    ``holes``; returns the values written where written."""
+    rng = np.random.default_rng(seed)
+    with with_pipeline(FUSED):
+        arr = _create(store, geometry)
+        data = rng.integers(0, 1000, size=arr.shape).astype(arr.dtype)
+        if holes:
+            # the first axis' last third stays unwritten (whole chunks or
+            # shards missing, and edge ones)
+            cut = arr.shape[0] * 2 // 3
+            arr[:cut] = data[:cut]
+        else:
+            arr[...] = data
+    return data
+
+
+def _open(store: Any, pipeline: str) -> Any:
+    with with_pipeline(pipeline):
+        return zarr.open_array(store, mode="r")
+
+
+def _expected(store: Any, selections: list[Any]) -> list[Any]:
+    oracle = _open(store, BATCHED)
+    return [oracle[sel] for sel in selections]
+
+
+def _random_selections(shape: tuple[int, ...], n: int, seed: int) -> list[Any]:
+    """``n`` regions: boxes (some overlapping, some on edge chunks), empty
+    ones and integer-indexed ones."""
+    rng = np.random.default_rng(seed)
+    out: list[Any] = []
+    for k in range(n):
+        sel: list[Any] = []
+        for size in shape:
+            kind = k % 5
+            if kind == 3 and len(sel) == 0:
+                sel.append(int(rng.integers(-size, size)))  # an int drops the axis
+                continue
+            start = int(rng.integers(0, size))
+            length = 0 if kind == 4 and len(sel) == 1 else int(rng.integers(1, max(2, size // 2)))
+            sel.append(slice(start, min(size, start + length)))
+        out.append(tuple(sel))
+    return out
+
+
+def _assert_all(got: list[Any], expected: list[Any]) -> None:
+    assert len(got) == len(expected)
+    for g, e in zip(got, expected, strict=True):
+        assert type(g) is type(e)
+        assert_same_values(g, e)
+
+
+# -- values against zarr --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("geometry", [pytest.param(g, id=g) for g in GEOMETRIES])
+@pytest.mark.parametrize("kind", [pytest.param(k, id=k) for k in ("local", "memory")])
+def test_regions_equal_zarr(tmp_path: Path, geometry: str, kind: str) -> None:
+    store = make_store(kind, tmp_path)
+    _filled(store, geometry, seed=3)
+    arr = _open(store, FUSED)
+    selections = _random_selections(arr.shape, 40, seed=5)
+    _assert_all(zarr_fused.read_regions(arr, selections), _expected(store, selections))
+
+
+@pytest.mark.parametrize("geometry", [pytest.param(g, id=g) for g in GEOMETRIES])
+def test_regions_into_out_buffers(tmp_path: Path, geometry: str) -> None:
+    store = make_store("local", tmp_path)
+    _filled(store, geometry, seed=11)
+    arr = _open(store, FUSED)
+    selections = _random_selections(arr.shape, 15, seed=12)
+    expected = _expected(store, selections)
+    out = [np.full(np.shape(e), 1, dtype=arr.dtype) for e in expected]
+    got = zarr_fused.read_regions(arr, selections, out=out)
+    assert all(g is o for g, o in zip(got, out, strict=True))
+    for g, e in zip(got, expected, strict=True):
+        assert_same_values(g, np.asarray(e))
+
+
+def test_all_integer_regions_are_zero_dimensional(tmp_path: Path) -> None:
+    store = make_store("memory", tmp_path)
+    _filled(store, "sharded", seed=1)
+    arr = _open(store, FUSED)
+    selections = [(3, 4, 5), (-1, -1, -1), (39, 0, 19)]
+    _assert_all(zarr_fused.read_regions(arr, selections), _expected(store, selections))
+
+
+def test_whole_array_and_ellipsis(tmp_path: Path) -> None:
+    store = make_store("memory", tmp_path)
+    _filled(store, "sharded", seed=2)
+    arr = _open(store, FUSED)
+    selections = [Ellipsis, (Ellipsis, 3), (2, Ellipsis), slice(5, 9), 4, ()]
+    _assert_all(zarr_fused.read_regions(arr, selections), _expected(store, selections))
+
+
+@given(data=st.data())
+@settings(
+    max_examples=25,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@pytest.mark.parametrize("geometry", [pytest.param(g, id=g) for g in ("sharded", "v3", "v2-zstd")])
+def test_region_sets_equal_zarr_hypothesis(tmp_path: Path, geometry: str, data: Any) -> None:
+    store = _hypothesis_store(tmp_path, geometry)
+    arr = _open(store, FUSED)
+    selections = data.draw(st.lists(_selection(arr.shape), min_size=0, max_size=12))
+    if selections and data.draw(st.booleans()):
+        selections.append(selections[0])  # the same region twice
+    _assert_all(zarr_fused.read_regions(arr, selections), _expected(store, selections))
+
+
+_STORES: dict[tuple[str, str], Any] = {}
+
+
+def _hypothesis_store(tmp_path: Path, geometry: str) -> Any:
+    """One array per geometry for all of a hypothesis test's examples."""
+    key = (str(tmp_path), geometry)
+    if key not in _STORES:
+        store = MemoryStore()
+        _filled(store, geometry, seed=21)
+        _STORES[key] = store
+    return _STORES[key]
+
+
+def _axis(size: int) -> st.SearchStrategy[Any]:
+    index = st.integers(-size, size - 1)
+    bound = st.integers(-size - 2, size + 2) | st.none()
+    return index | st.builds(slice, bound, bound)
+
+
+def _selection(shape: tuple[int, ...]) -> st.SearchStrategy[tuple[Any, ...]]:
+    return st.integers(0, len(shape)).flatmap(
+        lambda n: st.tuples(*(_axis(size) for size in shape[:n]))
+    )
+
+
+# -- what falls back to array[sel] ------------------------------------------------------------
+
+
+def test_array_on_zarrs_pipeline_reads_one_by_one(tmp_path: Path) -> None:
+    store = make_store("local", tmp_path)
+    _filled(store, "sharded", seed=4)
+    arr = _open(store, BATCHED)
+    selections = _random_selections(arr.shape, 10, seed=6)
+    _assert_all(zarr_fused.read_regions(arr, selections), _expected(store, selections))
+
+
+def test_selections_outside_the_plan_read_one_by_one(tmp_path: Path) -> None:
+    store = make_store("memory", tmp_path)
+    _filled(store, "sharded", seed=8)
+    arr = _open(store, FUSED)
+    selections = [
+        (slice(0, 30, 4), slice(2, 9)),  # a step
+        (slice(3, 20), 4, slice(1, 6)),
+        (np.array([1, 5, 30]),),  # an integer array
+        (slice(2, 12), slice(0, 30), slice(0, 20)),
+    ]
+    _assert_all(zarr_fused.read_regions(arr, selections), _expected(store, selections))
+
+
+@pytest.mark.parametrize(
+    "selection",
+    [
+        pytest.param((40, 0, 0), id="int-past-end"),
+        pytest.param((0, 0, 0, 0), id="too-many-axes"),
+    ],
+)
+def test_bad_selection_raises_zarrs_error(tmp_path: Path, selection: Any) -> None:
+    store = make_store("memory", tmp_path)
+    _filled(store, "sharded", seed=9)
+    arr = _open(store, FUSED)
+    with pytest.raises(IndexError):
+        _open(store, BATCHED)[selection]
+    with pytest.raises(IndexError):
+        zarr_fused.read_regions(arr, [(slice(0, 2),), selection])
+
+
+# -- out= checks ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("make_out", "error"),
+    [
+        pytest.param(lambda: [np.zeros((3, 4, 5), "uint16")], ValueError, id="count"),
+        pytest.param(lambda: [np.zeros((3, 4, 6), "uint16")] * 2, ValueError, id="shape"),
+        pytest.param(lambda: [np.zeros((3, 4, 5), "int32")] * 2, ValueError, id="dtype"),
+        pytest.param(lambda: [[0] * 5] * 2, TypeError, id="not-ndarray"),
+    ],
+)
+def test_out_buffers_are_checked(tmp_path: Path, make_out: Any, error: type) -> None:
+    store = make_store("memory", tmp_path)
+    _filled(store, "sharded", seed=10)
+    arr = _open(store, FUSED)
+    selections = [(slice(0, 3), slice(0, 4), slice(0, 5)), (slice(9, 12), slice(1, 5), slice(3, 8))]
+    with pytest.raises(error):
+        zarr_fused.read_regions(arr, selections, out=make_out())
+
+
+def test_read_only_out_buffer_is_refused(tmp_path: Path) -> None:
+    store = make_store("memory", tmp_path)
+    _filled(store, "v3", seed=13)
+    arr = _open(store, FUSED)
+    buf = np.zeros((2, 3, 10), "<f8")
+    buf.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        zarr_fused.read_regions(arr, [(slice(0, 2), slice(0, 3))], out=[buf])
+
+
+# -- the plan ---------------------------------------------------------------------------------
+
+
+def test_missing_chunks_raise_when_zarr_would(tmp_path: Path) -> None:
+    store = make_store("memory", tmp_path)
+    _filled(store, "v3", seed=14)
+    with zarr.config.set({"array.read_missing_chunks": False}):
+        arr = _open(store, FUSED)
+        with pytest.raises(ChunkNotFoundError):
+            _open(store, BATCHED)[40:44]
+        with pytest.raises(ChunkNotFoundError):
+            zarr_fused.read_regions(arr, [(slice(0, 3),), (slice(40, 44),)])
+
+
+def test_waves_of_staging_give_the_same_values(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = make_store("local", tmp_path)
+    _filled(store, "sharded", seed=15)
+    arr = _open(store, FUSED)
+    # a few blocks per wave
+    monkeypatch.setattr(regions_module, "STAGING_BYTES", 16 * 12 * 20 * 2 * 3)
+    selections = _random_selections(arr.shape, 30, seed=16)
+    _assert_all(zarr_fused.read_regions(arr, selections), _expected(store, selections))
+
+
+class _Counting(WrapperStore[Any]):
+    """Every read the pipeline makes of a key: its whole-key and ranged
+    gets, and the number of ranges of each coalesced request."""
+
+    def __init__(self, store: Any) -> None:
+        super().__init__(store)
+        self.gets: list[tuple[str, Any]] = []
+        self.ranges: list[tuple[str, int]] = []
+
+    def get_sync(self, key: str, *, prototype: Any = None, byte_range: Any = None) -> Any:
+        if not key.endswith(("zarr.json", ".zarray", ".zattrs")):
+            self.gets.append((key, byte_range))
+        return self._store.get_sync(key, prototype=prototype, byte_range=byte_range)
+
+    def get_ranges_sync(self, key: str, byte_ranges: Any, **kwargs: Any) -> Any:
+        self.ranges.append((key, len(byte_ranges)))
+        inner = self._store
+        return inner.get_ranges_sync(key, byte_ranges, **kwargs)
+
+
+def test_each_shard_index_and_inner_chunk_is_fetched_once(tmp_path: Path) -> None:
+    """Many overlapping regions in one shard: one index read and one
+    coalesced request of the touched inner chunks, each once."""
+    memory = MemoryStore()
+    _filled(memory, "sharded", seed=17, holes=False)
+    store = _Counting(memory)
+    arr = _open(store, FUSED)
+    counting = arr.async_array.store_path.store
+    # 12 regions inside the inner chunks (0..1, 0..1, 0) of shard (0, 0, 0):
+    # 4 inner chunks, every one touched by several regions
+    selections = [
+        (slice(i % 4, 9 + i % 6), slice(i % 3, 7 + i % 4), slice(0, 5)) for i in range(12)
+    ]
+    got = zarr_fused.read_regions(arr, selections)
+    _assert_all(got, _expected(memory, selections))
+    assert [key for key, _ in counting.gets] == ["c/0/0/0"]  # the index
+    assert counting.ranges == [("c/0/0/0", 4)]
+
+
+def test_each_chunk_is_fetched_once_unsharded(tmp_path: Path) -> None:
+    memory = MemoryStore()
+    _filled(memory, "v3", seed=18, holes=False)
+    arr = _open(_Counting(memory), FUSED)
+    counting = arr.async_array.store_path.store
+    selections = [(slice(i, 12 + i), slice(2 * i, 10 + i)) for i in range(6)]
+    _assert_all(zarr_fused.read_regions(arr, selections), _expected(memory, selections))
+    keys = [key for key, _ in counting.gets]
+    assert sorted(keys) == sorted(set(keys))
+    assert len(keys) == 8  # the chunks the regions overlap, of 8 x 7
+
+
+# -- object stores ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", [pytest.param(k, id=k) for k in ("obstore", "s3fs")])
+@pytest.mark.parametrize("geometry", [pytest.param(g, id=g) for g in ("sharded", "v3")])
+def test_regions_on_s3_equal_zarr(proxy: Any, kind: str, geometry: str) -> None:
+    """A moto S3 server, through zarr's ObjectStore (obstore) and
+    FsspecStore (s3fs): the async path of the pipeline reads the batch."""
+    pytest.importorskip("obstore.store" if kind == "obstore" else "s3fs")
+    store = open_store(kind, proxy, new_prefix())
+    _filled(store, geometry, seed=19)
+    arr = _open(store, FUSED)
+    selections = _random_selections(arr.shape, 20, seed=20)
+    _assert_all(zarr_fused.read_regions(arr, selections), _expected(store, selections))

@@ -1,0 +1,487 @@
+"""Many regions of one array read as one planned batch: `read_regions`.
+
+A loader that reads hundreds of small patches pays, per ``array[sel]``,
+zarr's front end (an indexer, a store path per chunk, an event-loop hop),
+and no two calls share what they fetch: a shard index is read again by
+every patch in that shard, a chunk is decoded again by every patch that
+overlaps it. `read_regions` plans all the regions together instead:
+
+1. each region, a basic selection (integers and slices of step 1), becomes
+   a box of the array (`_Region`);
+2. the decode units it overlaps (inner chunks of a sharded array, chunks
+   otherwise) are gathered per stored key: for every chunk or shard, the
+   bounding box of the units any region touches is one *block*;
+3. the blocks, stacked along the first axis of one staging array, go to
+   the array's own pipeline as **one** read batch (`FusedCodecPipeline.read`,
+   the same entry point zarr's ``Array`` calls), so each shard index is read
+   once, the ranges of a shard are coalesced, and every unit is fetched and
+   decoded once, on the pool and the IO threads, however many regions
+   overlap it (a block is a box: units inside it that no region touches,
+   between regions far apart in one shard, are decoded too);
+4. each region is copied out of the staging array, block by block, on the
+   pool (NumPy releases the GIL for these copies).
+
+The staging array holds at most `STAGING_BYTES` at a time; more blocks go in
+waves of that size. Missing chunks and shards read as the fill value, as
+with ``array[sel]`` (and raise `zarr.errors.ChunkNotFoundError` when the
+array's ``read_missing_chunks`` is off).
+
+What this plan does not cover reads one ``array[sel]`` per region, so the
+values are always zarr's: arrays whose pipeline is not zarr_fused's, chunk
+grids that are not regular, zero-dimensional arrays, object and
+variable-length string dtypes, and selections other than integers and
+slices of step 1 (integer arrays, masks, steps, ``None``; an out-of-bounds
+integer raises zarr's own ``IndexError`` that way).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field, replace
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from zarr import Array
+from zarr.core.array_spec import ArraySpec
+from zarr.core.buffer import default_buffer_prototype
+from zarr.core.sync import sync
+from zarr.errors import ChunkNotFoundError
+
+from zarr_fused._cpus import resolve_max_workers
+from zarr_fused._plan import PipelinePlan
+from zarr_fused._pool import run_parallel
+from zarr_fused._zarr_compat import array_chunk_grid
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Sequence
+
+    from zarr.abc.codec import CodecPipeline
+    from zarr.core.buffer import NDBuffer
+
+__all__ = ["STAGING_BYTES", "read_regions"]
+
+#: the most bytes of decoded blocks one wave of a `read_regions` call holds
+STAGING_BYTES = 64 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class _Region:
+    """One basic selection as a box ``[lo, hi)`` of the array; ``dropped``
+    are the axes an integer selected (the result has no such axis)."""
+
+    lo: tuple[int, ...]
+    hi: tuple[int, ...]
+    dropped: tuple[int, ...]
+    #: the box's shape, every axis kept
+    full_shape: tuple[int, ...]
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The result's shape (without the dropped axes)."""
+        return tuple(n for d, n in enumerate(self.full_shape) if d not in self.dropped)
+
+
+def _axis(item: Any, size: int) -> tuple[int, int, bool] | None:
+    """``(lo, hi, dropped)`` of one axis' selection, None when the plan does
+    not take it (zarr's indexing then decides what it means)."""
+    if isinstance(item, slice):
+        try:
+            start, stop, step = item.indices(size)
+        except (TypeError, ValueError):
+            return None
+        if step != 1:
+            return None
+        return start, max(start, stop), False
+    if isinstance(item, (int, np.integer)) and not isinstance(item, (bool, np.bool_)):
+        index = int(item)
+        if index < 0:
+            index += size
+        if not 0 <= index < size:
+            return None
+        return index, index + 1, True
+    return None
+
+
+def _region(selection: Any, shape: tuple[int, ...]) -> _Region | None:
+    """The box ``selection`` picks from an array of ``shape``, None when it
+    is not a basic selection of integers and step-1 slices."""
+    items = selection if isinstance(selection, tuple) else (selection,)
+    ellipses = sum(1 for item in items if item is Ellipsis)
+    if ellipses > 1:
+        return None
+    if ellipses:
+        at = next(i for i, item in enumerate(items) if item is Ellipsis)
+        fill = (slice(None),) * (len(shape) - len(items) + 1)
+        items = items[:at] + fill + items[at + 1 :]
+    if len(items) > len(shape):
+        return None
+    items = items + (slice(None),) * (len(shape) - len(items))
+    lo, hi, dropped = [], [], []
+    for d, (item, size) in enumerate(zip(items, shape, strict=True)):
+        axis = _axis(item, size)
+        if axis is None:
+            return None
+        lo.append(axis[0])
+        hi.append(axis[1])
+        if axis[2]:
+            dropped.append(d)
+    return _Region(
+        tuple(lo), tuple(hi), tuple(dropped), tuple(h - a for a, h in zip(lo, hi, strict=True))
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _Geometry:
+    """What the plan needs of an array whose reads it can batch."""
+
+    array: Array[Any]
+    pipeline: CodecPipeline
+    shape: tuple[int, ...]
+    #: the chunk shape of the stored keys (shards of a sharded array)
+    outer: tuple[int, ...]
+    #: the decode units (inner chunks of a sharded array, else chunks)
+    inner: tuple[int, ...]
+    dtype: np.dtype[Any]
+    order: Any
+    #: the spec of every stored key, as zarr's ``Array`` builds it
+    spec: ArraySpec
+    read_missing: bool
+
+    @classmethod
+    def of(cls, array: Any) -> _Geometry | None:
+        """The geometry of ``array``, None when the plan does not cover it."""
+        if not isinstance(array, Array):
+            return None
+        pipeline = array.async_array.codec_pipeline
+        grid = array_chunk_grid(array)
+        # zarr_fused's pipeline, evolved for this array (it carries a plan)
+        if not isinstance(getattr(pipeline, "plan", None), PipelinePlan) or not grid.is_regular:
+            return None
+        metadata = array.metadata
+        dtype = metadata.dtype.to_native_dtype()
+        if array.ndim == 0 or dtype.hasobject or dtype.kind not in "biufcmMSUV":
+            return None
+        config = array.async_array.config
+        order = metadata.order if metadata.zarr_format == 2 else config.order
+        if metadata.zarr_format == 2:
+            config = _with_order(config, order)
+        outer = tuple(grid.chunk_shape)
+        inner = tuple(array.chunks) if array.shards is not None else outer
+        spec = ArraySpec(
+            shape=outer,
+            dtype=metadata.dtype,
+            fill_value=metadata.fill_value,
+            config=config,
+            prototype=default_buffer_prototype(),
+        )
+        read_missing = bool(getattr(config, "read_missing_chunks", True))
+        return cls(array, pipeline, array.shape, outer, inner, dtype, order, spec, read_missing)
+
+
+def _with_order(config: Any, order: Any) -> Any:
+    """``config`` with its memory order replaced (format 2 keeps it in the
+    metadata, as zarr's own read does)."""
+    return replace(config, order=order)
+
+
+@dataclass(slots=True)
+class _Block:
+    """The bounding box ``[lo, hi)`` of the touched units of one stored key
+    at grid position ``coords``; ``row`` is where it starts along the first
+    axis of the staging array; ``regions`` the regions (by their place in
+    the list `_blocks` was given) that overlap it."""
+
+    coords: tuple[int, ...]
+    lo: list[int]
+    hi: list[int]
+    regions: list[int]
+    row: int = 0
+
+
+def _pairs(lo: np.ndarray, hi: np.ndarray, outer: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Every (region, stored key) overlap: the region's row in ``lo``/``hi``
+    and the key's grid position. Regions over at most two keys per axis
+    (the usual small patch) are enumerated together, by offset from their
+    first key; larger ones one by one."""
+    first = lo // outer
+    span = (hi - 1) // outer - first + 1
+    small = (span <= 2).all(axis=1)
+    rows: list[np.ndarray] = []
+    coords: list[np.ndarray] = []
+    if small.any():
+        idx = np.flatnonzero(small)
+        for offset in itertools.product(*(range(int(m)) for m in span[idx].max(axis=0))):
+            step = np.array(offset, dtype=np.int64)
+            hit = idx[(step < span[idx]).all(axis=1)]
+            rows.append(hit)
+            coords.append(first[hit] + step)
+    for r in np.flatnonzero(~small):
+        grid = np.indices(tuple(span[r])).reshape(len(outer), -1).T
+        rows.append(np.full(len(grid), r, dtype=np.intp))
+        coords.append(first[r] + grid)
+    return np.concatenate(rows), np.concatenate(coords)
+
+
+def _blocks(geometry: _Geometry, regions: Sequence[_Region]) -> list[_Block]:
+    """One block per stored key any region overlaps: the box, aligned to
+    the decode units and clipped to the array, that holds every unit of
+    that key a region touches; in store order."""
+    outer, inner = np.array(geometry.outer), np.array(geometry.inner)
+    shape = np.array(geometry.shape)
+    lo = np.array([r.lo for r in regions], dtype=np.int64).reshape(len(regions), -1)
+    hi = np.array([r.hi for r in regions], dtype=np.int64).reshape(len(regions), -1)
+    rows, coords = _pairs(lo, hi, outer)
+    part_lo = np.maximum(lo[rows], coords * outer) // inner * inner
+    part_hi = np.minimum(-(-np.minimum(hi[rows], (coords + 1) * outer) // inner) * inner, shape)
+    grid = tuple(int(g) for g in -(-shape // outer))
+    keys, first, which = np.unique(
+        np.ravel_multi_index(tuple(coords.T), grid), return_index=True, return_inverse=True
+    )
+    block_lo = np.full((len(keys), len(grid)), np.iinfo(np.int64).max, dtype=np.int64)
+    block_hi = np.zeros((len(keys), len(grid)), dtype=np.int64)
+    np.minimum.at(block_lo, which, part_lo)
+    np.maximum.at(block_hi, which, part_hi)
+    order = np.argsort(which, kind="stable")
+    overlaps = np.split(rows[order], np.cumsum(np.bincount(which, minlength=len(keys)))[:-1])
+    return [
+        _Block(tuple(c), b_lo, b_hi, r.tolist())
+        for c, b_lo, b_hi, r in zip(
+            coords[first].tolist(), block_lo.tolist(), block_hi.tolist(), overlaps, strict=True
+        )
+    ]
+
+
+def _waves(blocks: Sequence[_Block], width: tuple[int, ...], itemsize: int) -> list[list[_Block]]:
+    """``blocks`` cut into waves whose staging arrays hold
+    at most `STAGING_BYTES` (a block larger than that is a wave alone); each
+    block's ``row`` set within its wave."""
+    row_bytes = int(np.prod(width, dtype=np.int64)) * itemsize
+    waves: list[list[_Block]] = [[]]
+    rows = 0
+    for block in blocks:
+        height = block.hi[0] - block.lo[0]
+        if waves[-1] and (rows + height) * row_bytes > STAGING_BYTES:
+            waves.append([])
+            rows = 0
+        block.row = rows
+        rows += height
+        waves[-1].append(block)
+    return waves
+
+
+@dataclass(slots=True)
+class _Wave:
+    """One read batch of blocks and the staging array it decodes into."""
+
+    geometry: _Geometry
+    blocks: list[_Block]
+    width: tuple[int, ...]
+    staging: np.ndarray = field(init=False)
+
+    def items(self) -> list[tuple[Any, ArraySpec, tuple[slice, ...], tuple[slice, ...], bool]]:
+        """The read batch: one item per block, in zarr's batch layout."""
+        geometry = self.geometry
+        store_path = geometry.array.store_path
+        encode = geometry.array.metadata.encode_chunk_key
+        items = []
+        for block in self.blocks:
+            origin = [c * o for c, o in zip(block.coords, geometry.outer, strict=True)]
+            chunk_selection = tuple(
+                slice(lo - o, hi - o) for lo, hi, o in zip(block.lo, block.hi, origin, strict=True)
+            )
+            out_selection = (
+                slice(block.row, block.row + block.hi[0] - block.lo[0]),
+                *(slice(0, hi - lo) for lo, hi in zip(block.lo[1:], block.hi[1:], strict=True)),
+            )
+            complete = all(
+                lo == o and hi >= min(o + c, n)
+                for lo, hi, o, c, n in zip(
+                    block.lo, block.hi, origin, geometry.outer, geometry.shape, strict=True
+                )
+            )
+            items.append(
+                (
+                    store_path / encode(block.coords),
+                    geometry.spec,
+                    chunk_selection,
+                    out_selection,
+                    complete,
+                )
+            )
+        return items
+
+    def read(self) -> None:
+        """Decode every block into a new staging array, as one batch."""
+        geometry = self.geometry
+        rows = sum(b.hi[0] - b.lo[0] for b in self.blocks)
+        self.staging = np.empty((rows, *self.width), dtype=geometry.dtype)
+        items = self.items()
+        out: NDBuffer = geometry.spec.prototype.nd_buffer.from_ndarray_like(self.staging)
+        results = sync(geometry.pipeline.read(items, out, drop_axes=()))
+        if not geometry.read_missing:
+            _raise_missing(geometry, [b.coords for b in self.blocks], results)
+
+    def copy(self, region: _Region, block: _Block, dst: np.ndarray) -> None:
+        """Copy the part of ``region`` that ``block`` holds into ``dst`` (the
+        region's result with every axis kept)."""
+        lo = [max(a, b) for a, b in zip(region.lo, block.lo, strict=True)]
+        hi = [min(a, b) for a, b in zip(region.hi, block.hi, strict=True)]
+        src = (
+            slice(block.row + lo[0] - block.lo[0], block.row + hi[0] - block.lo[0]),
+            *(slice(a - b, c - b) for a, c, b in zip(lo[1:], hi[1:], block.lo[1:], strict=True)),
+        )
+        dst[tuple(slice(a - r, c - r) for a, c, r in zip(lo, hi, region.lo, strict=True))] = (
+            self.staging[src]
+        )
+
+
+def _raise_missing(geometry: _Geometry, coords: list[tuple[int, ...]], results: Any) -> None:
+    """zarr's error for missing chunks when ``read_missing_chunks`` is off."""
+    encode = geometry.array.metadata.encode_chunk_key
+    missing = [
+        f"  chunk '{encode(c)}' (grid position {c})"
+        for c, result in zip(coords, results, strict=True)
+        if result["status"] == "missing"
+    ]
+    if missing:
+        raise ChunkNotFoundError(
+            f"{len(missing)} chunk(s) not found in store '{geometry.array.store_path}'.\n"
+            "Set the 'array.read_missing_chunks' config to True to fill "
+            "missing chunks with the fill value.\nMissing chunks:\n" + "\n".join(missing)
+        )
+
+
+def _check_out(out: Sequence[Any], n: int) -> list[np.ndarray]:
+    """``out`` as a list of ``n`` writable NumPy arrays."""
+    buffers = list(out)
+    if len(buffers) != n:
+        raise ValueError(f"out has {len(buffers)} buffers for {n} selections")
+    for i, buf in enumerate(buffers):
+        if not isinstance(buf, np.ndarray):
+            raise TypeError(f"out[{i}] must be a numpy.ndarray, not {type(buf).__name__}")
+        if not buf.flags.writeable:
+            raise ValueError(f"out[{i}] is read-only")
+    return buffers
+
+
+def _check_buffer(buf: np.ndarray, i: int, shape: tuple[int, ...], dtype: np.dtype[Any]) -> None:
+    if buf.shape != shape:
+        raise ValueError(f"out[{i}] has shape {buf.shape}, the selection {shape}")
+    if buf.dtype != dtype:
+        raise ValueError(f"out[{i}] has dtype {buf.dtype}, the array {dtype}")
+
+
+def _one_by_one(array: Any, selections: Sequence[Any], out: list[np.ndarray] | None) -> list[Any]:
+    """The fallback: one ``array[sel]`` per region."""
+    results = []
+    for i, selection in enumerate(selections):
+        value = array[selection]
+        if out is None:
+            results.append(value)
+            continue
+        result = np.asarray(value)
+        _check_buffer(out[i], i, result.shape, result.dtype)
+        out[i][...] = result
+        results.append(out[i])
+    return results
+
+
+def read_regions(
+    array: Any, selections: Iterable[Any], out: Sequence[np.ndarray] | None = None
+) -> list[Any]:
+    """Read many regions of ``array`` as one planned batch.
+
+    Parameters
+    ----------
+    array : zarr.Array
+        The array to read. Planned as one batch when it uses
+        ``zarr_fused.FusedCodecPipeline``; otherwise (and for what the
+        module docstring lists) each region is read with ``array[sel]``.
+    selections : iterable
+        Basic selections, as ``array[sel]`` takes them: tuples of integers
+        and slices (step 1), ``Ellipsis``, a lone integer or slice. Regions
+        may overlap, lie on edge chunks or select nothing.
+    out : sequence of numpy.ndarray, optional
+        One buffer per selection, of the shape ``array[sel]`` has and the
+        array's dtype, written in place.
+
+    Returns
+    -------
+    list
+        One result per selection, in order: what ``array[sel]`` returns
+        (a NumPy array, zero-dimensional when every axis is an integer), or
+        the buffers of ``out``.
+    """
+    selections = list(selections)
+    buffers = None if out is None else _check_out(out, len(selections))
+    geometry = _Geometry.of(array)
+    if geometry is None:
+        return _one_by_one(array, selections, buffers)
+    regions = [_region(selection, geometry.shape) for selection in selections]
+    planned = [i for i, region in enumerate(regions) if region is not None]
+    results: list[Any] = [None] * len(selections)
+    dsts: dict[int, np.ndarray] = {}
+    for i in planned:
+        region = regions[i]
+        assert region is not None
+        results[i], dsts[i] = _result(geometry, region, None if buffers is None else buffers[i], i)
+    _read_planned(geometry, {i: r for i, r in enumerate(regions) if r is not None}, dsts)
+    rest = [i for i, region in enumerate(regions) if region is None]
+    if rest:
+        values = _one_by_one(
+            array,
+            [selections[i] for i in rest],
+            None if buffers is None else [buffers[i] for i in rest],
+        )
+        for i, value in zip(rest, values, strict=True):
+            results[i] = value
+    return results
+
+
+def _result(
+    geometry: _Geometry, region: _Region, buf: np.ndarray | None, i: int
+) -> tuple[Any, np.ndarray]:
+    """The result of ``region`` (a new array, or ``buf`` checked) and the
+    view of it with every axis kept, which the copies write into."""
+    shape = region.shape
+    if buf is None:
+        buf = np.empty(shape, dtype=geometry.dtype, order=geometry.order)
+        result: Any = buf
+    else:
+        _check_buffer(buf, i, shape, geometry.dtype)
+        result = buf
+    dst = np.expand_dims(buf, region.dropped) if region.dropped else buf
+    return result, dst
+
+
+def _read_planned(
+    geometry: _Geometry, regions: dict[int, _Region], dsts: dict[int, np.ndarray]
+) -> None:
+    """Read every planned region into its ``dsts`` view, in waves of
+    blocks (see the module docstring)."""
+    work = [i for i, region in regions.items() if 0 not in region.full_shape]
+    if not work:
+        return
+    boxes = [regions[i] for i in work]
+    blocks = _blocks(geometry, boxes)
+    width = tuple(max(b.hi[d] - b.lo[d] for b in blocks) for d in range(1, len(geometry.shape)))
+    max_workers = resolve_max_workers()
+    for wave_blocks in _waves(blocks, width, geometry.dtype.itemsize):
+        wave = _Wave(geometry, wave_blocks, width)
+        wave.read()
+        pairs = [(block, r) for block in wave_blocks for r in block.regions]
+        n_parts = min(len(pairs), 4 * max_workers)
+        parts = [pairs[k::n_parts] for k in range(n_parts)]
+        run_parallel(partial(_copy_part, wave, boxes, [dsts[i] for i in work]), parts, max_workers)
+
+
+def _copy_part(
+    wave: _Wave,
+    boxes: list[_Region],
+    dsts: list[np.ndarray],
+    pairs: list[tuple[_Block, int]],
+) -> None:
+    """Copy ``pairs`` (a block and a region overlapping it) out of ``wave``."""
+    for block, r in pairs:
+        wave.copy(boxes[r], block, dsts[r])
