@@ -23,6 +23,7 @@ from zarr.registry import register_codec
 
 import zarr_fused
 from zarr_fused._async_path import read_async, write_async
+from zarr_fused._batch import ReadRequest, WriteRequest
 from zarr_fused._pool import partition
 from zarr_fused.chunks import async_write
 from zarr_fused.chunks.async_read import AsyncChunkReader
@@ -114,7 +115,7 @@ def test_decoding_starts_while_fetches_are_in_flight() -> None:
     ]
     out = NDBuffer.from_numpy_array(np.zeros(12, dtype="int32"))
     with zarr.config.set({"codec_pipeline.max_workers": 2}):
-        statuses = asyncio.run(read_async(spy_plan, batch, out, ()))
+        statuses = asyncio.run(read_async(spy_plan, batch, ReadRequest(out, (), 2)))
     assert [s["status"] for s in statuses] == ["present"] * 3
     assert_same_values(
         out.as_numpy_array(),
@@ -159,7 +160,7 @@ def test_failed_read_cancels_and_drains(max_workers: int) -> None:
         ]
         out = NDBuffer.from_numpy_array(np.zeros(8, dtype="int32"))
         with pytest.raises(OSError, match="simulated fetch failure"):
-            await read_async(pipeline.plan, batch, out, ())
+            await read_async(pipeline.plan, batch, ReadRequest(out, (), max_workers))
         others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
         assert others == []
         await asyncio.sleep(0.7)
@@ -184,7 +185,7 @@ def test_failed_write_cancels_and_drains(max_workers: int) -> None:
         ]
         value = NDBuffer.from_numpy_array(np.arange(8, dtype="int32"))
         with pytest.raises(OSError, match="simulated write failure"):
-            await write_async(pipeline.plan, batch, value, ())
+            await write_async(pipeline.plan, batch, WriteRequest(value, (), max_workers))
         others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
         assert others == []
         await asyncio.sleep(0.7)

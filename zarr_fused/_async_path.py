@@ -28,8 +28,8 @@ from zarr_fused.io.requests import open_batch
 
 if TYPE_CHECKING:
     from zarr.abc.codec import GetResult
-    from zarr.core.buffer import NDBuffer
 
+    from zarr_fused._batch import ReadRequest, WriteRequest
     from zarr_fused._items import ReadItem, WriteItem
     from zarr_fused._plan import PipelinePlan
 
@@ -37,18 +37,15 @@ __all__ = ["read_async", "write_async"]
 
 
 async def read_async(
-    plan: PipelinePlan,
-    batch: list[ReadItem],
-    out: NDBuffer,
-    drop_axes: tuple[int, ...],
+    plan: PipelinePlan, batch: list[ReadItem], request: ReadRequest
 ) -> tuple[GetResult, ...]:
     """Read a batch without synchronous store IO."""
     shard_reader = plan.async_shard_reader
-    plans = None if shard_reader is None else shard_reader.applies(batch, out, drop_axes)
+    plans = None if shard_reader is None else shard_reader.applies(batch, request)
     if plans is not None:
         assert shard_reader is not None
-        async with open_batch() as io:
-            return await shard_reader.read(batch, plans, out, io)
+        async with open_batch(request.max_workers) as io:
+            return await shard_reader.read(batch, plans, request, io)
     codec = plan.array_bytes_codec
     if plan.partial_decode and isinstance(codec, ArrayBytesCodecPartialDecodeMixin):
         # The codec fetches only the byte ranges it needs (coalesced), as in
@@ -59,31 +56,26 @@ async def read_async(
         results: list[GetResult] = []
         for array, (_, spec, _, out_selection, _) in zip(arrays, batch, strict=True):
             if array is None:
-                fill_missing(out, out_selection, spec)
+                fill_missing(request.out, out_selection, spec)
                 results.append(MISSING)
             else:
-                scatter_chunk(out, out_selection, array, drop_axes)
+                scatter_chunk(request.out, out_selection, array, request.drop_axes)
                 results.append(PRESENT)
         return tuple(results)
-    async with open_batch() as io:
-        return await plan.async_chunk_reader.read(batch, out, drop_axes, io)
+    async with open_batch(request.max_workers) as io:
+        return await plan.async_chunk_reader.read(batch, request, io)
 
 
-async def write_async(
-    plan: PipelinePlan,
-    batch: list[WriteItem],
-    value: NDBuffer,
-    drop_axes: tuple[int, ...],
-) -> None:
+async def write_async(plan: PipelinePlan, batch: list[WriteItem], request: WriteRequest) -> None:
     """Write a batch without synchronous store IO: the native shard writer
     first where it applies, the chunk writer for the rest."""
     shard_writer = plan.async_shard_writer
-    plans = None if shard_writer is None else shard_writer.applies(batch, value, drop_axes)
+    plans = None if shard_writer is None else shard_writer.applies(batch, request)
     if plans is not None:
         assert shard_writer is not None
-        async with open_batch() as io:
-            batch = await shard_writer.write(batch, plans, value, drop_axes, io)
+        async with open_batch(request.max_workers) as io:
+            batch = await shard_writer.write(batch, plans, request, io)
         if not batch:
             return
-    async with open_batch() as io:
-        await plan.async_chunk_writer.write(batch, value, drop_axes, io)
+    async with open_batch(request.max_workers) as io:
+        await plan.async_chunk_writer.write(batch, request, io)

@@ -50,6 +50,8 @@ from zarr_fused.shard.read import ShardReader
 from zarr_fused.shard.write import ShardWriter
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from zarr.abc.codec import Codec, CodecPipeline
     from zarr.core.array_spec import ArraySpec
 
@@ -203,8 +205,13 @@ def build_plan(
         chain = build_chain(codecs, spec, sync_transform)
         if isinstance(chain, TransformChain):
             chain = hybrid_chain(codecs, spec, chain, native_tail) or chain
-        reader, read_fallback = _reader(chain, array_bytes_codec, spec, partial_decode)
-        writer, write_fallback = _writer(chain, array_bytes_codec, spec, partial_encode)
+        # the same dispatch as zarr's FusedCodecPipeline: a codec that
+        # implements the partial mixins but only their async methods takes
+        # the whole-chunk path
+        decodes = partial_decode and has_partial_decode(array_bytes_codec)
+        encodes = partial_encode and has_partial_encode(array_bytes_codec)
+        reader, read_fallback = _path(_READERS, chain, array_bytes_codec, spec, decodes)
+        writer, write_fallback = _path(_WRITERS, chain, array_bytes_codec, spec, encodes)
     sharded = isinstance(async_array_bytes_codec, ShardingCodec)
     return PipelinePlan(
         async_array_bytes_codec,
@@ -258,38 +265,45 @@ def _async_chunk_reader(
     return ObjectChunkReader(chain, generic) if isinstance(chain, NativeChain) else generic
 
 
-# Same dispatch as zarr's FusedCodecPipeline: a codec that implements the
-# partial mixins but only their async methods takes the whole-chunk path.
+@dataclass(frozen=True, slots=True)
+class _Paths[P]:
+    """The synchronous paths of one direction (the readers, or the
+    writers), from which `_path` picks one per array."""
+
+    #: through the array->bytes codec's own partial decode or encode
+    partial: Callable[[ArrayBytesCodec], P]
+    #: the shard engine (its codec, inner chain, and the partial path it
+    #: hands what its kernels do not serve: a `BatchReader` or a `HeldWriter`)
+    shards: Callable[[Any, NativeChain, Any], P]
+    #: whole chunks through a native chain
+    native: Callable[[NativeChain], P]
+    #: whole chunks through any other chain
+    whole: Callable[[Chain], P]
 
 
-def _reader(
-    chain: Chain, array_bytes_codec: ArrayBytesCodec, spec: ArraySpec, partial_decode: bool
-) -> tuple[Reader, str]:
-    """The synchronous reader, and why any reading falls back ("" if none)."""
-    if partial_decode and has_partial_decode(array_bytes_codec):
-        reader = PartialDecodeReader(array_bytes_codec)
-        reason, inner = shard_chain_reason(array_bytes_codec, spec)
+_READERS: _Paths[Reader] = _Paths(
+    PartialDecodeReader,
+    lambda codec, inner, partial: ShardReader(codec, inner, partial, ShardIO()),
+    # LocalStore chunk files go through the IO threads; any other store
+    # through the NativeChunkReader the pipelined reader wraps
+    lambda chain: PipelinedChunkReader(chain, NativeChunkReader(chain)),
+    ChunkReader,
+)
+_WRITERS: _Paths[Writer] = _Paths(PartialEncodeWriter, ShardWriter, NativeChunkWriter, ChunkWriter)
+
+
+def _path[P](
+    paths: _Paths[P], chain: Chain, codec: ArrayBytesCodec, spec: ArraySpec, partial: bool
+) -> tuple[P, str]:
+    """The path of ``paths`` for this array, and why any of its work falls
+    back to zarr's code ("" if none). ``partial``: the codec reads or
+    writes partially (sharding), synchronously."""
+    if partial:
+        fallback = paths.partial(codec)
+        reason, inner = shard_chain_reason(codec, spec)
         if inner is None:
-            return reader, reason
-        shards = ShardReader(array_bytes_codec, inner, reader, ShardIO())  # type: ignore[arg-type]
-        return shards, reason
+            return fallback, reason
+        return paths.shards(codec, inner, fallback), reason
     if isinstance(chain, NativeChain):
-        # LocalStore chunk files go through the IO threads; any other store
-        # through the NativeChunkReader the pipelined reader wraps
-        return PipelinedChunkReader(chain, NativeChunkReader(chain)), chain.reason
-    return ChunkReader(chain), chain.reason
-
-
-def _writer(
-    chain: Chain, array_bytes_codec: ArrayBytesCodec, spec: ArraySpec, partial_encode: bool
-) -> tuple[Writer, str]:
-    """The synchronous writer, and why any writing falls back ("" if none)."""
-    if partial_encode and has_partial_encode(array_bytes_codec):
-        writer = PartialEncodeWriter(array_bytes_codec)
-        reason, inner = shard_chain_reason(array_bytes_codec, spec)
-        if inner is None:
-            return writer, reason
-        return ShardWriter(array_bytes_codec, inner, writer), reason  # type: ignore[arg-type]
-    if isinstance(chain, NativeChain):
-        return NativeChunkWriter(chain), chain.reason
-    return ChunkWriter(chain), chain.reason
+        return paths.native(chain), chain.reason
+    return paths.whole(chain), chain.reason

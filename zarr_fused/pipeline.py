@@ -30,6 +30,7 @@ from zarr.registry import register_pipeline
 from zarr.storage import StorePath
 
 from zarr_fused._async_path import read_async, write_async
+from zarr_fused._batch import ReadRequest, WriteRequest
 from zarr_fused._cpus import resolve_max_workers
 from zarr_fused._native import missing_message
 from zarr_fused._plan import PipelinePlan, build_plan
@@ -49,6 +50,8 @@ if TYPE_CHECKING:
     from zarr.core.array_spec import ArraySpec
     from zarr.core.buffer import Buffer, NDBuffer
     from zarr.core.indexing import SelectorTuple
+
+    from zarr_fused._plan import Reader, Writer
 
 __all__ = ["FusedCodecPipeline"]
 
@@ -176,6 +179,16 @@ class FusedCodecPipeline(_zarr_pipeline.FusedCodecPipeline):
             )
         return plan
 
+    def _sync_reader(self) -> Reader:
+        reader = self._sync_plan("read").reader
+        assert reader is not None  # `_sync_plan` checked it
+        return reader
+
+    def _sync_writer(self) -> Writer:
+        writer = self._sync_plan("write").writer
+        assert writer is not None  # `_sync_plan` checked it
+        return writer
+
     # -- batch decode / encode (the CodecPipeline interface) -------------------------
 
     async def decode(
@@ -222,9 +235,7 @@ class FusedCodecPipeline(_zarr_pipeline.FusedCodecPipeline):
         batch = list(batch_info)
         if not batch:
             return ()
-        plan = self._sync_plan("read")
-        assert plan.reader is not None
-        return plan.reader.read(batch, out, drop_axes, max_workers)
+        return self._sync_reader().read(batch, ReadRequest(out, drop_axes, max_workers))
 
     def write_sync(
         self,
@@ -239,12 +250,11 @@ class FusedCodecPipeline(_zarr_pipeline.FusedCodecPipeline):
         batch = list(batch_info)
         if not batch:
             return
-        plan = self._sync_plan("write")
-        writer = plan.writer
-        assert writer is not None
+        writer = self._sync_writer()
+        request = WriteRequest(value, drop_axes, max_workers)
         # on a full disk, again with fewer files in flight (zarr_fused.io.full)
         write_with_fewer_in_flight(
-            lambda workers: writer.write(batch, value, drop_axes, workers), max_workers
+            lambda workers: writer.write(batch, request.with_workers(workers)), max_workers
         )
 
     # -- asynchronous read / write (what zarr calls) ----------------------------------
@@ -270,7 +280,7 @@ class FusedCodecPipeline(_zarr_pipeline.FusedCodecPipeline):
         plan = self._checked_plan("read")
         if logger.isEnabledFor(logging.DEBUG):
             logger.debug("read of %d chunks takes the async path", len(batch))
-        return await read_async(plan, batch, out, drop_axes)
+        return await read_async(plan, batch, ReadRequest(out, drop_axes, resolve_max_workers()))
 
     async def write(
         self,
@@ -292,7 +302,7 @@ class FusedCodecPipeline(_zarr_pipeline.FusedCodecPipeline):
         plan = self._checked_plan("write")
         if logger.isEnabledFor(logging.DEBUG):
             logger.debug("write of %d chunks takes the async path", len(batch))
-        await write_async(plan, batch, value, drop_axes)
+        await write_async(plan, batch, WriteRequest(value, drop_axes, resolve_max_workers()))
 
 
 def _rebuild(

@@ -22,7 +22,7 @@ into a NumPy output, is read here with
   (``max_workers`` = 1) on the loop; the last, smaller group on the loop
   once every chunk has arrived. Missing chunks are filled in the same call.
 
-Any other batch (`applies` says which) takes `AsyncChunkReader`: a task
+Any other batch (`object_store` says which) takes `AsyncChunkReader`: a task
 per chunk, fetched through zarr's byte getter (one of `request_limit`
 slots held while in flight) and decoded in the pool the moment its bytes
 arrive, so decoding overlaps the fetches still in flight.
@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from zarr.storage import ObjectStore, StorePath
 
-from zarr_fused._dtypes import fill_pattern
+from zarr_fused._batch import ReadTarget
 from zarr_fused._items import MISSING, PRESENT
 from zarr_fused._scatter_py import fill_missing, scatter_chunk
 
@@ -44,8 +44,9 @@ if TYPE_CHECKING:
     from collections.abc import Iterator, Sequence
 
     from zarr.abc.codec import GetResult
-    from zarr.core.buffer import Buffer, NDBuffer
+    from zarr.core.buffer import Buffer
 
+    from zarr_fused._batch import ReadRequest
     from zarr_fused._chain import Chain, NativeChain
     from zarr_fused._items import ReadItem
     from zarr_fused._zarr_compat import AsyncChunkTransform
@@ -93,9 +94,10 @@ class AsyncChunkReader:
         self.transform = transform
 
     async def read(
-        self, batch: Sequence[ReadItem], out: NDBuffer, drop_axes: tuple[int, ...], io: BatchIO
+        self, batch: Sequence[ReadItem], request: ReadRequest, io: BatchIO
     ) -> tuple[GetResult, ...]:
         chain, transform = self.chain, self.transform
+        out, drop_axes = request.out, request.drop_axes
         requests, tracker = io.requests, io.tracker
 
         def decode_sync(item: ReadItem, raw: Buffer, chain: Chain) -> None:
@@ -127,14 +129,13 @@ class ObjectChunkReader:
         self.chain = chain
         self.fallback = fallback
 
-    def applies(self, batch: Sequence[ReadItem], out: NDBuffer) -> Any | None:
+    @staticmethod
+    def object_store(batch: Sequence[ReadItem]) -> Any | None:
         """The obstore store every chunk of ``batch`` is read from, or None
-        when the batch is not this reader's."""
-        getter, spec, *_ = batch[0]
+        when the chunks are not all keys of one zarr ``ObjectStore``."""
+        getter, *_ = batch[0]
         store = getattr(getter, "store", None)
-        if type(store) is not ObjectStore or not self.chain.writes_into(
-            out.as_ndarray_like(), spec
-        ):
+        if type(store) is not ObjectStore:
             return None
         for getter, *_ in batch:
             if type(getter) is not StorePath or getter.store is not store:
@@ -142,12 +143,15 @@ class ObjectChunkReader:
         return store.store
 
     async def read(
-        self, batch: Sequence[ReadItem], out: NDBuffer, drop_axes: tuple[int, ...], io: BatchIO
+        self, batch: Sequence[ReadItem], request: ReadRequest, io: BatchIO
     ) -> tuple[GetResult, ...]:
-        store = self.applies(batch, out)
-        if store is None:
-            return await self.fallback.read(batch, out, drop_axes, io)
-        run = _GroupedRead(self.chain, batch, out, drop_axes, io.tracker)
+        store = self.object_store(batch)
+        target = (
+            None if store is None else ReadTarget.native(self.chain, batch, request, status=PRESENT)
+        )
+        if store is None or target is None:
+            return await self.fallback.read(batch, request, io)
+        run = _GroupedRead(self.chain, batch, target, io.tracker)
         order = iter(range(len(batch)))
         limit = io.requests.limit
         lanes = len(batch) if limit is None else min(limit, len(batch))
@@ -163,19 +167,11 @@ class _GroupedRead:
     queue a group at a time."""
 
     def __init__(
-        self,
-        chain: NativeChain,
-        batch: Sequence[ReadItem],
-        out: NDBuffer,
-        drop_axes: tuple[int, ...],
-        tracker: Tracker,
+        self, chain: NativeChain, batch: Sequence[ReadItem], target: ReadTarget, tracker: Tracker
     ) -> None:
-        self.chain, self.batch, self.out, self.drop_axes = chain, batch, out, drop_axes
-        self.dst = out.as_ndarray_like()
-        _, spec0, *_ = batch[0]
-        self.pattern = fill_pattern(spec0, self.dst.dtype)
-        self.ndim = max(self.dst.ndim, len(spec0.shape))
-        self.statuses: list[GetResult] = [PRESENT] * len(batch)
+        self.chain, self.batch = chain, batch
+        self.out, self.drop_axes = target.out, target.drop_axes
+        self.pattern, self.ndim, self.statuses = target.pattern, target.ndim, target.statuses
         self.tracker = tracker
         self.workers = 0 if tracker.pool is None else tracker.workers
         self.queue: list[tuple[int, Any]] = []

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 
     from zarr.core.buffer import Buffer, NDBuffer
 
+    from zarr_fused._batch import WriteRequest
     from zarr_fused._chain import Chain
     from zarr_fused._items import WriteItem
     from zarr_fused._zarr_compat import AsyncChunkTransform
@@ -50,13 +51,11 @@ class AsyncChunkWriter:
         #: whether the chunks are shards of zarr's sharding codec
         self.sharded = sharded
 
-    async def write(
-        self, batch: Sequence[WriteItem], value: NDBuffer, drop_axes: tuple[int, ...], io: BatchIO
-    ) -> None:
+    async def write(self, batch: Sequence[WriteItem], request: WriteRequest, io: BatchIO) -> None:
         """Each chunk merged and encoded in the pool (those the write covers
         whole, in groups: `_write_whole`), stored the moment its encode
         finishes."""
-        chain = self.chain
+        chain, value, drop_axes = self.chain, request.value, request.drop_axes
         whole = [item for item in batch if item[4]] if chain is not None else []
         rest = [item for item in batch if not item[4]] if whole else batch
         requests, tracker = io.requests, io.tracker

@@ -42,8 +42,8 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from zarr.abc.codec import GetResult
-    from zarr.core.buffer import NDBuffer
 
+    from zarr_fused._batch import ReadRequest
     from zarr_fused._chain import NativeChain
     from zarr_fused._items import ReadItem
     from zarr_fused.chunks.read import NativeChunkReader
@@ -115,27 +115,21 @@ class PipelinedChunkReader:
         #: how fast the files answered, and whether that still decides
         self.probe = LatencyProbe(FAST_FILE, reads_between=PROBE_READS)
 
-    def read(
-        self,
-        batch: Sequence[ReadItem],
-        out: NDBuffer,
-        drop_axes: tuple[int, ...],
-        max_workers: int,
-    ) -> tuple[GetResult, ...]:
-        if len(batch) <= max_workers:
+    def read(self, batch: Sequence[ReadItem], request: ReadRequest) -> tuple[GetResult, ...]:
+        if len(batch) <= request.max_workers:
             # the compute threads already keep every file of the batch in
             # flight: IO threads could only add a hand-off per chunk
-            return self.direct.read(batch, out, drop_axes, max_workers)
+            return self.direct.read(batch, request)
         io_concurrency = resolve_io_concurrency()
         prefix = None
         if io_concurrency > 1 and fileio_kernels is not None and io_kernels is not None:
             prefix = local_files(batch)
-        target = None if prefix is None else ReadTarget.native(self.chain, batch, out, drop_axes)
+        target = None if prefix is None else ReadTarget.native(self.chain, batch, request)
         if prefix is None or target is None:
-            return self.direct.read(batch, out, drop_axes, max_workers)
+            return self.direct.read(batch, request)
         probe = self.probe
         if probe.direct():
-            return self._read_direct_timed(batch, out, drop_axes, max_workers)
+            return self._read_direct_timed(batch, request)
         per_thread = REQUESTS_PER_THREAD if probe.seen_fast() else REQUESTS_PER_THREAD_SLOW
         read = _PipelinedRead(self.chain, batch, target, prefix, io_concurrency, per_thread)
         start = time.perf_counter()
@@ -145,16 +139,16 @@ class PipelinedChunkReader:
             read.fetch,
             read.consume,
             io_concurrency=io_concurrency,
-            max_workers=max_workers,
+            max_workers=request.max_workers,
         )
         probe.note_pipelined(time.perf_counter() - start, read.fastest.seconds)
         return tuple(read.statuses)
 
     def _read_direct_timed(
-        self, batch: Sequence[ReadItem], out: NDBuffer, drop_axes: tuple[int, ...], max_workers: int
+        self, batch: Sequence[ReadItem], request: ReadRequest
     ) -> tuple[GetResult, ...]:
         start = time.perf_counter()
-        result = self.direct.read(batch, out, drop_axes, max_workers)
+        result = self.direct.read(batch, request)
         self.probe.note_direct(time.perf_counter() - start)
         # The fastest group, not the whole read: on a busy host a read's
         # threads wait for a CPU, which its mean time per file would count

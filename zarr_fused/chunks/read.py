@@ -27,7 +27,7 @@ try:
 except ImportError:  # not Unix
     resource = None  # type: ignore[assignment]
 
-from zarr_fused._batch import ReadTarget
+from zarr_fused._batch import ReadRequest, ReadTarget
 from zarr_fused._items import MISSING, PRESENT
 from zarr_fused._pool import partition, run_parallel
 from zarr_fused._scatter_py import fill_missing, scatter_chunk
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from zarr.abc.codec import ArrayBytesCodec, GetResult
-    from zarr.core.buffer import Buffer, NDBuffer
+    from zarr.core.buffer import Buffer
 
     from zarr_fused._chain import Chain, NativeChain
     from zarr_fused._items import ReadItem
@@ -48,27 +48,21 @@ __all__ = ["ChunkReader", "NativeChunkReader", "PartialDecodeReader"]
 
 class _EachChunk(ABC):
     """A read path that reads each chunk on its own, on the pool threads:
-    `read_into` reads one into ``out`` and says whether it was stored; a
-    chunk that was not gets its fill value here."""
+    `read_into` reads one into the request's ``out`` and says whether it
+    was stored; a chunk that was not gets its fill value here."""
 
     @abstractmethod
-    def read_into(self, item: ReadItem, out: NDBuffer, drop_axes: tuple[int, ...]) -> bool: ...
+    def read_into(self, item: ReadItem, request: ReadRequest) -> bool: ...
 
-    def read(
-        self,
-        batch: Sequence[ReadItem],
-        out: NDBuffer,
-        drop_axes: tuple[int, ...],
-        max_workers: int,
-    ) -> tuple[GetResult, ...]:
+    def read(self, batch: Sequence[ReadItem], request: ReadRequest) -> tuple[GetResult, ...]:
         def read_one(item: ReadItem) -> GetResult:
-            if self.read_into(item, out, drop_axes):
+            if self.read_into(item, request):
                 return PRESENT
             _, spec, _, out_selection, _ = item
-            fill_missing(out, out_selection, spec)
+            fill_missing(request.out, out_selection, spec)
             return MISSING
 
-        return tuple(run_parallel(read_one, batch, max_workers))
+        return tuple(run_parallel(read_one, batch, request.max_workers))
 
 
 class ChunkReader(_EachChunk):
@@ -77,12 +71,14 @@ class ChunkReader(_EachChunk):
     def __init__(self, chain: Chain) -> None:
         self.chain = chain
 
-    def read_into(self, item: ReadItem, out: NDBuffer, drop_axes: tuple[int, ...]) -> bool:
+    def read_into(self, item: ReadItem, request: ReadRequest) -> bool:
         getter, spec, chunk_selection, out_selection, _ = item
         raw = getter.get_sync(prototype=spec.prototype)
         if raw is None:
             return False
-        self.chain.decode_into(raw, spec, chunk_selection, out, out_selection, drop_axes, getter)
+        self.chain.decode_into(
+            raw, spec, chunk_selection, request.out, out_selection, request.drop_axes, getter
+        )
         return True
 
 
@@ -97,17 +93,12 @@ class NativeChunkReader:
         #: for `zarr_fused.chunks.pipelined`; see `group_seconds_per_file`
         self.fastest_file = float("inf")
 
-    def read(
-        self,
-        batch: Sequence[ReadItem],
-        out: NDBuffer,
-        drop_axes: tuple[int, ...],
-        max_workers: int,
-    ) -> tuple[GetResult, ...]:
-        target = ReadTarget.native(self.chain, batch, out, drop_axes)
+    def read(self, batch: Sequence[ReadItem], request: ReadRequest) -> tuple[GetResult, ...]:
+        target = ReadTarget.native(self.chain, batch, request)
         if target is None:
-            return self.generic.read(batch, out, drop_axes, max_workers)
+            return self.generic.read(batch, request)
         job = _ChunkRead(self.chain, batch, target)
+        max_workers = request.max_workers
         run_parallel(job.read_group, partition(len(batch), max_workers), max_workers)
         self.fastest_file = job.fastest
         return tuple(target.statuses)
@@ -232,10 +223,10 @@ class PartialDecodeReader(_EachChunk):
     def __init__(self, codec: ArrayBytesCodec) -> None:
         self.codec = codec
 
-    def read_into(self, item: ReadItem, out: NDBuffer, drop_axes: tuple[int, ...]) -> bool:
+    def read_into(self, item: ReadItem, request: ReadRequest) -> bool:
         getter, spec, chunk_selection, out_selection, _ = item
         selected = decode_partial_sync(self.codec)(getter, chunk_selection, spec)
         if selected is None:
             return False
-        scatter_chunk(out, out_selection, selected, drop_axes)
+        scatter_chunk(request.out, out_selection, selected, request.drop_axes)
         return True

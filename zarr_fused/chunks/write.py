@@ -59,8 +59,9 @@ if TYPE_CHECKING:
 
     from zarr.abc.codec import ArrayBytesCodec
     from zarr.core.array_spec import ArraySpec
-    from zarr.core.buffer import Buffer, NDBuffer
+    from zarr.core.buffer import Buffer
 
+    from zarr_fused._batch import WriteRequest
     from zarr_fused._chain import Chain, NativeChain
     from zarr_fused._items import WriteItem
 
@@ -95,14 +96,8 @@ class ChunkWriter:
         transform = getattr(chain, "transform", None)
         self.shards = isinstance(getattr(transform, "_ab_codec", None), ShardingCodec)
 
-    def write(
-        self,
-        batch: Sequence[WriteItem],
-        value: NDBuffer,
-        drop_axes: tuple[int, ...],
-        max_workers: int,
-    ) -> None:
-        chain = self.chain
+    def write(self, batch: Sequence[WriteItem], request: WriteRequest) -> None:
+        chain, value, drop_axes = self.chain, request.value, request.drop_axes
 
         def update(item: WriteItem) -> None:
             setter, spec, _, _, is_complete = item
@@ -114,7 +109,7 @@ class ChunkWriter:
                 setter.set_sync(encoded)
 
         locks = shard_locks(batch) if self.shards else None
-        _update_held(update, batch, max_workers, locks)
+        _update_held(update, batch, request.max_workers, locks)
 
 
 class PartialEncodeWriter:
@@ -129,25 +124,16 @@ class PartialEncodeWriter:
     def __init__(self, codec: ArrayBytesCodec) -> None:
         self.codec = codec
 
-    def write(
-        self,
-        batch: Sequence[WriteItem],
-        value: NDBuffer,
-        drop_axes: tuple[int, ...],
-        max_workers: int,
-    ) -> None:
-        self.write_held(batch, value, max_workers, shard_locks(batch))
+    def write(self, batch: Sequence[WriteItem], request: WriteRequest) -> None:
+        self.write_held(batch, request, shard_locks(batch))
 
     def write_held(
-        self,
-        batch: Sequence[WriteItem],
-        value: NDBuffer,
-        max_workers: int,
-        locks: ShardLocks | None,
+        self, batch: Sequence[WriteItem], request: WriteRequest, locks: ShardLocks | None
     ) -> None:
         """`write` with the holds given (None: none taken, as when the
         caller holds the shard already)."""
         encode_partial = encode_partial_sync(self.codec)
+        value = request.value
         scalar = len(value.shape) == 0
 
         def update(item: WriteItem) -> None:
@@ -155,7 +141,7 @@ class PartialEncodeWriter:
             chunk_value = value if scalar else value[out_selection]
             encode_partial(setter, chunk_value, chunk_selection, spec)
 
-        _update_held(update, batch, max_workers, locks)
+        _update_held(update, batch, request.max_workers, locks)
 
 
 def _update_held(
@@ -223,18 +209,13 @@ class NativeChunkWriter:
         self.probe.measured((time.perf_counter() - began) * threads / n)
         return n
 
-    def write(
-        self,
-        batch: Sequence[WriteItem],
-        value: NDBuffer,
-        drop_axes: tuple[int, ...],
-        max_workers: int,
-    ) -> None:
+    def write(self, batch: Sequence[WriteItem], request: WriteRequest) -> None:
         _, spec0, *_ = batch[0]
-        if not self.chain.handles(spec0) or type(value.as_ndarray_like()) is not np.ndarray:
-            self.generic.write(batch, value, drop_axes, max_workers)
+        if not self.chain.handles(spec0) or type(request.value.as_ndarray_like()) is not np.ndarray:
+            self.generic.write(batch, request)
             return
-        job = _ChunkWrite(self.chain, batch, value, drop_axes)
+        max_workers = request.max_workers
+        job = _ChunkWrite(self.chain, batch, request)
         io_concurrency = resolve_io_concurrency() if job.prefix is not None else 1
         behind = self._behind() if io_concurrency > 1 and io_kernels is not None else False
         start = 0
@@ -270,17 +251,13 @@ class _ChunkWrite:
     written in part, merge, encode the group in one nogil call, store."""
 
     def __init__(
-        self,
-        chain: NativeChain,
-        batch: Sequence[WriteItem],
-        value: NDBuffer,
-        drop_axes: tuple[int, ...],
+        self, chain: NativeChain, batch: Sequence[WriteItem], request: WriteRequest
     ) -> None:
         self.chain = chain
         self.batch = batch
-        self.value = value
-        self.drop_axes = drop_axes
-        self.scalar = value.shape == ()
+        self.value = request.value
+        self.drop_axes = request.drop_axes
+        self.scalar = request.value.shape == ()
         _, spec0, *_ = batch[0]
         self.ndim = max(len(spec0.shape), 1)
         # the fill pattern when the encode kernel runs zarr's empty-chunk

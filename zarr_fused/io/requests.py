@@ -33,7 +33,6 @@ from typing import TYPE_CHECKING, Any, Final, Literal
 
 from zarr.core.config import config as zarr_config
 
-from zarr_fused._cpus import resolve_max_workers
 from zarr_fused._items import describe_key
 from zarr_fused._pool import ElasticPool, get_pool
 from zarr_fused._zarr_compat import OBJECT_ABSENT
@@ -280,10 +279,11 @@ class BatchIO:
 
 
 @asynccontextmanager
-async def open_batch() -> AsyncIterator[BatchIO]:
-    """The requests and the tracker of one batch; on the way out, whether
-    the batch succeeded or failed, everything it started is finished."""
-    tracker = Tracker(resolve_max_workers())
+async def open_batch(workers: int) -> AsyncIterator[BatchIO]:
+    """The requests and the tracker (computing on ``workers`` threads) of
+    one batch; on the way out, whether the batch succeeded or failed,
+    everything it started is finished."""
+    tracker = Tracker(workers)
     try:
         yield BatchIO(Requests(), tracker)
     finally:

@@ -33,7 +33,6 @@ import numpy as np
 from zarr.abc.store import RangeByteRequest, SuffixByteRequest
 
 from zarr_fused._buffers import RawBuffer
-from zarr_fused._cpus import resolve_max_workers
 from zarr_fused._dtypes import fill_pattern
 from zarr_fused._items import MISSING, PRESENT, describe_key
 from zarr_fused._native import shard_kernels
@@ -53,8 +52,9 @@ if TYPE_CHECKING:
 
     from zarr.abc.codec import GetResult
     from zarr.core.array_spec import ArraySpec
-    from zarr.core.buffer import Buffer, NDBuffer
+    from zarr.core.buffer import Buffer
 
+    from zarr_fused._batch import ReadRequest
     from zarr_fused._items import ReadItem
     from zarr_fused.io.requests import BatchIO
     from zarr_fused.shard.read import ShardReader
@@ -73,14 +73,12 @@ class AsyncShardReader:
         self.inner_shape = reader.inner_shape
         self.fmt = reader.fmt
 
-    def applies(
-        self, batch: Sequence[ReadItem], out: NDBuffer, drop_axes: tuple[int, ...]
-    ) -> list[Any] | None:
+    def applies(self, batch: Sequence[ReadItem], request: ReadRequest) -> list[Any] | None:
         """The shard plans of ``batch``, or None when the engine does not
         apply (the batch then goes to zarr's sharding codec)."""
-        if drop_axes or shard_kernels is None:
+        if request.drop_axes or shard_kernels is None:
             return None
-        dst = out.as_ndarray_like()
+        dst = request.out.as_ndarray_like()
         if not self.chain.writes_into(dst, batch[0][1]):
             return None
         plans = []
@@ -94,10 +92,10 @@ class AsyncShardReader:
         return plans
 
     async def read(
-        self, batch: Sequence[ReadItem], plans: list[Any], out: NDBuffer, io: BatchIO
+        self, batch: Sequence[ReadItem], plans: list[Any], request: ReadRequest, io: BatchIO
     ) -> tuple[GetResult, ...]:
-        """Read ``batch`` (its ``plans`` from `applies`) into ``out``."""
-        run = _AsyncBatch(self, batch, out, io)
+        """Read ``batch`` (its ``plans`` from `applies`) into the request's ``out``."""
+        run = _AsyncBatch(self, batch, request, io)
         return tuple(
             await asyncio.gather(
                 *(io.tracker.task(run.shard(i, plan)) for i, plan in enumerate(plans))
@@ -116,22 +114,26 @@ class _AsyncBatch:
     each shard."""
 
     def __init__(
-        self, reader: AsyncShardReader, batch: Sequence[ReadItem], out: NDBuffer, io: BatchIO
+        self,
+        reader: AsyncShardReader,
+        batch: Sequence[ReadItem],
+        request: ReadRequest,
+        io: BatchIO,
     ) -> None:
         self.reader = reader
         self.fmt = reader.fmt
         self.chain = reader.chain
         self.batch = batch
-        self.out = out
+        self.out = request.out
         # a NumPy array: `AsyncShardReader.applies` checked it
-        self.dst: np.ndarray = out.as_ndarray_like()  # type: ignore[assignment]
+        self.dst: np.ndarray = request.out.as_ndarray_like()  # type: ignore[assignment]
         self.requests = io.requests
         self.tracker = io.tracker
         spec0 = batch[0][1]
         self.pattern = fill_pattern(spec0, self.dst.dtype)
         self.layout = self.chain.layout(reader.inner_shape)
         self.ndim = max(self.dst.ndim, len(reader.inner_shape))
-        workers = resolve_max_workers()
+        workers = request.max_workers
         #: workers one shard's decodes spread over (1 when shards go round)
         self.spread = workers if len(batch) < 2 * workers else 1
 

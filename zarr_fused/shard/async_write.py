@@ -37,7 +37,6 @@ import threading
 from functools import partial
 from typing import TYPE_CHECKING, Any, Literal, cast
 
-from zarr_fused._cpus import resolve_max_workers
 from zarr_fused._native import shard_kernels
 from zarr_fused._pool import partition
 from zarr_fused._zarr_compat import inner_chunk_spec
@@ -49,8 +48,9 @@ if TYPE_CHECKING:
 
     import numpy as np
     from zarr.core.array_spec import ArraySpec
-    from zarr.core.buffer import Buffer, NDBuffer
+    from zarr.core.buffer import Buffer
 
+    from zarr_fused._batch import WriteRequest
     from zarr_fused._items import WriteItem
     from zarr_fused.io.object_cas import Outcome
     from zarr_fused.io.requests import BatchIO
@@ -65,9 +65,7 @@ class AsyncShardWriter:
     def __init__(self, writer: ShardWriter) -> None:
         self.writer = writer
 
-    def applies(
-        self, batch: Sequence[WriteItem], value: NDBuffer, drop_axes: tuple[int, ...]
-    ) -> list[Any] | None:
+    def applies(self, batch: Sequence[WriteItem], request: WriteRequest) -> list[Any] | None:
         """The shard plan of each item of ``batch`` (None for an item the
         planner does not cover), or None when the engine writes none of
         them (the batch then goes to zarr's sharding codec)."""
@@ -75,7 +73,7 @@ class AsyncShardWriter:
             return None
         writer = self.writer
         inner_spec = inner_chunk_spec(writer.codec, batch[0][1])
-        if not writer.accepts(value.as_ndarray_like(), drop_axes, inner_spec):
+        if not writer.accepts(request.value.as_ndarray_like(), request.drop_axes, inner_spec):
             return None
         plans = [
             shard_kernels.plan_selection(spec.shape, writer.inner_shape, chunk_selection)
@@ -84,18 +82,13 @@ class AsyncShardWriter:
         return plans if any(plan is not None for plan in plans) else None
 
     async def write(
-        self,
-        batch: Sequence[WriteItem],
-        plans: list[Any],
-        value: NDBuffer,
-        drop_axes: tuple[int, ...],
-        io: BatchIO,
+        self, batch: Sequence[WriteItem], plans: list[Any], request: WriteRequest, io: BatchIO
     ) -> list[WriteItem]:
         """Write the items of ``batch`` that have a plan (from `applies`);
         return those left for zarr's sharding codec."""
         native = [(item, plan) for item, plan in zip(batch, plans, strict=True) if plan is not None]
         rest = [item for item, plan in zip(batch, plans, strict=True) if plan is None]
-        run = _AsyncWrite(self.writer, batch, value, drop_axes, io)
+        run = _AsyncWrite(self.writer, batch, request, io)
         run.spread = run.workers if len(native) < 2 * run.workers else 1
         if run.ctx.scalar:
             run.ctx.scalar_payload = await io.tracker.compute(self.writer._encode_scalar, run.ctx)
@@ -107,21 +100,16 @@ class _AsyncWrite:
     """One `AsyncShardWriter.write` call: the steps each shard goes through."""
 
     def __init__(
-        self,
-        writer: ShardWriter,
-        batch: Sequence[WriteItem],
-        value: NDBuffer,
-        drop_axes: tuple[int, ...],
-        io: BatchIO,
+        self, writer: ShardWriter, batch: Sequence[WriteItem], request: WriteRequest, io: BatchIO
     ) -> None:
         self.writer = writer
         self.requests = io.requests
         self.tracker = io.tracker
         # a NumPy array: `AsyncShardWriter.applies` checked it
-        data = cast("np.ndarray", value.as_ndarray_like())
+        data = cast("np.ndarray", request.value.as_ndarray_like())
         inner_spec = inner_chunk_spec(writer.codec, batch[0][1])
-        self.ctx: _Write = writer._context(batch, value, data, drop_axes, inner_spec)
-        self.workers = resolve_max_workers()
+        self.ctx: _Write = writer._context(batch, request, data, inner_spec)
+        self.workers = request.max_workers
         #: workers one shard's encodes spread over (1 when shards go round)
         self.spread = 1
         #: items whose value does not fit the selection (zarr's code raises)

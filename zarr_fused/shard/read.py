@@ -59,7 +59,7 @@ if TYPE_CHECKING:
     from zarr.core.array_spec import ArraySpec
     from zarr.core.buffer import NDBuffer
 
-    from zarr_fused._batch import BatchReader
+    from zarr_fused._batch import BatchReader, ReadRequest
     from zarr_fused._chain import NativeChain
     from zarr_fused._items import ReadItem
     from zarr_fused.shard.pipelined import ShardIO
@@ -266,21 +266,16 @@ class ShardReader:
 
     # -- the batch ----------------------------------------------------------------------
 
-    def read(
-        self,
-        batch: Sequence[ReadItem],
-        out: NDBuffer,
-        drop_axes: tuple[int, ...],
-        max_workers: int,
-    ) -> tuple[GetResult, ...]:
+    def read(self, batch: Sequence[ReadItem], request: ReadRequest) -> tuple[GetResult, ...]:
         # inner chunks share the shard spec's dtype and prototype, all that
         # `writes_into` looks at
         target = ReadTarget.native(
-            self.chain, batch, out, drop_axes, self.inner_shape, PRESENT, self._fill
+            self.chain, batch, request, self.inner_shape, PRESENT, self._fill
         )
         if target is None:
-            return self.fallback.read(batch, out, drop_axes, max_workers)
+            return self.fallback.read(batch, request)
         read = _ReadBatch(self, batch, target)
+        max_workers = request.max_workers
         io = self.io
         if io is not None:
             local = local_files(batch, shard_io=True) is not None
@@ -325,14 +320,7 @@ class ShardReader:
         shard.entries = (inner.entries, inner.payload)
         shard.buffer, inner.buffer = inner.buffer, None
 
-    def _decode_general(
-        self,
-        item: ReadItem,
-        shard: _Shard,
-        out: NDBuffer,
-        drop_axes: tuple[int, ...],
-        pattern: bytes,
-    ) -> None:
+    def _decode_general(self, item: ReadItem, shard: _Shard, target: ReadTarget) -> None:
         getter, spec, _, out_selection, _ = item
         indexer, items = shard.payload
         temp = spec.prototype.nd_buffer.empty(
@@ -341,10 +329,10 @@ class ShardReader:
         # a CPU buffer (the chain handles spec), so a NumPy array
         array = cast("np.ndarray", temp.as_ndarray_like())
         if items:
-            self._decode_general_items(getter, spec, items, shard, temp, pattern)
+            self._decode_general_items(getter, spec, items, shard, temp, target.pattern)
         if hasattr(indexer, "sel_shape"):
             array = array.reshape(indexer.sel_shape)
-        scatter_array(out, out_selection, array, drop_axes)
+        scatter_array(target.out, out_selection, array, target.drop_axes)
 
     def _decode_general_items(
         self,
@@ -396,6 +384,7 @@ class _ReadBatch:
         self.reader = reader
         self.chain = reader.chain
         self.batch = batch
+        self.target = target
         self.out = target.out
         self.dst = target.dst
         self.drop_axes = target.drop_axes
@@ -481,9 +470,7 @@ class _ReadBatch:
 
     def finish_general(self, shard: _Shard) -> None:
         if not shard.missing:
-            self.reader._decode_general(
-                self.batch[shard.index], shard, self.out, self.drop_axes, self.pattern
-            )
+            self.reader._decode_general(self.batch[shard.index], shard, self.target)
 
     def read_shard_part(self, shard: _Shard) -> bool:
         """Fetch and decode a partly touched local shard in one native call

@@ -76,10 +76,9 @@ if TYPE_CHECKING:
 
     from zarr.codecs.sharding import ShardingCodec
     from zarr.core.array_spec import ArraySpec
-    from zarr.core.buffer import NDBuffer
     from zarr.core.indexing import SelectorTuple
 
-    from zarr_fused._batch import HeldWriter
+    from zarr_fused._batch import HeldWriter, WriteRequest
     from zarr_fused._chain import NativeChain
     from zarr_fused._items import WriteItem
     from zarr_fused.io.shard_lock import Hold, ShardLocks
@@ -104,10 +103,10 @@ def _keeps_a_copy(setter: Any) -> bool:
 class _Write:
     """What every shard of one `ShardWriter.write` call shares."""
 
-    value: NDBuffer
-    #: the value as a NumPy array (0-d for a scalar write)
+    #: the write (its drop_axes are empty: `ShardWriter.accepts`)
+    request: WriteRequest
+    #: the request's value as a NumPy array (0-d for a scalar write)
     data: np.ndarray
-    drop_axes: tuple[int, ...]
     inner_spec: ArraySpec
     #: whether encoding ``data`` swaps its bytes
     swap: bool
@@ -128,7 +127,7 @@ class _Write:
 
     @property
     def scalar(self) -> bool:
-        return self.value.shape == ()
+        return self.request.value.shape == ()
 
 
 def _value_block(data: np.ndarray, out_selection: SelectorTuple) -> np.ndarray:
@@ -242,19 +241,13 @@ class ShardWriter:
             return False
         return all(whole for *_, whole in (plan.items() if items is None else items))
 
-    def write(
-        self,
-        batch: Sequence[WriteItem],
-        value: NDBuffer,
-        drop_axes: tuple[int, ...],
-        max_workers: int,
-    ) -> None:
+    def write(self, batch: Sequence[WriteItem], request: WriteRequest) -> None:
         _, spec0, *_ = batch[0]
         inner_spec = inner_chunk_spec(self.codec, spec0)
-        data = value.as_ndarray_like()
+        data = request.value.as_ndarray_like()
         locks = shard_locks(batch)
-        if not self.accepts(data, drop_axes, inner_spec):
-            self.fallback.write_held(batch, value, max_workers, locks)
+        if not self.accepts(data, request.drop_axes, inner_spec):
+            self.fallback.write_held(batch, request, locks)
             return
         plan_selection = shard_kernels.plan_selection
         plans = [
@@ -263,12 +256,12 @@ class ShardWriter:
         ]
         general = [item for item, plan in zip(batch, plans) if plan is None]
         native = [(item, plan) for item, plan in zip(batch, plans) if plan is not None]
-        ctx = self._context(batch, value, data, drop_axes, inner_spec)
+        ctx = self._context(batch, request, data, inner_spec)
         if ctx.scalar and native:
             ctx.scalar_payload = self._encode_scalar(ctx)
-        self._write_shards(ctx, native, max_workers, locks)
+        self._write_shards(ctx, native, request.max_workers, locks)
         if general:
-            self.fallback.write_held(general, value, max_workers, locks)
+            self.fallback.write_held(general, request, locks)
 
     def _write_shards(
         self,
@@ -476,9 +469,8 @@ class ShardWriter:
     def _context(
         self,
         batch: Sequence[WriteItem],
-        value: NDBuffer,
+        request: WriteRequest,
         data: np.ndarray,
-        drop_axes: tuple[int, ...],
         inner_spec: ArraySpec,
     ) -> _Write:
         chain = self.chain
@@ -487,9 +479,8 @@ class ShardWriter:
         if prefix is not None:
             make_parents(prefix, batch)
         return _Write(
-            value=value,
+            request=request,
             data=data,
-            drop_axes=drop_axes,
             inner_spec=inner_spec,
             swap=bool(chain.encode_swap(data)),
             layout=chain.layout(self.inner_shape),
@@ -505,7 +496,7 @@ class ShardWriter:
         None when it is empty."""
         inner_spec = ctx.inner_spec
         nd_buffer = inner_spec.prototype.nd_buffer
-        merged = merge_owned(None, ctx.value, (), inner_spec, (), True, ())
+        merged = merge_owned(None, ctx.request.value, (), inner_spec, (), True, ())
         if chunk_is_empty(nd_buffer.from_ndarray_like(merged), inner_spec):
             return None
         encoded = self.chain.encode(nd_buffer.from_ndarray_like(merged), inner_spec)
@@ -546,7 +537,7 @@ class ShardWriter:
             # error zarr users expect
             # (without a hold of its own: a shard this write does not cover
             # is held already, one it covers needs none)
-            self.fallback.write_held([item], ctx.value, 1, None)
+            self.fallback.write_held([item], ctx.request.with_workers(1), None)
         return state
 
     def start(self, ctx: _Write, item: WriteItem, plan: Any, load: Loader) -> _ShardJob | None:
