@@ -176,10 +176,13 @@ cdef int _load_dims(_Dims* b, const Py_ssize_t* shape, const Py_ssize_t* s1,
     """``b``: the block ``shape`` with the strides ``s1``, ``s2``, sorted by
     ``s2`` (`_sort_dims`) and coalesced; ``ndim`` <= ZF_MAX_DIMS. Returns the
     coalesced ndim, or -1 when the block is empty."""
+    cdef int i
+    # element by element: a 0-d array's shape and strides may be NULL
+    for i in range(ndim):
+        b.shape[i] = shape[i]
+        b.s1[i] = s1[i]
+        b.s2[i] = s2[i]
     b.n = ndim
-    memcpy(b.shape, shape, sizeof(Py_ssize_t) * ndim)
-    memcpy(b.s1, s1, sizeof(Py_ssize_t) * ndim)
-    memcpy(b.s2, s2, sizeof(Py_ssize_t) * ndim)
     _sort_dims(b)
     return _coalesce(b)
 
