@@ -7,8 +7,9 @@ kind they hold:
 
 ``decode(raw, spec)``
     the chunk as an NDBuffer (zarr's ``ChunkTransform.decode_chunk``);
-``decode_into(raw, spec, chunk_selection, out, out_selection, drop_axes)``
-    decode and write the selected part straight into ``out``;
+``decode_into(raw, item, out, drop_axes)``
+    decode the chunk of a batch item (`zarr_fused._items.ReadItem`, which
+    names it in errors) and write its selected part straight into ``out``;
 ``encode(array, spec)``
     bytes to store, or None when a codec elides the chunk.
 
@@ -52,7 +53,6 @@ if TYPE_CHECKING:
     from zarr.abc.codec import Codec
     from zarr.core.array_spec import ArraySpec
     from zarr.core.buffer import Buffer, NDBuffer
-    from zarr.core.indexing import SelectorTuple
 
     from zarr_fused._items import ReadItem
 
@@ -87,14 +87,7 @@ class Chain(Protocol):
     def decode(self, raw: Buffer, spec: ArraySpec, key: Any = None) -> NDBuffer: ...
 
     def decode_into(
-        self,
-        raw: Buffer,
-        spec: ArraySpec,
-        chunk_selection: SelectorTuple,
-        out: NDBuffer,
-        out_selection: SelectorTuple,
-        drop_axes: tuple[int, ...],
-        key: Any = None,
+        self, raw: Buffer, item: ReadItem, out: NDBuffer, drop_axes: tuple[int, ...]
     ) -> None: ...
 
     def encode(self, array: NDBuffer, spec: ArraySpec, key: Any = None) -> Buffer | None: ...
@@ -187,17 +180,11 @@ class NativeChain:
         return spec.prototype.nd_buffer.from_ndarray_like(self.decode_array(raw, spec, key))
 
     def decode_into(
-        self,
-        raw: Buffer,
-        spec: ArraySpec,
-        chunk_selection: SelectorTuple,
-        out: NDBuffer,
-        out_selection: SelectorTuple,
-        drop_axes: tuple[int, ...],
-        key: Any = None,
+        self, raw: Buffer, item: ReadItem, out: NDBuffer, drop_axes: tuple[int, ...]
     ) -> None:
+        key, spec, chunk_selection, out_selection, _ = item
         if not self.handles(spec):
-            self.fallback.decode_into(raw, spec, chunk_selection, out, out_selection, drop_axes)
+            self.fallback.decode_into(raw, item, out, drop_axes)
             return
         dst = out.as_ndarray_like()
         if type(dst) is np.ndarray and dst.dtype == self.dtype:
@@ -253,13 +240,13 @@ class NativeChain:
                 general.append((i, data))
         decode.run()
         for i, data in general:
-            getter, spec, chunk_selection, out_selection, _ = batch[i]
+            _, spec, _, out_selection, _ = batch[i]
             if data is None:
                 fill_missing(out, out_selection, spec)
             else:
                 # a copy: the bytes may sit in a buffer the caller reuses
                 raw = spec.prototype.buffer.from_bytes(bytes(data))
-                self.decode_into(raw, spec, chunk_selection, out, out_selection, drop_axes, getter)
+                self.decode_into(raw, batch[i], out, drop_axes)
 
     def encode_swap(self, array: np.ndarray) -> bool | None:
         """Whether encoding ``array`` swaps bytes; None when the kernel

@@ -466,6 +466,18 @@ cdef int _blosc_check_layout(const uint8_t* src, Py_ssize_t n, Py_ssize_t nbytes
     return 0
 
 
+cdef inline Py_ssize_t _blosc_size(int r, StatusCode code, const char* msg,
+                                   Status* st) noexcept nogil:
+    """What a blosc call returned: the size it wrote, or -1 with ``st`` set
+    (blosc returns 0 or a negative code when it fails)."""
+    if r > 0:
+        return r
+    st.code = code
+    st.a = r
+    st.msg = msg
+    return -1
+
+
 cdef Py_ssize_t _blosc_decompress(const uint8_t* src, Py_ssize_t n,
                                   uint8_t* dst, Py_ssize_t cap, Status* st) noexcept nogil:
     cdef Py_ssize_t claimed
@@ -483,12 +495,7 @@ cdef Py_ssize_t _blosc_decompress(const uint8_t* src, Py_ssize_t n,
     if _blosc_check_layout(src, n, cap, st) < 0:
         return -1
     r = bl.blosc_decompress_ctx(src, dst, <size_t>cap, 1)
-    if r <= 0:
-        st.code = ZF_ERR_BLOSC
-        st.a = r
-        st.msg = "corrupt blosc frame"
-        return -1
-    return r
+    return _blosc_size(r, ZF_ERR_BLOSC, "corrupt blosc frame", st)
 
 
 cdef Py_ssize_t _zstd_compress(ChainKernel k, Workspace ws, const uint8_t* src, Py_ssize_t n,
@@ -567,12 +574,7 @@ cdef Py_ssize_t _blosc_compress(ChainKernel k, const uint8_t* src, Py_ssize_t n,
                                 uint8_t* dst, Py_ssize_t cap, Status* st) noexcept nogil:
     cdef int r = bl.blosc_compress_ctx(k.clevel, k.shuffle, <size_t>k.typesize, <size_t>n, src,
                                        dst, <size_t>cap, k.cname_c, <size_t>k.blocksize, 1)
-    if r <= 0:
-        st.code = ZF_ERR_ENCODE
-        st.a = r
-        st.msg = "blosc compression failed"
-        return -1
-    return r
+    return _blosc_size(r, ZF_ERR_ENCODE, "blosc compression failed", st)
 
 
 # -- the chain ------------------------------------------------------------------------------
@@ -895,37 +897,34 @@ cdef const uint8_t[::1] as_bytes_view(obj):
 # -- errors ------------------------------------------------------------------------------
 
 
+# What each failed status becomes: an exception class and its message, whose
+# fields are the store key's description (``where``), the status's numbers
+# (``a``, ``b``; ``ua``: ``a`` unsigned, as a zstd frame's size claim may
+# reach 2**64-1) and its static message (``msg``).
+_STATUS_ERRORS = {
+    ZF_ERR_CRC_SHORT: (ChecksumError, "{where}: {a} bytes cannot hold a crc32c checksum"),
+    ZF_ERR_CRC: (ChecksumError,
+                 "{where}: crc32c mismatch (stored {a:#010x}, computed {b:#010x})"),
+    ZF_ERR_SIZE: (ChunkSizeError, "{where}: decodes to {a} bytes, the chunk needs {b}"),
+    ZF_ERR_CLAIM: (ChunkSizeError,
+                   "{where}: the compressed frame's header claims {ua} bytes, the chunk needs {b}"),
+    ZF_ERR_MORE: (ChunkSizeError,
+                  "{where}: the compressed frame holds more than the {b} bytes the chunk needs"),
+    ZF_ERR_ZSTD: (DecompressionError, "{where}: zstd: {msg}"),
+    ZF_ERR_GZIP: (DecompressionError, "{where}: gzip: {msg}"),
+    ZF_ERR_BLOSC: (DecompressionError, "{where}: blosc: {msg}"),
+    ZF_ERR_NOMEM: (MemoryError, "{where}: out of memory in a codec"),
+    ZF_ERR_TOO_LARGE: (ZarrFusedError, "{where}: chunk too large for gzip (over 4 GiB)"),
+    ZF_ERR_ENCODE: (ZarrFusedError, "{where}: encoding failed: {msg}"),
+}
+
+
 cdef object status_error(Status* st, object where):
     """The exception for a failed task, naming ``where`` (a key description)."""
-    cdef int code = st.code
-    msg = st.msg.decode(errors="replace") if st.msg != NULL else ""
-    if code == ZF_ERR_CRC_SHORT:
-        return ChecksumError(f"{where}: {st.a} bytes cannot hold a crc32c checksum")
-    if code == ZF_ERR_CRC:
-        return ChecksumError(
-            f"{where}: crc32c mismatch (stored {st.a:#010x}, computed {st.b:#010x})")
-    if code == ZF_ERR_SIZE:
-        return ChunkSizeError(f"{where}: decodes to {st.a} bytes, the chunk needs {st.b}")
-    if code == ZF_ERR_CLAIM:
-        # the claim is unsigned (a zstd frame's may reach 2**64-1)
-        return ChunkSizeError(
-            f"{where}: the compressed frame's header claims {st.a & 0xFFFFFFFFFFFFFFFF} "
-            f"bytes, the chunk needs {st.b}")
-    if code == ZF_ERR_MORE:
-        return ChunkSizeError(
-            f"{where}: the compressed frame holds more than the {st.b} bytes the chunk needs")
-    if code == ZF_ERR_ZSTD:
-        return DecompressionError(f"{where}: zstd: {msg}")
-    if code == ZF_ERR_GZIP:
-        return DecompressionError(f"{where}: gzip: {msg}")
-    if code == ZF_ERR_BLOSC:
-        return DecompressionError(f"{where}: blosc: {msg}")
-    if code == ZF_ERR_NOMEM:
-        return MemoryError(f"{where}: out of memory in a codec")
-    if code == ZF_ERR_TOO_LARGE:
-        return ZarrFusedError(f"{where}: chunk too large for gzip (over 4 GiB)")
-    if code == ZF_ERR_ENCODE:
-        return ZarrFusedError(f"{where}: encoding failed: {msg}")
-    if code == ZF_ERR_IO:
+    if st.code == ZF_ERR_IO:
         return OSError(st.a, f"{where}: {os.strerror(st.a)}")
-    return ZarrFusedError(f"{where}: codec error {code}")
+    if st.code not in _STATUS_ERRORS:
+        return ZarrFusedError(f"{where}: codec error {st.code}")
+    cls, text = _STATUS_ERRORS[st.code]
+    msg = st.msg.decode(errors="replace") if st.msg != NULL else ""
+    return cls(text.format(where=where, a=st.a, ua=st.a & 0xFFFFFFFFFFFFFFFF, b=st.b, msg=msg))

@@ -103,34 +103,37 @@ cdef inline void _prefetch_span(const char* p, Py_ssize_t span, bint write) noex
         ZF_PREFETCH_R(p + span - 1)
 
 
-cdef int _coalesce(
-    const Py_ssize_t* shape,
-    const Py_ssize_t* s1,
-    const Py_ssize_t* s2,
-    int ndim,
-    Py_ssize_t* oshape,
-    Py_ssize_t* os1,
-    Py_ssize_t* os2,
-) noexcept nogil:
+# A block's dimensions as the kernels walk them: its shape and the strides of
+# the two arrays it moves between (a fill or a comparison has one array: its
+# strides twice), sorted and coalesced by `_load_dims`.
+cdef struct _Dims:
+    int n
+    Py_ssize_t shape[ZF_MAX_DIMS]
+    Py_ssize_t s1[ZF_MAX_DIMS]
+    Py_ssize_t s2[ZF_MAX_DIMS]
+
+
+cdef int _coalesce(_Dims* b) noexcept nogil:
     """Drop unit dimensions and merge dimensions that are contiguous in both
-    arrays. Returns the new ndim, or -1 when the block is empty."""
+    arrays, in place. Returns the new ndim, or -1 when the block is empty."""
     cdef int i
     cdef int n = 0
-    for i in range(ndim):
-        if shape[i] == 0:
+    for i in range(b.n):
+        if b.shape[i] == 0:
             return -1
-    for i in range(ndim):
-        if shape[i] == 1:
+    for i in range(b.n):
+        if b.shape[i] == 1:
             continue
-        if n > 0 and os1[n - 1] == shape[i] * s1[i] and os2[n - 1] == shape[i] * s2[i]:
-            oshape[n - 1] *= shape[i]
-            os1[n - 1] = s1[i]
-            os2[n - 1] = s2[i]
+        if n > 0 and b.s1[n - 1] == b.shape[i] * b.s1[i] and b.s2[n - 1] == b.shape[i] * b.s2[i]:
+            b.shape[n - 1] *= b.shape[i]
+            b.s1[n - 1] = b.s1[i]
+            b.s2[n - 1] = b.s2[i]
         else:
-            oshape[n] = shape[i]
-            os1[n] = s1[i]
-            os2[n] = s2[i]
+            b.shape[n] = b.shape[i]
+            b.s1[n] = b.s1[i]
+            b.s2[n] = b.s2[i]
             n += 1
+    b.n = n
     return n
 
 
@@ -138,17 +141,9 @@ cdef inline Py_ssize_t _mag(Py_ssize_t x) noexcept nogil:
     return x if x >= 0 else -x
 
 
-cdef void _sort_dims(
-    const Py_ssize_t* shape,
-    const Py_ssize_t* s1,
-    const Py_ssize_t* s2,
-    int ndim,
-    Py_ssize_t* oshape,
-    Py_ssize_t* os1,
-    Py_ssize_t* os2,
-) noexcept nogil:
-    """The dimensions reordered by decreasing ``|s2|`` (ties by ``|s1|``),
-    a stable insertion sort.
+cdef void _sort_dims(_Dims* b) noexcept nogil:
+    """The dimensions reordered by decreasing ``|s2|`` (ties by ``|s1|``), in
+    place, a stable insertion sort.
 
     An element-wise walk may take the dimensions in any order; the kernels
     walk them in C order, so this puts the one ``s2`` steps through fastest
@@ -157,37 +152,39 @@ cdef void _sort_dims(
     written at once instead of one element per cache line, 8 KiB apart.
     """
     cdef int i, j
-    cdef Py_ssize_t k1, k2
-    for i in range(ndim):
-        k1 = _mag(s1[i])
-        k2 = _mag(s2[i])
+    cdef Py_ssize_t n, v1, v2, k1, k2
+    for i in range(1, b.n):
+        n = b.shape[i]
+        v1 = b.s1[i]
+        v2 = b.s2[i]
+        k1 = _mag(v1)
+        k2 = _mag(v2)
         j = i
-        while j > 0 and (_mag(os2[j - 1]) < k2
-                         or (_mag(os2[j - 1]) == k2 and _mag(os1[j - 1]) < k1)):
-            oshape[j] = oshape[j - 1]
-            os1[j] = os1[j - 1]
-            os2[j] = os2[j - 1]
+        while j > 0 and (_mag(b.s2[j - 1]) < k2
+                         or (_mag(b.s2[j - 1]) == k2 and _mag(b.s1[j - 1]) < k1)):
+            b.shape[j] = b.shape[j - 1]
+            b.s1[j] = b.s1[j - 1]
+            b.s2[j] = b.s2[j - 1]
             j -= 1
-        oshape[j] = shape[i]
-        os1[j] = s1[i]
-        os2[j] = s2[i]
+        b.shape[j] = n
+        b.s1[j] = v1
+        b.s2[j] = v2
 
 
-cdef int _sort_coalesce(
-    const Py_ssize_t* shape,
-    const Py_ssize_t* s1,
-    const Py_ssize_t* s2,
-    int ndim,
-    Py_ssize_t* oshape,
-    Py_ssize_t* os1,
-    Py_ssize_t* os2,
-) noexcept nogil:
-    """`_sort_dims` (by ``s2``), then `_coalesce`; ``ndim`` <= ZF_MAX_DIMS."""
-    cdef Py_ssize_t shp[ZF_MAX_DIMS]
-    cdef Py_ssize_t t1[ZF_MAX_DIMS]
-    cdef Py_ssize_t t2[ZF_MAX_DIMS]
-    _sort_dims(shape, s1, s2, ndim, shp, t1, t2)
-    return _coalesce(shp, t1, t2, ndim, oshape, os1, os2)
+cdef int _load_dims(_Dims* b, const Py_ssize_t* shape, const Py_ssize_t* s1,
+                    const Py_ssize_t* s2, int ndim) noexcept nogil:
+    """``b``: the block ``shape`` with the strides ``s1``, ``s2``, sorted by
+    ``s2`` (`_sort_dims`) and coalesced; ``ndim`` <= ZF_MAX_DIMS. Returns the
+    coalesced ndim, or -1 when the block is empty."""
+    cdef int i
+    # element by element: a 0-d array's shape and strides may be NULL
+    for i in range(ndim):
+        b.shape[i] = shape[i]
+        b.s1[i] = s1[i]
+        b.s2[i] = s2[i]
+    b.n = ndim
+    _sort_dims(b)
+    return _coalesce(b)
 
 
 cdef inline void _swap_element(
@@ -355,96 +352,77 @@ cdef void _copy_tile_block(
         a0 += step
 
 
-cdef int _tile_partner(
-    const Py_ssize_t* ss, const Py_ssize_t* ds, const Py_ssize_t* shp, int n,
-    Py_ssize_t itemsize
-) noexcept nogil:
+cdef int _tile_partner(const _Dims* b, Py_ssize_t itemsize) noexcept nogil:
     """The dimension to tile with the innermost one: where the innermost
-    destination stride is dense and the source's far, the dimension whose
-    source stride is one element (-1 when there is none or tiling would
-    not pay)."""
-    cdef int d
-    if n < 2 or itemsize > _TILE_BYTES // 2:
+    destination stride (``s2``) is dense and the source's (``s1``) far, the
+    dimension whose source stride is one element (-1 when there is none or
+    tiling would not pay)."""
+    cdef int d, inner = b.n - 1
+    if b.n < 2 or itemsize > _TILE_BYTES // 2:
         return -1
-    if _mag(ds[n - 1]) >= _TILE_BYTES or _mag(ss[n - 1]) < _TILE_BYTES:
+    if _mag(b.s2[inner]) >= _TILE_BYTES or _mag(b.s1[inner]) < _TILE_BYTES:
         return -1
-    if _mag(ss[n - 1]) * shp[n - 1] < _TILE_MIN_SPAN:
+    if _mag(b.s1[inner]) * b.shape[inner] < _TILE_MIN_SPAN:
         return -1
-    for d in range(n - 1):
-        if ss[d] == itemsize:
+    for d in range(inner):
+        if b.s1[d] == itemsize:
             return d
     return -1
 
 
-cdef void _copy_tiled(
-    const char* src,
-    const Py_ssize_t* ss,
-    char* dst,
-    const Py_ssize_t* ds,
-    const Py_ssize_t* shp,
-    int n,
-    int p,
-    Py_ssize_t itemsize,
-    Py_ssize_t swap_unit,
-) noexcept nogil:
-    """`copy_strided` of a coalesced block, tiling dimension ``p`` with the
-    innermost one (`_copy_tile_block`) and walking the others around."""
-    cdef Py_ssize_t gshp[ZF_MAX_DIMS]
-    cdef Py_ssize_t gss[ZF_MAX_DIMS]
-    cdef Py_ssize_t gds[ZF_MAX_DIMS]
+cdef void _copy_tiled(const char* src, char* dst, const _Dims* b, int p, Py_ssize_t itemsize,
+                      Py_ssize_t swap_unit) noexcept nogil:
+    """`copy_strided` of a coalesced block (``s1`` the source's strides,
+    ``s2`` the destination's), tiling dimension ``p`` with the innermost one
+    (`_copy_tile_block`) and walking the others around."""
+    cdef _Dims g  # the dimensions other than ``p`` and the innermost
     cdef Py_ssize_t sstep[ZF_MAX_DIMS]
     cdef Py_ssize_t dstep[ZF_MAX_DIMS]
     cdef Py_ssize_t idx[ZF_MAX_DIMS]
     cdef Py_ssize_t soff = 0, doff = 0
-    cdef int d, k = 0
-    for d in range(n - 1):
+    cdef int d, inner = b.n - 1
+    g.n = 0
+    for d in range(inner):
         if d != p:
-            gshp[k] = shp[d]
-            gss[k] = ss[d]
-            gds[k] = ds[d]
-            idx[k] = 0
-            k += 1
-    carry_steps(gshp, gss, k, sstep)
-    carry_steps(gshp, gds, k, dstep)
+            g.shape[g.n] = b.shape[d]
+            g.s1[g.n] = b.s1[d]
+            g.s2[g.n] = b.s2[d]
+            idx[g.n] = 0
+            g.n += 1
+    carry_steps(g.shape, g.s1, g.n, sstep)
+    carry_steps(g.shape, g.s2, g.n, dstep)
     while True:
-        _copy_tile_block(src + soff, dst + doff, shp[p], shp[n - 1], ss[p], ss[n - 1], ds[p],
-                         ds[n - 1], itemsize, swap_unit)
-        if not _next_row(idx, gshp, k, sstep, dstep, &soff, &doff):
+        _copy_tile_block(src + soff, dst + doff, b.shape[p], b.shape[inner], b.s1[p],
+                         b.s1[inner], b.s2[p], b.s2[inner], itemsize, swap_unit)
+        if not _next_row(idx, g.shape, g.n, sstep, dstep, &soff, &doff):
             break
 
 
-cdef void _copy_rows(
-    const char* src,
-    const Py_ssize_t* ss,
-    char* dst,
-    const Py_ssize_t* ds,
-    const Py_ssize_t* shp,
-    int n,
-    Py_ssize_t itemsize,
-    Py_ssize_t swap_unit,
-) noexcept nogil:
-    """`copy_strided` of a coalesced block, row by row (its innermost
-    dimension)."""
+cdef void _copy_rows(const char* src, char* dst, const _Dims* b, Py_ssize_t itemsize,
+                     Py_ssize_t swap_unit) noexcept nogil:
+    """`copy_strided` of a coalesced block (``s1`` the source's strides,
+    ``s2`` the destination's), row by row (its innermost dimension)."""
     cdef Py_ssize_t idx[ZF_MAX_DIMS]
     cdef Py_ssize_t ahead_idx[ZF_MAX_DIMS]
     cdef Py_ssize_t sstep[ZF_MAX_DIMS]
     cdef Py_ssize_t dstep[ZF_MAX_DIMS]
     cdef Py_ssize_t soff = 0, doff = 0, sahead = 0, dahead = 0, dspan = 0, sspan = 0
-    cdef int inner = n - 1
+    cdef int inner = b.n - 1
+    cdef Py_ssize_t n = b.shape[inner], ss = b.s1[inner], ds = b.s2[inner]
     cdef bint more
     # prefetch along the dimension just outside the rows, when rows are short
     # and that dimension steps far (beyond the row itself)
     if inner >= 1:
-        dspan = _row_span(shp[inner], ds[inner], itemsize)
-        sspan = _row_span(shp[inner], ss[inner], itemsize)
-        if ds[inner - 1] <= dspan:
+        dspan = _row_span(n, ds, itemsize)
+        sspan = _row_span(n, ss, itemsize)
+        if b.s2[inner - 1] <= dspan:
             dspan = 0
-        if ss[inner - 1] <= sspan:
+        if b.s1[inner - 1] <= sspan:
             sspan = 0
-    carry_steps(shp, ss, inner, sstep)
-    carry_steps(shp, ds, inner, dstep)
+    carry_steps(b.shape, b.s1, inner, sstep)
+    carry_steps(b.shape, b.s2, inner, dstep)
     memset(idx, 0, sizeof(Py_ssize_t) * inner)
-    more = (dspan != 0 or sspan != 0) and _rows_ahead(ahead_idx, shp, inner, sstep, dstep,
+    more = (dspan != 0 or sspan != 0) and _rows_ahead(ahead_idx, b.shape, inner, sstep, dstep,
                                                       &sahead, &dahead)
     while True:
         if more:
@@ -452,56 +430,39 @@ cdef void _copy_rows(
                 _prefetch_span(dst + dahead, dspan, True)
             if sspan:
                 _prefetch_span(src + sahead, sspan, False)
-            more = _next_row(ahead_idx, shp, inner, sstep, dstep, &sahead, &dahead)
-        _copy_row(src + soff, ss[inner], dst + doff, ds[inner], shp[inner], itemsize, swap_unit)
-        if not _next_row(idx, shp, inner, sstep, dstep, &soff, &doff):
+            more = _next_row(ahead_idx, b.shape, inner, sstep, dstep, &sahead, &dahead)
+        _copy_row(src + soff, ss, dst + doff, ds, n, itemsize, swap_unit)
+        if not _next_row(idx, b.shape, inner, sstep, dstep, &soff, &doff):
             break
 
 
-cdef int copy_strided(
-    const char* src,
-    const Py_ssize_t* src_strides,
-    char* dst,
-    const Py_ssize_t* dst_strides,
-    const Py_ssize_t* shape,
-    int ndim,
-    Py_ssize_t itemsize,
-    Py_ssize_t swap_unit,
-) noexcept nogil:
+cdef int copy_strided(const char* src, const Py_ssize_t* src_strides, char* dst,
+                      const Py_ssize_t* dst_strides, const Py_ssize_t* shape, int ndim,
+                      Py_ssize_t itemsize, Py_ssize_t swap_unit) noexcept nogil:
     """Copy an n-d strided block; ``swap_unit`` > 0 reverses the bytes of each
     ``swap_unit``-sized group of every element. Returns 0, or -1 on bad ndim."""
-    cdef Py_ssize_t shp[ZF_MAX_DIMS]
-    cdef Py_ssize_t ss[ZF_MAX_DIMS]
-    cdef Py_ssize_t ds[ZF_MAX_DIMS]
+    cdef _Dims b
     cdef int n, p
     if ndim < 0 or ndim > ZF_MAX_DIMS:
         return -1
-    n = _sort_coalesce(shape, src_strides, dst_strides, ndim, shp, ss, ds)
+    n = _load_dims(&b, shape, src_strides, dst_strides, ndim)
     if n < 0:
         return 0
     if n == 0:
         _copy_row(src, itemsize, dst, itemsize, 1, itemsize, swap_unit)
         return 0
-    p = _tile_partner(ss, ds, shp, n, itemsize)
+    p = _tile_partner(&b, itemsize)
     if p >= 0:
-        _copy_tiled(src, ss, dst, ds, shp, n, p, itemsize, swap_unit)
+        _copy_tiled(src, dst, &b, p, itemsize, swap_unit)
     else:
-        _copy_rows(src, ss, dst, ds, shp, n, itemsize, swap_unit)
+        _copy_rows(src, dst, &b, itemsize, swap_unit)
     return 0
 
 
-cdef int rows_side_by_side(
-    char* big,
-    const Py_ssize_t* big_strides,
-    char* const* parts,
-    const Py_ssize_t* part_strides,
-    int count,
-    const Py_ssize_t* shape,
-    int ndim,
-    Py_ssize_t itemsize,
-    Py_ssize_t swap_unit,
-    bint into_big,
-) noexcept nogil:
+cdef int rows_side_by_side(char* big, const Py_ssize_t* big_strides, char* const* parts,
+                           const Py_ssize_t* part_strides, int count, const Py_ssize_t* shape,
+                           int ndim, Py_ssize_t itemsize, Py_ssize_t swap_unit,
+                           bint into_big) noexcept nogil:
     """Copy between ``count`` blocks (``parts``, same shape and strides) and
     the region of a large array where they sit side by side along its last
     axis (block ``k`` starts ``k`` rows' width after ``big``), one whole row
@@ -573,59 +534,54 @@ cdef void _fill_row(
             memcpy(dp + i * ds, pattern, <size_t>itemsize)
 
 
-cdef inline int _block_rows(const Py_ssize_t* shape, const Py_ssize_t* strides, int ndim,
-                            Py_ssize_t* shp, Py_ssize_t* st, Py_ssize_t* steps,
-                            Py_ssize_t* idx) noexcept nogil:
+cdef inline int _block_rows(_Dims* b, const Py_ssize_t* shape, const Py_ssize_t* strides,
+                            int ndim, Py_ssize_t* steps, Py_ssize_t* idx) noexcept nogil:
     """Set up a walk over the rows of one n-d block (`fill_strided`,
-    `equal_strided`): its dimensions sorted and coalesced into ``shp`` and
-    ``st``, the rows' index ``idx`` at 0 and the `carry_steps` of an
-    offset. Returns the coalesced ndim (-1 for an empty block)."""
-    cdef Py_ssize_t unused[ZF_MAX_DIMS]
-    cdef int n = _sort_coalesce(shape, strides, strides, ndim, shp, st, unused)
+    `equal_strided`): its dimensions sorted and coalesced into ``b`` (its
+    strides in ``s1``), the rows' index ``idx`` at 0 and the `carry_steps`
+    of an offset. Returns the coalesced ndim (-1 for an empty block)."""
+    cdef int n = _load_dims(b, shape, strides, strides, ndim)
     if n > 0:
-        carry_steps(shp, st, n - 1, steps)
+        carry_steps(b.shape, b.s1, n - 1, steps)
         memset(idx, 0, sizeof(Py_ssize_t) * (n - 1))
     return n
 
 
-cdef int fill_strided(
-    char* dst,
-    const Py_ssize_t* dst_strides,
-    const Py_ssize_t* shape,
-    int ndim,
-    const char* pattern,
-    Py_ssize_t itemsize,
-) noexcept nogil:
+cdef int fill_strided(char* dst, const Py_ssize_t* dst_strides, const Py_ssize_t* shape,
+                      int ndim, const char* pattern, Py_ssize_t itemsize) noexcept nogil:
     """Write ``pattern`` (one element) into every element of an n-d block."""
-    cdef Py_ssize_t shp[ZF_MAX_DIMS]
-    cdef Py_ssize_t ds[ZF_MAX_DIMS]
+    cdef _Dims b
     cdef Py_ssize_t steps[ZF_MAX_DIMS]
     cdef Py_ssize_t idx[ZF_MAX_DIMS]
     cdef int n, d, inner
-    cdef Py_ssize_t b, off = 0, dspan = 0
+    cdef Py_ssize_t k, off = 0, dspan = 0, rows = 0, row_step = 0, ds, count
     cdef bint zero = True
     if ndim < 0 or ndim > ZF_MAX_DIMS:
         return -1
-    for b in range(itemsize):
-        if pattern[b] != 0:
+    for k in range(itemsize):
+        if pattern[k] != 0:
             zero = False
             break
-    n = _block_rows(shape, dst_strides, ndim, shp, ds, steps, idx)
+    n = _block_rows(&b, shape, dst_strides, ndim, steps, idx)
     if n < 0:
         return 0
     if n == 0:
         memcpy(dst, pattern, <size_t>itemsize)
         return 0
     inner = n - 1
+    ds = b.s1[inner]
+    count = b.shape[inner]
     if inner >= 1:
-        dspan = _row_span(shp[inner], ds[inner], itemsize)
-        if ds[inner - 1] <= dspan:
+        rows = b.shape[inner - 1]
+        row_step = b.s1[inner - 1]
+        dspan = _row_span(count, ds, itemsize)
+        if row_step <= dspan:
             dspan = 0
     while True:
-        if dspan and idx[inner - 1] + _PREFETCH_ROWS < shp[inner - 1]:
-            _prefetch_span(dst + off + _PREFETCH_ROWS * ds[inner - 1], dspan, True)
-        _fill_row(dst + off, ds[inner], shp[inner], pattern, itemsize, zero)
-        d = next_index(idx, shp, inner)
+        if dspan and idx[inner - 1] + _PREFETCH_ROWS < rows:
+            _prefetch_span(dst + off + _PREFETCH_ROWS * row_step, dspan, True)
+        _fill_row(dst + off, ds, count, pattern, itemsize, zero)
+        d = next_index(idx, b.shape, inner)
         if d < 0:
             break
         off += steps[d]
@@ -653,37 +609,30 @@ cdef bint _row_equal(const char* sp, Py_ssize_t ss, Py_ssize_t n, const char* pa
     return True
 
 
-cdef bint equal_strided(
-    const char* src,
-    const Py_ssize_t* src_strides,
-    const Py_ssize_t* shape,
-    int ndim,
-    const char* pattern,
-    Py_ssize_t itemsize,
-) noexcept nogil:
+cdef bint equal_strided(const char* src, const Py_ssize_t* src_strides, const Py_ssize_t* shape,
+                        int ndim, const char* pattern, Py_ssize_t itemsize) noexcept nogil:
     """Whether every element of an n-d block has the bytes of ``pattern``."""
-    cdef Py_ssize_t shp[ZF_MAX_DIMS]
-    cdef Py_ssize_t ss[ZF_MAX_DIMS]
+    cdef _Dims b
     cdef Py_ssize_t steps[ZF_MAX_DIMS]
     cdef Py_ssize_t idx[ZF_MAX_DIMS]
     cdef int n, d, inner
-    cdef Py_ssize_t b, off = 0
+    cdef Py_ssize_t k, off = 0
     cdef uint64_t word = 0
     if ndim < 0 or ndim > ZF_MAX_DIMS:
         return False
     if 8 % itemsize == 0:
-        for b in range(8):
-            (<char*>&word)[b] = pattern[b % itemsize]
-    n = _block_rows(shape, src_strides, ndim, shp, ss, steps, idx)
+        for k in range(8):
+            (<char*>&word)[k] = pattern[k % itemsize]
+    n = _block_rows(&b, shape, src_strides, ndim, steps, idx)
     if n < 0:
         return True
     if n == 0:
         return memcmp(src, pattern, <size_t>itemsize) == 0
     inner = n - 1
     while True:
-        if not _row_equal(src + off, ss[inner], shp[inner], pattern, itemsize, word):
+        if not _row_equal(src + off, b.s1[inner], b.shape[inner], pattern, itemsize, word):
             return False
-        d = next_index(idx, shp, inner)
+        d = next_index(idx, b.shape, inner)
         if d < 0:
             return True
         off += steps[d]

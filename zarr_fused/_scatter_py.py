@@ -24,6 +24,8 @@ if TYPE_CHECKING:
     from zarr.core.buffer import Buffer, NDBuffer
     from zarr.core.indexing import SelectorTuple
 
+    from zarr_fused._items import ReadItem
+
 __all__ = ["SWAPPABLE_KINDS", "DecodeThenScatter", "fill_missing", "scatter_array", "scatter_chunk"]
 
 # dtype kinds whose byte order the copy kernel reverses on the fly (per
@@ -97,15 +99,9 @@ class DecodeThenScatter(ABC):
     def decode(self, raw: Buffer, spec: ArraySpec, key: Any = None) -> NDBuffer: ...
 
     def decode_into(
-        self,
-        raw: Buffer,
-        spec: ArraySpec,
-        chunk_selection: SelectorTuple,
-        out: NDBuffer,
-        out_selection: SelectorTuple,
-        drop_axes: tuple[int, ...],
-        key: Any = None,
+        self, raw: Buffer, item: ReadItem, out: NDBuffer, drop_axes: tuple[int, ...]
     ) -> None:
+        key, spec, chunk_selection, out_selection, _ = item
         chunk = self.decode(raw, spec, key)
         scatter_chunk(out, out_selection, chunk[chunk_selection], drop_axes)
 

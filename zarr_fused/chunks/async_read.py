@@ -101,8 +101,7 @@ class AsyncChunkReader:
         requests, tracker = io.requests, io.tracker
 
         def decode_sync(item: ReadItem, raw: Buffer, chain: Chain) -> None:
-            getter, spec, chunk_selection, out_selection, _ = item
-            chain.decode_into(raw, spec, chunk_selection, out, out_selection, drop_axes, getter)
+            chain.decode_into(raw, item, out, drop_axes)
 
         async def read_one(item: ReadItem) -> GetResult:
             getter, spec, chunk_selection, out_selection, _ = item

@@ -72,13 +72,11 @@ class ChunkReader(_EachChunk):
         self.chain = chain
 
     def read_into(self, item: ReadItem, request: ReadRequest) -> bool:
-        getter, spec, chunk_selection, out_selection, _ = item
+        getter, spec, _, _, _ = item
         raw = getter.get_sync(prototype=spec.prototype)
         if raw is None:
             return False
-        self.chain.decode_into(
-            raw, spec, chunk_selection, request.out, out_selection, request.drop_axes, getter
-        )
+        self.chain.decode_into(raw, item, request.out, request.drop_axes)
         return True
 
 
@@ -171,14 +169,12 @@ class _ChunkRead:
         """The chunks the kernels did not take, through the chain."""
         out, drop_axes, statuses = self.target.out, self.target.drop_axes, self.target.statuses
         for i, raw in general:
-            getter, spec, chunk_selection, out_selection, _ = self.batch[i]
+            _, spec, _, out_selection, _ = self.batch[i]
             if raw is None:
                 fill_missing(out, out_selection, spec)
             else:
                 statuses[i] = PRESENT
-                self.chain.decode_into(
-                    raw, spec, chunk_selection, out, out_selection, drop_axes, getter
-                )
+                self.chain.decode_into(raw, self.batch[i], out, drop_axes)
 
 
 #: a group that blocked fewer times than this per file did not wait for its
