@@ -600,6 +600,23 @@ V2_CASES: dict[str, dict[str, Any]] = {
         "values": "ints",
         "order": "F",
     },
+    "fixedscaleoffset-f8-i2-zstd": {
+        "filters": lambda: [
+            numcodecs.FixedScaleOffset(offset=273.15, scale=100, dtype="<f8", astype="<i2")
+        ],
+        "compressor": lambda: numcodecs.Zstd(level=3),
+        "dtype": "<f8",
+        "values": "temperatures",
+    },
+    "fixedscaleoffset-delta-zstd": {
+        "filters": lambda: [
+            numcodecs.FixedScaleOffset(offset=0, scale=10, dtype="<f8", astype="<i4"),
+            numcodecs.Delta(dtype="<i4"),
+        ],
+        "compressor": lambda: numcodecs.Zstd(level=1),
+        "dtype": "<f8",
+        "values": "small",
+    },
     "fixedscaleoffset-delta-gzip": {
         "filters": lambda: [
             numcodecs.FixedScaleOffset(offset=0, scale=10, dtype="<f8", astype="<i4"),
@@ -658,11 +675,53 @@ def test_v2_filters_match_zarr(tmp_path: Path, name: str, store_kind: str) -> No
         assert_same_values(actual, expected[1:35:2, :])
 
 
-def test_v2_filters_strict_rejected() -> None:
+@pytest.mark.parametrize(
+    ("name", "filters"),
+    [
+        pytest.param("astype-f8-f4-uncompressed", "astype", id="no-kernel"),
+        pytest.param("fixedscaleoffset-f8-i2-zstd-F", "fixedscaleoffset", id="order-F"),
+        pytest.param("fixedscaleoffset-delta-gzip", "fixedscaleoffset, delta", id="delta-astype"),
+    ],
+)
+def test_v2_filters_strict_rejected(name: str, filters: str) -> None:
     with zarr.config.set(STRICT):
-        array = create_v2(MemoryStore(), V2_CASES["quantize-f4-zlib"])
-        with pytest.raises(UnsupportedError, match=r"filters \(quantize\) run zarr's code"):
+        array = create_v2(MemoryStore(), V2_CASES[name])
+        with pytest.raises(UnsupportedError, match=rf"filters \({filters}\) run zarr's code"):
             array[:]
+
+
+#: format-2 filter chains whose every filter has a native kernel (C order)
+V2_NATIVE = [
+    "delta-i4-blosc-auto",
+    "quantize-f4-zlib",
+    "bitround-f4-blosc-shuffle",
+    "fixedscaleoffset-f8-i2-zstd",
+    "fixedscaleoffset-delta-zstd",
+]
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, id=n) for n in V2_NATIVE])
+@pytest.mark.parametrize("store_kind", ["memory", "local"])
+def test_v2_native_filters_strict(tmp_path: Path, name: str, store_kind: str) -> None:
+    case = V2_CASES[name]
+    value = values_of(case["values"], case["dtype"], SHAPE, 12)
+    stores = {}
+    for label, config in (("fused", STRICT), ("zarr", {"codec_pipeline.path": BATCHED})):
+        with zarr.config.set(config):
+            store = make_store(store_kind, tmp_path, label)
+            array = create_v2(store, case)
+            array[:] = value
+            array[2:9, 4:20] = value[:7, :16] * 2
+            array[32:, :] = 0
+            stores[label] = store
+    assert chunk_items(stores["fused"]) == chunk_items(stores["zarr"])
+    with zarr.config.set(STRICT):
+        array = zarr.open_array(stores["fused"], mode="r")
+        assert plan_of(array).chain.native
+        got = array[1:35:2, 3:]
+    with zarr.config.set({"codec_pipeline.path": BATCHED}):
+        expected = zarr.open_array(stores["zarr"], mode="r")[1:35:2, 3:]
+    assert_same_values(got, expected)
 
 
 def test_v2_object_filter_stays_on_zarr() -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
+import numcodecs
 import numpy as np
 from zarr.codecs.numcodecs import BitRound, Delta, FixedScaleOffset, Quantize
 
@@ -37,6 +38,7 @@ __all__ = [
     "native_stage",
     "quantize_scale",
     "stage",
+    "v2_native_stages",
 ]
 
 #: (kind, item size) pairs the delta kernel covers
@@ -109,6 +111,27 @@ class _NativeStage(PythonStage):
             return super().encode(chunk, spec)
         return spec.prototype.nd_buffer.from_ndarray_like(out)
 
+    def encode_flat(self, data: np.ndarray[Any, Any]) -> np.ndarray[Any, Any] | None:
+        """numcodecs' encoding of a C-contiguous chunk of a format-2 array
+        (as ``V2Codec`` hands it to its filters), or None when the kernel
+        does not take it."""
+        if not self._takes(data, self.dtype) or not data.flags.c_contiguous:
+            return None
+        out = np.empty(data.shape, dtype=self.encoded or data.dtype)
+        return out if self._encode_into(data, out) else None
+
+    def decode_flat(self, data: np.ndarray[Any, Any]) -> np.ndarray[Any, Any] | None:
+        """numcodecs' decoding of a chunk's filtered items (1-d), or None
+        when the kernel does not take them."""
+        if self.encoded is not None:
+            if data.nbytes % self.encoded.itemsize:
+                return None
+            data = data.view(self.encoded)
+        if not self._takes(data, self.encoded):
+            return None
+        out = np.empty(data.shape, dtype=self.dtype or data.dtype)
+        return out if self._decode_into(data, out) else None
+
 
 class _EncodeOnly(_NativeStage):
     """A lossy stage whose decoding returns the chunk as it is (numcodecs'
@@ -119,6 +142,9 @@ class _EncodeOnly(_NativeStage):
         if self._takes(data, self.dtype) and data.shape == spec.shape:
             return chunk
         return PythonStage.decode(self, chunk, spec)
+
+    def decode_flat(self, data: np.ndarray[Any, Any]) -> np.ndarray[Any, Any] | None:
+        return data  # numcodecs returns the items as they are
 
 
 class NativeDelta(_NativeStage):
@@ -266,6 +292,27 @@ _NATIVE_STAGES: dict[type, Callable[[Any, dict[str, Any]], _NativeStage | None]]
     BitRound: _bitround,
     Quantize: _quantize,
 }
+
+
+_V2_STAGES: dict[type, Callable[[Any, dict[str, Any]], _NativeStage | None]] = {
+    numcodecs.Delta: _delta,
+    numcodecs.FixedScaleOffset: _fixedscaleoffset,
+    numcodecs.BitRound: _bitround,
+    numcodecs.Quantize: _quantize,
+}
+
+
+def v2_native_stages(filters: Any) -> tuple[_NativeStage, ...] | None:
+    """Native stages for a format-2 array's numcodecs ``filters``, in
+    their order, or None when one of them has no kernel."""
+    stages = []
+    for codec in filters:
+        make = _V2_STAGES.get(type(codec))
+        found = None if make is None or filter_kernels is None else make(codec, codec.get_config())
+        if found is None:
+            return None
+        stages.append(found)
+    return tuple(stages)
 
 
 def native_stage(codec: Codec) -> _NativeStage | None:
