@@ -177,7 +177,9 @@ def main(argv: list[str] | None = None) -> int:
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
     cpus = sorted(os.sched_getaffinity(0))
     pinned = "pinned" if args.pin == "on" else "unpinned"
+    load = ", ".join(f"{v:.2f}" for v in os.getloadavg())
     print(f"# filter chains, local store, CPUs {cpus} ({pinned}), {args.repeat} rounds")
+    print(f"# load average at the start: {load}")
     print("\n".join(run(args.repeat, args.only)), flush=True)
     return 0
 

@@ -7,11 +7,14 @@ refuse arrays it cannot take before it runs.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numcodecs
 import numpy as np
 import pytest
 
 from zarr_fused import _filters
+from zarr_fused._filter_stages import quantize_scale
 
 from helpers.gil import spins_during
 
@@ -106,3 +109,245 @@ def test_delta_releases_the_gil(encode: bool) -> None:
     value = np.arange(50 * 2**20 // 8, dtype="<i8")
     out = np.empty_like(value)
     assert spins_during(lambda: _filters.delta(value, out, encode), attempts=5) > 1000
+
+
+# numcodecs.fixedscaleoffset: float32/float64 to an integer type
+
+FSO_TYPES = ["|i1", "|u1", "<i2", "<u2", "<i4", "<u4", "<i8", "<u8"]
+FSO_PARAMS = [
+    pytest.param(273.15, 100.0, id="kelvin"),
+    pytest.param(0, 2, id="int-scale"),
+    pytest.param(-50.5, 0.5, id="half"),
+    pytest.param(7, 1000, id="milli"),
+]
+
+
+def in_range(dtype: str, astype: str, offset: float, scale: float, seed: int) -> np.ndarray:
+    """Values whose encoding fits ``astype`` (by numcodecs' arithmetic),
+    with halves to round and the ends of its range."""
+    info = np.iinfo(astype)
+    bits = 8 * info.dtype.itemsize
+    lo, hi = (-(2.0 ** (bits - 1)), 2.0 ** (bits - 1)) if info.min else (0.0, 2.0**bits)
+    rng = np.random.default_rng(seed)
+    steps = rng.integers(max(info.min, -(2**52)), min(info.max, 2**52), size=2000).astype("<f8")
+    steps[:4] = [lo, hi - 1, 0, 1]
+    steps[4:1000] += 0.5  # ties: rounded half to even
+    value = (steps / scale + offset).astype(dtype)
+    rounded = np.around((value - offset) * scale)
+    return value[(rounded >= lo) & (rounded < hi)]
+
+
+@pytest.mark.parametrize(("offset", "scale"), FSO_PARAMS)
+@pytest.mark.parametrize("astype", [pytest.param(a, id=a) for a in FSO_TYPES])
+@pytest.mark.parametrize("dtype", ["<f4", "<f8"])
+def test_fixedscaleoffset_encode_matches_numcodecs(
+    dtype: str, astype: str, offset: float, scale: float
+) -> None:
+    codec = numcodecs.FixedScaleOffset(offset=offset, scale=scale, dtype=dtype, astype=astype)
+    value = in_range(dtype, astype, offset, scale, 5)
+    assert value.size > 1000
+    out = np.empty(value.shape, astype)
+    assert (
+        _filters.fixedscaleoffset_encode(value, out, offset, scale)
+        == _filters.FilterStatus.FILTER_OK
+    )
+    assert out.tobytes() == codec.encode(value).tobytes()
+
+
+@pytest.mark.parametrize(("offset", "scale"), FSO_PARAMS)
+@pytest.mark.parametrize("astype", [pytest.param(a, id=a) for a in FSO_TYPES])
+@pytest.mark.parametrize("dtype", ["<f4", "<f8"])
+def test_fixedscaleoffset_decode_matches_numcodecs(
+    dtype: str, astype: str, offset: float, scale: float
+) -> None:
+    codec = numcodecs.FixedScaleOffset(offset=offset, scale=scale, dtype=dtype, astype=astype)
+    encoded = sample(astype, 3001, 6)
+    out = np.empty(encoded.shape, dtype)
+    _filters.fixedscaleoffset_decode(encoded, out, offset, scale)
+    assert out.tobytes() == codec.decode(encoded).tobytes()
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        pytest.param(np.nan, id="nan"),
+        pytest.param(np.inf, id="inf"),
+        pytest.param(-np.inf, id="-inf"),
+        pytest.param(400.0, id="above"),
+        pytest.param(-129.0, id="below"),
+        pytest.param(127.5, id="rounds-above"),
+    ],
+)
+def test_fixedscaleoffset_encode_reports_out_of_range(bad: float) -> None:
+    value = np.linspace(-100, 100, 50)
+    value[17] = bad
+    out = np.empty(value.shape, "|i1")
+    assert (
+        _filters.fixedscaleoffset_encode(value, out, 0.0, 1.0)
+        == _filters.FilterStatus.FILTER_OUT_OF_RANGE
+    )
+
+
+def test_fixedscaleoffset_encode_range_ends_fit() -> None:
+    value = np.array([-128.0, 127.0, -128.4, 127.4, 0.5, -0.5, 1.5])
+    out = np.empty(value.shape, "|i1")
+    assert _filters.fixedscaleoffset_encode(value, out, 0.0, 1.0) == _filters.FilterStatus.FILTER_OK
+    assert out.tolist() == [-128, 127, -128, 127, 0, 0, 2]
+
+
+@pytest.mark.parametrize(
+    ("src", "out", "error"),
+    [
+        pytest.param(np.zeros(4, "<f8"), np.zeros(3, "<i2"), ValueError, id="short-out"),
+        pytest.param(np.zeros(4, "<f8"), np.zeros(4, "<f4"), TypeError, id="float-out"),
+        pytest.param(np.zeros(4, "<i4"), np.zeros(4, "<i2"), TypeError, id="int-in"),
+        pytest.param(np.zeros(4, ">f8"), np.zeros(4, "<i2"), TypeError, id="big-endian"),
+        pytest.param(np.zeros(4, "<f2"), np.zeros(4, "<i2"), TypeError, id="float16"),
+        pytest.param(np.zeros((4, 4), "<f8")[:, ::2], np.zeros(8, "<i2"), ValueError, id="strided"),
+    ],
+)
+def test_fixedscaleoffset_encode_refuses(src: np.ndarray, out: np.ndarray, error: type) -> None:
+    before = out.copy()
+    with pytest.raises(error):
+        _filters.fixedscaleoffset_encode(src, out, 0.0, 1.0)
+    assert out.tobytes() == before.tobytes()
+
+
+@pytest.mark.parametrize(
+    ("src", "out", "error"),
+    [
+        pytest.param(np.zeros(4, "<i2"), np.zeros(5, "<f8"), ValueError, id="long-out"),
+        pytest.param(np.zeros(4, "<f4"), np.zeros(4, "<f8"), TypeError, id="float-in"),
+        pytest.param(np.zeros(4, "<i2"), np.zeros(4, "<i4"), TypeError, id="int-out"),
+        pytest.param(np.zeros(4, ">i2"), np.zeros(4, "<f8"), TypeError, id="big-endian"),
+    ],
+)
+def test_fixedscaleoffset_decode_refuses(src: np.ndarray, out: np.ndarray, error: type) -> None:
+    before = out.copy()
+    with pytest.raises(error):
+        _filters.fixedscaleoffset_decode(src, out, 0.0, 1.0)
+    assert out.tobytes() == before.tobytes()
+
+
+# numcodecs.bitround and numcodecs.quantize: float chunks, encoding only
+
+
+def float_sample(dtype: str, size: int, seed: int) -> np.ndarray:
+    """Floats over many magnitudes, with NaNs (one with a payload),
+    infinities, signed zeros and subnormals."""
+    rng = np.random.default_rng(seed)
+    with np.errstate(over="ignore"):  # float16's range ends at 65504: infinities
+        value = (rng.standard_normal(size) * 10.0 ** rng.integers(-6, 6, size)).astype(dtype)
+    tiny = np.finfo(dtype).smallest_subnormal
+    value[:9] = [-0.0, np.nan, np.inf, -np.inf, 0.0, tiny, -tiny, np.finfo(dtype).max, np.nan]
+    value.view(f"<u{value.itemsize}")[8] |= 1
+    return value
+
+
+@pytest.mark.parametrize("keepbits", [0, 1, 5, 9])
+def test_bitround_f2_matches_numcodecs(keepbits: int) -> None:
+    value = float_sample("<f2", 3000, keepbits)
+    out = np.empty_like(value)
+    _filters.bitround(value, out, 10 - keepbits)
+    assert out.tobytes() == numcodecs.BitRound(keepbits=keepbits).encode(value).tobytes()
+
+
+@pytest.mark.parametrize("keepbits", [0, 1, 7, 10, 16, 22])
+def test_bitround_f4_matches_numcodecs(keepbits: int) -> None:
+    value = float_sample("<f4", 3000, keepbits)
+    out = np.empty_like(value)
+    _filters.bitround(value, out, 23 - keepbits)
+    assert out.tobytes() == numcodecs.BitRound(keepbits=keepbits).encode(value).tobytes()
+
+
+@pytest.mark.parametrize("keepbits", [0, 1, 10, 23, 40, 51])
+def test_bitround_f8_matches_numcodecs(keepbits: int) -> None:
+    value = float_sample("<f8", 3000, keepbits)
+    out = np.empty_like(value)
+    _filters.bitround(value, out, 52 - keepbits)
+    assert out.tobytes() == numcodecs.BitRound(keepbits=keepbits).encode(value).tobytes()
+
+
+def test_bitround_in_place() -> None:
+    value = float_sample("<f4", 100, 9)
+    expected = numcodecs.BitRound(keepbits=3).encode(value).tobytes()
+    _filters.bitround(value, value, 20)
+    assert value.tobytes() == expected
+
+
+@pytest.mark.parametrize(
+    ("src", "maskbits", "error"),
+    [
+        pytest.param(np.zeros(4, "<f4"), 0, ValueError, id="none-cleared"),
+        pytest.param(np.zeros(4, "<f4"), 24, ValueError, id="beyond-mantissa"),
+        pytest.param(np.zeros(4, "<f2"), 11, ValueError, id="beyond-f2"),
+        pytest.param(np.zeros(4, "<i4"), 3, TypeError, id="integers"),
+        pytest.param(np.zeros(4, ">f4"), 3, TypeError, id="big-endian"),
+    ],
+)
+def test_bitround_refuses(src: np.ndarray, maskbits: int, error: type) -> None:
+    out = np.ones_like(src)
+    with pytest.raises(error):
+        _filters.bitround(src, out, maskbits)
+    assert np.all(out == 1)
+
+
+def test_bitround_output_type_refused() -> None:
+    with pytest.raises(TypeError):
+        _filters.bitround(np.zeros(4, "<f4"), np.zeros(4, "<f8"), 3)
+
+
+@pytest.mark.parametrize("digits", [-3, 0, 1, 3, 6, 10])
+@pytest.mark.parametrize("dtype", ["<f4", "<f8"])
+def test_quantize_matches_numcodecs(dtype: str, digits: int) -> None:
+    value = float_sample(dtype, 3000, digits + 20)
+    out = np.empty_like(value)
+    _filters.quantize(value, out, quantize_scale(digits))
+    with np.errstate(over="ignore", invalid="ignore"):
+        expected = numcodecs.Quantize(digits=digits, dtype=dtype).encode(value)
+    assert out.tobytes() == expected.tobytes()
+
+
+@pytest.mark.parametrize("digits", [pytest.param(d, id=str(d)) for d in range(-8, 25)])
+def test_quantize_scale_matches_numcodecs(digits: int) -> None:
+    # the power of two numcodecs multiplies by: quantizing 1.0 / 2**60 to it
+    value = np.array([2.0**-60, 1.0], "<f8")
+    scale = quantize_scale(digits)
+    expected = numcodecs.Quantize(digits=digits, dtype="<f8").encode(value)
+    assert np.array_equal(np.around(value * scale) / scale, expected)
+
+
+@pytest.mark.parametrize(
+    ("src", "out", "error"),
+    [
+        pytest.param(np.zeros(4, "<f4"), np.zeros(4, "<f8"), TypeError, id="types"),
+        pytest.param(np.zeros(4, "<f2"), np.zeros(4, "<f2"), TypeError, id="float16"),
+        pytest.param(np.zeros(4, "<f8"), np.zeros(2, "<f8"), ValueError, id="short-out"),
+    ],
+)
+def test_quantize_refuses(src: np.ndarray, out: np.ndarray, error: type) -> None:
+    with pytest.raises(error):
+        _filters.quantize(src, out, 8.0)
+
+
+@pytest.mark.parametrize(
+    "run",
+    [
+        pytest.param(lambda v, o: _filters.fixedscaleoffset_encode(v, o, 3.0, 10.0), id="fso-enc"),
+        pytest.param(lambda v, o: _filters.bitround(v, v, 20), id="bitround"),
+        pytest.param(lambda v, o: _filters.quantize(v, v, 1024.0), id="quantize"),
+    ],
+)
+def test_float_kernels_release_the_gil(run: Any) -> None:
+    value = np.zeros(50 * 2**20 // 8, dtype="<f8")
+    out = np.empty(value.shape, "<i8")
+    assert spins_during(lambda: run(value, out), attempts=5) > 1000
+
+
+def test_fixedscaleoffset_decode_releases_the_gil() -> None:
+    encoded = np.zeros(50 * 2**20 // 8, dtype="<i8")
+    out = np.empty(encoded.shape, "<f8")
+    assert (
+        spins_during(lambda: _filters.fixedscaleoffset_decode(encoded, out, 3.0, 10.0), attempts=5)
+        > 1000
+    )

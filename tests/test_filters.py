@@ -36,6 +36,7 @@ from zarr.codecs.scale_offset import ScaleOffset
 from zarr.storage import MemoryStore
 from zarr_fused_testing.s3 import LatencyProxy
 
+from zarr_fused._filter_stages import NativeBitRound, NativeFixedScaleOffset, NativeQuantize
 from zarr_fused._hybrid import HybridChain, split_python_stages
 from zarr_fused.cli.identity import byte_identical
 from zarr_fused.errors import DecompressionError, UnsupportedError
@@ -137,7 +138,50 @@ FILTER_CHAINS: dict[str, dict[str, Any]] = {
         "dtype": "<f8",
         "values": "floats",
     },
+    "transpose-then-astype": {
+        "filters": lambda: [
+            TransposeCodec(order=(1, 0)),
+            znc.AsType(encode_dtype="<f4", decode_dtype="<f8"),
+        ],
+        "dtype": "<f8",
+        "values": "floats",
+    },
+    "astype-then-delta": {
+        "filters": lambda: [
+            znc.AsType(encode_dtype="<f4", decode_dtype="<f8"),
+            znc.Delta(dtype="<f4"),
+        ],
+        "dtype": "<f8",
+        "values": "floats",
+    },
+    "fixedscaleoffset-f4-i4-nan": {
+        "filters": lambda: [
+            znc.FixedScaleOffset(offset=-2.5, scale=1000, dtype="<f4", astype="<i4")
+        ],
+        "dtype": "<f4",
+        "values": "small",
+    },
+    "bitround-f2": {
+        "filters": lambda: [znc.BitRound(keepbits=4)],
+        "dtype": "<f2",
+        "values": "small",
+    },
 }
+
+#: chains whose every filter has a native kernel: they run in strict mode
+NATIVE_CHAINS = [
+    "delta-i4-zstd",
+    "fixedscaleoffset-f8-i2",
+    "fixedscaleoffset-f4-u1",
+    "fixedscaleoffset-f4-i4-nan",
+    "quantize-f4",
+    "quantize-f8",
+    "bitround-f4",
+    "bitround-f8",
+    "bitround-f2",
+    "delta-bitround-f4",
+    "transpose-then-quantize",
+]
 
 COMPRESSORS: dict[str, Any] = {
     "zstd": lambda: [ZstdCodec(level=3)],
@@ -246,6 +290,7 @@ def case_params() -> list[Any]:
     return params
 
 
+@pytest.mark.filterwarnings("ignore:invalid value encountered in cast:RuntimeWarning")
 @pytest.mark.parametrize(("name", "compressor"), case_params())
 @pytest.mark.parametrize("store_kind", ["memory", "local"])
 @pytest.mark.parametrize("sharded", [False, True], ids=["unsharded", "sharded"])
@@ -312,7 +357,7 @@ def plan_of(array: Any) -> Any:
 
 @pytest.mark.parametrize(
     "name",
-    [pytest.param(n, id=n) for n in ("fixedscaleoffset-f8-i2", "transpose-then-quantize")],
+    [pytest.param(n, id=n) for n in ("astype-f8-f4", "transpose-then-astype")],
 )
 def test_plan_records_python_stage(name: str) -> None:
     case = FILTER_CHAINS[name]
@@ -326,22 +371,22 @@ def test_plan_records_python_stage(name: str) -> None:
 
 
 def test_native_stage_not_named_as_python() -> None:
-    """BitRound runs zarr's code, Delta natively: only BitRound is named."""
-    case = FILTER_CHAINS["delta-bitround-f4"]
+    """AsType runs zarr's code, Delta natively: only AsType is named."""
+    case = FILTER_CHAINS["astype-then-delta"]
     with zarr.config.set(LENIENT):
         array = create(MemoryStore(), case, [ZstdCodec()], sharded=False, fill_value=0)
         reason = plan_of(array).read_fallback
-    assert "BitRound run zarr's code" in reason
+    assert "AsType run zarr's code" in reason
     assert "Delta" not in reason
 
 
 def test_strict_rejects_python_stage() -> None:
-    case = FILTER_CHAINS["quantize-f4"]
+    case = FILTER_CHAINS["astype-f8-f4"]
     with zarr.config.set(STRICT):
         array = create(MemoryStore(), case, [ZstdCodec()], sharded=False, fill_value=0)
-        with pytest.raises(UnsupportedError, match="Quantize run zarr's code"):
+        with pytest.raises(UnsupportedError, match="AsType run zarr's code"):
             array[:] = 1.0
-        with pytest.raises(UnsupportedError, match="Quantize run zarr's code"):
+        with pytest.raises(UnsupportedError, match="AsType run zarr's code"):
             array[:]
 
 
@@ -467,6 +512,7 @@ def filter_cases(draw: Any) -> tuple[list[Any], str, Any, int]:
 
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered in cast:RuntimeWarning")
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
 @settings(
     max_examples=25,
     deadline=None,
@@ -480,7 +526,8 @@ def test_filter_parameters_property(case: tuple[list[Any], str, Any, int]) -> No
     value = rng.uniform(-50, 50, size=(21, 10)).astype(dtype)
     value[rng.random(value.shape) < 0.2] = fill
     stores = {}
-    for label, config in (("fused", LENIENT), ("zarr", {"codec_pipeline.path": BATCHED})):
+    # every filter drawn has a native kernel: strict mode
+    for label, config in (("fused", STRICT), ("zarr", {"codec_pipeline.path": BATCHED})):
         with zarr.config.set(config):
             store = MemoryStore()
             array = zarr.create_array(
@@ -553,6 +600,23 @@ V2_CASES: dict[str, dict[str, Any]] = {
         "values": "ints",
         "order": "F",
     },
+    "fixedscaleoffset-f8-i2-zstd": {
+        "filters": lambda: [
+            numcodecs.FixedScaleOffset(offset=273.15, scale=100, dtype="<f8", astype="<i2")
+        ],
+        "compressor": lambda: numcodecs.Zstd(level=3),
+        "dtype": "<f8",
+        "values": "temperatures",
+    },
+    "fixedscaleoffset-delta-zstd": {
+        "filters": lambda: [
+            numcodecs.FixedScaleOffset(offset=0, scale=10, dtype="<f8", astype="<i4"),
+            numcodecs.Delta(dtype="<i4"),
+        ],
+        "compressor": lambda: numcodecs.Zstd(level=1),
+        "dtype": "<f8",
+        "values": "small",
+    },
     "fixedscaleoffset-delta-gzip": {
         "filters": lambda: [
             numcodecs.FixedScaleOffset(offset=0, scale=10, dtype="<f8", astype="<i4"),
@@ -611,11 +675,53 @@ def test_v2_filters_match_zarr(tmp_path: Path, name: str, store_kind: str) -> No
         assert_same_values(actual, expected[1:35:2, :])
 
 
-def test_v2_filters_strict_rejected() -> None:
+@pytest.mark.parametrize(
+    ("name", "filters"),
+    [
+        pytest.param("astype-f8-f4-uncompressed", "astype", id="no-kernel"),
+        pytest.param("fixedscaleoffset-f8-i2-zstd-F", "fixedscaleoffset", id="order-F"),
+        pytest.param("fixedscaleoffset-delta-gzip", "fixedscaleoffset, delta", id="delta-astype"),
+    ],
+)
+def test_v2_filters_strict_rejected(name: str, filters: str) -> None:
     with zarr.config.set(STRICT):
-        array = create_v2(MemoryStore(), V2_CASES["quantize-f4-zlib"])
-        with pytest.raises(UnsupportedError, match=r"filters \(quantize\) run zarr's code"):
+        array = create_v2(MemoryStore(), V2_CASES[name])
+        with pytest.raises(UnsupportedError, match=rf"filters \({filters}\) run zarr's code"):
             array[:]
+
+
+#: format-2 filter chains whose every filter has a native kernel (C order)
+V2_NATIVE = [
+    "delta-i4-blosc-auto",
+    "quantize-f4-zlib",
+    "bitround-f4-blosc-shuffle",
+    "fixedscaleoffset-f8-i2-zstd",
+    "fixedscaleoffset-delta-zstd",
+]
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, id=n) for n in V2_NATIVE])
+@pytest.mark.parametrize("store_kind", ["memory", "local"])
+def test_v2_native_filters_strict(tmp_path: Path, name: str, store_kind: str) -> None:
+    case = V2_CASES[name]
+    value = values_of(case["values"], case["dtype"], SHAPE, 12)
+    stores = {}
+    for label, config in (("fused", STRICT), ("zarr", {"codec_pipeline.path": BATCHED})):
+        with zarr.config.set(config):
+            store = make_store(store_kind, tmp_path, label)
+            array = create_v2(store, case)
+            array[:] = value
+            array[2:9, 4:20] = value[:7, :16] * 2
+            array[32:, :] = 0
+            stores[label] = store
+    assert chunk_items(stores["fused"]) == chunk_items(stores["zarr"])
+    with zarr.config.set(STRICT):
+        array = zarr.open_array(stores["fused"], mode="r")
+        assert plan_of(array).chain.native
+        got = array[1:35:2, 3:]
+    with zarr.config.set({"codec_pipeline.path": BATCHED}):
+        expected = zarr.open_array(stores["zarr"], mode="r")[1:35:2, 3:]
+    assert_same_values(got, expected)
 
 
 def test_v2_object_filter_stays_on_zarr() -> None:
@@ -673,3 +779,90 @@ def test_delta_without_kernel_runs_zarrs_code(filters: Any) -> None:
     with zarr.config.set(LENIENT):
         array = create(MemoryStore(), case, [ZstdCodec()], sharded=False, fill_value=0)
         assert "Delta run zarr's code" in plan_of(array).read_fallback
+
+
+# numcodecs fixedscaleoffset, quantize and bitround on native kernels: a chain
+# whose filters all have one is native and runs in strict mode (unsharded)
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered in cast:RuntimeWarning")
+@pytest.mark.parametrize("name", [pytest.param(n, id=n) for n in NATIVE_CHAINS])
+@pytest.mark.parametrize("store_kind", ["memory", "local"])
+def test_native_filters_strict(tmp_path: Path, name: str, store_kind: str) -> None:
+    case = FILTER_CHAINS[name]
+    fill = case.get("fill", np.nan)
+    stores = write_both(
+        tmp_path, case, "zstd", store_kind=store_kind, sharded=False, fill_value=fill, fused=STRICT
+    )
+    assert chunk_items(stores["fused"]) == chunk_items(stores["zarr"])
+    with zarr.config.set(STRICT):
+        array = zarr.open_array(stores["fused"], mode="r")
+        plan = plan_of(array)
+        assert isinstance(plan.chain, HybridChain) and plan.chain.native
+        assert plan.read_fallback == plan.write_fallback == ""
+        got = array[1:33:2, 3:]
+    with zarr.config.set({"codec_pipeline.path": BATCHED}):
+        expected = zarr.open_array(stores["zarr"], mode="r")[1:33:2, 3:]
+    assert_same_values(got, expected)
+
+
+@pytest.mark.parametrize(
+    ("name", "stage"),
+    [
+        pytest.param("fixedscaleoffset-f8-i2", NativeFixedScaleOffset, id="fixedscaleoffset"),
+        pytest.param("quantize-f4", NativeQuantize, id="quantize"),
+        pytest.param("bitround-f8", NativeBitRound, id="bitround"),
+    ],
+)
+def test_native_filter_stage_chosen(name: str, stage: type) -> None:
+    with zarr.config.set(STRICT):
+        array = create(
+            MemoryStore(), FILTER_CHAINS[name], [ZstdCodec()], sharded=False, fill_value=0
+        )
+        chain = plan_of(array).chain
+    assert [type(s) for s in chain.stages] == [stage]
+
+
+@pytest.mark.parametrize(
+    "filters",
+    [
+        pytest.param(
+            lambda: [znc.FixedScaleOffset(offset=0, scale=10, dtype="<i4", astype="<i2")],
+            id="fso-integer-data",
+        ),
+        pytest.param(
+            lambda: [znc.FixedScaleOffset(offset=0, scale=10, dtype="<f8", astype="<f4")],
+            id="fso-float-astype",
+        ),
+        pytest.param(
+            lambda: [znc.FixedScaleOffset(offset=0, scale=0, dtype="<f8", astype="<i4")],
+            id="fso-zero-scale",
+        ),
+        pytest.param(
+            lambda: [znc.Quantize(digits=2, dtype="<f8", astype="<f4")], id="quantize-astype"
+        ),
+    ],
+)
+def test_filter_without_kernel_runs_zarrs_code(filters: Any) -> None:
+    config = filters()[0].codec_config
+    case = {"filters": filters, "dtype": config["dtype"], "values": "small"}
+    with zarr.config.set(LENIENT):
+        array = create(MemoryStore(), case, [ZstdCodec()], sharded=False, fill_value=0)
+        assert "run zarr's code" in plan_of(array).read_fallback
+
+
+@pytest.mark.parametrize("bad", [pytest.param(np.nan, id="nan"), pytest.param(1e6, id="range")])
+def test_fixedscaleoffset_unfit_chunk_runs_numcodecs(tmp_path: Path, bad: float) -> None:
+    """A chunk with a value the integer type cannot hold is encoded by
+    numcodecs (NumPy's cast of it is platform-defined): same bytes as zarr."""
+    case = dict(FILTER_CHAINS["fixedscaleoffset-f8-i2"])
+    value = values_of("temperatures", "<f8", SHAPE, 21)
+    value[5, 7] = bad
+    stores = {}
+    for label, config in (("fused", STRICT), ("zarr", {"codec_pipeline.path": BATCHED})):
+        with zarr.config.set(config), np.errstate(invalid="ignore"):
+            store = make_store("local", tmp_path, label)
+            array = create(store, case, [ZstdCodec()], sharded=False, fill_value=7)
+            array[:] = value
+            stores[label] = store
+    assert chunk_items(stores["fused"]) == chunk_items(stores["zarr"])

@@ -12,24 +12,40 @@ codec, which is the reference.
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
+import numcodecs
 import numpy as np
-from zarr.codecs.numcodecs import Delta
+from zarr.codecs.numcodecs import BitRound, Delta, FixedScaleOffset, Quantize
 
 from zarr_fused._native import filter_kernels
 from zarr_fused._zarr_compat import codec_decode_sync, codec_encode_sync
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from zarr.abc.codec import Codec
     from zarr.core.array_spec import ArraySpec
     from zarr.core.buffer import NDBuffer
 
-__all__ = ["NativeDelta", "PythonStage", "native_stage", "stage"]
+__all__ = [
+    "NativeBitRound",
+    "NativeDelta",
+    "NativeFixedScaleOffset",
+    "NativeQuantize",
+    "PythonStage",
+    "native_stage",
+    "quantize_scale",
+    "stage",
+    "v2_native_stages",
+]
 
 #: (kind, item size) pairs the delta kernel covers
 _DELTA_TYPES = {("i", n) for n in (1, 2, 4, 8)} | {("u", n) for n in (1, 2, 4, 8)}
 _DELTA_TYPES |= {("f", 4), ("f", 8)}
+#: mantissa bits of the float types numcodecs' BitRound takes
+_BITROUND_MANTISSA = {("f", 2): 10, ("f", 4): 23, ("f", 8): 52}
 
 
 class PythonStage:
@@ -51,48 +67,261 @@ class PythonStage:
         return encoded
 
 
-class NativeDelta(PythonStage):
+class _NativeStage(PythonStage):
+    """A stage run by a kernel of `zarr_fused._filters` on chunks it takes
+    (a NumPy array of the data type before the stage when encoding, of the
+    type after it when decoding, C-contiguous, not empty), by zarr's code
+    on any other chunk, or when the kernel refuses the values."""
+
+    #: the data type of the chunks before the stage (None: any the kernel takes)
+    dtype: np.dtype[Any] | None = None
+    #: the data type the stage encodes to (None: the same as the input)
+    encoded: np.dtype[Any] | None = None
+
+    def _takes(self, data: Any, dtype: np.dtype[Any] | None) -> bool:
+        return type(data) is np.ndarray and data.size > 0 and data.dtype == (dtype or data.dtype)
+
+    def _decode_into(self, data: np.ndarray[Any, Any], out: np.ndarray[Any, Any]) -> bool:
+        """Decode ``data`` into ``out``; False when the kernel refuses it."""
+        raise NotImplementedError
+
+    def _encode_into(self, data: np.ndarray[Any, Any], out: np.ndarray[Any, Any]) -> bool:
+        """Encode ``data`` into ``out``; False when the kernel refuses it."""
+        raise NotImplementedError
+
+    def decode(self, chunk: NDBuffer, spec: ArraySpec) -> NDBuffer:
+        data: Any = chunk.as_ndarray_like()
+        # numcodecs flattens in the array's own order ("A"): a chunk in
+        # another layout than C order goes through its code
+        if not self._takes(data, self.encoded) or not data.flags.c_contiguous:
+            return super().decode(chunk, spec)
+        out = np.empty(spec.shape, dtype=self.dtype or data.dtype)
+        if out.size != data.size or not self._decode_into(data, out):
+            return super().decode(chunk, spec)
+        return spec.prototype.nd_buffer.from_ndarray_like(out)
+
+    def encode(self, chunk: NDBuffer, spec: ArraySpec) -> NDBuffer | None:
+        data: Any = chunk.as_ndarray_like()
+        if not self._takes(data, self.dtype):
+            return super().encode(chunk, spec)
+        # C order, as zarr's wrapper flattens it before numcodecs does
+        data = np.ascontiguousarray(data)
+        out = np.empty(data.shape, dtype=self.encoded or data.dtype)
+        if not self._encode_into(data, out):
+            return super().encode(chunk, spec)
+        return spec.prototype.nd_buffer.from_ndarray_like(out)
+
+    def encode_flat(self, data: np.ndarray[Any, Any]) -> np.ndarray[Any, Any] | None:
+        """numcodecs' encoding of a C-contiguous chunk of a format-2 array
+        (as ``V2Codec`` hands it to its filters), or None when the kernel
+        does not take it."""
+        if not self._takes(data, self.dtype) or not data.flags.c_contiguous:
+            return None
+        out = np.empty(data.shape, dtype=self.encoded or data.dtype)
+        return out if self._encode_into(data, out) else None
+
+    def decode_flat(self, data: np.ndarray[Any, Any]) -> np.ndarray[Any, Any] | None:
+        """numcodecs' decoding of a chunk's filtered items (1-d), or None
+        when the kernel does not take them."""
+        if self.encoded is not None:
+            if data.nbytes % self.encoded.itemsize:
+                return None
+            data = data.view(self.encoded)
+        if not self._takes(data, self.encoded):
+            return None
+        out = np.empty(data.shape, dtype=self.dtype or data.dtype)
+        return out if self._decode_into(data, out) else None
+
+
+class _EncodeOnly(_NativeStage):
+    """A lossy stage whose decoding returns the chunk as it is (numcodecs'
+    ``BitRound`` and ``Quantize`` without ``astype``)."""
+
+    def decode(self, chunk: NDBuffer, spec: ArraySpec) -> NDBuffer:
+        data: Any = chunk.as_ndarray_like()
+        if self._takes(data, self.dtype) and data.shape == spec.shape:
+            return chunk
+        return PythonStage.decode(self, chunk, spec)
+
+    def decode_flat(self, data: np.ndarray[Any, Any]) -> np.ndarray[Any, Any] | None:
+        return data  # numcodecs returns the items as they are
+
+
+class NativeDelta(_NativeStage):
     """``numcodecs.delta`` without ``astype`` (or with ``astype`` equal to
     ``dtype``), run by `zarr_fused._filters.delta`."""
 
     def __init__(self, codec: Any, dtype: np.dtype[Any]) -> None:
         super().__init__(codec)
-        self.dtype = dtype
+        self.dtype = self.encoded = dtype
 
-    def _takes(self, data: Any) -> bool:
-        return type(data) is np.ndarray and data.dtype == self.dtype and data.size > 0
-
-    def decode(self, chunk: NDBuffer, spec: ArraySpec) -> NDBuffer:
-        data: Any = chunk.as_ndarray_like()
-        if not self._takes(data) or not data.flags.c_contiguous:
-            return super().decode(chunk, spec)
-        out = np.empty(spec.shape, dtype=self.dtype)
+    def _decode_into(self, data: np.ndarray[Any, Any], out: np.ndarray[Any, Any]) -> bool:
         assert filter_kernels is not None
         filter_kernels.delta(data, out, False)
-        return spec.prototype.nd_buffer.from_ndarray_like(out)
+        return True
 
-    def encode(self, chunk: NDBuffer, spec: ArraySpec) -> NDBuffer | None:
-        data: Any = chunk.as_ndarray_like()
-        if not self._takes(data):
-            return super().encode(chunk, spec)
-        # C order, as zarr's wrapper flattens it before numcodecs does
-        data = np.ascontiguousarray(data)
-        out = np.empty(data.shape, dtype=self.dtype)
+    def _encode_into(self, data: np.ndarray[Any, Any], out: np.ndarray[Any, Any]) -> bool:
         assert filter_kernels is not None
         filter_kernels.delta(data, out, True)
-        return spec.prototype.nd_buffer.from_ndarray_like(out)
+        return True
 
 
-def native_stage(codec: Codec) -> NativeDelta | None:
-    """The native stage that runs ``codec``, or None when there is none."""
-    if filter_kernels is None or type(codec) is not Delta:
+class NativeFixedScaleOffset(_NativeStage):
+    """``numcodecs.fixedscaleoffset`` from float32 or float64 to an integer
+    type, run by `zarr_fused._filters`; a chunk with a value the integer
+    type cannot hold (NaN among them) runs numcodecs' code."""
+
+    def __init__(
+        self, codec: Any, dtype: np.dtype[Any], encoded: np.dtype[Any], offset: float, scale: float
+    ) -> None:
+        super().__init__(codec)
+        self.dtype, self.encoded = dtype, encoded
+        self.offset, self.scale = offset, scale
+
+    def _decode_into(self, data: np.ndarray[Any, Any], out: np.ndarray[Any, Any]) -> bool:
+        assert filter_kernels is not None
+        filter_kernels.fixedscaleoffset_decode(data, out, self.offset, self.scale)
+        return True
+
+    def _encode_into(self, data: np.ndarray[Any, Any], out: np.ndarray[Any, Any]) -> bool:
+        assert filter_kernels is not None
+        status = filter_kernels.fixedscaleoffset_encode(data, out, self.offset, self.scale)
+        return status == filter_kernels.FilterStatus.FILTER_OK
+
+
+class NativeBitRound(_EncodeOnly):
+    """``numcodecs.bitround`` on native-order float16, float32 and float64
+    chunks, run by `zarr_fused._filters.bitround`."""
+
+    def __init__(self, codec: Any, keepbits: int) -> None:
+        super().__init__(codec)
+        self.keepbits = keepbits
+
+    def _takes(self, data: Any, dtype: np.dtype[Any] | None) -> bool:
+        return (
+            super()._takes(data, dtype)
+            and (data.dtype.kind, data.dtype.itemsize) in _BITROUND_MANTISSA
+            and data.dtype.isnative
+            and self.keepbits < _BITROUND_MANTISSA[data.dtype.kind, data.dtype.itemsize]
+        )
+
+    def _encode_into(self, data: np.ndarray[Any, Any], out: np.ndarray[Any, Any]) -> bool:
+        assert filter_kernels is not None
+        mantissa = _BITROUND_MANTISSA[data.dtype.kind, data.dtype.itemsize]
+        filter_kernels.bitround(data, out, mantissa - self.keepbits)
+        return True
+
+
+class NativeQuantize(_EncodeOnly):
+    """``numcodecs.quantize`` without ``astype`` on float32 and float64,
+    run by `zarr_fused._filters.quantize`."""
+
+    def __init__(self, codec: Any, dtype: np.dtype[Any], scale: float) -> None:
+        super().__init__(codec)
+        self.dtype = self.encoded = dtype
+        self.scale = scale
+
+    def _encode_into(self, data: np.ndarray[Any, Any], out: np.ndarray[Any, Any]) -> bool:
+        assert filter_kernels is not None
+        filter_kernels.quantize(data, out, self.scale)
+        return True
+
+
+def quantize_scale(digits: int) -> float:
+    """The power of two numcodecs' ``Quantize`` multiplies by for ``digits``
+    decimal digits: the smallest one at least ``10 ** digits``, after the
+    precision is rounded outward to a power of ten."""
+    exponent = math.log10(10.0**-digits)
+    exponent = math.floor(exponent) if exponent < 0 else math.ceil(exponent)
+    return 2.0 ** math.ceil(math.log2(10.0**-exponent))
+
+
+def _float_kernel_type(dtype: Any) -> np.dtype[Any] | None:
+    found = np.dtype(dtype)
+    return found if found.kind == "f" and found.itemsize in (4, 8) and found.isnative else None
+
+
+def _exact_scalar(value: Any, dtype: np.dtype[Any]) -> float | None:
+    """``value`` (a Python number of a codec's configuration) as a float
+    when NumPy's cast of it to ``dtype`` equals the kernels' (a finite
+    float, or an integer both float types hold exactly), else None."""
+    if type(value) is int and abs(value) <= 2**24:
+        return float(value)
+    if type(value) is not float or not math.isfinite(value):
         return None
-    config: dict[str, Any] = codec.codec_config
+    return value if dtype.itemsize == 8 or abs(value) < 1e38 else None
+
+
+def _fixedscaleoffset(codec: Any, config: dict[str, Any]) -> NativeFixedScaleOffset | None:
+    dtype = _float_kernel_type(config["dtype"])
+    encoded = np.dtype(config.get("astype") or config["dtype"])
+    if dtype is None or encoded.kind not in "iu" or not encoded.isnative:
+        return None
+    offset = _exact_scalar(config.get("offset", 0), dtype)
+    scale = _exact_scalar(config.get("scale", 1), dtype)
+    if offset is None or not scale:  # a zero scale divides by zero: zarr's warnings
+        return None
+    return NativeFixedScaleOffset(codec, dtype, encoded, offset, scale)
+
+
+def _quantize(codec: Any, config: dict[str, Any]) -> NativeQuantize | None:
+    dtype = _float_kernel_type(config["dtype"])
+    if dtype is None or np.dtype(config.get("astype") or dtype) != dtype:
+        return None
+    scale = quantize_scale(config["digits"])
+    if dtype.itemsize == 4 and not 2.0**-100 < scale < 2.0**100:
+        return None  # NumPy's cast of the scale to float32 would not be exact
+    return NativeQuantize(codec, dtype, scale)
+
+
+def _delta(codec: Any, config: dict[str, Any]) -> NativeDelta | None:
     dtype = np.dtype(config["dtype"])
     astype = np.dtype(config.get("astype") or dtype)
     if astype != dtype or not dtype.isnative or (dtype.kind, dtype.itemsize) not in _DELTA_TYPES:
         return None
     return NativeDelta(codec, dtype)
+
+
+def _bitround(codec: Any, config: dict[str, Any]) -> NativeBitRound:
+    return NativeBitRound(codec, int(config["keepbits"]))
+
+
+_NATIVE_STAGES: dict[type, Callable[[Any, dict[str, Any]], _NativeStage | None]] = {
+    Delta: _delta,
+    FixedScaleOffset: _fixedscaleoffset,
+    BitRound: _bitround,
+    Quantize: _quantize,
+}
+
+
+_V2_STAGES: dict[type, Callable[[Any, dict[str, Any]], _NativeStage | None]] = {
+    numcodecs.Delta: _delta,
+    numcodecs.FixedScaleOffset: _fixedscaleoffset,
+    numcodecs.BitRound: _bitround,
+    numcodecs.Quantize: _quantize,
+}
+
+
+def v2_native_stages(filters: Any) -> tuple[_NativeStage, ...] | None:
+    """Native stages for a format-2 array's numcodecs ``filters``, in
+    their order, or None when one of them has no kernel."""
+    stages = []
+    for codec in filters:
+        make = _V2_STAGES.get(type(codec))
+        found = None if make is None or filter_kernels is None else make(codec, codec.get_config())
+        if found is None:
+            return None
+        stages.append(found)
+    return tuple(stages)
+
+
+def native_stage(codec: Codec) -> _NativeStage | None:
+    """The native stage that runs ``codec``, or None when there is none."""
+    make = _NATIVE_STAGES.get(type(codec))
+    if filter_kernels is None or make is None:
+        return None
+    config: dict[str, Any] = getattr(codec, "codec_config", {})
+    return make(codec, dict(config))
 
 
 def stage(codec: Codec) -> PythonStage:

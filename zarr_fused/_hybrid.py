@@ -8,8 +8,8 @@ splits it in two:
 - the *stages*: the leading array->array codecs up to the last one the
   tail does not cover (a transpose after it stays in the tail), run on
   each decoded chunk, on the pool thread that decodes it: with a native
-  kernel where `zarr_fused._filter_stages` has one (``numcodecs.delta``
-  so far), else with zarr's own ``_decode_sync`` / ``_encode_sync``
+  kernel where `zarr_fused._filter_stages` has one (``numcodecs.delta``,
+  ``fixedscaleoffset``, ``quantize``, ``bitround``), else with zarr's own ``_decode_sync`` / ``_encode_sync``
   (a *Python stage*);
 - the *native tail*: the rest (``[transpose] -> bytes -> [compressor]`` with
   its checksums), a `NativeChain` built for the chunk spec the Python stages
@@ -34,7 +34,7 @@ from zarr.codecs.transpose import TransposeCodec
 from zarr.core.array_spec import ArrayConfig, ArraySpec
 from zarr.core.dtype import get_data_type_from_native_dtype
 
-from zarr_fused._filter_stages import PythonStage, stage
+from zarr_fused._filter_stages import PythonStage, stage, v2_native_stages
 from zarr_fused._scatter_py import DecodeThenScatter
 from zarr_fused._v2 import V2Codec, v2_filtered_layout
 from zarr_fused._zarr_compat import codec_decode_sync, codec_encode_sync
@@ -180,18 +180,45 @@ def _flat_spec(spec: ArraySpec, count: int, itemsize: int) -> ArraySpec:
 
 
 class V2HybridChain(DecodeThenScatter):
-    """A zarr format 2 chunk with filters: the filters run zarr's code (a
-    `V2Codec` without its compressor), the compressor runs natively over
-    the filtered bytes, whose size the filters fix (`v2_filtered_layout`)."""
-
-    native = False
+    """A zarr format 2 chunk with filters: the compressor runs natively
+    over the filtered bytes, whose size the filters fix
+    (`v2_filtered_layout`); the filters run native kernels where each of
+    them has one (``stages``; then ``native``) and the array is in C order,
+    else zarr's code (a `V2Codec` without its compressor)."""
 
     def __init__(self, codec: V2Codec, tail: NativeChain, fallback: TransformChain, reason: str):
         self.filters = V2Codec(filters=codec.filters, compressor=None)
+        self.stages = v2_native_stages(codec.filters or ())
         self.tail = tail
         self.fallback = fallback
         self.reason = reason
+        self.native = not reason
         self._tail_spec = _SpecCache(self._derive_tail_spec)
+
+    def _decode_native(self, filtered: np.ndarray[Any, Any], spec: ArraySpec) -> Any:
+        """The chunk's items through the native stages, or None when a
+        stage refuses them (zarr's filters then run)."""
+        data: Any = filtered
+        for stage_ in (self.stages or ())[::-1]:
+            data = stage_.decode_flat(data)
+            if data is None:
+                return None
+        dtype = spec.dtype.to_native_dtype()
+        if data.nbytes != dtype.itemsize * int(np.prod(spec.shape)):
+            return None
+        return data.view(dtype).reshape(spec.shape)
+
+    def _encode_native(self, array: NDBuffer, spec: ArraySpec) -> Any:
+        """The filtered items of a chunk by the native stages, or None."""
+        data: Any = array.as_ndarray_like()
+        if type(data) is not np.ndarray:
+            return None
+        data = np.ascontiguousarray(data, dtype=spec.dtype.to_native_dtype()).reshape(-1)
+        for stage_ in self.stages or ():
+            data = stage_.encode_flat(data)
+            if data is None:
+                return None
+        return data
 
     def _derive_tail_spec(self, spec: ArraySpec) -> ArraySpec | None:
         why_not, count, itemsize = v2_filtered_layout(self.filters.filters or (), spec)
@@ -205,6 +232,10 @@ class V2HybridChain(DecodeThenScatter):
         if flat is None:
             return self.fallback.decode(raw, spec)
         filtered = self.tail.decode_array(raw, flat, key).view(np.uint8)
+        if self.stages is not None and spec.order == "C":
+            native = self._decode_native(filtered, spec)
+            if native is not None:
+                return spec.prototype.nd_buffer.from_ndarray_like(native)
         raw = spec.prototype.buffer.from_array_like(filtered)
         decoded: NDBuffer = codec_decode_sync(self.filters, raw, spec)
         return decoded
@@ -213,9 +244,13 @@ class V2HybridChain(DecodeThenScatter):
         flat = self._tail_spec(spec)
         if flat is None:
             return self.fallback.encode(array, spec)
-        filtered = codec_encode_sync(self.filters, array, spec)
-        assert filtered is not None
-        data = filtered.as_numpy_array()
+        data = None
+        if self.stages is not None and spec.order == "C":
+            data = self._encode_native(array, spec)
+        if data is None:
+            filtered = codec_encode_sync(self.filters, array, spec)
+            assert filtered is not None
+            data = filtered.as_numpy_array()
         if data.nbytes != flat.shape[0] * self.tail.dtype.itemsize:
             # the filters made another size than their parameters say
             return self.fallback.encode(array, spec)
@@ -231,11 +266,17 @@ def _v2_hybrid(
         return None
     flat = _flat_spec(spec, count, itemsize)
     names = ", ".join(str(getattr(f, "codec_id", type(f).__name__)) for f in codec.filters or ())
-    reason = (
-        f"zarr format 2 filters ({names}) run zarr's code on each chunk (no native "
-        "kernel); the compressor is native"
+    reason = ""
+    if v2_native_stages(codec.filters or ()) is None or spec.order != "C":
+        reason = (
+            f"zarr format 2 filters ({names}) run zarr's code on each chunk (no native "
+            "kernel, or order F); the compressor is native"
+        )
+    tail = native_tail(
+        (V2Codec(filters=None, compressor=codec.compressor),),
+        flat,
+        reason or "native chain declined this chunk",
     )
-    tail = native_tail((V2Codec(filters=None, compressor=codec.compressor),), flat, reason)
     return None if tail is None else V2HybridChain(codec, tail, fallback, reason)
 
 

@@ -94,6 +94,11 @@ def native_info() -> dict[str, object]:
     libraries: dict[str, object] = {}
     if scatter_kernels is not None and codec_kernels is not None:
         codecs = ["bytes", "transpose", "crc32c", "zstd", "gzip", "blosc"]
+        codecs += ["numcodecs.zlib", "numcodecs.gzip"]
+        if filter_kernels is not None:
+            # array->array filters: native stages of a hybrid chain
+            codecs += [f"numcodecs.{n}" for n in ("delta", "fixedscaleoffset", "quantize")]
+            codecs += ["numcodecs.bitround"]
         libraries = codec_kernels.library_versions()
     return {
         "extensions": {f"zarr_fused.{n}": n in _modules for n in _EXTENSIONS},

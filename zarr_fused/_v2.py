@@ -18,10 +18,13 @@ makes for such a chain:
 
 Filters with a fixed output size (``Delta``, ``FixedScaleOffset``,
 ``Quantize``, ``BitRound``, ``AsType``, ``Shuffle``) make a hybrid chain
-(`zarr_fused._hybrid`): the filters run zarr's code on each chunk, the
-compressor runs natively over the filtered bytes, whose size
-`v2_filtered_layout` derives from the filters' parameters (the native
-decompressor insists on it). Strict mode still rejects such an array.
+(`zarr_fused._hybrid`): the compressor runs natively over the filtered
+bytes, whose size `v2_filtered_layout` derives from the filters'
+parameters (the native decompressor insists on it). The filters run
+native kernels when each has one (``Delta``, ``FixedScaleOffset``,
+``Quantize``, ``BitRound`` on the types `zarr_fused._filter_stages`
+covers) and the array is in C order, and strict mode accepts the array;
+else they run zarr's code, and strict mode rejects it.
 
 What stays on zarr's code, per array, with the reason recorded in the plan:
 
