@@ -33,7 +33,7 @@ test: bootstrap lint
 	$(STEP) pytest $(PY) -m pytest $(PYTEST_PARALLEL) tests
 	$(STEP) asan env ASAN_TESTS="$(CI_ASAN_TESTS)" ASAN_PYTEST_ARGS="$(PYTEST_PARALLEL)" \
 		PY=$(PY) bash tests/fuzz/test_asan.sh
-	$(STEP) fuzz env FUZZ_SECONDS=15 FUZZ_SEED=1 FUZZ_TARGET=all PY=$(PY) bash tests/fuzz/fuzz.sh
+	$(STEP) fuzz env FUZZ_SECONDS=10 FUZZ_SEED=1 FUZZ_TARGET=all PY=$(PY) bash tests/fuzz/fuzz.sh
 	$(STEP) conformance $(PY) tests/conformance/run.py
 	$(STEP) asv-quick bash tools/asv_quick.sh
 	$(STEP) docs $(PY) -m sphinx -W --keep-going -q -b html docs docs/_build/html
@@ -84,7 +84,7 @@ fuzz: bootstrap
 
 # the short, seeded budget CI runs
 fuzz-ci: bootstrap
-	FUZZ_SECONDS=15 FUZZ_SEED=1 FUZZ_TARGET=all PY=$(PY) bash tests/fuzz/fuzz.sh
+	FUZZ_SECONDS=10 FUZZ_SEED=1 FUZZ_TARGET=all PY=$(PY) bash tests/fuzz/fuzz.sh
 
 # the kernel, shard and fuzz-corpus tests on extensions built with
 # AddressSanitizer and UndefinedBehaviorSanitizer under build/asan (the
