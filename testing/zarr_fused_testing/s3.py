@@ -170,14 +170,8 @@ class MotoServer:
         # shutdown under moto's daemon request threads, which aborts the
         # server (and dumps core) when one of them holds stderr's lock.
         proc, self._proc = self._proc, None
-        if proc is not None and proc.stdin is not None:
-            proc.stdin.close()
         if proc is not None:
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(10)
+            end_child(proc)
         if self._log is not None:
             self._log.close()
             self._log = None
@@ -440,14 +434,7 @@ class ChildServer:
         proc, self._proc = self._proc, None
         if proc is None:
             return
-        with contextlib.suppress(OSError):
-            assert proc.stdin is not None
-            proc.stdin.close()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
+        end_child(proc)
         if proc.stdout is not None:
             proc.stdout.close()
 
@@ -862,6 +849,19 @@ class RangeServer:
 
 
 # -- the child processes ------------------------------------------------------------------
+
+
+def end_child(proc: subprocess.Popen[bytes]) -> None:
+    """End a server child by closing its stdin (it exits on its own, see
+    `_exit_with_stdin`), killing it only if it has not gone in 10 s."""
+    with contextlib.suppress(OSError):
+        if proc.stdin is not None:
+            proc.stdin.close()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
 
 
 def serve_until_stdin_closes(server: Any) -> None:
