@@ -744,12 +744,9 @@ def test_v2_object_filter_stays_on_zarr() -> None:
 DELTA_DTYPES = ["|i1", "|u1", "<i2", "<u4", "<i8", "<f4", "<f8"]
 
 
-@pytest.mark.parametrize("dtype", [pytest.param(d, id=d) for d in DELTA_DTYPES])
-@pytest.mark.parametrize("store_kind", ["memory", "local"])
-def test_native_delta_strict(tmp_path: Path, dtype: str, store_kind: str) -> None:
-    kind = "floats" if dtype[1] == "f" else "ints"
-    case = {"filters": lambda: [znc.Delta(dtype=dtype)], "dtype": dtype, "values": kind}
-    fill = np.nan if kind == "floats" else 3
+def assert_strict_native(tmp_path: Path, case: dict[str, Any], store_kind: str, fill: Any) -> None:
+    """``case`` written through zarr_fused in strict mode (a native chain, no
+    fallback) and through zarr: the same stored chunks and the same values."""
     stores = write_both(
         tmp_path, case, "zstd", store_kind=store_kind, sharded=False, fill_value=fill, fused=STRICT
     )
@@ -763,6 +760,15 @@ def test_native_delta_strict(tmp_path: Path, dtype: str, store_kind: str) -> Non
     with zarr.config.set({"codec_pipeline.path": BATCHED}):
         expected = zarr.open_array(stores["zarr"], mode="r")[1:33:2, 3:]
     assert_same_values(got, expected)
+
+
+@pytest.mark.parametrize("dtype", [pytest.param(d, id=d) for d in DELTA_DTYPES])
+@pytest.mark.parametrize("store_kind", ["memory", "local"])
+def test_native_delta_strict(tmp_path: Path, dtype: str, store_kind: str) -> None:
+    kind = "floats" if dtype[1] == "f" else "ints"
+    case = {"filters": lambda: [znc.Delta(dtype=dtype)], "dtype": dtype, "values": kind}
+    fill = np.nan if kind == "floats" else 3
+    assert_strict_native(tmp_path, case, store_kind, fill)
 
 
 @pytest.mark.parametrize(
@@ -791,19 +797,7 @@ def test_delta_without_kernel_runs_zarrs_code(filters: Any) -> None:
 def test_native_filters_strict(tmp_path: Path, name: str, store_kind: str) -> None:
     case = FILTER_CHAINS[name]
     fill = case.get("fill", np.nan)
-    stores = write_both(
-        tmp_path, case, "zstd", store_kind=store_kind, sharded=False, fill_value=fill, fused=STRICT
-    )
-    assert chunk_items(stores["fused"]) == chunk_items(stores["zarr"])
-    with zarr.config.set(STRICT):
-        array = zarr.open_array(stores["fused"], mode="r")
-        plan = plan_of(array)
-        assert isinstance(plan.chain, HybridChain) and plan.chain.native
-        assert plan.read_fallback == plan.write_fallback == ""
-        got = array[1:33:2, 3:]
-    with zarr.config.set({"codec_pipeline.path": BATCHED}):
-        expected = zarr.open_array(stores["zarr"], mode="r")[1:33:2, 3:]
-    assert_same_values(got, expected)
+    assert_strict_native(tmp_path, case, store_kind, fill)
 
 
 @pytest.mark.parametrize(
