@@ -19,7 +19,7 @@ overlaps it. `read_regions` plans all the regions together instead:
    overlap it (a block is a box: units inside it that no region touches,
    between regions far apart in one shard, are decoded too);
 4. each region is copied out of the staging array, block by block, on the
-   pool (NumPy releases the GIL for these copies).
+   pool (the copy kernel, GIL released).
 
 The staging array holds at most `STAGING_BYTES` at a time; more blocks go in
 waves of that size. Missing chunks and shards read as the fill value, as
@@ -51,6 +51,7 @@ from zarr.errors import ChunkNotFoundError
 from zarr_fused._cpus import resolve_max_workers
 from zarr_fused._plan import PipelinePlan
 from zarr_fused._pool import run_parallel
+from zarr_fused._scatter_py import copy_into
 from zarr_fused._zarr_compat import array_chunk_grid
 
 if TYPE_CHECKING:
@@ -272,11 +273,13 @@ def _waves(blocks: Sequence[_Block], width: tuple[int, ...], itemsize: int) -> l
 
 @dataclass(slots=True)
 class _Wave:
-    """One read batch of blocks and the staging array it decodes into."""
+    """One read batch of blocks and the staging array it decodes into (the
+    first rows of ``buffer``, which every wave of a call reuses: pages the
+    kernel has already faulted in once, not 64 MiB of new ones per wave)."""
 
     geometry: _Geometry
     blocks: list[_Block]
-    width: tuple[int, ...]
+    buffer: np.ndarray
     staging: np.ndarray = field(init=False)
 
     def items(self) -> list[tuple[Any, ArraySpec, tuple[slice, ...], tuple[slice, ...], bool]]:
@@ -312,10 +315,10 @@ class _Wave:
         return items
 
     def read(self) -> None:
-        """Decode every block into a new staging array, as one batch."""
+        """Decode every block into the staging array, as one batch."""
         geometry = self.geometry
         rows = sum(b.hi[0] - b.lo[0] for b in self.blocks)
-        self.staging = np.empty((rows, *self.width), dtype=geometry.dtype)
+        self.staging = self.buffer[:rows]
         items = self.items()
         out: NDBuffer = geometry.spec.prototype.nd_buffer.from_ndarray_like(self.staging)
         results = sync(geometry.pipeline.read(items, out, drop_axes=()))
@@ -331,9 +334,8 @@ class _Wave:
             slice(block.row + lo[0] - block.lo[0], block.row + hi[0] - block.lo[0]),
             *(slice(a - b, c - b) for a, c, b in zip(lo[1:], hi[1:], block.lo[1:], strict=True)),
         )
-        dst[tuple(slice(a - r, c - r) for a, c, r in zip(lo, hi, region.lo, strict=True))] = (
-            self.staging[src]
-        )
+        part = tuple(slice(a - r, c - r) for a, c, r in zip(lo, hi, region.lo, strict=True))
+        copy_into(dst[part], self.staging[src])
 
 
 def _raise_missing(geometry: _Geometry, coords: list[tuple[int, ...]], results: Any) -> None:
@@ -467,8 +469,11 @@ def _read_planned(
     blocks = _blocks(geometry, boxes)
     width = tuple(max(b.hi[d] - b.lo[d] for b in blocks) for d in range(1, len(geometry.shape)))
     max_workers = resolve_max_workers()
-    for wave_blocks in _waves(blocks, width, geometry.dtype.itemsize):
-        wave = _Wave(geometry, wave_blocks, width)
+    waves = _waves(blocks, width, geometry.dtype.itemsize)
+    rows = max(sum(b.hi[0] - b.lo[0] for b in wave) for wave in waves)
+    buffer = np.empty((rows, *width), dtype=geometry.dtype)
+    for wave_blocks in waves:
+        wave = _Wave(geometry, wave_blocks, buffer)
         wave.read()
         pairs = [(block, r) for block in wave_blocks for r in block.regions]
         n_parts = min(len(pairs), 4 * max_workers)
