@@ -81,6 +81,12 @@ class _NativeStage(PythonStage):
     def _takes(self, data: Any, dtype: np.dtype[Any] | None) -> bool:
         return type(data) is np.ndarray and data.size > 0 and data.dtype == (dtype or data.dtype)
 
+    def kernel_step(self, dtype: np.dtype[Any]) -> tuple[Any, ...] | None:
+        """This stage as a step of `zarr_fused._filters.FilterChain` on items
+        of ``dtype`` (the chunk's type before the stage), or None when the
+        kernel does not take that type."""
+        return None
+
     def _decode_into(self, data: np.ndarray[Any, Any], out: np.ndarray[Any, Any]) -> bool:
         """Decode ``data`` into ``out``; False when the kernel refuses it."""
         raise NotImplementedError
@@ -155,6 +161,9 @@ class NativeDelta(_NativeStage):
         super().__init__(codec)
         self.dtype = self.encoded = dtype
 
+    def kernel_step(self, dtype: np.dtype[Any]) -> tuple[Any, ...] | None:
+        return ("delta", dtype) if dtype == self.dtype else None
+
     def _decode_into(self, data: np.ndarray[Any, Any], out: np.ndarray[Any, Any]) -> bool:
         assert filter_kernels is not None
         filter_kernels.delta(data, out, False)
@@ -178,6 +187,11 @@ class NativeFixedScaleOffset(_NativeStage):
         self.dtype, self.encoded = dtype, encoded
         self.offset, self.scale = offset, scale
 
+    def kernel_step(self, dtype: np.dtype[Any]) -> tuple[Any, ...] | None:
+        if dtype != self.dtype:
+            return None
+        return ("fixedscaleoffset", dtype, self.encoded, self.offset, self.scale)
+
     def _decode_into(self, data: np.ndarray[Any, Any], out: np.ndarray[Any, Any]) -> bool:
         assert filter_kernels is not None
         filter_kernels.fixedscaleoffset_decode(data, out, self.offset, self.scale)
@@ -196,6 +210,12 @@ class NativeBitRound(_EncodeOnly):
     def __init__(self, codec: Any, keepbits: int) -> None:
         super().__init__(codec)
         self.keepbits = keepbits
+
+    def kernel_step(self, dtype: np.dtype[Any]) -> tuple[Any, ...] | None:
+        mantissa = _BITROUND_MANTISSA.get((dtype.kind, dtype.itemsize))
+        if mantissa is None or not dtype.isnative or not 0 <= self.keepbits < mantissa:
+            return None
+        return ("bitround", dtype, mantissa - self.keepbits)
 
     def _takes(self, data: Any, dtype: np.dtype[Any] | None) -> bool:
         return (
@@ -220,6 +240,9 @@ class NativeQuantize(_EncodeOnly):
         super().__init__(codec)
         self.dtype = self.encoded = dtype
         self.scale = scale
+
+    def kernel_step(self, dtype: np.dtype[Any]) -> tuple[Any, ...] | None:
+        return ("quantize", dtype, self.scale) if dtype == self.dtype else None
 
     def _encode_into(self, data: np.ndarray[Any, Any], out: np.ndarray[Any, Any]) -> bool:
         assert filter_kernels is not None
