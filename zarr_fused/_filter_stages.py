@@ -17,7 +17,9 @@ from typing import TYPE_CHECKING, Any
 
 import numcodecs
 import numpy as np
-from zarr.codecs.numcodecs import BitRound, Delta, FixedScaleOffset, Quantize
+from zarr.codecs.numcodecs import AsType, BitRound, Delta, FixedScaleOffset, Quantize
+from zarr.codecs.scale_offset import ScaleOffset
+from zarr.core.dtype import get_data_type_from_native_dtype
 
 from zarr_fused._native import filter_kernels
 from zarr_fused._zarr_compat import codec_decode_sync, codec_encode_sync
@@ -30,10 +32,12 @@ if TYPE_CHECKING:
     from zarr.core.buffer import NDBuffer
 
 __all__ = [
+    "NativeAsType",
     "NativeBitRound",
     "NativeDelta",
     "NativeFixedScaleOffset",
     "NativeQuantize",
+    "NativeScaleOffset",
     "PythonStage",
     "native_stage",
     "quantize_scale",
@@ -250,6 +254,67 @@ class NativeQuantize(_EncodeOnly):
         return True
 
 
+class NativeScaleOffset(_NativeStage):
+    """zarr's ``scale_offset`` on native float32 and float64 chunks, run by
+    `zarr_fused._filters.scale_offset`; its offset and scale are parsed by
+    the data type, as zarr parses them (integer chunks, whose arithmetic
+    zarr checks for overflow and exact division, run zarr's code)."""
+
+    def _takes(self, data: Any, dtype: np.dtype[Any] | None) -> bool:
+        return super()._takes(data, dtype) and _float_kernel_type(data.dtype) is not None
+
+    def params(self, dtype: np.dtype[Any]) -> tuple[float, float] | None:
+        """(offset, scale) as ``dtype`` holds them, or None when zarr's
+        parser refuses them (zarr's code then raises its own error)."""
+        zdtype = get_data_type_from_native_dtype(dtype)
+        try:
+            offset = zdtype.from_json_scalar(self.codec.offset, zarr_format=3)
+            scale = zdtype.from_json_scalar(self.codec.scale, zarr_format=3)
+        except (TypeError, ValueError, OverflowError):
+            return None
+        return float(offset), float(scale)
+
+    def _run(self, data: np.ndarray[Any, Any], out: np.ndarray[Any, Any], encode: bool) -> bool:
+        assert filter_kernels is not None
+        params = self.params(data.dtype)
+        if params is None:
+            return False
+        filter_kernels.scale_offset(data, out, *params, encode)
+        return True
+
+    def _decode_into(self, data: np.ndarray[Any, Any], out: np.ndarray[Any, Any]) -> bool:
+        return self._run(data, out, False)
+
+    def _encode_into(self, data: np.ndarray[Any, Any], out: np.ndarray[Any, Any]) -> bool:
+        return self._run(data, out, True)
+
+    def kernel_step(self, dtype: np.dtype[Any]) -> tuple[Any, ...] | None:
+        params = self.params(dtype) if _float_kernel_type(dtype) is not None else None
+        return None if params is None else ("scale_offset", dtype, *params)
+
+
+class NativeAsType(_NativeStage):
+    """numcodecs' ``astype`` between float64 and float32 (either way), run
+    by `zarr_fused._filters.astype`."""
+
+    def __init__(self, codec: Any, dtype: np.dtype[Any], encoded: np.dtype[Any]) -> None:
+        super().__init__(codec)
+        self.dtype, self.encoded = dtype, encoded
+
+    def _decode_into(self, data: np.ndarray[Any, Any], out: np.ndarray[Any, Any]) -> bool:
+        assert filter_kernels is not None
+        filter_kernels.astype(data, out)
+        return True
+
+    def _encode_into(self, data: np.ndarray[Any, Any], out: np.ndarray[Any, Any]) -> bool:
+        assert filter_kernels is not None
+        filter_kernels.astype(data, out)
+        return True
+
+    def kernel_step(self, dtype: np.dtype[Any]) -> tuple[Any, ...] | None:
+        return ("astype", dtype, self.encoded) if dtype == self.dtype else None
+
+
 def quantize_scale(digits: int) -> float:
     """The power of two numcodecs' ``Quantize`` multiplies by for ``digits``
     decimal digits: the smallest one at least ``10 ** digits``, after the
@@ -305,6 +370,20 @@ def _delta(codec: Any, config: dict[str, Any]) -> NativeDelta | None:
     return NativeDelta(codec, dtype)
 
 
+def _astype(codec: Any, config: dict[str, Any]) -> NativeAsType | None:
+    if config.get("decode_dtype") is None:  # set once evolved for the array
+        return None
+    dtype = _float_kernel_type(config["decode_dtype"])
+    encoded = _float_kernel_type(config["encode_dtype"])
+    if dtype is None or encoded is None:
+        return None
+    return NativeAsType(codec, dtype, encoded)
+
+
+def _scale_offset(codec: Any, config: dict[str, Any]) -> NativeScaleOffset:
+    return NativeScaleOffset(codec)
+
+
 def _bitround(codec: Any, config: dict[str, Any]) -> NativeBitRound:
     return NativeBitRound(codec, int(config["keepbits"]))
 
@@ -314,6 +393,8 @@ _NATIVE_STAGES: dict[type, Callable[[Any, dict[str, Any]], _NativeStage | None]]
     FixedScaleOffset: _fixedscaleoffset,
     BitRound: _bitround,
     Quantize: _quantize,
+    AsType: _astype,
+    ScaleOffset: _scale_offset,
 }
 
 

@@ -35,6 +35,7 @@ class FilterChain:
     encoded_itemsize: int
     max_itemsize: int
     def __init__(self, steps: Sequence[tuple[Any, ...]]) -> None: ...
+
 def scale_offset(
     src: np.ndarray[Any, Any], out: np.ndarray[Any, Any], offset: float, scale: float, encode: bool
 ) -> np.ndarray[Any, Any]: ...

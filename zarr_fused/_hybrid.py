@@ -9,7 +9,8 @@ splits it in two:
   tail does not cover (a transpose after it stays in the tail), run on
   each decoded chunk, on the pool thread that decodes it: with a native
   kernel where `zarr_fused._filter_stages` has one (``numcodecs.delta``,
-  ``fixedscaleoffset``, ``quantize``, ``bitround``), else with zarr's own ``_decode_sync`` / ``_encode_sync``
+  ``fixedscaleoffset``, ``quantize``, ``bitround``, ``astype``; zarr's
+  ``scale_offset``), else with zarr's own ``_decode_sync`` / ``_encode_sync``
   (a *Python stage*);
 - the *native tail*: the rest (``[transpose] -> bytes -> [compressor]`` with
   its checksums), a `NativeChain` built for the chunk spec the Python stages
