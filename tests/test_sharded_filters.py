@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from zarr.codecs import BytesCodec, Crc32cCodec, ShardingCodec, ZstdCodec
 from zarr.codecs import numcodecs as znc
+from zarr.codecs.scale_offset import ScaleOffset
 from zarr.storage import MemoryStore
 
 from zarr_fused._hybrid import FilteredChain
@@ -52,6 +53,25 @@ CHAINS: dict[str, tuple[Any, str, str, Any]] = {
         "<f4",
         "floats",
         0,
+    ),
+    "scale_offset-f4": (lambda: [ScaleOffset(offset=10, scale=4)], "<f4", "small", 0),
+    "scale_offset-f8": (
+        lambda: [ScaleOffset(offset=273.15, scale=0.1)],
+        "<f8",
+        "temperatures",
+        np.nan,
+    ),
+    "astype-f8-f4": (
+        lambda: [znc.AsType(encode_dtype="<f4", decode_dtype="<f8")],
+        "<f8",
+        "floats",
+        0,
+    ),
+    "astype-delta-f8-f4": (
+        lambda: [znc.AsType(encode_dtype="<f4", decode_dtype="<f8"), znc.Delta(dtype="<f4")],
+        "<f8",
+        "floats",
+        1,
     ),
     "fixedscaleoffset-delta-f8-i4": (
         lambda: [
@@ -226,7 +246,7 @@ def test_never_written_reads_fill(tmp_path: Path) -> None:
 
 
 def test_strict_rejects_filter_without_kernel_sharded() -> None:
-    filters = [znc.AsType(encode_dtype="<f4", decode_dtype="<f8")]
+    filters = [znc.Delta(dtype="<f8", astype="<f4")]
     with zarr.config.set(STRICT):
         array = create(MemoryStore(), filters, "<f8", 0, [ZstdCodec()])
         with pytest.raises(UnsupportedError, match="inner chunks"):
@@ -253,8 +273,19 @@ def test_fixedscaleoffset_unfit_inner_chunk(tmp_path: Path, bad: float) -> None:
 @st.composite
 def filter_cases(draw: Any) -> tuple[list[Any], str, Any, int]:
     """A filter with drawn parameters, its dtype, a fill value, a seed."""
-    kind = draw(st.sampled_from(["delta", "fixedscaleoffset", "quantize", "bitround"]))
-    if kind == "delta":
+    kind = draw(
+        st.sampled_from(
+            ["delta", "fixedscaleoffset", "quantize", "bitround", "scale_offset", "astype"]
+        )
+    )
+    if kind == "scale_offset":
+        dtype = draw(st.sampled_from(["<f4", "<f8"]))
+        offset = draw(st.sampled_from([0, 1.5, -20, 273.15]))
+        filters = [ScaleOffset(offset=offset, scale=draw(st.sampled_from([1, 0.1, 4, 100])))]
+    elif kind == "astype":
+        dtype, encoded = draw(st.sampled_from([("<f8", "<f4"), ("<f4", "<f8")]))
+        filters = [znc.AsType(encode_dtype=encoded, decode_dtype=dtype)]
+    elif kind == "delta":
         dtype = draw(st.sampled_from(["<i1", "<i2", "<u4", "<i8", "<f4", "<f8"]))
         filters = [znc.Delta(dtype=dtype)]
     elif kind == "fixedscaleoffset":
