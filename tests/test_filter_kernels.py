@@ -412,3 +412,17 @@ def test_astype_refuses_integers_and_aliasing() -> None:
 def test_filter_chain_refuses_bad_steps(steps: list[Any]) -> None:
     with pytest.raises((TypeError, ValueError)):
         _filters.FilterChain(steps)
+
+
+def test_batch_refused_chunk_without_hook_names_key() -> None:
+    """A batch with filters that meets a chunk fixedscaleoffset cannot
+    encode, and has no hook to encode it otherwise, raises naming it."""
+    from zarr_fused._codec_batch import ChunkLayout, EncodeBatch
+    from zarr_fused._codecs import ChainKernel
+
+    kernel = ChainKernel(compressor=None, outer_crcs=0, inner_crcs=0, itemsize=2, swap_unit=0)
+    batch = EncodeBatch(kernel, 1, 1)
+    batch.set_filters(_filters.FilterChain([("fixedscaleoffset", "<f8", "<i2", 0.0, 1.0)]))
+    batch.add(np.array([1.0, np.nan]), ChunkLayout((2,), 8), False, "c/0")
+    with pytest.raises(ValueError, match="'c/0': the filters refused"):
+        batch.run()

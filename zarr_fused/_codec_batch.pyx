@@ -12,6 +12,11 @@ integers) to an offset and strides, the only selections a task describes.
 Both batches run a range of their tasks with `run_range` (several threads
 may run disjoint ranges of one batch at once) or all of them with `run`,
 and raise for the first task that failed, naming its key.
+
+With `set_filters`, a batch also runs array->array filters
+(`zarr_fused._filters.FilterChain`) on every chunk, between its values and
+the chain kernel's items, still without the GIL: the shard engine decodes
+and encodes inner chains with filters this way.
 """
 
 from cpython.slice cimport PySlice_GetIndicesEx
@@ -899,6 +904,10 @@ cdef class EncodeBatch(TaskBatch):
                 result.append(False)  # all fill value: store nothing
                 continue
             if self.refused != NULL and self.refused[i]:
+                if self.refuse is None:
+                    raise ValueError(
+                        f"{self.describe(self.keys[i])}: the filters refused the chunk's "
+                        "values and the batch has no refuse hook")
                 encoded = self.refuse(self._values(i))
                 result.append(False if encoded is None else encoded)
                 continue
