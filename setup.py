@@ -49,7 +49,7 @@ EXTENSIONS: list[dict] = [
     {
         "name": "zarr_fused._filters",
         "sources": ["zarr_fused/_filters.pyx"],
-        "depends": [],
+        "depends": ["zarr_fused/_filters.pxd"],
         "libraries": [],
     },
     {
@@ -85,6 +85,7 @@ EXTENSIONS: list[dict] = [
         "depends": [
             "zarr_fused/_codec_batch.pxd",
             "zarr_fused/_codecs.pxd",
+            "zarr_fused/_filters.pxd",
             "zarr_fused/_scatter.pxd",
             "zarr_fused/_zstd.pxd",
             "zarr_fused/_zlib.pxd",
@@ -107,6 +108,7 @@ EXTENSIONS: list[dict] = [
         "depends": [
             "zarr_fused/_codec_batch.pxd",
             "zarr_fused/_codecs.pxd",
+            "zarr_fused/_filters.pxd",
             "zarr_fused/_ndindex.pxd",
             "zarr_fused/_scatter.pxd",
             "zarr_fused/_shard_index.pxd",
@@ -121,6 +123,7 @@ EXTENSIONS: list[dict] = [
         "depends": [
             "zarr_fused/_codec_batch.pxd",
             "zarr_fused/_codecs.pxd",
+            "zarr_fused/_filters.pxd",
             "zarr_fused/_localio.pxd",
             "zarr_fused/_scatter.pxd",
             "zarr_fused/_shard_index.pxd",
