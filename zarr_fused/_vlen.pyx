@@ -498,22 +498,31 @@ cdef Py_ssize_t _utf8_error(const uint8_t* s, Py_ssize_t n) noexcept nogil:
     return -1
 
 
-cdef int _pack(const uint8_t* data, const Py_ssize_t* starts, Py_ssize_t count,
-               char* dst, Py_ssize_t stride, npy_string_allocator* allocator,
-               Status* st) noexcept nogil:
-    """Check each item is UTF-8 and pack it into the StringDType element at
-    ``dst + i * stride``."""
-    cdef Py_ssize_t i, length
+cdef int _check_utf8(const uint8_t* data, const Py_ssize_t* starts, Py_ssize_t count,
+                     Status* st) noexcept nogil:
+    """Check each item is UTF-8 (before the allocator is held: an output
+    array's allocator is shared by every chunk decoded into it)."""
+    cdef Py_ssize_t i
     cdef const uint8_t* p
     for i in range(count):
         p = data + starts[i]
-        length = <Py_ssize_t>_load_le32(p)
-        if _utf8_error(p + 4, length) >= 0:
+        if _utf8_error(p + 4, <Py_ssize_t>_load_le32(p)) >= 0:
             st.code = VLEN_NOT_UTF8
             st.a = i
             return -1
+    return 0
+
+
+cdef int _pack(const uint8_t* data, const Py_ssize_t* starts, Py_ssize_t count,
+               char* dst, Py_ssize_t stride, npy_string_allocator* allocator,
+               Status* st) noexcept nogil:
+    """Pack each item into the StringDType element at ``dst + i * stride``."""
+    cdef Py_ssize_t i
+    cdef const uint8_t* p
+    for i in range(count):
+        p = data + starts[i]
         if NpyString_pack(allocator, <npy_packed_static_string*>(dst + i * stride),
-                          <const char*>p + 4, <size_t>length) < 0:
+                          <const char*>p + 4, <size_t>_load_le32(p)) < 0:
             st.code = ZF_ERR_NOMEM
             return -1
     return 0
@@ -536,8 +545,8 @@ cdef object _string_array(object array, Py_ssize_t count):
 
 def decode_strings(ChainKernel kernel, payload, out, where="payload"):
     """Decode a stored vlen-utf8 chunk into ``out``, a NumPy StringDType
-    array (C-contiguous) whose size is the chunk's item count, with the GIL
-    released throughout.
+    array (C-contiguous; a new one, or a view of the caller's output) whose
+    size is the chunk's item count, with the GIL released throughout.
 
     Returns
     -------
@@ -570,6 +579,8 @@ def decode_strings(ChainKernel kernel, payload, out, where="payload"):
             rc = _decode_frame(kernel, ws, sp, n, &data, &length, &st)
             if rc == 0:
                 rc = _parse(data, length, count, starts, &st)
+            if rc == 0:
+                rc = _check_utf8(data, starts, count, &st)
             if rc == 0:
                 allocator = NpyString_acquire_allocator(descr)
                 rc = _pack(data, starts, count, dst, stride, allocator, &st)

@@ -98,15 +98,45 @@ class VlenChain:
             spec.prototype.nd_buffer, cpu.NDBuffer
         )
 
+    def _decode_flat(self, raw: Buffer, items: np.ndarray, key: Any) -> np.ndarray:
+        """Decode the chunk's items into ``items`` (flat, C-contiguous, of
+        the chain's string dtype or of objects), in frame order."""
+        where = describe_chunk(key)
+        if self.strings and items.dtype == self.dtype:
+            return vlen_kernels.decode_strings(self.kernel, raw.as_numpy_array(), items, where)
+        return vlen_kernels.decode(
+            self.kernel, raw.as_numpy_array(), items.size, self.utf8, where, items
+        )
+
+    def _whole_chunk_view(
+        self, out: NDBuffer, item: ReadItem, drop_axes: tuple[int, ...]
+    ) -> np.ndarray | None:
+        """The region of ``out`` that a whole chunk read fills, when the
+        kernels can decode into it directly: contiguous, in frame order, of
+        the chain's own items; else None."""
+        _, spec, chunk_selection, out_selection, _ = item
+        dst = out.as_ndarray_like()
+        if drop_axes or type(dst) is not np.ndarray or not _whole(chunk_selection, spec.shape):
+            return None
+        if not (self.strings or self.dtype == np.dtype(object)) or dst.dtype != self.dtype:
+            return None
+        if not isinstance(out_selection, tuple):
+            return None
+        if not all(type(s) is slice and s.step in (None, 1) for s in out_selection):
+            return None
+        view = dst[out_selection]
+        order_ok = view.flags.c_contiguous if self.order == "C" else view.flags.f_contiguous
+        if view.shape != spec.shape or not order_ok or not view.flags.writeable:
+            return None
+        return view if self.order == "C" else view.T
+
     def decode_array(self, raw: Buffer, spec: ArraySpec, key: Any = None) -> np.ndarray:
         """The whole chunk as a new NumPy array of the array's data type."""
         count = math.prod(spec.shape)
-        where = describe_chunk(key)
         if self.strings:
-            items = np.empty(count, dtype=self.dtype)
-            vlen_kernels.decode_strings(self.kernel, raw.as_numpy_array(), items, where)
+            items = self._decode_flat(raw, np.empty(count, dtype=self.dtype), key)
         else:
-            items = vlen_kernels.decode(self.kernel, raw.as_numpy_array(), count, self.utf8, where)
+            items = self._decode_flat(raw, np.empty(count, dtype=object), key)
         chunk = items.reshape(spec.shape, order=self.order)  # type: ignore[call-overload]
         if self.dtype != chunk.dtype:
             return chunk.astype(self.dtype)
@@ -123,6 +153,10 @@ class VlenChain:
         key, spec, chunk_selection, out_selection, _ = item
         if not self.handles(spec):
             self.fallback.decode_into(raw, item, out, drop_axes)
+            return
+        view = self._whole_chunk_view(out, item, drop_axes)
+        if view is not None:
+            self._decode_flat(raw, view.reshape(-1), key)
             return
         chunk = self.decode_array(raw, spec, key)[chunk_selection]
         if drop_axes:
@@ -146,6 +180,17 @@ class VlenChain:
                 self.kernel, np.ascontiguousarray(values), self.utf8, where
             )
         return spec.prototype.buffer.from_array_like(encoded)
+
+
+def _whole(selection: Any, shape: tuple[int, ...]) -> bool:
+    """Whether ``selection`` selects every element of a chunk of ``shape``,
+    in order."""
+    if not isinstance(selection, tuple) or len(selection) != len(shape):
+        return False
+    return all(
+        type(s) is slice and s.indices(n) == (0, n, 1)
+        for s, n in zip(selection, shape, strict=True)
+    )
 
 
 def vlen_chain(
