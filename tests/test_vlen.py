@@ -30,6 +30,7 @@ from zarr_fused._vlen_chain import VlenChain
 from zarr_fused.errors import ChunkSizeError, CorruptChunkError, UnsupportedError
 
 from helpers import BATCHED, FUSED, assert_same_values, chunk_items, make_store, with_pipeline
+from helpers.gil import spins_during
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore::zarr.errors.UnstableSpecificationWarning"),
@@ -525,3 +526,29 @@ def test_decode_strings_checks_out() -> None:
     na = np.dtypes.StringDType(na_object=None)
     with pytest.raises(TypeError, match="missing-value"):
         vlen_kernels.encode_strings(k, np.array(["a"], dtype=na))
+
+
+# -- the GIL (the probe: `helpers.gil.spins_during`) ------------------------------------
+
+
+@pytest.fixture(scope="module")
+def many_strings() -> tuple[Any, np.ndarray, bytes]:
+    """200,000 strings, a zstd kernel and their stored chunk."""
+    kernel = codec_kernels.ChainKernel(compressor="zstd", level=1)
+    values = _strings((200_000,), 5).astype(STRING)
+    return kernel, values, bytes(vlen_kernels.encode_strings(kernel, values))
+
+
+def test_decode_strings_releases_the_gil(many_strings: tuple[Any, np.ndarray, bytes]) -> None:
+    kernel, values, payload = many_strings
+    out = np.empty(values.size, dtype=STRING)
+    assert spins_during(lambda: vlen_kernels.decode_strings(kernel, payload, out), 5) > 1000
+    assert out.tolist() == values.tolist()
+
+
+def test_encode_strings_releases_the_gil(many_strings: tuple[Any, np.ndarray, bytes]) -> None:
+    kernel, values, payload = many_strings
+    encoded: list[Any] = []
+    spins = spins_during(lambda: encoded.append(vlen_kernels.encode_strings(kernel, values)), 5)
+    assert spins > 1000
+    assert bytes(encoded[-1]) == payload
