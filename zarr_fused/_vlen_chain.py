@@ -80,6 +80,8 @@ class VlenChain:
         utf8: bool,
         order: str,
         fallback: _Fallback,
+        *,
+        v2: bool = False,
     ) -> None:
         self.zdtype = spec.dtype
         self.dtype: np.dtype[Any] = spec.dtype.to_native_dtype()
@@ -90,12 +92,16 @@ class VlenChain:
         self.strings = utf8 and self.dtype.kind == "T" and not hasattr(self.dtype, "na_object")
         #: the order the frame lists the chunk's items in
         self.order = order
+        #: format 2: that order is the chunk spec's, which must not change
+        self.v2 = v2
         self.fallback = fallback
 
     def handles(self, spec: ArraySpec) -> bool:
         """Whether this chunk spec is the one the chain was built for."""
-        return (spec.dtype is self.zdtype or spec.dtype == self.zdtype) and issubclass(
-            spec.prototype.nd_buffer, cpu.NDBuffer
+        return (
+            (spec.dtype is self.zdtype or spec.dtype == self.zdtype)
+            and issubclass(spec.prototype.nd_buffer, cpu.NDBuffer)
+            and (not self.v2 or spec.order == self.order)
         )
 
     def _decode_flat(self, raw: Buffer, items: np.ndarray, key: Any) -> np.ndarray:
@@ -212,7 +218,7 @@ def vlen_chain(
         if found is None:
             return None
         utf8, params = found
-        return VlenChain(spec, params, utf8, spec.order, fallback)
+        return VlenChain(spec, params, utf8, spec.order, fallback, v2=True)
     if type(first) not in _V3_CODECS:
         return None
     names = " -> ".join(type(c).__name__ for c in codecs)
