@@ -80,6 +80,12 @@ EXTENSIONS: list[dict] = [
         "libraries": ["zstd", "z", "blosc"],
     },
     {
+        "name": "zarr_fused._vlen",
+        "sources": ["zarr_fused/_vlen.pyx"],
+        "depends": ["zarr_fused/_codecs.pxd", "zarr_fused/_zstd.pxd", "zarr_fused/_zlib.pxd"],
+        "libraries": ["zstd"],
+    },
+    {
         "name": "zarr_fused._codec_batch",
         "sources": ["zarr_fused/_codec_batch.pyx"],
         "depends": [
