@@ -33,6 +33,7 @@ from zarr_fused._pool import partition, run_parallel
 from zarr_fused._scatter_py import fill_missing, scatter_chunk
 from zarr_fused._zarr_compat import decode_partial_sync
 from zarr_fused.io.local import local_files
+from zarr_fused.stats import note_files
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -163,6 +164,7 @@ class _ChunkRead:
                 general.append((i, raw))
         for position in group.run():  # the files that were missing
             statuses[queued_items[position]] = MISSING
+        note_files(self.batch, queued_items, self.prefix)
         self._read_general(general)
 
     def _read_general(self, general: list[tuple[int, Buffer | None]]) -> None:

@@ -50,6 +50,7 @@ from zarr_fused.shard.index import (
     planned_format,
     read_whole_shard,
 )
+from zarr_fused.stats import note_local, note_ranges
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -158,6 +159,7 @@ class ShardReader:
                 buffers.give,
                 self._shard_part_settings(getter, spec, grid, len(touched), prefetch),
             )
+            note_local(getter, "get_shard_part", 1, 0)
             if fetched is None:
                 shard.missing = True
             else:
@@ -248,6 +250,7 @@ class ShardReader:
                     max_coalesced_bytes=spec.config.sharding_coalesce_max_bytes,
                 ):
                     results[i] = buf
+                note_ranges(getter, ranges, spec.config)
             except BaseExceptionGroup as group:
                 _, rest = group.split(FileNotFoundError)
                 if rest is not None:
@@ -498,6 +501,7 @@ class _ReadBatch:
             self.reader._shard_part_settings(getter, spec, grid, len(touched)),
             decode_into=group,
         )
+        note_local(getter, "get_shard_part", 1, 0)
         if not found:
             self._missing(shard)
         return True
