@@ -133,9 +133,17 @@ class Stats:
         ``seconds`` (``fallback``: the plan's reason for zarr's code, or
         ""); ``results``: a read's `GetResult` per key."""
         decoded = 0
-        for (_, spec, *_), result in zip(batch, results, strict=False):
-            if result["status"] == "present":
-                decoded += math.prod(spec.shape) * spec.dtype.to_native_dtype().itemsize
+        if results:
+            # the items of a batch share their dtype; chunk shapes repeat
+            itemsize = batch[0][1].dtype.to_native_dtype().itemsize
+            sizes: dict[tuple[int, ...], int] = {}
+            for (_, spec, *_), result in zip(batch, results, strict=False):
+                if result["status"] == "present":
+                    shape = spec.shape
+                    size = sizes.get(shape)
+                    if size is None:
+                        size = sizes[shape] = math.prod(shape) * itemsize
+                    decoded += size
         unit = "shards" if sharded else "chunks"
         sink: Stats | None = self
         while sink is not None:
@@ -265,10 +273,13 @@ class CountedPath(StorePath):
 
     __slots__ = ("kind", "sink")
 
-    def __init__(self, key: StorePath, sink: Stats) -> None:
-        super().__init__(key.store, key.path)
+    def __init__(self, key: StorePath, sink: Stats, kind: str) -> None:
+        # not StorePath.__init__: ``key.path`` is normalized already, and
+        # normalizing it again costs more than counting the request
+        self.store = key.store
+        self.path = key.path
         self.sink = sink
-        self.kind = store_kind(key.store)
+        self.kind = kind
 
     def _count(self, op: str, buf: Buffer | None, start: float) -> None:
         self.sink.request(
@@ -319,10 +330,14 @@ def counted[Item: tuple[Any, ...]](batch: list[Item], sink: Stats | None) -> lis
     if sink is None:
         return batch
     first, *_ = batch[0]
-    if type(first) is not StorePath or store_kind(first.store) == "object":
+    kind = store_kind(first.store) if type(first) is StorePath else "object"
+    if kind == "object":
         return batch
+    store = first.store
     return [
-        (CountedPath(key, sink), *rest) if type(key) is StorePath else (key, *rest)  # type: ignore[misc]
+        (CountedPath(key, sink, kind), *rest)  # type: ignore[misc]
+        if type(key) is StorePath and key.store is store
+        else (key, *rest)
         for key, *rest in batch
     ]
 

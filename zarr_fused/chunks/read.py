@@ -120,11 +120,13 @@ class _ChunkRead:
             self._read_group(indices)
             return
         before = _group_clock()
-        self._read_group(indices)
+        files = self._read_group(indices)
         # a race between two groups can only keep the slower figure
         self.fastest = min(self.fastest, group_seconds_per_file(before, _group_clock(), indices))
+        note_files(self.batch, files, self.prefix)  # after the clock: it stats the files
 
-    def _read_group(self, indices: range) -> None:
+    def _read_group(self, indices: range) -> list[int]:
+        """Read the group; the items whose files the kernels read."""
         chain, target = self.chain, self.target
         dst, drop_axes, statuses = target.dst, target.drop_axes, target.statuses
         group = chain.decode_batch(len(indices), target.ndim)
@@ -164,8 +166,8 @@ class _ChunkRead:
                 general.append((i, raw))
         for position in group.run():  # the files that were missing
             statuses[queued_items[position]] = MISSING
-        note_files(self.batch, queued_items, self.prefix)
         self._read_general(general)
+        return queued_items
 
     def _read_general(self, general: list[tuple[int, Buffer | None]]) -> None:
         """The chunks the kernels did not take, through the chain."""
