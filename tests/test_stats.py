@@ -308,3 +308,20 @@ def test_s3_counters_equal_the_proxy(proxy: Any, sharded: bool, op: str) -> None
     # the bodies of found objects (a missing key's answer is an XML error body)
     assert got == sum(r.received for r in seen.log if r.kind == "GET" and r.status < 300)
     assert s.bytes[("object", "set")] == seen.bytes_sent["PUT"]
+
+
+def test_fallbacks_name_the_plans_reason() -> None:
+    """A format-2 string array runs zarr's code: each batch is a fallback
+    with the plan's reason, and its requests are still counted."""
+    store = Counting(MemoryStore())
+    with with_pipeline(BATCHED):
+        arr = zarr.create_array(store, shape=(8,), chunks=(2,), dtype=str, zarr_format=2)
+        arr[...] = np.array([f"s{i}" for i in range(8)])
+    arr = _open(store)
+    reason = arr._async_array.codec_pipeline.plan.read_fallback
+    assert reason
+    store.reset()
+    with with_pipeline(FUSED), zarr_fused.stats() as s:
+        arr[...]
+    assert s.fallbacks == Counter({("read", reason): s.calls["read"]})
+    assert _by_op(s.requests, "wrapper:memory") == dict(+store.requests) == {"get": 4}
