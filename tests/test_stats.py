@@ -155,20 +155,27 @@ def _files(root: Path) -> dict[str, int]:
     }
 
 
+@pytest.mark.parametrize("file_sizes", [True, False], ids=["file-sizes", "no-file-sizes"])
 @pytest.mark.parametrize("sharded", [False, True], ids=["unsharded", "sharded"])
-def test_native_local_read_counts_the_files(tmp_path: Path, sharded: bool) -> None:
+def test_native_local_read_counts_the_files(
+    tmp_path: Path, sharded: bool, file_sizes: bool
+) -> None:
     """A `LocalStore` read natively (no wrapper hides it): one request per
     chunk (or shard) key of the read, missing ones included, and the bytes
-    of the files that exist."""
+    of the files that exist; without ``file_sizes``, whole chunk files
+    decoded in the read's native call are counted unsized instead."""
     root = tmp_path / "a"
     _create(LocalStore(root), sharded)
     arr = _open(LocalStore(root))
     files = _files(root)
-    with with_pipeline(FUSED), zarr_fused.stats() as s:
+    with with_pipeline(FUSED), zarr_fused.stats(file_sizes=file_sizes) as s:
         np.testing.assert_array_equal(arr[...], _data())
     keys = 4 if sharded else 16
     assert s.requests == Counter({("local", "get"): keys})
-    assert s.bytes[("local", "get")] == sum(files.values())
+    # the IO threads' path reports the lengths: sized whatever file_sizes says
+    unsized = s.unsized[("local", "get")]
+    assert unsized in ((0, keys) if not file_sizes and not sharded else (0,))
+    assert s.bytes[("local", "get")] == (0 if unsized else sum(files.values()))
     assert s.items == Counter({("read", "shards" if sharded else "chunks"): keys})
     assert s.bytes_decoded == 2 * (
         (len(files)) * (SHARDS[0] * SHARDS[1] if sharded else CHUNKS[0] * CHUNKS[1])
@@ -182,6 +189,8 @@ def test_native_local_partial_shard_read_counts_each_shard(tmp_path: Path) -> No
     with with_pipeline(FUSED), zarr_fused.stats() as s:
         arr[3:17, 2:4]  # 2 x 1 shards, half or a quarter of each
     assert s.requests == Counter({("local", "get_shard_part"): 2})
+    assert s.unsized == s.requests
+    assert not s.bytes
 
 
 @pytest.mark.parametrize("sharded", [False, True], ids=["unsharded", "sharded"])

@@ -92,11 +92,14 @@ class Stats:
         "seconds",  # "store" (requests from Python), "read"/"write" (whole calls)
         "calls",  # "read"|"write" -> batches
         "fallbacks",  # (what, reason) -> batches that went to zarr's code
+        "unsized",  # (kind, op) -> requests whose bytes are not in "bytes"
     )
 
-    def __init__(self, parent: Stats | None = None) -> None:
+    def __init__(self, parent: Stats | None = None, *, file_sizes: bool = False) -> None:
         self._lock = threading.Lock()
         self._parent = parent
+        #: stat the local files a native call reads without reporting their size
+        self.file_sizes = file_sizes
         # Counter[Any] holds ints to mypy; the seconds are floats
         self._counters: dict[str, Any] = {name: Counter() for name in self._FIELDS}
 
@@ -108,14 +111,20 @@ class Stats:
                 sink._counters[name][key] += value
             sink = sink._parent
 
-    def request(self, kind: str, op: str, nbytes: int, seconds: float = 0.0, n: int = 1) -> None:
-        """``n`` store requests ``op`` on a ``kind`` store that moved ``nbytes``."""
+    def request(
+        self, kind: str, op: str, nbytes: int | None, seconds: float = 0.0, n: int = 1
+    ) -> None:
+        """``n`` store requests ``op`` on a ``kind`` store that moved
+        ``nbytes`` (None: not known, counted in ``unsized``)."""
         sink: Stats | None = self
         while sink is not None:
             with sink._lock:
                 counters = sink._counters
                 counters["requests"][kind, op] += n
-                counters["bytes"][kind, op] += nbytes
+                if nbytes is None:
+                    counters["unsized"][kind, op] += n
+                else:
+                    counters["bytes"][kind, op] += nbytes
                 if seconds:
                     counters["seconds"]["store"] += seconds
             sink = sink._parent
@@ -204,6 +213,15 @@ class Stats:
         return self._get("calls")
 
     @property
+    def unsized(self) -> Counter[tuple[str, str]]:
+        """Requests in ``requests`` whose bytes are not in ``bytes``: local
+        files read inside a native call that does not report their size
+        (whole chunk files, unless the block was opened with
+        ``file_sizes=True``; a shard's index and inner chunks read in one
+        call, ``get_shard_part``)."""
+        return self._get("unsized")
+
+    @property
     def fallbacks(self) -> Counter[tuple[str, str]]:
         """Batches that ran zarr's code, by (what, reason)."""
         return self._get("fallbacks")
@@ -232,8 +250,16 @@ class Stats:
 
 
 @contextlib.contextmanager
-def stats() -> Iterator[Stats]:
+def stats(*, file_sizes: bool = False) -> Iterator[Stats]:
     """Count the reads and writes this thread or task starts in the block.
+
+    Parameters
+    ----------
+    file_sizes : bool
+        Also count the bytes of the whole local chunk files that zarr_fused
+        reads and decodes in one native call, which does not report them:
+        one ``stat`` per file (a few percent of a hot read of small chunks).
+        Without it they are counted in ``unsized``.
 
     Yields
     ------
@@ -246,7 +272,7 @@ def stats() -> Iterator[Stats]:
     ...     array[:]
     >>> s.requests, s.bytes  # doctest: +SKIP
     """
-    sink = Stats(_active.get())
+    sink = Stats(_active.get(), file_sizes=file_sizes)
     token = _active.set(sink)
     try:
         yield sink
@@ -372,9 +398,9 @@ def note_ranges(key: Any, ranges: Sequence[Any], config: Any) -> None:
 # -- the native local paths: one count per group of files ------------------------------
 
 
-def note_local(key: Any, op: str, n: int, nbytes: int) -> None:
-    """``n`` local files (``nbytes`` in all) that a native call read or
-    wrote for the batch of ``key``."""
+def note_local(key: Any, op: str, n: int, nbytes: int | None) -> None:
+    """``n`` local files (``nbytes`` in all, None: not known) that a
+    native call read or wrote for the batch of ``key``."""
     sink = sink_of(key)
     if sink is not None:
         sink.request("local", op, nbytes, n=n)
@@ -390,9 +416,12 @@ def note_lengths(key: Any, lengths: Any) -> None:
 def note_files(batch: Sequence[Any], indices: Sequence[int], prefix: bytes | None) -> None:
     """The local files of ``batch[indices]`` (under ``prefix``), read
     whole inside a native call that does not report their sizes: their
-    sizes now (one ``stat`` each, paid only inside a `stats` block)."""
+    sizes now with ``file_sizes`` (one ``stat`` each), else unsized."""
     sink = sink_of(batch[0][0]) if batch else None
     if sink is None or prefix is None or not indices:
+        return
+    if not sink.file_sizes:
+        sink.request("local", "get", None, n=len(indices))
         return
     paths = [prefix + os.fsencode(batch[i][0].path) for i in indices]
     sink.request("local", "get", _sizes(paths), n=len(indices))

@@ -221,8 +221,9 @@ def _timed_read(run: BenchRun, name: str, runner: Runner) -> None:
 
 def print_breakdown(runner: Runner, sel: tuple[int | slice, ...]) -> None:
     """One more read through zarr_fused inside `zarr_fused.stats`, printed
-    counter by counter (untimed: the table holds the timings)."""
-    with stats() as counts:
+    counter by counter (untimed, so the local files are sized too: the
+    table holds the timings)."""
+    with stats(file_sizes=True) as counts:
         runner.read(sel)
     for line in breakdown(counts):
         print(line)
@@ -232,9 +233,13 @@ def breakdown(counts: Stats) -> list[str]:
     """The lines of `print_breakdown`: requests and bytes by store kind and
     op, keys addressed, bytes decoded, coalescing, time, fallbacks."""
     lines = ["zarr_fused, one read inside zarr_fused.stats():"]
-    requests, moved = counts.requests, counts.bytes
+    requests, moved, unsized = counts.requests, counts.bytes, counts.unsized
     for kind, op in sorted(requests):
-        lines.append(f"  {kind} {op}: {requests[kind, op]} request(s), {human(moved[kind, op])}")
+        n = requests[kind, op]
+        size = human(moved[kind, op])
+        if unsized[kind, op]:
+            size = "bytes not counted" if unsized[kind, op] == n else size + " (some not counted)"
+        lines.append(f"  {kind} {op}: {n} request(s), {size}")
     for (what, unit), n in sorted(counts.items.items()):
         lines.append(f"  {what}: {n} {unit} in {counts.calls[what]} batch(es)")
     lines.append(f"  bytes decoded: {human(counts.bytes_decoded)}")

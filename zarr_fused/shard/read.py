@@ -159,7 +159,7 @@ class ShardReader:
                 buffers.give,
                 self._shard_part_settings(getter, spec, grid, len(touched), prefetch),
             )
-            note_local(getter, "get_shard_part", 1, 0)
+            note_local(getter, "get_shard_part", 1, None)
             if fetched is None:
                 shard.missing = True
             else:
@@ -501,7 +501,7 @@ class _ReadBatch:
             self.reader._shard_part_settings(getter, spec, grid, len(touched)),
             decode_into=group,
         )
-        note_local(getter, "get_shard_part", 1, 0)
+        note_local(getter, "get_shard_part", 1, None)
         if not found:
             self._missing(shard)
         return True
