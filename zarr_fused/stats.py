@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any, Final
 from zarr.storage import StorePath
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator, Sequence
+    from collections.abc import Sequence
 
     from zarr.abc.store import ByteRequest
     from zarr.core.buffer import Buffer, BufferPrototype
@@ -250,8 +250,7 @@ class Stats:
         return f"Stats({self.as_dict()!r})"
 
 
-@contextlib.contextmanager
-def stats(*, file_sizes: bool = False) -> Iterator[Stats]:
+def stats(*, file_sizes: bool = False) -> _Block:
     """Count the reads and writes this thread or task starts in the block.
 
     Parameters
@@ -262,10 +261,11 @@ def stats(*, file_sizes: bool = False) -> Iterator[Stats]:
         one ``stat`` per file (a few percent of a hot read of small chunks).
         Without it they are counted in ``unsized``.
 
-    Yields
-    ------
-    Stats
-        The counters; an enclosing block's sink counts them too.
+    Returns
+    -------
+    context manager
+        Entering it yields the `Stats` of the block; an enclosing block's
+        sink counts them too.
 
     Examples
     --------
@@ -273,12 +273,29 @@ def stats(*, file_sizes: bool = False) -> Iterator[Stats]:
     ...     array[:]
     >>> s.requests, s.bytes  # doctest: +SKIP
     """
-    sink = Stats(_active.get(), file_sizes=file_sizes)
-    token = _active.set(sink)
-    try:
-        yield sink
-    finally:
-        _active.reset(token)
+    return _Block(file_sizes)
+
+
+class _Block:
+    """The context manager `stats` returns (a class: a generator-based one
+    costs several times more to enter, paid by every block around a
+    small read)."""
+
+    __slots__ = ("file_sizes", "token")
+
+    def __init__(self, file_sizes: bool) -> None:
+        self.file_sizes = file_sizes
+        self.token: contextvars.Token[Stats | None] | None = None
+
+    def __enter__(self) -> Stats:
+        sink = Stats(_active.get(), file_sizes=self.file_sizes)
+        self.token = _active.set(sink)
+        return sink
+
+    def __exit__(self, *exc: object) -> None:
+        assert self.token is not None
+        _active.reset(self.token)
+        self.token = None
 
 
 def active() -> Stats | None:
