@@ -334,3 +334,26 @@ def test_fallbacks_name_the_plans_reason() -> None:
         arr[...]
     assert s.fallbacks == Counter({("read", reason): s.calls["read"]})
     assert _by_op(s.requests, "wrapper:memory") == dict(+store.requests) == {"get": 4}
+
+
+def test_bench_breakdown_reads_the_counters() -> None:
+    """`zarr-fused bench`'s breakdown of a partial read of a sharded array
+    from a store without native IO: the range requests, coalescing, keys."""
+    from zarr_fused.cli.bench import breakdown
+
+    store = Counting(MemoryStore())
+    _create(store, sharded=True)
+    arr = _open(store)
+    store.reset()
+    with with_pipeline(FUSED), zarr_fused.stats() as s:
+        arr[3:17, 2:4]  # part of 2 shards: each an index and its chunks' ranges
+    ranges = s.ranges
+    assert ranges["requests"] == store.requests["get_range"] - 2
+    assert 0 < ranges["requests"] <= ranges["asked"]
+    lines = breakdown(s)
+    requests = s.requests[("wrapper:memory", "get_range")]
+    assert any(f"wrapper:memory get_range: {requests} request(s)" in line for line in lines)
+    shards = s.items[("read", "shards")]
+    assert any(f"read: {shards} shards in " in line for line in lines)
+    coalesced = f"byte ranges: {ranges['asked']} asked, coalesced into {ranges['requests']}"
+    assert any(coalesced in line for line in lines)
