@@ -357,3 +357,21 @@ def test_bench_breakdown_reads_the_counters() -> None:
     assert any(f"read: {shards} shards in " in line for line in lines)
     coalesced = f"byte ranges: {ranges['asked']} asked, coalesced into {ranges['requests']}"
     assert any(coalesced in line for line in lines)
+
+
+@pytest.mark.parametrize("sharded", [False, True], ids=["unsharded", "sharded"])
+def test_read_regions_is_counted(sharded: bool) -> None:
+    """`zarr_fused.read_regions` reads its planned waves through the
+    pipeline: the block counts them as the store sees them."""
+    store = Counting(MemoryStore())
+    _create(store, sharded)
+    arr = _open(store)
+    store.reset()
+    regions = [(slice(1, 7), slice(2, 9)), (slice(10, 20), slice(0, 5))]
+    with with_pipeline(FUSED), zarr_fused.stats() as s:
+        got = zarr_fused.read_regions(arr, regions)
+    np.testing.assert_array_equal(got[1], _data()[10:20, 0:5])
+    seen = dict(+store.requests)
+    assert seen
+    assert _by_op(s.requests, "wrapper:memory") == seen
+    assert _by_op(s.bytes, "wrapper:memory") == dict(+store.bytes)
