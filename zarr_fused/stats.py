@@ -41,7 +41,15 @@ import time
 from collections import Counter, defaultdict
 from typing import TYPE_CHECKING, Any, Final
 
-from zarr.storage import StorePath
+from zarr.storage import (
+    FsspecStore,
+    LocalStore,
+    MemoryStore,
+    ObjectStore,
+    StorePath,
+    WrapperStore,
+    ZipStore,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -55,25 +63,25 @@ _active: Final[contextvars.ContextVar[Stats | None]] = contextvars.ContextVar(
     "zarr_fused_stats", default=None
 )
 
-#: store class names -> their kind; any other store is "other"
-_KINDS: Final = {
-    "LocalStore": "local",
-    "MemoryStore": "memory",
-    "GpuMemoryStore": "memory",
-    "ObjectStore": "object",
-    "FsspecStore": "fsspec",
-    "ZipStore": "zip",
+#: store classes -> their kind (a subclass of one is "other": it may do
+#: its own IO)
+_KINDS: Final[dict[type, str]] = {
+    LocalStore: "local",
+    MemoryStore: "memory",
+    ObjectStore: "object",
+    FsspecStore: "fsspec",
+    ZipStore: "zip",
 }
 
 
 def store_kind(store: Any) -> str:
     """``store``'s kind as the counters name it: "local", "memory",
-    "object", "fsspec", "zip", or "wrapper:<kind>" for a
-    `zarr.storage.WrapperStore` (its inner store's kind), else "other"."""
-    inner = getattr(store, "_store", None)
-    if inner is not None and type(store).__name__ not in _KINDS:
-        return "wrapper:" + store_kind(inner)
-    return _KINDS.get(type(store).__name__, "other")
+    "object", "fsspec", "zip", "wrapper" for any `zarr.storage.WrapperStore`
+    (which hides its store from zarr_fused's native IO), else "other"."""
+    kind = _KINDS.get(type(store))
+    if kind is not None:
+        return kind
+    return "wrapper" if isinstance(store, WrapperStore) else "other"
 
 
 class Stats:
@@ -386,16 +394,15 @@ def counted[Item: tuple[Any, ...]](batch: list[Item], sink: Stats | None) -> lis
     ]
 
 
-def note_ranges(key: Any, ranges: Sequence[Any], config: Any) -> None:
+def note_ranges(key: Any, ranges: Sequence[Any], config: Any, coalesce_ranges: Any) -> None:
     """A coalescing range read of ``ranges`` (`zarr.abc.store.RangeByteRequest`)
     of ``key`` through ``Store.get_ranges_sync`` with ``config``'s
-    coalescing settings: the requests and bytes its plan makes (zarr's own
-    `coalesce_ranges`, so the same plan as the store's)."""
+    coalescing settings: the requests and bytes its plan makes, by
+    zarr's own ``coalesce_ranges`` (passed in from `zarr_fused._zarr_compat`:
+    this module imports no other of the package, so every path can count)."""
     sink = sink_of(key)
     if sink is None:
         return
-    from zarr.core._coalesce import coalesce_ranges
-
     groups, uncoalescable = coalesce_ranges(
         ranges,
         max_gap_bytes=config.sharding_coalesce_max_gap_bytes,

@@ -40,7 +40,7 @@ from zarr_fused._items import MISSING, PRESENT, describe_key
 from zarr_fused._native import shard_kernels
 from zarr_fused._pool import partition, run_parallel
 from zarr_fused._scatter_py import fill_missing, scatter_array
-from zarr_fused._zarr_compat import inner_chunk_spec, store_supports_sync_io
+from zarr_fused._zarr_compat import coalesce_ranges, inner_chunk_spec, store_supports_sync_io
 from zarr_fused.errors import CorruptShardError
 from zarr_fused.io.local import LOCAL_MAX_GAP, local_files, read_shard_part
 from zarr_fused.shard.index import (
@@ -250,7 +250,7 @@ class ShardReader:
                     max_coalesced_bytes=spec.config.sharding_coalesce_max_bytes,
                 ):
                     results[i] = buf
-                note_ranges(getter, ranges, spec.config)
+                note_ranges(getter, ranges, spec.config, coalesce_ranges)
             except BaseExceptionGroup as group:
                 _, rest = group.split(FileNotFoundError)
                 if rest is not None:
