@@ -22,11 +22,13 @@ from zarr_fused.errors import (
 )
 from zarr_fused.pipeline import FusedCodecPipeline
 from zarr_fused.regions import read_regions
+from zarr_fused.stats import Stats, stats
 
 __all__ = [
     "CorruptChunkError",
     "FusedCodecPipeline",
     "NativeExtensionError",
+    "Stats",
     "UnsupportedError",
     "ZarrFusedError",
     "ZarrFusedWarning",
@@ -35,4 +37,5 @@ __all__ = [
     "default_max_workers",
     "native_info",
     "read_regions",
+    "stats",
 ]

@@ -5,8 +5,8 @@ holds what they share about one item of it).
 and writer takes it, sync or async: ``read(batch, request)``,
 ``write(batch, request)``. `zarr_fused.pipeline` builds one per call, so a
 setting that applies to a whole batch (the output, the dropped axes, the
-workers) travels as one argument down every path, and a new one (a
-statistics sink, say) is a field here rather than a parameter added to
+workers, the `zarr_fused.stats` sink) travels as one argument down every
+path, and a new one is a field here rather than a parameter added to
 every signature of the family.
 
 `ReadTarget` is where a native read batch goes: the output array, the
@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from zarr_fused._chain import NativeChain
     from zarr_fused._items import ReadItem, WriteItem
     from zarr_fused.io.shard_lock import ShardLocks
+    from zarr_fused.stats import Stats
 
 __all__ = ["BatchReader", "HeldWriter", "ReadRequest", "ReadTarget", "WriteRequest"]
 
@@ -50,22 +51,25 @@ __all__ = ["BatchReader", "HeldWriter", "ReadRequest", "ReadTarget", "WriteReque
 class ReadRequest:
     """One read call: decode the batch into ``out`` (the selection's
     buffer), its ``drop_axes`` (integer-indexed axes the output lacks)
-    dropped, on ``max_workers`` threads (1: the calling thread, no pool)."""
+    dropped, on ``max_workers`` threads (1: the calling thread, no pool),
+    counted into ``stats`` (the caller's `zarr_fused.stats` sink, if any)."""
 
     out: NDBuffer
     drop_axes: tuple[int, ...]
     max_workers: int
+    stats: Stats | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class WriteRequest:
     """One write call: store ``value`` (the selection's data, or a scalar)
     into the batch's chunks, ``drop_axes`` as in `ReadRequest`, on
-    ``max_workers`` threads."""
+    ``max_workers`` threads, counted into ``stats``."""
 
     value: NDBuffer
     drop_axes: tuple[int, ...]
     max_workers: int
+    stats: Stats | None = None
 
     def with_workers(self, max_workers: int) -> WriteRequest:
         """The same write on ``max_workers`` threads (a retry with fewer

@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 from warnings import warn
 
 from zarr.abc.store import SyncByteGetter, SyncByteSetter
+from zarr.codecs.sharding import ShardingCodec
 from zarr.core import codec_pipeline as _zarr_pipeline
 from zarr.core.codec_pipeline import codecs_from_list, codecs_from_list_unchecked
 from zarr.core.config import config as zarr_config
@@ -40,6 +42,7 @@ from zarr_fused.config import strict_mode
 from zarr_fused.errors import NativeExtensionError, ZarrFusedWarning
 from zarr_fused.io.full import write_with_fewer_in_flight
 from zarr_fused.io.stores import with_local_files
+from zarr_fused.stats import active, counted
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -52,6 +55,7 @@ if TYPE_CHECKING:
     from zarr.core.indexing import SelectorTuple
 
     from zarr_fused._plan import Reader, Writer
+    from zarr_fused.stats import Stats
 
 __all__ = ["FusedCodecPipeline"]
 
@@ -235,7 +239,15 @@ class FusedCodecPipeline(_zarr_pipeline.FusedCodecPipeline):
         batch = list(batch_info)
         if not batch:
             return ()
-        return self._sync_reader().read(batch, ReadRequest(out, drop_axes, max_workers))
+        reader = self._sync_reader()
+        sink = active()
+        if sink is None:
+            return reader.read(batch, ReadRequest(out, drop_axes, max_workers))
+        batch = counted(batch, sink)
+        start = time.perf_counter()
+        results = reader.read(batch, ReadRequest(out, drop_axes, max_workers, sink))
+        self._count(sink, "read", batch, start, results)
+        return results
 
     def write_sync(
         self,
@@ -251,11 +263,16 @@ class FusedCodecPipeline(_zarr_pipeline.FusedCodecPipeline):
         if not batch:
             return
         writer = self._sync_writer()
-        request = WriteRequest(value, drop_axes, max_workers)
+        sink = active()
+        batch = counted(batch, sink)
+        request = WriteRequest(value, drop_axes, max_workers, sink)
+        start = time.perf_counter()
         # on a full disk, again with fewer files in flight (zarr_fused.io.full)
         write_with_fewer_in_flight(
             lambda workers: writer.write(batch, request.with_workers(workers)), max_workers
         )
+        if sink is not None:
+            self._count(sink, "write", batch, start)
 
     # -- asynchronous read / write (what zarr calls) ----------------------------------
 
@@ -280,7 +297,14 @@ class FusedCodecPipeline(_zarr_pipeline.FusedCodecPipeline):
         plan = self._checked_plan("read")
         if logger.isEnabledFor(logging.DEBUG):
             logger.debug("read of %d chunks takes the async path", len(batch))
-        return await read_async(plan, batch, ReadRequest(out, drop_axes, resolve_max_workers()))
+        sink = active()
+        batch = counted(batch, sink)
+        start = time.perf_counter()
+        request = ReadRequest(out, drop_axes, resolve_max_workers(), sink)
+        results = await read_async(plan, batch, request)
+        if sink is not None:
+            self._count(sink, "read", batch, start, results)
+        return results
 
     async def write(
         self,
@@ -302,7 +326,28 @@ class FusedCodecPipeline(_zarr_pipeline.FusedCodecPipeline):
         plan = self._checked_plan("write")
         if logger.isEnabledFor(logging.DEBUG):
             logger.debug("write of %d chunks takes the async path", len(batch))
-        await write_async(plan, batch, WriteRequest(value, drop_axes, resolve_max_workers()))
+        sink = active()
+        batch = counted(batch, sink)
+        start = time.perf_counter()
+        await write_async(plan, batch, WriteRequest(value, drop_axes, resolve_max_workers(), sink))
+        if sink is not None:
+            self._count(sink, "write", batch, start)
+
+    def _count(
+        self,
+        sink: Stats,
+        what: Literal["read", "write"],
+        batch: list[Any],
+        start: float,
+        results: tuple[GetResult, ...] = (),
+    ) -> None:
+        """Count one batch into ``sink`` (see `zarr_fused.stats`)."""
+        plan = self.plan
+        fallback = ""
+        if plan is not None:
+            fallback = plan.read_fallback if what == "read" else plan.write_fallback
+        sharded = isinstance(self.array_bytes_codec, ShardingCodec)
+        sink.call(what, batch, sharded, time.perf_counter() - start, fallback, results)
 
 
 def _rebuild(

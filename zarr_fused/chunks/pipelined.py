@@ -37,6 +37,7 @@ from zarr_fused.io.probe import (
     per_file_latency,
     slow_direct,
 )
+from zarr_fused.stats import note_lengths
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -211,6 +212,7 @@ class _PipelinedRead:
         if done:
             stored = int(lengths[:done].clip(min=0).sum())
             self.fastest.note(per_file_latency(time.perf_counter() - start, done, stored))
+        note_lengths(self.batch[group.start][0], lengths[:done])
         oversize: dict[int, bytes] = {}
         for k in np.flatnonzero(lengths[:done] < -1).tolist():
             # larger than any chunk we would write: read it whole

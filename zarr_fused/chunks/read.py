@@ -33,6 +33,7 @@ from zarr_fused._pool import partition, run_parallel
 from zarr_fused._scatter_py import fill_missing, scatter_chunk
 from zarr_fused._zarr_compat import decode_partial_sync
 from zarr_fused.io.local import local_files
+from zarr_fused.stats import note_files
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -119,11 +120,13 @@ class _ChunkRead:
             self._read_group(indices)
             return
         before = _group_clock()
-        self._read_group(indices)
+        files = self._read_group(indices)
         # a race between two groups can only keep the slower figure
         self.fastest = min(self.fastest, group_seconds_per_file(before, _group_clock(), indices))
+        note_files(self.batch, files, self.prefix)  # after the clock: it stats the files
 
-    def _read_group(self, indices: range) -> None:
+    def _read_group(self, indices: range) -> list[int]:
+        """Read the group; the items whose files the kernels read."""
         chain, target = self.chain, self.target
         dst, drop_axes, statuses = target.dst, target.drop_axes, target.statuses
         group = chain.decode_batch(len(indices), target.ndim)
@@ -164,6 +167,7 @@ class _ChunkRead:
         for position in group.run():  # the files that were missing
             statuses[queued_items[position]] = MISSING
         self._read_general(general)
+        return queued_items
 
     def _read_general(self, general: list[tuple[int, Buffer | None]]) -> None:
         """The chunks the kernels did not take, through the chain."""

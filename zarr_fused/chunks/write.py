@@ -53,6 +53,7 @@ from zarr_fused.io.engine import Writes, resolve_io_concurrency, write_window
 from zarr_fused.io.local import local_files, make_parents, write_parts
 from zarr_fused.io.probe import FAST_STORE, PROBE_FILES, LatencyProbe
 from zarr_fused.io.shard_lock import ShardLocks, shard_locks
+from zarr_fused.stats import note_encoded, note_stores
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -393,6 +394,7 @@ class _ChunkWrite:
                 )
             results.append((i, ready, position))
         encoded = encoding.run() if len(encoding) else []
+        note_encoded(self.batch, results, encoded, self._path)
         if arena is None:
             self._store(results, encoded)
         else:
@@ -432,6 +434,7 @@ class _ChunkWrite:
                 stores.append((setter.delete_sync,))
             else:
                 stores.append((write_parts, self._path(setter), [stored]))
+        note_stores(self.batch[0][0], stores)
         step = self.files_per_store
         with self.writes.parcel(arena.nbytes, lambda: buffers.give(arena)) as parcel:
             for start in range(0, len(stores), step):

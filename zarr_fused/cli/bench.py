@@ -6,7 +6,9 @@ sample, otherwise against zarr's batched pipeline), so no timing is ever
 reported for a wrong answer; then ``--repeat`` timed reads run in
 interleaved rounds whose order rotates each round (as in
 ``asv_bench/side_by_side.py``), so a noisy machine slows every pipeline
-alike. The table reports the median.
+alike. The table reports the median. Last, one more read through
+zarr_fused inside `zarr_fused.stats` prints where its time and bytes went
+(docs/stats.md reads the breakdown).
 
 The steps live next door: `selection` (``--selection``), `source` (where
 the array comes from), `peers` (the pipelines and their runners) and `report`
@@ -45,6 +47,7 @@ from zarr_fused.cli.report import (
 )
 from zarr_fused.cli.selection import Token, parse_selection, resolve_selection
 from zarr_fused.cli.source import Source, make_sample, open_source
+from zarr_fused.stats import Stats, stats
 
 
 def run_bench(args: argparse.Namespace) -> int:
@@ -117,6 +120,8 @@ def _bench(
 
     print_table(run)
     print_summary(run)
+    if "zarr_fused" in runners and run.results["zarr_fused"].status != "failed":
+        print_breakdown(runners["zarr_fused"], run.sel)
     if args.json:
         write_json(run, args.json)
     if args.plot:
@@ -212,3 +217,42 @@ def _timed_read(run: BenchRun, name: str, runner: Runner) -> None:
             res.times.append(time.perf_counter() - t0)
     except Exception as exc:
         res.status, res.detail, res.times = "failed", one_line(exc), []
+
+
+def print_breakdown(runner: Runner, sel: tuple[int | slice, ...]) -> None:
+    """One more read through zarr_fused inside `zarr_fused.stats`, printed
+    counter by counter (untimed, so the local files are sized too: the
+    table holds the timings)."""
+    with stats(file_sizes=True) as counts:
+        runner.read(sel)
+    for line in breakdown(counts):
+        print(line)
+
+
+def breakdown(counts: Stats) -> list[str]:
+    """The lines of `print_breakdown`: requests and bytes by store kind and
+    op, keys addressed, bytes decoded, coalescing, time, fallbacks."""
+    lines = ["zarr_fused, one read inside zarr_fused.stats():"]
+    requests, moved, unsized = counts.requests, counts.bytes, counts.unsized
+    for kind, op in sorted(requests):
+        n = requests[kind, op]
+        size = human(moved[kind, op])
+        if unsized[kind, op]:
+            size = "bytes not counted" if unsized[kind, op] == n else size + " (some not counted)"
+        lines.append(f"  {kind} {op}: {n} request(s), {size}")
+    for (what, unit), n in sorted(counts.items.items()):
+        lines.append(f"  {what}: {n} {unit} in {counts.calls[what]} batch(es)")
+    lines.append(f"  bytes decoded: {human(counts.bytes_decoded)}")
+    ranges = counts.ranges
+    if ranges:
+        lines.append(
+            f"  byte ranges: {ranges['asked']} asked, coalesced into {ranges['requests']} request(s)"
+        )
+    seconds = counts.seconds
+    for what in ("read", "write", "store"):
+        if seconds[what]:
+            label = "store requests from Python" if what == "store" else f"{what} calls"
+            lines.append(f"  time in {label}: {seconds[what] * 1e3:.1f} ms")
+    for (what, reason), n in sorted(counts.fallbacks.items()):
+        lines.append(f"  fallback ({what}, {n} batch(es)): {reason}")
+    return lines

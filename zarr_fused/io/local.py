@@ -19,6 +19,7 @@ from zarr.storage import LocalStore, StorePath
 
 from zarr_fused._native import io_kernels, shard_local_kernels
 from zarr_fused._zarr_compat import open_local_store
+from zarr_fused.stats import CountedPath
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -33,6 +34,10 @@ __all__ = ["LOCAL_MAX_GAP", "local_files", "make_parents", "read_shard_part", "w
 #: cache costs about as much as copying a few KiB, so reading a wide gap only
 #: to throw it away costs more than a second pread (docs/performance.md).
 LOCAL_MAX_GAP = 16 << 10
+
+#: the key types of a batch zarr_fused reads natively: zarr's, and the
+#: same key counting its requests (inside `zarr_fused.stats`)
+_KEYS = (StorePath, CountedPath)
 
 
 def local_files(
@@ -49,11 +54,11 @@ def local_files(
     if shard_io and io_kernels is None:
         return None
     first, *_ = batch[0]
-    if type(first) is not StorePath or type(first.store) is not LocalStore:
+    if type(first) not in _KEYS or type(first.store) is not LocalStore:
         return None
     store = first.store
     for getter, *_ in batch:
-        if type(getter) is not StorePath or getter.store is not store:
+        if type(getter) not in _KEYS or getter.store is not store:
             return None
     open_local_store(store, write=write)
     return _root_prefix(store.root)

@@ -22,6 +22,7 @@ runs the compute inline, as in zarr's own pipeline.
 from __future__ import annotations
 
 import asyncio
+import time
 from contextlib import (
     AbstractAsyncContextManager,
     asynccontextmanager,
@@ -40,6 +41,7 @@ from zarr_fused.config import ASYNC_CONCURRENCY_KEY, int_setting, shard_write_lo
 from zarr_fused.errors import WriteConflictError, ZarrFusedError
 from zarr_fused.io import object_cas
 from zarr_fused.io.object_cas import NOTHING, Outcome
+from zarr_fused.stats import CountedPath, active, store_kind
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -177,13 +179,24 @@ class Requests:
         )
         #: partial updates are conditional writes (``codec_pipeline.shard_write_lock``)
         self.protect = shard_write_lock()
+        #: the caller's `zarr_fused.stats` sink (the batch opens in its task)
+        self.sink = active()
+
+    def _count(self, key: Any, op: str, data: Any, start: float) -> None:
+        """Count a request into the sink, unless ``key`` counts its own."""
+        if self.sink is not None and type(key) is not CountedPath:
+            nbytes = 0 if data is None else len(data)
+            kind = store_kind(getattr(key, "store", None))
+            self.sink.request(kind, op, nbytes, time.perf_counter() - start)
 
     async def get(
         self, getter: Any, prototype: Any, byte_range: ByteRequest | None = None
     ) -> Buffer | None:
         async with self.limiter:
             with _naming(getter, "reading"):
+                start = time.perf_counter()
                 buf: Buffer | None = await getter.get(prototype=prototype, byte_range=byte_range)
+                self._count(getter, "get" if byte_range is None else "get_range", buf, start)
                 return buf
 
     async def get_object(self, store: Any, getter: Any) -> Any:
@@ -195,11 +208,14 @@ class Requests:
         import obstore
 
         with _naming(getter, "reading"):
+            start = time.perf_counter()
             try:
                 response = await obstore.get_async(store, getter.path)
-                return await response.bytes_async()
+                data = await response.bytes_async()
             except OBJECT_ABSENT:
-                return None
+                data = None
+            self._count(getter, "get", data, start)
+            return data
 
     async def set(self, setter: Any, value: Buffer | None) -> None:
         """Store ``value`` at ``setter`` (delete it when None)."""
@@ -210,10 +226,12 @@ class Requests:
             # requests' responses late (docs/performance.md measures it).
             await asyncio.sleep(0)
             with _naming(setter, "writing"):
+                start = time.perf_counter()
                 if value is None:
                     await setter.delete()
                 else:
                     await setter.set(value)
+                self._count(setter, "set" if value is not None else "delete", value, start)
 
     async def update(self, setter: Any, prototype: Any, merge: Merge) -> None:
         """Read ``setter``'s object, ``merge`` it with this write's part and
@@ -237,7 +255,9 @@ class Requests:
         while True:
             async with self.limiter:
                 with _naming(setter, "reading"):
+                    start = time.perf_counter()
                     seen = await object_cas.get_versioned(store, setter.path)
+                    self._count(setter, "get", seen.data, start)
             existing = None if seen.data is None else prototype.buffer.from_bytes(seen.data)
             if not seen.conditional:  # the server gave the object no ETag
                 object_cas.unprotected(setter, what + " (the object has no ETag)")
@@ -261,12 +281,14 @@ class Requests:
         async with self.limiter:
             await asyncio.sleep(0)  # as in `set`
             with _naming(setter, "writing"):
+                start = time.perf_counter()
                 if value is None:
                     await setter.delete()
                 else:
                     await object_cas.put_if_unchanged(
                         store, setter.path, value.as_buffer_like(), seen
                     )
+                self._count(setter, "set" if value is not None else "delete", value, start)
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,6 +27,7 @@ from zarr_fused._buffers import buffers
 from zarr_fused._items import describe_chunk, describe_key
 from zarr_fused._native import index_kernels, io_kernels
 from zarr_fused.errors import CorruptShardError
+from zarr_fused.stats import note_local
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -172,6 +173,7 @@ def read_whole_shard(
         # (a round trip more on a network filesystem: callers that read
         # many shards pass the largest they have seen)
         buffer, length = _read_file(prefix + os.fsencode(key.path), max(4 * size, size_hint))
+        note_local(key, "get", 1, max(length, 0))
         if length == -1:
             buffers.give(buffer)
             return None

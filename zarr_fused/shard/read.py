@@ -40,7 +40,7 @@ from zarr_fused._items import MISSING, PRESENT, describe_key
 from zarr_fused._native import shard_kernels
 from zarr_fused._pool import partition, run_parallel
 from zarr_fused._scatter_py import fill_missing, scatter_array
-from zarr_fused._zarr_compat import inner_chunk_spec, store_supports_sync_io
+from zarr_fused._zarr_compat import coalesce_ranges, inner_chunk_spec, store_supports_sync_io
 from zarr_fused.errors import CorruptShardError
 from zarr_fused.io.local import LOCAL_MAX_GAP, local_files, read_shard_part
 from zarr_fused.shard.index import (
@@ -50,6 +50,7 @@ from zarr_fused.shard.index import (
     planned_format,
     read_whole_shard,
 )
+from zarr_fused.stats import note_local, note_ranges
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -159,6 +160,7 @@ class ShardReader:
                 buffers.give,
                 self._shard_part_settings(getter, spec, grid, len(touched), prefetch),
             )
+            note_local(getter, "get_shard_part", 1, None)
             if fetched is None:
                 shard.missing = True
             else:
@@ -249,6 +251,7 @@ class ShardReader:
                     max_coalesced_bytes=spec.config.sharding_coalesce_max_bytes,
                 ):
                     results[i] = buf
+                note_ranges(getter, ranges, spec.config, coalesce_ranges)
             except BaseExceptionGroup as group:
                 _, rest = group.split(FileNotFoundError)
                 if rest is not None:
@@ -500,6 +503,7 @@ class _ReadBatch:
             self.reader._shard_part_settings(getter, spec, grid, len(touched)),
             decode_into=group,
         )
+        note_local(getter, "get_shard_part", 1, None)
         if not found:
             self._missing(shard)
         return True

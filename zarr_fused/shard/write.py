@@ -70,6 +70,7 @@ from zarr_fused.shard.index import (
     read_whole_shard,
     stored_payloads,
 )
+from zarr_fused.stats import note_parts
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -672,6 +673,7 @@ class ShardWriter:
                     setter.delete_sync()
                 else:
                     write_parts(ctx.prefix + os.fsencode(setter.path), parts)
+                    note_parts(setter, parts)
                 return
             reuse = _keeps_a_copy(setter)
             blob = self.assemble(state, take=buffers.take if reuse else None)
@@ -722,3 +724,4 @@ class ShardWriter:
                 parcel.store(setter.delete_sync)
             else:
                 parcel.store(write_parts, ctx.prefix + os.fsencode(setter.path), parts)
+                note_parts(setter, parts)

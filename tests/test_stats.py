@@ -1,0 +1,379 @@
+"""`zarr_fused.stats`: the counters of a block against what the store saw.
+
+A counting `WrapperStore` (over a `MemoryStore` or a `LocalStore`) records
+every request the pipeline makes; the block's counters must equal it,
+request for request and byte for byte, for sharded and unsharded arrays,
+whole and partial reads and writes. A `LocalStore` read natively is
+checked against the files on disk, and moto's S3 (obstore) against the
+requests its proxy saw. Threads and asyncio tasks with their own blocks
+see only their own counts; without a block nothing is allocated.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import zarr
+from zarr.abc.store import Store
+from zarr.storage import LocalStore, MemoryStore, WrapperStore
+
+import zarr_fused
+from zarr_fused.stats import CountedPath, Stats, active, store_kind
+
+from helpers import BATCHED, FUSED, NoSyncIOStore, with_pipeline
+
+SHAPE = (24, 20)
+CHUNKS = (6, 5)  # 4 x 4 chunks
+SHARDS = (12, 10)  # 2 x 2 shards of 2 x 2 inner chunks
+
+
+class Counting(WrapperStore[Any]):
+    """Counts every request by op ("get", "get_range", "set", "delete")
+    and the bytes each moved, as the store sees them."""
+
+    def __init__(self, store: Any) -> None:
+        super().__init__(store)
+        self.requests: Counter[str] = Counter()
+        self.bytes: Counter[str] = Counter()
+        self.lock = threading.Lock()
+
+    def _note(self, op: str, buf: Any) -> None:
+        with self.lock:
+            self.requests[op] += 1
+            self.bytes[op] += 0 if buf is None else len(buf)
+
+    def reset(self) -> None:
+        with self.lock:
+            self.requests.clear()
+            self.bytes.clear()
+
+    def get_sync(self, key: str, *, prototype: Any = None, byte_range: Any = None) -> Any:
+        buf = self._store.get_sync(key, prototype=prototype, byte_range=byte_range)
+        self._note("get" if byte_range is None else "get_range", buf)
+        return buf
+
+    async def get(self, key: str, prototype: Any, byte_range: Any = None) -> Any:
+        buf = await self._store.get(key, prototype, byte_range)
+        self._note("get" if byte_range is None else "get_range", buf)
+        return buf
+
+    def set_sync(self, key: str, value: Any) -> None:
+        self._store.set_sync(key, value)
+        self._note("set", value)
+
+    async def set(self, key: str, value: Any) -> None:
+        await self._store.set(key, value)
+        self._note("set", value)
+
+    def delete_sync(self, key: str) -> None:
+        self._store.delete_sync(key)
+        self._note("delete", None)
+
+    async def delete(self, key: str) -> None:
+        await self._store.delete(key)
+        self._note("delete", None)
+
+    # zarr's coalescing plan, its requests made through `get_sync` above
+    get_ranges_sync = Store.get_ranges_sync
+
+
+def _data(seed: int = 7) -> np.ndarray:
+    data = np.random.default_rng(seed).integers(0, 1000, SHAPE).astype("<u2")
+    data[:6, :5] = 0  # one chunk all fill value: not stored
+    return data
+
+
+def _create(store: Any, sharded: bool) -> zarr.Array:
+    with with_pipeline(BATCHED):
+        arr = zarr.create_array(
+            store,
+            shape=SHAPE,
+            chunks=CHUNKS,
+            shards=SHARDS if sharded else None,
+            dtype="<u2",
+            compressors=zarr.codecs.ZstdCodec(level=1),
+            fill_value=0,
+        )
+        arr[...] = _data()
+    return arr
+
+
+def _open(store: Any) -> zarr.Array:
+    with with_pipeline(FUSED):
+        return zarr.open_array(store, mode="r+")
+
+
+def _by_op(counter: Counter[tuple[str, str]], kind: str) -> dict[str, int]:
+    return {op: n for (k, op), n in counter.items() if k == kind and n}
+
+
+OPS = {
+    "read-all": lambda arr: arr[...],
+    "read-part": lambda arr: arr[3:17, 2:9],
+    "read-point": lambda arr: arr[13, 11],
+    "write-all": lambda arr: arr.__setitem__(Ellipsis, _data(8)),
+    "write-part": lambda arr: arr.__setitem__((slice(3, 17), slice(2, 9)), 5),
+    "write-fill": lambda arr: arr.__setitem__((slice(0, 12), slice(0, 10)), 0),
+}
+
+
+def _base(kind: str, tmp_path: Path) -> Any:
+    if kind == "nosync":  # the async path, as on a remote store
+        return NoSyncIOStore(MemoryStore())
+    return MemoryStore() if kind == "memory" else LocalStore(tmp_path / "a")
+
+
+@pytest.mark.parametrize("op", list(OPS))
+@pytest.mark.parametrize("sharded", [False, True], ids=["unsharded", "sharded"])
+@pytest.mark.parametrize("kind", ["memory", "local", "nosync"])
+def test_counters_equal_a_counting_store(tmp_path: Path, kind: str, sharded: bool, op: str) -> None:
+    store = Counting(_base(kind, tmp_path))
+    _create(store, sharded)
+    arr = _open(store)
+    store.reset()
+    with with_pipeline(FUSED), zarr_fused.stats() as s:
+        OPS[op](arr)
+    seen = dict(+store.requests)
+    assert seen  # the operation did make requests
+    assert _by_op(s.requests, store_kind(store)) == seen
+    assert _by_op(s.bytes, store_kind(store)) == dict(+store.bytes)
+    assert s.total_requests() == sum(seen.values())
+    what = op.split("-")[0]
+    assert s.calls[what] >= 1
+    assert sum(s.items.values()) >= 1
+
+
+def _files(root: Path) -> dict[str, int]:
+    return {
+        str(p.relative_to(root)): p.stat().st_size
+        for p in root.rglob("*")
+        if p.is_file() and p.name != "zarr.json"
+    }
+
+
+@pytest.mark.parametrize("file_sizes", [True, False], ids=["file-sizes", "no-file-sizes"])
+@pytest.mark.parametrize("sharded", [False, True], ids=["unsharded", "sharded"])
+def test_native_local_read_counts_the_files(
+    tmp_path: Path, sharded: bool, file_sizes: bool
+) -> None:
+    """A `LocalStore` read natively (no wrapper hides it): one request per
+    chunk (or shard) key of the read, missing ones included, and the bytes
+    of the files that exist; without ``file_sizes``, whole chunk files
+    decoded in the read's native call are counted unsized instead."""
+    root = tmp_path / "a"
+    _create(LocalStore(root), sharded)
+    arr = _open(LocalStore(root))
+    files = _files(root)
+    with with_pipeline(FUSED), zarr_fused.stats(file_sizes=file_sizes) as s:
+        np.testing.assert_array_equal(arr[...], _data())
+    keys = 4 if sharded else 16
+    assert s.requests == Counter({("local", "get"): keys})
+    # the IO threads' path reports the lengths: sized whatever file_sizes says
+    unsized = s.unsized[("local", "get")]
+    assert unsized in ((0, keys) if not file_sizes and not sharded else (0,))
+    assert s.bytes[("local", "get")] == (0 if unsized else sum(files.values()))
+    assert s.items == Counter({("read", "shards" if sharded else "chunks"): keys})
+    assert s.bytes_decoded == 2 * (
+        (len(files)) * (SHARDS[0] * SHARDS[1] if sharded else CHUNKS[0] * CHUNKS[1])
+    )
+
+
+def test_native_local_partial_shard_read_counts_each_shard(tmp_path: Path) -> None:
+    root = tmp_path / "a"
+    _create(LocalStore(root), sharded=True)
+    arr = _open(LocalStore(root))
+    with with_pipeline(FUSED), zarr_fused.stats() as s:
+        arr[3:17, 2:4]  # 2 x 1 shards, half or a quarter of each
+    assert s.requests == Counter({("local", "get_shard_part"): 2})
+    assert s.unsized == s.requests
+    assert not s.bytes
+
+
+@pytest.mark.parametrize("sharded", [False, True], ids=["unsharded", "sharded"])
+def test_native_local_write_counts_the_files(tmp_path: Path, sharded: bool) -> None:
+    root = tmp_path / "a"
+    _create(LocalStore(root), sharded)
+    arr = _open(LocalStore(root))
+    with with_pipeline(FUSED), zarr_fused.stats() as s:
+        arr[...] = _data(9)  # all fill value where nothing was stored: deleted again
+    files = _files(root)
+    deletes = 0 if sharded else 1
+    assert s.requests == Counter({("local", "set"): len(files), ("local", "delete"): deletes})
+    assert s.bytes[("local", "set")] == sum(files.values())
+    assert s.items == Counter({("write", "shards" if sharded else "chunks"): len(files) + deletes})
+
+
+def test_nothing_allocated_without_a_block(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("allocated outside a stats() block")
+
+    monkeypatch.setattr(Stats, "__init__", refuse)
+    monkeypatch.setattr(CountedPath, "__init__", refuse)
+    store = MemoryStore()
+    _create(store, sharded=False)
+    arr = _open(store)
+    with with_pipeline(FUSED):
+        arr[...] = _data(3)
+        np.testing.assert_array_equal(arr[...], _data(3))
+    assert active() is None
+
+
+def test_nested_blocks_count_into_the_outer() -> None:
+    store = Counting(MemoryStore())
+    _create(store, sharded=False)
+    arr = _open(store)
+    store.reset()
+    with with_pipeline(FUSED), zarr_fused.stats() as outer:
+        arr[:6, :]
+        with zarr_fused.stats() as inner:
+            arr[6:, :]
+    assert inner.total_requests() == 12
+    assert outer.total_requests() == sum(store.requests.values()) == 16
+    assert active() is None
+
+
+def test_threads_count_only_their_own() -> None:
+    store = Counting(MemoryStore())
+    _create(store, sharded=False)
+    arr = _open(store)
+    totals: dict[int, int] = {}
+    barrier = threading.Barrier(2)
+
+    def read(rows: int) -> None:
+        with zarr_fused.stats() as s:
+            barrier.wait()
+            for _ in range(5):
+                arr[:rows, :]
+        totals[rows] = s.total_requests()
+
+    with with_pipeline(FUSED):
+        threads = [threading.Thread(target=read, args=(rows,)) for rows in (6, 18)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert totals == {6: 5 * 4, 18: 5 * 12}
+
+
+def test_tasks_count_only_their_own() -> None:
+    store = Counting(MemoryStore())
+    _create(store, sharded=False)
+    with with_pipeline(FUSED):
+
+        async def main() -> dict[int, int]:
+            arr = await zarr.api.asynchronous.open_array(store=store, mode="r")
+
+            async def read(rows: int) -> tuple[int, int]:
+                with zarr_fused.stats() as s:
+                    for _ in range(3):
+                        await arr.getitem((slice(0, rows), slice(None)))
+                        await asyncio.sleep(0)
+                return rows, s.total_requests()
+
+            return dict(await asyncio.gather(read(6), read(24)))
+
+        totals = asyncio.run(main())
+    assert totals == {6: 3 * 4, 24: 3 * 16}
+
+
+def test_bench_style_summary_names_every_counter() -> None:
+    store = MemoryStore()
+    _create(store, sharded=True)
+    arr = _open(store)
+    with with_pipeline(FUSED), zarr_fused.stats() as s:
+        arr[...]
+    summary = s.as_dict()
+    assert set(summary) == set(Stats._FIELDS)
+    assert summary["requests"] == {"memory:get": 4}
+    assert summary["items"] == {"read:shards": 4}
+
+
+# -- S3 (moto through the counting proxy, obstore) ---------------------------------------
+
+
+@pytest.mark.parametrize("op", ["read-all", "read-part", "write-all", "write-part"])
+@pytest.mark.parametrize("sharded", [False, True], ids=["unsharded", "sharded"])
+def test_s3_counters_equal_the_proxy(proxy: Any, sharded: bool, op: str) -> None:
+    from helpers.s3_stores import new_prefix, open_store
+
+    store = open_store("obstore", proxy, new_prefix())
+    _create(store, sharded)
+    arr = _open(store)
+    proxy.reset()
+    with with_pipeline(FUSED), zarr_fused.stats() as s:
+        OPS[op](arr)
+    seen = proxy.reset()
+    gets = s.requests[("object", "get")] + s.requests[("object", "get_range")]
+    assert gets == seen.count("GET")
+    assert s.requests[("object", "set")] == seen.count("PUT")
+    # obstore deletes with a DeleteObjects POST
+    assert s.requests[("object", "delete")] == seen.count("DELETE", "POST")
+    assert s.total_requests() == sum(seen.requests.values())
+    got = s.bytes[("object", "get")] + s.bytes[("object", "get_range")]
+    # the bodies of found objects (a missing key's answer is an XML error body)
+    assert got == sum(r.received for r in seen.log if r.kind == "GET" and r.status < 300)
+    assert s.bytes[("object", "set")] == seen.bytes_sent["PUT"]
+
+
+def test_fallbacks_name_the_plans_reason() -> None:
+    """A format-2 string array runs zarr's code: each batch is a fallback
+    with the plan's reason, and its requests are still counted."""
+    store = Counting(MemoryStore())
+    with with_pipeline(BATCHED):
+        arr = zarr.create_array(store, shape=(8,), chunks=(2,), dtype=str, zarr_format=2)
+        arr[...] = np.array([f"s{i}" for i in range(8)])
+    arr = _open(store)
+    reason = arr._async_array.codec_pipeline.plan.read_fallback
+    assert reason
+    store.reset()
+    with with_pipeline(FUSED), zarr_fused.stats() as s:
+        arr[...]
+    assert s.fallbacks == Counter({("read", reason): s.calls["read"]})
+    assert _by_op(s.requests, "wrapper") == dict(+store.requests) == {"get": 4}
+
+
+def test_bench_breakdown_reads_the_counters() -> None:
+    """`zarr-fused bench`'s breakdown of a partial read of a sharded array
+    from a store without native IO: the range requests, coalescing, keys."""
+    from zarr_fused.cli.bench import breakdown
+
+    store = Counting(MemoryStore())
+    _create(store, sharded=True)
+    arr = _open(store)
+    store.reset()
+    with with_pipeline(FUSED), zarr_fused.stats() as s:
+        arr[3:17, 2:4]  # part of 2 shards: each an index and its chunks' ranges
+    ranges = s.ranges
+    assert ranges["requests"] == store.requests["get_range"] - 2
+    assert 0 < ranges["requests"] <= ranges["asked"]
+    lines = breakdown(s)
+    requests = s.requests[("wrapper", "get_range")]
+    assert any(f"wrapper get_range: {requests} request(s)" in line for line in lines)
+    shards = s.items[("read", "shards")]
+    assert any(f"read: {shards} shards in " in line for line in lines)
+    coalesced = f"byte ranges: {ranges['asked']} asked, coalesced into {ranges['requests']}"
+    assert any(coalesced in line for line in lines)
+
+
+@pytest.mark.parametrize("sharded", [False, True], ids=["unsharded", "sharded"])
+def test_read_regions_is_counted(sharded: bool) -> None:
+    """`zarr_fused.read_regions` reads its planned waves through the
+    pipeline: the block counts them as the store sees them."""
+    store = Counting(MemoryStore())
+    _create(store, sharded)
+    arr = _open(store)
+    store.reset()
+    regions = [(slice(1, 7), slice(2, 9)), (slice(10, 20), slice(0, 5))]
+    with with_pipeline(FUSED), zarr_fused.stats() as s:
+        got = zarr_fused.read_regions(arr, regions)
+    np.testing.assert_array_equal(got[1], _data()[10:20, 0:5])
+    seen = dict(+store.requests)
+    assert seen
+    assert _by_op(s.requests, "wrapper") == seen
+    assert _by_op(s.bytes, "wrapper") == dict(+store.bytes)
