@@ -121,7 +121,12 @@ def libraries(src: Path, target: str) -> list[Library]:
             includes=[zstd, f"{zstd}/common"],
             headers=[f"{zstd}/zstd.h", f"{zstd}/zstd_errors.h"],
         ),
-        Library("liblz4.a", [f"{lz4}/lz4.c", f"{lz4}/lz4hc.c"], includes=[lz4]),
+        Library(
+            "liblz4.a",
+            [f"{lz4}/lz4.c", f"{lz4}/lz4hc.c"],
+            includes=[lz4],
+            headers=[f"{lz4}/lz4.h"],
+        ),
         Library(
             "libz.a", zlib_sources, includes=[zlib], headers=[f"{zlib}/zlib.h", f"{zlib}/zconf.h"]
         ),
