@@ -49,7 +49,7 @@ EXTENSIONS: list[dict] = [
     {
         "name": "zarr_fused._filters",
         "sources": ["zarr_fused/_filters.pyx"],
-        "depends": [],
+        "depends": ["zarr_fused/_filters.pxd"],
         "libraries": [],
     },
     {
@@ -81,11 +81,18 @@ EXTENSIONS: list[dict] = [
         "libraries": ["zstd", "z", "blosc", "lz4"],
     },
     {
+        "name": "zarr_fused._vlen",
+        "sources": ["zarr_fused/_vlen.pyx"],
+        "depends": ["zarr_fused/_codecs.pxd", "zarr_fused/_zstd.pxd", "zarr_fused/_zlib.pxd"],
+        "libraries": ["zstd"],
+    },
+    {
         "name": "zarr_fused._codec_batch",
         "sources": ["zarr_fused/_codec_batch.pyx"],
         "depends": [
             "zarr_fused/_codec_batch.pxd",
             "zarr_fused/_codecs.pxd",
+            "zarr_fused/_filters.pxd",
             "zarr_fused/_scatter.pxd",
             "zarr_fused/_zstd.pxd",
             "zarr_fused/_zlib.pxd",
@@ -108,6 +115,7 @@ EXTENSIONS: list[dict] = [
         "depends": [
             "zarr_fused/_codec_batch.pxd",
             "zarr_fused/_codecs.pxd",
+            "zarr_fused/_filters.pxd",
             "zarr_fused/_ndindex.pxd",
             "zarr_fused/_scatter.pxd",
             "zarr_fused/_shard_index.pxd",
@@ -122,6 +130,7 @@ EXTENSIONS: list[dict] = [
         "depends": [
             "zarr_fused/_codec_batch.pxd",
             "zarr_fused/_codecs.pxd",
+            "zarr_fused/_filters.pxd",
             "zarr_fused/_localio.pxd",
             "zarr_fused/_scatter.pxd",
             "zarr_fused/_shard_index.pxd",

@@ -351,3 +351,78 @@ def test_fixedscaleoffset_decode_releases_the_gil() -> None:
         spins_during(lambda: _filters.fixedscaleoffset_decode(encoded, out, 3.0, 10.0), attempts=5)
         > 1000
     )
+
+
+# -- zarr's scale_offset and numcodecs' astype ------------------------------------------
+
+SCALE_OFFSETS = [(0, 1), (273.15, 0.1), (-20, 4), (1.5, 100), (3, -2.5)]
+
+
+@pytest.mark.parametrize("dtype", ["<f4", "<f8"])
+@pytest.mark.parametrize(("offset", "scale"), SCALE_OFFSETS)
+@pytest.mark.parametrize("encode", [True, False], ids=["encode", "decode"])
+def test_scale_offset_matches_zarr(dtype: str, offset: float, scale: float, encode: bool) -> None:
+    from zarr.codecs import scale_offset as zso
+
+    value = sample(dtype, 4099, 7)
+    o, s = np.dtype(dtype).type(offset), np.dtype(dtype).type(scale)
+    with np.errstate(all="ignore"):
+        if encode:
+            expected = zso._encode(value, o, s)
+        else:
+            expected = zso._decode(value, o, s, scale_repr=scale)
+    out = np.empty_like(value)
+    _filters.scale_offset(value, out, float(o), float(s), encode)
+    assert out.tobytes() == expected.tobytes()
+
+
+@pytest.mark.parametrize(("decoded", "encoded"), [("<f8", "<f4"), ("<f4", "<f8")])
+def test_astype_matches_numcodecs(decoded: str, encoded: str) -> None:
+    codec = numcodecs.AsType(encode_dtype=encoded, decode_dtype=decoded)
+    value = sample(decoded, 4099, 8)
+    with np.errstate(all="ignore"):
+        expected = codec.encode(value)
+    out = np.empty(value.shape, dtype=encoded)
+    _filters.astype(value, out)
+    assert out.tobytes() == np.asarray(expected).tobytes()
+    back = np.empty_like(value)
+    _filters.astype(out, back)
+    assert back.tobytes() == np.asarray(codec.decode(expected)).tobytes()
+
+
+def test_astype_refuses_integers_and_aliasing() -> None:
+    value = np.arange(8, dtype="<f8")
+    with pytest.raises(TypeError):
+        _filters.astype(value, np.empty(8, dtype="<i4"))
+    with pytest.raises(ValueError, match="apart"):
+        _filters.astype(value, value.view("<f4")[:8])
+
+
+@pytest.mark.parametrize(
+    "steps",
+    [
+        pytest.param([("delta", "<f2")], id="delta-f2"),
+        pytest.param([("fixedscaleoffset", "<f8", "<f4", 0.0, 1.0)], id="fso-to-float"),
+        pytest.param([("bitround", "<f4", 24)], id="bitround-too-many-bits"),
+        pytest.param([("scale_offset", "<i4", 0.0, 1.0)], id="scale-offset-int"),
+        pytest.param([("astype", "<f8", "<f4"), ("delta", "<f8")], id="mismatched-steps"),
+        pytest.param([], id="empty"),
+    ],
+)
+def test_filter_chain_refuses_bad_steps(steps: list[Any]) -> None:
+    with pytest.raises((TypeError, ValueError)):
+        _filters.FilterChain(steps)
+
+
+def test_batch_refused_chunk_without_hook_names_key() -> None:
+    """A batch with filters that meets a chunk fixedscaleoffset cannot
+    encode, and has no hook to encode it otherwise, raises naming it."""
+    from zarr_fused._codec_batch import ChunkLayout, EncodeBatch
+    from zarr_fused._codecs import ChainKernel
+
+    kernel = ChainKernel(compressor=None, outer_crcs=0, inner_crcs=0, itemsize=2, swap_unit=0)
+    batch = EncodeBatch(kernel, 1, 1)
+    batch.set_filters(_filters.FilterChain([("fixedscaleoffset", "<f8", "<i2", 0.0, 1.0)]))
+    batch.add(np.array([1.0, np.nan]), ChunkLayout((2,), 8), False, "c/0")
+    with pytest.raises(ValueError, match="'c/0': the filters refused"):
+        batch.run()

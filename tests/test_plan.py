@@ -54,7 +54,8 @@ def _array(store: Any, **kwargs: Any) -> zarr.Array:
         ),
         pytest.param({"compressors": Shuffle()}, False, id="numcodecs-shuffle-alone"),
         pytest.param({"compressors": BZ2(level=1)}, False, id="numcodecs-bz2"),
-        pytest.param({"compressors": None, "dtype": str}, False, id="vlen-str"),
+        pytest.param({"compressors": None, "dtype": str}, True, id="vlen-str"),
+        pytest.param({"compressors": BZ2(level=1), "dtype": str}, False, id="vlen-str-bz2"),
     ],
 )
 @pytest.mark.filterwarnings("ignore::zarr.errors.UnstableSpecificationWarning")
@@ -102,7 +103,7 @@ def test_native_chain_never_calls_chunk_transform(
     assert calls == []
 
     # the spy is live: a non-native chain goes through it
-    slow = _array({}, compressors=None, dtype=str)
+    slow = _array({}, compressors=BZ2(level=1), dtype=str)
     slow[...] = "x"
     assert "encode_chunk" in calls
 
@@ -159,11 +160,32 @@ def test_native_info_reports_codecs() -> None:
         "zarr_fused._shard": True,
         "zarr_fused._shard_local": True,
         "zarr_fused._filters": True,
+        "zarr_fused._vlen": True,
     }
-    assert set(info["codecs"]) == {"bytes", "transpose", "crc32c", "zstd", "gzip", "blosc"} | {
+    assert set(info["codecs"]) == {
+        "bytes",
+        "transpose",
+        "crc32c",
+        "zstd",
+        "gzip",
+        "blosc",
+        "vlen-utf8",
+        "vlen-bytes",
+    } | {
         f"numcodecs.{n}"
-        for n in ("zlib", "gzip", "lz4", "shuffle", "delta", "fixedscaleoffset", "quantize")
-    } | {"numcodecs.bitround"}
+        for n in (
+            "zlib",
+            "gzip",
+            "lz4",
+            "shuffle",
+            "delta",
+            "fixedscaleoffset",
+            "quantize",
+            "bitround",
+            "vlen-utf8",
+            "vlen-bytes",
+        )
+    }
     assert {"zstd", "zlib", "blosc", "lz4", "crc32c"} <= set(info["libraries"])
 
 
@@ -192,7 +214,8 @@ def test_strict_mode_by_environment_variable(tmp_path: Path) -> None:
     script = textwrap.dedent(
         """
         import zarr, numpy as np
-        a = zarr.create_array({}, shape=(4,), chunks=(2,), dtype=str)
+        from zarr.codecs.numcodecs import BZ2
+        a = zarr.create_array({}, shape=(4,), chunks=(2,), dtype=str, compressors=BZ2(level=1))
         try:
             a[:] = "x"
         except Exception as exc:
@@ -423,7 +446,7 @@ def test_strict_mode_environment_spellings(value: str, expected: str) -> None:
         """
         import warnings
         import zarr
-        from numcodecs.zarr3 import BZ2
+        from zarr.codecs.numcodecs import BZ2
         warnings.simplefilter("always")
         with warnings.catch_warnings(record=True) as caught:
             a = zarr.create_array({}, shape=(4,), chunks=(2,), dtype="f8",

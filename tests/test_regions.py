@@ -226,6 +226,63 @@ def _selection(shape: tuple[int, ...]) -> st.SearchStrategy[tuple[Any, ...]]:
     )
 
 
+def _picks_selections(shape: tuple[int, ...], n: int, seed: int) -> list[Any]:
+    """``n`` selections with one sorted integer array (repeats, negative
+    indices, sparse and dense runs, empty) on a varying axis, slices and
+    integers on the others."""
+    rng = np.random.default_rng(seed)
+    out: list[Any] = []
+    for k in range(n):
+        axis = k % len(shape)
+        size = shape[axis]
+        count = int(rng.integers(0, 2 * size)) if k % 7 else 0
+        index = np.sort(rng.integers(0, size, count))
+        if k % 3 == 1:
+            index = index - size  # the same indices, counted from the end
+        sel: list[Any] = []
+        for d, extent in enumerate(shape):
+            if d == axis:
+                sel.append(index)
+            elif k % 5 == 2:
+                sel.append(int(rng.integers(0, extent)))
+            else:
+                start = int(rng.integers(0, extent))
+                sel.append(slice(start, start + int(rng.integers(1, extent))))
+        out.append(tuple(sel))
+    return out
+
+
+@pytest.mark.parametrize("geometry", [pytest.param(g, id=g) for g in GEOMETRIES])
+def test_integer_array_regions_equal_zarr(tmp_path: Path, geometry: str) -> None:
+    """One sorted integer array per selection, as zarr reads it (an
+    orthogonal selection; with integers only beside it, a coordinate one),
+    planned with the basic regions in one batch."""
+    store = make_store("local", tmp_path)
+    _filled(store, geometry, seed=31)
+    arr = _open(store, FUSED)
+    selections = _picks_selections(arr.shape, 30, seed=32) + _random_selections(
+        arr.shape, 10, seed=33
+    )
+    _assert_all(zarr_fused.read_regions(arr, selections), _expected(store, selections))
+    out = [np.zeros(np.shape(e), dtype=arr.dtype) for e in _expected(store, selections)]
+    got = zarr_fused.read_regions(arr, selections, out=out)
+    assert all(g is o for g, o in zip(got, out, strict=True))
+    _assert_all(got, [np.asarray(e) for e in _expected(store, selections)])
+
+
+def test_integer_array_reads_only_the_keys_holding_an_index(tmp_path: Path) -> None:
+    """Indices far apart along the first axis read the shards that hold
+    them, not the ones between."""
+    memory = MemoryStore()
+    _filled(memory, "sharded", seed=34, holes=False)
+    arr = _open(_Counting(memory), FUSED)
+    counting = arr.async_array.store_path.store
+    selection = (np.array([1, 2, 39]), slice(0, 5), slice(0, 5))
+    _assert_all(zarr_fused.read_regions(arr, [selection]), _expected(memory, [selection]))
+    # shards of 16 along the first axis: 0 and 2, not 1
+    assert sorted({key for key, _ in counting.gets}) == ["c/0/0/0", "c/2/0/0"]
+
+
 # -- what falls back to array[sel] ------------------------------------------------------------
 
 
@@ -244,7 +301,7 @@ def test_selections_outside_the_plan_read_one_by_one(tmp_path: Path) -> None:
     selections = [
         (slice(0, 30, 4), slice(2, 9)),  # a step
         (slice(3, 20), 4, slice(1, 6)),
-        (np.array([1, 5, 30]),),  # an integer array
+        (np.array([30, 1, 5]),),  # an unsorted integer array
         (slice(2, 12), slice(0, 30), slice(0, 20)),
     ]
     _assert_all(zarr_fused.read_regions(arr, selections), _expected(store, selections))

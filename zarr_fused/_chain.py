@@ -17,8 +17,10 @@ kind they hold:
 ``[transpose...] -> bytes -> [numcodecs.shuffle] -> [zstd | gzip | blosc |
 numcodecs.gzip | numcodecs.zlib | numcodecs.lz4] with crc32c before or after
 the compressor`` (after it only, with a shuffle), for fixed-size data types
-on CPU buffers, and records for any other chain why it stays on
-zarr's code (`zarr_fused._hybrid` then runs what it can of it natively).
+on CPU buffers; ``vlen-utf8 | vlen-bytes -> [the same compressors and
+checksums]`` are `zarr_fused._vlen_chain`'s. For any other chain it records
+why it stays on zarr's code (`zarr_fused._hybrid` then runs what it can of
+it natively).
 """
 
 from __future__ import annotations
@@ -48,7 +50,8 @@ from zarr_fused._dtypes import empty
 from zarr_fused._items import describe_chunk
 from zarr_fused._native import batch_kernels, codec_kernels, scatter_kernels
 from zarr_fused._scatter_py import DecodeThenScatter, fill_missing, scatter_array
-from zarr_fused._v2 import V2Codec, v2_chain_params
+from zarr_fused._v2 import V2Codec, v2_chain_params, v2_vlen_params
+from zarr_fused._vlen_chain import vlen_chain
 from zarr_fused._zarr_compat import ChunkTransform, numcodec_inside
 
 if TYPE_CHECKING:
@@ -386,7 +389,8 @@ def build_chain(codecs: tuple[Codec, ...], spec: ArraySpec, transform: ChunkTran
     reason, params = native_chain_params(codecs, spec)
     fallback = TransformChain(transform, reason or "native chain declined this chunk")
     if reason:
-        return fallback
+        vlen = vlen_chain(codecs, spec, fallback, _bytes_to_bytes_params, v2_vlen_params)
+        return vlen or fallback
     return NativeChain(spec, params, fallback)
 
 

@@ -3,8 +3,11 @@
 # them: they queue the tasks of a shard's inner chunks into the same batches
 # and run them in their own nogil sections.
 
+from libc.stdint cimport uint8_t
+
 cimport numpy as cnp
 
+from zarr_fused._filters cimport FilterChain
 from zarr_fused._codecs cimport ChainKernel, DecodeTask, EncodeTask, Status, Workspace
 from zarr_fused._scatter cimport ZF_MAX_DIMS
 
@@ -29,6 +32,10 @@ cdef class TaskBatch:
     cdef list keys
     cdef bytes fill
     cdef object describe
+    cdef readonly Py_ssize_t itemsize
+    cdef FilterChain filters
+    cdef uint8_t* refused
+    cdef object refuse
     cdef int allocate(self, ChainKernel kernel, Py_ssize_t capacity, int max_ndim, describe,
                       size_t task_size, int dims_per_task) except -1
     cdef Py_ssize_t* task_dims(self, Py_ssize_t i) noexcept nogil
@@ -41,6 +48,12 @@ cdef class TaskBatch:
     cdef Py_ssize_t run_tasks(self, Workspace ws, Py_ssize_t start, Py_ssize_t stop,
                               const char* fill) noexcept nogil
     cdef Py_ssize_t run_clamped(self, Py_ssize_t start, Py_ssize_t stop) except -1
+    cdef Py_ssize_t encoded_nbytes(self, Py_ssize_t nbytes) noexcept nogil
+    cdef Py_ssize_t task_nbytes(self, Py_ssize_t i) noexcept nogil
+    cdef int run_filtered(self, Workspace ws, Py_ssize_t i, const char* fill, uint8_t* a,
+                          uint8_t* b) noexcept nogil
+    cdef Py_ssize_t run_filtered_range(self, Workspace ws, Py_ssize_t start, Py_ssize_t stop,
+                                       const char* fill) noexcept nogil
 
 cdef class DecodeBatch(TaskBatch):
     cdef DecodeTask* tasks
@@ -54,6 +67,8 @@ cdef class DecodeBatch(TaskBatch):
 cdef class EncodeBatch(TaskBatch):
     cdef EncodeTask* tasks
     cdef list outputs
+    cpdef Py_ssize_t encoded_bound(self, Py_ssize_t nbytes)
+    cdef object _values(self, Py_ssize_t i)
     cdef object arena
     cdef Py_ssize_t arena_used
     cdef EncodeTask* queue(self, ChunkLayout layout, const char* src,

@@ -7,6 +7,7 @@ import numpy as np
 from typing_extensions import disjoint_base
 
 from zarr_fused._codecs import ChainKernel
+from zarr_fused._filters import FilterChain
 
 @disjoint_base
 class ChunkLayout:
@@ -23,8 +24,17 @@ class ChunkLayout:
 
 @disjoint_base
 class TaskBatch:
+    itemsize: int
     def __len__(self) -> int: ...
     def set_fill(self, pattern: bytes) -> None: ...
+    def set_filters(
+        self,
+        filters: FilterChain,
+        refuse: Callable[
+            [np.ndarray[Any, np.dtype[np.uint8]]], np.ndarray[Any, np.dtype[np.uint8]] | None
+        ]
+        | None = None,
+    ) -> None: ...
 
 @disjoint_base
 class DecodeBatch(TaskBatch):
@@ -78,6 +88,7 @@ class EncodeBatch(TaskBatch):
         path: bytes | None = None,
         skip_fill: bool = False,
     ) -> int: ...
+    def encoded_bound(self, nbytes: int) -> int: ...
     def run_range(self, start: int = 0, stop: int = -1) -> None: ...
     def results(self) -> list[np.ndarray[Any, np.dtype[np.uint8]] | None | bool]: ...
     def run(self) -> list[np.ndarray[Any, np.dtype[np.uint8]] | None | bool]: ...

@@ -12,12 +12,17 @@ integers) to an offset and strides, the only selections a task describes.
 Both batches run a range of their tasks with `run_range` (several threads
 may run disjoint ranges of one batch at once) or all of them with `run`,
 and raise for the first task that failed, naming its key.
+
+With `set_filters`, a batch also runs array->array filters
+(`zarr_fused._filters.FilterChain`) on every chunk, between its values and
+the chain kernel's items, still without the GIL: the shard engine decodes
+and encodes inner chains with filters this way.
 """
 
 from cpython.slice cimport PySlice_GetIndicesEx
-from libc.stdint cimport uint8_t
-from libc.stdlib cimport free, malloc
-from libc.string cimport memset
+from libc.stdint cimport uint8_t, uintptr_t
+from libc.stdlib cimport calloc, free, malloc
+from libc.string cimport memcpy, memset
 
 cimport numpy as cnp
 
@@ -37,9 +42,12 @@ from zarr_fused._codecs cimport (
     status_error,
     workspace,
 )
+from zarr_fused._filters cimport FILTER_OK, FilterChain
 from zarr_fused._scatter cimport (
     ZF_MAX_DIMS,
+    copy_strided,
     equal_strided,
+    fill_strided,
     rows_side_by_side,
 )
 
@@ -348,6 +356,7 @@ cdef class TaskBatch:
     def __dealloc__(self):
         free(self.task_memory)
         free(self.dims)
+        free(self.refused)
 
     def __len__(self):
         return self.n
@@ -358,6 +367,7 @@ cdef class TaskBatch:
         if capacity < 0 or max_ndim < 0 or max_ndim > ZF_MAX_DIMS:
             raise ValueError("invalid batch size")
         self.kernel = kernel
+        self.itemsize = kernel.itemsize
         self.cap = capacity
         self.max_ndim = max_ndim
         self.dims_per_task = dims_per_task
@@ -380,9 +390,68 @@ cdef class TaskBatch:
     def set_fill(self, bytes pattern):
         """The fill value: one element, in the byte order of the in-memory
         arrays (the output a decode writes, the value an encode reads)."""
-        if len(pattern) != self.kernel.itemsize:
+        if len(pattern) != self.itemsize:
             raise ValueError("fill pattern must be one element")
         self.fill = pattern
+
+    def set_filters(self, FilterChain filters, refuse=None):
+        """Run ``filters`` on every chunk, between the values (``itemsize``
+        bytes an item, the batch's ``itemsize`` from now on) and the chain
+        kernel's items. An encode the filters refuse (a value
+        fixedscaleoffset's type cannot hold) is handed to ``refuse``: it
+        gets the chunk's values in C order (uint8) and returns its encoded
+        bytes (uint8), or None to store nothing. Before any task and fill."""
+        if self.n or self.fill is not None:
+            raise ValueError("set_filters() before adding tasks and setting the fill")
+        if filters.encoded_itemsize != self.kernel.itemsize:
+            raise ValueError("the filters' encoded items are not the chain kernel's")
+        if self.refused == NULL:
+            self.refused = <uint8_t*>calloc(<size_t>(self.cap if self.cap else 1), 1)
+            if self.refused == NULL:
+                raise MemoryError()
+        self.filters = filters
+        self.itemsize = filters.itemsize
+        self.refuse = refuse
+
+    cdef Py_ssize_t encoded_nbytes(self, Py_ssize_t nbytes) noexcept nogil:
+        """The chain kernel's bytes for a chunk of ``nbytes`` value bytes."""
+        if self.filters is None:
+            return nbytes
+        return nbytes // self.itemsize * self.kernel.itemsize
+
+    cdef Py_ssize_t task_nbytes(self, Py_ssize_t i) noexcept nogil:
+        return 0
+
+    cdef int run_filtered(self, Workspace ws, Py_ssize_t i, const char* fill, uint8_t* a,
+                          uint8_t* b) noexcept nogil:
+        return -1
+
+    cdef Py_ssize_t run_filtered_range(self, Workspace ws, Py_ssize_t start, Py_ssize_t stop,
+                                       const char* fill) noexcept nogil:
+        """`run_tasks` with filters: one task at a time, through two scratch
+        buffers for the filtered items, allocated once for the range (several
+        threads may run ranges of one batch at once, each with its own)."""
+        cdef Py_ssize_t i, count, most = 0, failed = -1
+        cdef size_t half
+        cdef uint8_t* scratch
+        for i in range(start, stop):
+            count = self.task_nbytes(i) // self.itemsize
+            if count > most:
+                most = count
+        # each half 64-byte aligned: the kernels read them as 8-byte items
+        half = (<size_t>(most * self.filters.max_itemsize) + 63) & ~(<size_t>63)
+        scratch = <uint8_t*>malloc(2 * half if half else 64)
+        if scratch == NULL:
+            self.status_of(start).code = ZF_ERR_NOMEM
+            return start
+        try:
+            for i in range(start, stop):
+                if self.run_filtered(ws, i, fill, scratch, scratch + half) < 0:
+                    failed = i
+                    break
+        finally:
+            free(scratch)
+        return failed
 
     cdef const char* fill_ptr(self) noexcept:
         return <const char*>self.fill if self.fill is not None else NULL
@@ -410,6 +479,8 @@ cdef class TaskBatch:
         """Run tasks ``start:stop`` (a valid range) group by group, with
         ``fill`` as the fill pattern; the first failed task's position, or -1."""
         cdef Py_ssize_t size, bad, i = start
+        if self.filters is not None:
+            return self.run_filtered_range(ws, start, stop, fill)
         while i < stop:
             bad = self.run_group(ws, i, stop, fill, &size)
             if bad >= 0:
@@ -491,7 +562,8 @@ cdef class DecodeBatch(TaskBatch):
         covers a C-order chunk in a C-order region and an F-order (format 2,
         or transposed) chunk in an F-order region."""
         return (
-            self.kernel.swap_unit == 0
+            self.filters is None
+            and self.kernel.swap_unit == 0
             and t.src_offset == 0
             and same_dense_layout(t.ndim, t.shape, t.src_strides, t.dst_strides,
                                   self.kernel.itemsize, layout.nbytes)
@@ -510,6 +582,8 @@ cdef class DecodeBatch(TaskBatch):
         reported by `run`."""
         if self.fill is None:
             raise ValueError("set_fill() first")
+        if self.filters is not None:
+            raise ValueError("a batch with filters decodes payloads in memory only")
         return self._add(None, path, layout, chunk_selection, out, out_selection, drop_axes, key)
 
     cdef object _add(self, payload, bytes path, ChunkLayout layout, chunk_selection,
@@ -521,7 +595,7 @@ cdef class DecodeBatch(TaskBatch):
         cdef Py_ssize_t offset = 0
         cdef int nd_src, nd_dst, i, k
         cdef const uint8_t[::1] view
-        if out.dtype.itemsize != self.kernel.itemsize:
+        if out.dtype.itemsize != self.itemsize or (self.filters is not None and layout.transposed):
             return False
         nd_dst = self._target(t, out, out_selection, dst_shape)
         if nd_dst < 0:
@@ -571,7 +645,7 @@ cdef class DecodeBatch(TaskBatch):
         cdef int nd, i
         if self.fill is None:
             raise ValueError("set_fill() first")
-        if out.dtype.itemsize != self.kernel.itemsize:
+        if out.dtype.itemsize != self.itemsize:
             return False
         nd = self._target(t, out, out_selection, shape)
         if nd < 0:
@@ -604,6 +678,40 @@ cdef class DecodeBatch(TaskBatch):
 
     cdef Status* status_of(self, Py_ssize_t i) noexcept nogil:
         return &self.tasks[i].status
+
+    cdef Py_ssize_t task_nbytes(self, Py_ssize_t i) noexcept nogil:
+        return 0 if self.tasks[i].missing else self.tasks[i].nbytes
+
+    cdef int run_filtered(self, Workspace ws, Py_ssize_t i, const char* fill, uint8_t* a,
+                          uint8_t* b) noexcept nogil:
+        """Task ``i`` with filters: decompress (and check), byte-swap into
+        ``a``, undo the filters, scatter the selected values."""
+        cdef DecodeTask* t = &self.tasks[i]
+        cdef Py_ssize_t ki = self.kernel.itemsize
+        cdef Py_ssize_t count
+        cdef const uint8_t* data
+        cdef const void* values
+        if t.missing:
+            fill_strided(t.dst, t.dst_strides, t.shape, t.ndim, fill, self.itemsize)
+            return 0
+        count = t.nbytes // self.itemsize
+        if self.kernel.decode_payload(ws, t.src, t.src_len, count * ki, NULL, &data,
+                                      &t.status) < 0:
+            return -1
+        if count == 0:
+            return 0
+        if self.kernel.swap_unit:
+            copy_strided(<const char*>data, &ki, <char*>a, &ki, &count, 1, ki,
+                         self.kernel.swap_unit)
+            data = a
+        elif <uintptr_t>data % <uintptr_t>ki:
+            # an uncompressed payload at an odd offset of its shard
+            memcpy(a, data, <size_t>(count * ki))
+            data = a
+        values = self.filters.decode(data, a, b, count)
+        copy_strided(<const char*>values + t.src_offset, t.src_strides, t.dst, t.dst_strides,
+                     t.shape, t.ndim, self.itemsize, 0)
+        return 0
 
     cdef Py_ssize_t run_group(self, Workspace ws, Py_ssize_t i, Py_ssize_t stop, const char* fill,
                               Py_ssize_t* size) noexcept nogil:
@@ -660,6 +768,8 @@ cdef class EncodeBatch(TaskBatch):
             raise IndexError("encode batch is full")
         if layout.ndim > self.max_ndim:
             raise ValueError("the chunk has more dimensions than the batch has room for")
+        if self.filters is not None and layout.transposed:
+            raise ValueError("a batch with filters encodes untransposed chunks only")
         t = &self.tasks[self.n]
         memset(t, 0, sizeof(EncodeTask))
         t.shape = self.task_dims(self.n)
@@ -675,7 +785,7 @@ cdef class EncodeBatch(TaskBatch):
             contiguous_run(t.ndim, t.shape, t.src_strides, itemsize) * itemsize == layout.nbytes
         )
         t.check_fill = skip_fill
-        t.dst_cap = self.kernel.encode_bound(layout.nbytes)
+        t.dst_cap = self.encoded_bound(layout.nbytes)
         if out is not None:
             t.dst = <uint8_t*>cnp.PyArray_DATA(out)
         self.outputs.append(out)
@@ -698,12 +808,14 @@ cdef class EncodeBatch(TaskBatch):
             raise IndexError("encode batch is full")
         if chunk.ndim != layout.ndim or chunk.ndim > self.max_ndim:
             raise ValueError("chunk does not match its layout")
-        if chunk.dtype.itemsize != self.kernel.itemsize or chunk.dtype.hasobject:
+        if path is not None and self.filters is not None:
+            raise ValueError("a batch with filters encodes into memory only")
+        if chunk.dtype.itemsize != self.itemsize or chunk.dtype.hasobject:
             raise TypeError(f"cannot encode {chunk.dtype} with this chain")
         for i in range(layout.ndim):
             if cnp.PyArray_DIMS(chunk)[i] != layout.shape[i]:
                 raise ValueError("chunk does not match its layout")
-        bound = self.kernel.encode_bound(layout.nbytes)
+        bound = self.encoded_bound(layout.nbytes)
         if path is not None:  # encoded into the running thread's IO buffer
             out = None
         elif self.arena is not None and self.arena_used + bound <= self.arena.shape[0]:
@@ -729,6 +841,50 @@ cdef class EncodeBatch(TaskBatch):
     cdef Status* status_of(self, Py_ssize_t i) noexcept nogil:
         return &self.tasks[i].status
 
+    cpdef Py_ssize_t encoded_bound(self, Py_ssize_t nbytes):
+        """The most bytes a chunk of ``nbytes`` value bytes encodes to."""
+        return self.kernel.encode_bound(self.encoded_nbytes(nbytes))
+
+    cdef Py_ssize_t task_nbytes(self, Py_ssize_t i) noexcept nogil:
+        return self.tasks[i].nbytes
+
+    cdef int run_filtered(self, Workspace ws, Py_ssize_t i, const char* fill, uint8_t* a,
+                          uint8_t* b) noexcept nogil:
+        """Task ``i`` with filters: skip it when all fill, gather its values
+        into ``a`` in C order, filter, then byte-swap, compress and checksum
+        them as the chain kernel does a chunk of its own items. A chunk the
+        filters refuse is marked and encoded by ``refuse`` in `results`."""
+        cdef EncodeTask* t = &self.tasks[i]
+        cdef EncodeTask sub
+        cdef Py_ssize_t cstr[ZF_MAX_DIMS]
+        cdef Py_ssize_t ki = self.kernel.itemsize
+        cdef Py_ssize_t count = t.nbytes // self.itemsize
+        cdef const void* encoded = a
+        if t.check_fill and fill != NULL and equal_strided(
+            t.src, t.src_strides, t.shape, t.ndim, fill, self.itemsize
+        ):
+            t.was_fill = True
+            return 0
+        c_strides(t.ndim, t.shape, self.itemsize, cstr)
+        copy_strided(t.src, t.src_strides, <char*>a, cstr, t.shape, t.ndim, self.itemsize, 0)
+        if count and self.filters.encode(a, b, count, &encoded) != FILTER_OK:
+            self.refused[i] = 1
+            return 0
+        sub = t[0]
+        sub.src = <const char*>encoded
+        sub.shape = &count
+        sub.src_strides = &ki
+        sub.ndim = 1
+        sub.nbytes = count * ki
+        sub.swap_unit = self.kernel.swap_unit
+        sub.contiguous = True
+        sub.check_fill = False
+        self.kernel.run_encode(ws, &sub, NULL)
+        t.dst = sub.dst
+        t.out_len = sub.out_len
+        t.status = sub.status
+        return -1 if t.status.code != ZF_OK else 0
+
     cdef Py_ssize_t run_group(self, Workspace ws, Py_ssize_t i, Py_ssize_t stop, const char* fill,
                               Py_ssize_t* size) noexcept nogil:
         """One task, skipped when it equals ``fill`` throughout, or the
@@ -747,6 +903,14 @@ cdef class EncodeBatch(TaskBatch):
             if self.tasks[i].was_fill:
                 result.append(False)  # all fill value: store nothing
                 continue
+            if self.refused != NULL and self.refused[i]:
+                if self.refuse is None:
+                    raise ValueError(
+                        f"{self.describe(self.keys[i])}: the filters refused the chunk's "
+                        "values and the batch has no refuse hook")
+                encoded = self.refuse(self._values(i))
+                result.append(False if encoded is None else encoded)
+                continue
             if self.tasks[i].path != NULL:
                 result.append(None)  # written to its file
                 continue
@@ -757,6 +921,16 @@ cdef class EncodeBatch(TaskBatch):
             result.append(out[:length] if self.arena is not None or 4 * length >= 3 * out.shape[0]
                           else out[:length].copy())
         return result
+
+    cdef object _values(self, Py_ssize_t i):
+        """Task ``i``'s values in C order, as bytes (uint8)."""
+        cdef EncodeTask* t = &self.tasks[i]
+        cdef Py_ssize_t cstr[ZF_MAX_DIMS]
+        cdef cnp.ndarray values = np.empty(t.nbytes, dtype=np.uint8)
+        c_strides(t.ndim, t.shape, self.itemsize, cstr)
+        copy_strided(t.src, t.src_strides, <char*>cnp.PyArray_DATA(values), cstr, t.shape,
+                     t.ndim, self.itemsize, 0)
+        return values
 
     def run(self):
         """Encode every queued chunk with the GIL released.

@@ -17,7 +17,9 @@ from typing import TYPE_CHECKING, Any
 
 import numcodecs
 import numpy as np
-from zarr.codecs.numcodecs import BitRound, Delta, FixedScaleOffset, Quantize
+from zarr.codecs.numcodecs import AsType, BitRound, Delta, FixedScaleOffset, Quantize
+from zarr.codecs.scale_offset import ScaleOffset
+from zarr.core.dtype import get_data_type_from_native_dtype
 
 from zarr_fused._native import filter_kernels
 from zarr_fused._zarr_compat import codec_decode_sync, codec_encode_sync
@@ -30,10 +32,12 @@ if TYPE_CHECKING:
     from zarr.core.buffer import NDBuffer
 
 __all__ = [
+    "NativeAsType",
     "NativeBitRound",
     "NativeDelta",
     "NativeFixedScaleOffset",
     "NativeQuantize",
+    "NativeScaleOffset",
     "PythonStage",
     "native_stage",
     "quantize_scale",
@@ -80,6 +84,12 @@ class _NativeStage(PythonStage):
 
     def _takes(self, data: Any, dtype: np.dtype[Any] | None) -> bool:
         return type(data) is np.ndarray and data.size > 0 and data.dtype == (dtype or data.dtype)
+
+    def kernel_step(self, dtype: np.dtype[Any]) -> tuple[Any, ...] | None:
+        """This stage as a step of `zarr_fused._filters.FilterChain` on items
+        of ``dtype`` (the chunk's type before the stage), or None when the
+        kernel does not take that type."""
+        return None
 
     def _decode_into(self, data: np.ndarray[Any, Any], out: np.ndarray[Any, Any]) -> bool:
         """Decode ``data`` into ``out``; False when the kernel refuses it."""
@@ -155,6 +165,9 @@ class NativeDelta(_NativeStage):
         super().__init__(codec)
         self.dtype = self.encoded = dtype
 
+    def kernel_step(self, dtype: np.dtype[Any]) -> tuple[Any, ...] | None:
+        return ("delta", dtype) if dtype == self.dtype else None
+
     def _decode_into(self, data: np.ndarray[Any, Any], out: np.ndarray[Any, Any]) -> bool:
         assert filter_kernels is not None
         filter_kernels.delta(data, out, False)
@@ -178,6 +191,11 @@ class NativeFixedScaleOffset(_NativeStage):
         self.dtype, self.encoded = dtype, encoded
         self.offset, self.scale = offset, scale
 
+    def kernel_step(self, dtype: np.dtype[Any]) -> tuple[Any, ...] | None:
+        if dtype != self.dtype:
+            return None
+        return ("fixedscaleoffset", dtype, self.encoded, self.offset, self.scale)
+
     def _decode_into(self, data: np.ndarray[Any, Any], out: np.ndarray[Any, Any]) -> bool:
         assert filter_kernels is not None
         filter_kernels.fixedscaleoffset_decode(data, out, self.offset, self.scale)
@@ -196,6 +214,12 @@ class NativeBitRound(_EncodeOnly):
     def __init__(self, codec: Any, keepbits: int) -> None:
         super().__init__(codec)
         self.keepbits = keepbits
+
+    def kernel_step(self, dtype: np.dtype[Any]) -> tuple[Any, ...] | None:
+        mantissa = _BITROUND_MANTISSA.get((dtype.kind, dtype.itemsize))
+        if mantissa is None or not dtype.isnative or not 0 <= self.keepbits < mantissa:
+            return None
+        return ("bitround", dtype, mantissa - self.keepbits)
 
     def _takes(self, data: Any, dtype: np.dtype[Any] | None) -> bool:
         return (
@@ -221,10 +245,74 @@ class NativeQuantize(_EncodeOnly):
         self.dtype = self.encoded = dtype
         self.scale = scale
 
+    def kernel_step(self, dtype: np.dtype[Any]) -> tuple[Any, ...] | None:
+        return ("quantize", dtype, self.scale) if dtype == self.dtype else None
+
     def _encode_into(self, data: np.ndarray[Any, Any], out: np.ndarray[Any, Any]) -> bool:
         assert filter_kernels is not None
         filter_kernels.quantize(data, out, self.scale)
         return True
+
+
+class NativeScaleOffset(_NativeStage):
+    """zarr's ``scale_offset`` on native float32 and float64 chunks, run by
+    `zarr_fused._filters.scale_offset`; its offset and scale are parsed by
+    the data type, as zarr parses them (integer chunks, whose arithmetic
+    zarr checks for overflow and exact division, run zarr's code)."""
+
+    def _takes(self, data: Any, dtype: np.dtype[Any] | None) -> bool:
+        return super()._takes(data, dtype) and _float_kernel_type(data.dtype) is not None
+
+    def params(self, dtype: np.dtype[Any]) -> tuple[float, float] | None:
+        """(offset, scale) as ``dtype`` holds them, or None when zarr's
+        parser refuses them (zarr's code then raises its own error)."""
+        zdtype = get_data_type_from_native_dtype(dtype)
+        try:
+            offset = zdtype.from_json_scalar(self.codec.offset, zarr_format=3)
+            scale = zdtype.from_json_scalar(self.codec.scale, zarr_format=3)
+        except (TypeError, ValueError, OverflowError):
+            return None
+        return float(offset), float(scale)
+
+    def _run(self, data: np.ndarray[Any, Any], out: np.ndarray[Any, Any], encode: bool) -> bool:
+        assert filter_kernels is not None
+        params = self.params(data.dtype)
+        if params is None:
+            return False
+        filter_kernels.scale_offset(data, out, *params, encode)
+        return True
+
+    def _decode_into(self, data: np.ndarray[Any, Any], out: np.ndarray[Any, Any]) -> bool:
+        return self._run(data, out, False)
+
+    def _encode_into(self, data: np.ndarray[Any, Any], out: np.ndarray[Any, Any]) -> bool:
+        return self._run(data, out, True)
+
+    def kernel_step(self, dtype: np.dtype[Any]) -> tuple[Any, ...] | None:
+        params = self.params(dtype) if _float_kernel_type(dtype) is not None else None
+        return None if params is None else ("scale_offset", dtype, *params)
+
+
+class NativeAsType(_NativeStage):
+    """numcodecs' ``astype`` between float64 and float32 (either way), run
+    by `zarr_fused._filters.astype`."""
+
+    def __init__(self, codec: Any, dtype: np.dtype[Any], encoded: np.dtype[Any]) -> None:
+        super().__init__(codec)
+        self.dtype, self.encoded = dtype, encoded
+
+    def _decode_into(self, data: np.ndarray[Any, Any], out: np.ndarray[Any, Any]) -> bool:
+        assert filter_kernels is not None
+        filter_kernels.astype(data, out)
+        return True
+
+    def _encode_into(self, data: np.ndarray[Any, Any], out: np.ndarray[Any, Any]) -> bool:
+        assert filter_kernels is not None
+        filter_kernels.astype(data, out)
+        return True
+
+    def kernel_step(self, dtype: np.dtype[Any]) -> tuple[Any, ...] | None:
+        return ("astype", dtype, self.encoded) if dtype == self.dtype else None
 
 
 def quantize_scale(digits: int) -> float:
@@ -282,6 +370,20 @@ def _delta(codec: Any, config: dict[str, Any]) -> NativeDelta | None:
     return NativeDelta(codec, dtype)
 
 
+def _astype(codec: Any, config: dict[str, Any]) -> NativeAsType | None:
+    if config.get("decode_dtype") is None:  # set once evolved for the array
+        return None
+    dtype = _float_kernel_type(config["decode_dtype"])
+    encoded = _float_kernel_type(config["encode_dtype"])
+    if dtype is None or encoded is None:
+        return None
+    return NativeAsType(codec, dtype, encoded)
+
+
+def _scale_offset(codec: Any, config: dict[str, Any]) -> NativeScaleOffset:
+    return NativeScaleOffset(codec)
+
+
 def _bitround(codec: Any, config: dict[str, Any]) -> NativeBitRound:
     return NativeBitRound(codec, int(config["keepbits"]))
 
@@ -291,6 +393,8 @@ _NATIVE_STAGES: dict[type, Callable[[Any, dict[str, Any]], _NativeStage | None]]
     FixedScaleOffset: _fixedscaleoffset,
     BitRound: _bitround,
     Quantize: _quantize,
+    AsType: _astype,
+    ScaleOffset: _scale_offset,
 }
 
 

@@ -1,9 +1,11 @@
 """Typed interface of the compiled `zarr_fused._filters` (see _filters.pyx)."""
 
+from collections.abc import Sequence
 from enum import IntEnum
 from typing import Any
 
 import numpy as np
+from typing_extensions import disjoint_base
 
 def delta(
     src: np.ndarray[Any, Any], out: np.ndarray[Any, Any], encode: bool
@@ -25,3 +27,16 @@ def bitround(
 def quantize(
     src: np.ndarray[Any, Any], out: np.ndarray[Any, Any], scale: float
 ) -> np.ndarray[Any, Any]: ...
+
+@disjoint_base
+class FilterChain:
+    n: int
+    itemsize: int
+    encoded_itemsize: int
+    max_itemsize: int
+    def __init__(self, steps: Sequence[tuple[Any, ...]]) -> None: ...
+
+def scale_offset(
+    src: np.ndarray[Any, Any], out: np.ndarray[Any, Any], offset: float, scale: float, encode: bool
+) -> np.ndarray[Any, Any]: ...
+def astype(src: np.ndarray[Any, Any], out: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]: ...

@@ -34,17 +34,32 @@ a chain with a native filter stores what zarr stores:
     in the data's own float type, ``scale`` the power of two numcodecs
     derives from ``digits`` (`zarr_fused._filter_stages` computes it).
 
+``scale_offset``
+    zarr's ``scale_offset`` on float32 or float64: ``(x - offset) * scale``
+    to encode, ``x / scale + offset`` to decode, in the data's own float
+    type (IEEE arithmetic, as NumPy's; NaN and infinities pass through).
+
+``astype``
+    numcodecs' ``AsType`` between float64 and float32: C's conversions,
+    which round to nearest as NumPy's ``astype`` does.
+
+`FilterChain` strings these together for the batch kernels: the steps of
+an inner chain, run on each chunk inside their nogil sections.
+
 The ``def`` wrappers check the arrays (contiguous, sizes, a supported
 data type) before a kernel runs; only ``fixedscaleoffset``'s encoding can
 fail, with a status.
 """
 
 from libc.math cimport rint, rintf
+from libc.string cimport memcpy, memset
 from libc.stdint cimport (
     int8_t, int16_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t,
 )
 
 cimport numpy as cnp
+
+import numpy as np
 
 cnp.import_array()
 
@@ -140,11 +155,6 @@ def delta(cnp.ndarray src, cnp.ndarray out, bint encode):
     with nogil:
         _delta_run(kind, encode, s, d, n)
     return out
-
-
-cpdef enum FilterStatus:
-    FILTER_OK = 0
-    FILTER_OUT_OF_RANGE = 1
 
 
 ctypedef fused float_t:
@@ -342,6 +352,80 @@ def bitround(cnp.ndarray src, cnp.ndarray out, int maskbits):
     return out
 
 
+cdef void _scale_offset_encode(const float_t* src, float_t* dst, Py_ssize_t n, float_t offset,
+                               float_t scale) noexcept nogil:
+    cdef Py_ssize_t i
+    for i in range(n):
+        dst[i] = (src[i] - offset) * scale
+
+
+cdef void _scale_offset_decode(const float_t* src, float_t* dst, Py_ssize_t n, float_t offset,
+                               float_t scale) noexcept nogil:
+    cdef Py_ssize_t i
+    for i in range(n):
+        dst[i] = src[i] / scale + offset
+
+
+def scale_offset(cnp.ndarray src, cnp.ndarray out, double offset, double scale, bint encode):
+    """zarr's ``scale_offset`` over ``src`` (float32 or float64) into
+    ``out`` (the same type; may be ``src``): its encoding with ``encode``,
+    else its decoding. ``offset`` and ``scale`` are the codec's values as
+    the data type holds them (a float32's are exact as doubles)."""
+    cdef int size = _float_size(src, "scale_offset")
+    if out.dtype != src.dtype:
+        raise TypeError(f"scale_offset: output {out.dtype} is not {src.dtype}")
+    _check_pair(src, out, "scale_offset")
+    cdef const void* s = cnp.PyArray_DATA(src)
+    cdef void* d = cnp.PyArray_DATA(out)
+    cdef Py_ssize_t n = src.size
+    with nogil:
+        _scale_offset_run(size, encode, s, d, n, offset, scale)
+    return out
+
+
+cdef void _scale_offset_run(int size, bint encode, const void* s, void* d, Py_ssize_t n,
+                            double offset, double scale) noexcept nogil:
+    if size == 4 and encode:
+        _scale_offset_encode(<const float*>s, <float*>d, n, <float>offset, <float>scale)
+    elif size == 4:
+        _scale_offset_decode(<const float*>s, <float*>d, n, <float>offset, <float>scale)
+    elif encode:
+        _scale_offset_encode(<const double*>s, <double*>d, n, offset, scale)
+    else:
+        _scale_offset_decode(<const double*>s, <double*>d, n, offset, scale)
+
+
+cdef void _astype_run(int size, int to_size, const void* s, void* d, Py_ssize_t n) noexcept nogil:
+    cdef Py_ssize_t i
+    cdef const double* s8 = <const double*>s
+    cdef const float* s4 = <const float*>s
+    if size == 8 and to_size == 4:
+        for i in range(n):
+            (<float*>d)[i] = <float>s8[i]
+    elif size == 4 and to_size == 8:
+        for i in range(n):
+            (<double*>d)[i] = <double>s4[i]
+    else:
+        memcpy(d, s, <size_t>(n * size))
+
+
+def astype(cnp.ndarray src, cnp.ndarray out):
+    """numcodecs' ``AsType`` cast of ``src`` into ``out``, both float32 or
+    float64 (native order), C order, the same size; ``out`` apart from
+    ``src`` when the sizes differ."""
+    cdef int size = _float_size(src, "astype")
+    cdef int to_size = _float_size(out, "astype")
+    _check_pair(src, out, "astype")
+    cdef const void* s = cnp.PyArray_DATA(src)
+    cdef void* d = cnp.PyArray_DATA(out)
+    cdef Py_ssize_t n = src.size
+    if size != to_size and s == d:
+        raise ValueError("astype: a cast between sizes needs an output apart from its input")
+    with nogil:
+        _astype_run(size, to_size, s, d, n)
+    return out
+
+
 cdef void _quantize(const float_t* src, float_t* dst, Py_ssize_t n, float_t scale) noexcept nogil:
     cdef Py_ssize_t i
     for i in range(n):
@@ -365,3 +449,175 @@ def quantize(cnp.ndarray src, cnp.ndarray out, double scale):
         else:
             _quantize(<const double*>s, <double*>d, n, scale)
     return out
+
+
+# -- chains of filters, for the batch kernels -------------------------------------------
+
+
+cdef void _decode_step(const FilterStep* s, const void* src, void* dst,
+                       Py_ssize_t n) noexcept nogil:
+    if s.kind == FK_DELTA:
+        _delta_run(s.code, False, src, dst, n)
+    elif s.kind == FK_SCALE_OFFSET:
+        _scale_offset_run(s.code, False, src, dst, n, s.offset, s.scale)
+    elif s.kind == FK_ASTYPE:
+        _astype_run(s.encoded_code, s.code, src, dst, n)
+    elif s.code == 4:
+        _fso_decode_from(s.encoded_code, src, <float*>dst, n, s.offset, s.scale)
+    else:
+        _fso_decode_from(s.encoded_code, src, <double*>dst, n, s.offset, s.scale)
+
+
+cdef FilterStatus _encode_step(const FilterStep* s, const void* src, void* dst,
+                               Py_ssize_t n) noexcept nogil:
+    if s.kind == FK_DELTA:
+        _delta_run(s.code, True, src, dst, n)
+    elif s.kind == FK_SCALE_OFFSET:
+        _scale_offset_run(s.code, True, src, dst, n, s.offset, s.scale)
+    elif s.kind == FK_ASTYPE:
+        _astype_run(s.code, s.encoded_code, src, dst, n)
+    elif s.kind == FK_FIXEDSCALEOFFSET:
+        if s.code == 4:
+            return _fso_encode_to(s.encoded_code, <const float*>src, dst, n, s.offset, s.scale,
+                                  s.lo, s.hi)
+        return _fso_encode_to(s.encoded_code, <const double*>src, dst, n, s.offset, s.scale,
+                              s.lo, s.hi)
+    elif s.kind == FK_QUANTIZE:
+        if s.code == 4:
+            _quantize(<const float*>src, <float*>dst, n, <float>s.scale)
+        else:
+            _quantize(<const double*>src, <double*>dst, n, s.scale)
+    elif s.code == 2:
+        _bitround(<const uint16_t*>src, <uint16_t*>dst, n, s.maskbits)
+    elif s.code == 4:
+        _bitround(<const uint32_t*>src, <uint32_t*>dst, n, s.maskbits)
+    else:
+        _bitround(<const uint64_t*>src, <uint64_t*>dst, n, s.maskbits)
+    return FILTER_OK
+
+
+_FLOAT_SIZES = {("f", 2): 2, ("f", 4): 4, ("f", 8): 8}
+
+
+cdef int _float_code(object dtype, str name) except -1:
+    """4 or 8: the item size of ``dtype``, a native float32 or float64."""
+    code = _FLOAT_SIZES.get((dtype.kind, dtype.itemsize), 0)
+    if code not in (4, 8) or not dtype.isnative:
+        raise TypeError(f"{name}: no kernel for {dtype}")
+    return code
+
+
+cdef int _set_step(FilterStep* s, tuple step) except -1:
+    """Fill ``s`` from a `FilterChain` step, checked."""
+    cdef int bits
+    kind, dtype = step[0], np.dtype(step[1])
+    if not dtype.isnative:
+        raise TypeError(f"{kind}: no kernel for {dtype}")
+    memset(s, 0, sizeof(FilterStep))
+    s.itemsize = s.encoded_itemsize = dtype.itemsize
+    if kind == "delta":
+        s.kind = FK_DELTA
+        s.code = dtype.itemsize if dtype.kind in "iu" else -dtype.itemsize
+        if dtype.kind not in "iuf" or s.code not in (1, 2, 4, 8, -4, -8):
+            raise TypeError(f"delta: no kernel for {dtype}")
+    elif kind == "fixedscaleoffset":
+        astype = np.dtype(step[2])
+        s.kind = FK_FIXEDSCALEOFFSET
+        s.code = _float_code(dtype, kind)
+        code = _INT_CODES.get((astype.kind, astype.itemsize))
+        if code is None or not astype.isnative:
+            raise TypeError(f"fixedscaleoffset: no kernel for {dtype} to {astype}")
+        s.encoded_code = code
+        s.encoded_itemsize = astype.itemsize
+        s.offset, s.scale = step[3], step[4]
+        bits = 8 * astype.itemsize
+        s.lo = 0.0 if astype.kind == "u" else -(2.0 ** (bits - 1))
+        s.hi = 2.0 ** bits if astype.kind == "u" else 2.0 ** (bits - 1)
+    elif kind == "quantize":
+        s.kind = FK_QUANTIZE
+        s.code = _float_code(dtype, kind)
+        s.scale = step[2]
+    elif kind == "bitround":
+        s.kind = FK_BITROUND
+        s.code = _FLOAT_SIZES.get((dtype.kind, dtype.itemsize), 0)
+        s.maskbits = step[2]
+        if s.code == 0:
+            raise TypeError(f"bitround: no kernel for {dtype}")
+        if not 1 <= s.maskbits <= {2: 10, 4: 23, 8: 52}[s.code]:
+            raise ValueError(f"bitround: {s.maskbits} bits to clear")
+    elif kind == "scale_offset":
+        s.kind = FK_SCALE_OFFSET
+        s.code = _float_code(dtype, kind)
+        s.offset, s.scale = step[2], step[3]
+    elif kind == "astype":
+        s.kind = FK_ASTYPE
+        s.code = _float_code(dtype, kind)
+        s.encoded_code = _float_code(np.dtype(step[2]), kind)
+        s.encoded_itemsize = s.encoded_code
+    else:
+        raise ValueError(f"no filter kernel {kind!r}")
+    return 0
+
+
+cdef class FilterChain:
+    """numcodecs filters in their encode order, run on a chunk's items in
+    C order by `decode` and `encode` (nogil, over two scratch buffers of
+    ``count * max_itemsize`` bytes each that the caller provides).
+
+    Built from steps ``(kind, dtype, ...)``, each checked here so the
+    kernels take any chunk: ``("delta", dtype)``, ``("fixedscaleoffset",
+    dtype, astype, offset, scale)``, ``("quantize", dtype, scale)``,
+    ``("bitround", dtype, maskbits)``, ``("scale_offset", dtype, offset,
+    scale)``, ``("astype", dtype, encoded)``, every ``dtype`` the item type
+    before its step (native byte order).
+    """
+
+    def __init__(self, steps):
+        steps = list(steps)
+        if not 0 < len(steps) <= FILTER_MAX_STEPS:
+            raise ValueError(f"a filter chain has 1 to {FILTER_MAX_STEPS} steps")
+        self.n = 0
+        self.max_itemsize = 0
+        for step in steps:
+            _set_step(&self.steps[self.n], tuple(step))
+            if self.n and self.steps[self.n].itemsize != self.steps[self.n - 1].encoded_itemsize:
+                raise ValueError("a step's input is not the step before's output")
+            self.max_itemsize = max(self.max_itemsize, self.steps[self.n].itemsize,
+                                    self.steps[self.n].encoded_itemsize)
+            self.n += 1
+        self.itemsize = self.steps[0].itemsize
+        self.encoded_itemsize = self.steps[self.n - 1].encoded_itemsize
+
+    cdef const void* decode(self, const void* src, void* a, void* b,
+                            Py_ssize_t count) noexcept nogil:
+        """Undo the steps on ``count`` encoded items at ``src`` (which may be
+        ``a`` or ``b``); returns where the decoded items are (``src`` when
+        every step's decoding leaves the items as they are)."""
+        cdef const void* cur = src
+        cdef void* dst
+        cdef int i
+        for i in range(self.n - 1, -1, -1):
+            # quantize and bitround decode to the items as they are
+            if self.steps[i].kind == FK_QUANTIZE or self.steps[i].kind == FK_BITROUND:
+                continue
+            dst = b if cur == <const void*>a else a
+            _decode_step(&self.steps[i], cur, dst, count)
+            cur = dst
+        return cur
+
+    cdef int encode(self, void* a, void* b, Py_ssize_t count,
+                    const void** out) noexcept nogil:
+        """Run the steps on ``count`` items at ``a``; ``out[0]`` is where the
+        encoded items are (``a`` or ``b``). Returns `FILTER_OUT_OF_RANGE`
+        when fixedscaleoffset meets a value its type cannot hold (the
+        caller then runs numcodecs' code on the chunk), else `FILTER_OK`."""
+        cdef void* cur = a
+        cdef void* dst
+        cdef int i
+        for i in range(self.n):
+            dst = b if cur == a else a
+            if _encode_step(&self.steps[i], cur, dst, count) != FILTER_OK:
+                return FILTER_OUT_OF_RANGE
+            cur = dst
+        out[0] = cur
+        return FILTER_OK

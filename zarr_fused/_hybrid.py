@@ -9,7 +9,8 @@ splits it in two:
   tail does not cover (a transpose after it stays in the tail), run on
   each decoded chunk, on the pool thread that decodes it: with a native
   kernel where `zarr_fused._filter_stages` has one (``numcodecs.delta``,
-  ``fixedscaleoffset``, ``quantize``, ``bitround``), else with zarr's own ``_decode_sync`` / ``_encode_sync``
+  ``fixedscaleoffset``, ``quantize``, ``bitround``, ``astype``; zarr's
+  ``scale_offset``), else with zarr's own ``_decode_sync`` / ``_encode_sync``
   (a *Python stage*);
 - the *native tail*: the rest (``[transpose] -> bytes -> [compressor]`` with
   its checksums), a `NativeChain` built for the chunk spec the Python stages
@@ -22,19 +23,32 @@ Python stage is zarr's code. A chain whose every stage is native has no
 reason, and strict mode accepts it. Values and stored bytes are zarr's:
 the Python stages are zarr's codecs, the native ones give numcodecs'
 bytes, and the tail is the native chain that already matches zarr's.
+
+The shard engine queues a shard's inner chunks as C tasks and decodes
+them in one nogil section, with no Python call per chunk, so a hybrid
+chain's per-chunk stages do not fit it. A `FilteredChain` does: when
+every stage has a kernel (and there is no transpose), it hands the
+stages to the batches as one `zarr_fused._filters.FilterChain`, which
+the batch kernels run on each chunk between decompression and scatter
+(`zarr_fused._codec_batch`).
 """
 
 from __future__ import annotations
 
+import threading
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from zarr.abc.codec import ArrayArrayCodec
 from zarr.codecs.transpose import TransposeCodec
 from zarr.core.array_spec import ArrayConfig, ArraySpec
+from zarr.core.buffer import cpu
 from zarr.core.dtype import get_data_type_from_native_dtype
 
-from zarr_fused._filter_stages import PythonStage, stage, v2_native_stages
+from zarr_fused._dtypes import empty
+from zarr_fused._filter_stages import PythonStage, native_stage, stage, v2_native_stages
+from zarr_fused._items import describe_chunk
+from zarr_fused._native import batch_kernels, filter_kernels
 from zarr_fused._scatter_py import DecodeThenScatter
 from zarr_fused._v2 import V2Codec, v2_filtered_layout
 from zarr_fused._zarr_compat import codec_decode_sync, codec_encode_sync
@@ -45,13 +59,20 @@ if TYPE_CHECKING:
     from zarr.abc.codec import Codec
     from zarr.core.buffer import Buffer, NDBuffer
 
-    from zarr_fused._chain import NativeChain, TransformChain
+    from zarr_fused._chain import NativeChain, StoredBytes, TransformChain
 
     #: `zarr_fused._chain.native_tail`: the native chain for codecs that run
     #: after the Python stages, on a chunk of the given spec, or None
     NativeTail = Callable[[tuple[Codec, ...], ArraySpec, str], NativeChain | None]
 
-__all__ = ["HybridChain", "V2HybridChain", "hybrid_chain", "split_python_stages"]
+__all__ = [
+    "FilteredChain",
+    "HybridChain",
+    "V2HybridChain",
+    "filtered_chain",
+    "hybrid_chain",
+    "split_python_stages",
+]
 
 
 def split_python_stages(codecs: tuple[Codec, ...]) -> int:
@@ -310,3 +331,143 @@ def hybrid_chain(
         )
     tail = native_tail(rest, inner_spec, reason or "native chain declined this chunk")
     return None if tail is None else HybridChain(run, tail, fallback, reason)
+
+
+class FilteredChain:
+    """Native filters over a native tail, run by the batch kernels (see the
+    module): what the shard engine needs of a chain (`NativeChain`'s
+    batches, layouts and whole-chunk codec), for chunks of the value type.
+
+    A chunk fixedscaleoffset cannot encode natively (a value its integer
+    type cannot hold) is encoded by ``fallback``, zarr's code.
+    """
+
+    native = True
+    reason = ""
+
+    def __init__(
+        self, spec: ArraySpec, steps: tuple[Any, ...], tail: NativeChain, fallback: TransformChain
+    ) -> None:
+        assert filter_kernels is not None
+        self.spec = spec
+        self.zdtype = spec.dtype
+        self.dtype: np.dtype[Any] = spec.dtype.to_native_dtype()
+        self.stored = self.dtype
+        self.order = None
+        self.tail = tail
+        self.fallback = fallback
+        self.filters = filter_kernels.FilterChain(steps)
+        self._layouts: dict[tuple[int, ...], Any] = {}
+        self._lock = threading.Lock()
+
+    def handles(self, spec: ArraySpec) -> bool:
+        return (spec.dtype is self.zdtype or spec.dtype == self.zdtype) and issubclass(
+            spec.prototype.nd_buffer, cpu.NDBuffer
+        )
+
+    def writes_into(self, out: Any, spec: ArraySpec) -> bool:
+        return type(out) is np.ndarray and out.dtype == self.dtype and self.handles(spec)
+
+    def layout(self, shape: tuple[int, ...]) -> Any:
+        layout = self._layouts.get(shape)
+        if layout is None:
+            layout = batch_kernels.ChunkLayout(shape, self.dtype.itemsize)
+            with self._lock:
+                self._layouts[shape] = layout
+        return layout
+
+    def kernel_batch(self, capacity: int, ndim: int, describe: Any = describe_chunk) -> Any:
+        batch = batch_kernels.DecodeBatch(self.tail.kernel, capacity, ndim, describe)
+        batch.set_filters(self.filters)
+        return batch
+
+    def encode_batch(
+        self,
+        capacity: int,
+        ndim: int,
+        describe: Any = describe_chunk,
+        arena: np.ndarray[Any, Any] | None = None,
+    ) -> Any:
+        batch = batch_kernels.EncodeBatch(self.tail.kernel, capacity, ndim, describe, arena)
+        batch.set_filters(self.filters, self._encode_refused)
+        return batch
+
+    def encode_bound(self, nbytes: int) -> int:
+        """The most bytes a chunk of ``nbytes`` value bytes encodes to."""
+        count = nbytes // self.dtype.itemsize
+        return self.tail.encode_bound(count * self.filters.encoded_itemsize)
+
+    def encode_swap(self, array: np.ndarray[Any, Any]) -> bool | None:
+        """False for values of the chain's type (the batch swaps the
+        filtered items itself); None for any other type."""
+        return False if array.dtype == self.dtype else None
+
+    def _encode_refused(self, values: np.ndarray[Any, Any]) -> np.ndarray[Any, Any] | None:
+        """zarr's encoding of a chunk (its values in C order, as bytes)."""
+        chunk = values.view(self.dtype).reshape(self.spec.shape)
+        nd_buffer = self.spec.prototype.nd_buffer.from_ndarray_like(chunk)
+        encoded = self.fallback.encode(nd_buffer, self.spec)
+        return None if encoded is None else encoded.as_numpy_array()
+
+    def decode_array(self, raw: StoredBytes, spec: ArraySpec, key: Any = None) -> np.ndarray:
+        """The whole chunk as a new NumPy array of the value type."""
+        array = empty(spec.shape, self.dtype)
+        batch = self.kernel_batch(1, array.ndim)
+        batch.add(raw.as_numpy_array(), self.layout(spec.shape), (), array, (), (), key)
+        batch.run()
+        return array
+
+    def decode(self, raw: Buffer, spec: ArraySpec, key: Any = None) -> NDBuffer:
+        if not self.handles(spec):
+            return self.fallback.decode(raw, spec)
+        return spec.prototype.nd_buffer.from_ndarray_like(self.decode_array(raw, spec, key))
+
+    def encode(self, array: NDBuffer, spec: ArraySpec, key: Any = None) -> Buffer | None:
+        data = array.as_ndarray_like()
+        if not self.handles(spec) or type(data) is not np.ndarray or data.shape != spec.shape:
+            return self.fallback.encode(array, spec)
+        if data.dtype != self.dtype:
+            return self.fallback.encode(array, spec)
+        batch = self.encode_batch(1, data.ndim)
+        batch.add(data, self.layout(spec.shape), False, key)
+        (encoded,) = batch.run()
+        if encoded is False:
+            return None
+        return spec.prototype.buffer.from_array_like(encoded)
+
+
+def _kernel_steps(stages: tuple[Codec, ...], spec: ArraySpec) -> tuple[Any, ...] | None:
+    """The `FilterChain` steps of ``stages`` on chunks of ``spec``, or None
+    when one of them has no kernel for the type it meets."""
+    steps = []
+    for codec, before in zip(stages, _stage_specs(stages, spec), strict=False):
+        found = native_stage(codec)
+        dtype = before.dtype.to_native_dtype()
+        step = None if found is None or not dtype.isnative else found.kernel_step(dtype)
+        if step is None:
+            return None
+        steps.append(step)
+    return tuple(steps)
+
+
+def filtered_chain(
+    codecs: tuple[Codec, ...], spec: ArraySpec, fallback: TransformChain, native_tail: NativeTail
+) -> FilteredChain | None:
+    """A `FilteredChain` for ``codecs`` (leading filters with kernels, no
+    transpose, then a chain the native tail covers), else None."""
+    split = split_python_stages(codecs)
+    if split == 0 or filter_kernels is None or batch_kernels is None:
+        return None
+    if any(type(c) is TransposeCodec for c in codecs):
+        return None
+    stages, rest = codecs[:split], codecs[split:]
+    steps = _kernel_steps(stages, spec)
+    if steps is None:
+        return None
+    tail = native_tail(rest, _stage_specs(stages, spec)[-1], "native chain declined this chunk")
+    if tail is None or tail.order is not None:
+        return None
+    try:
+        return FilteredChain(spec, steps, tail, fallback)
+    except (TypeError, ValueError):  # a step the kernels refuse
+        return None

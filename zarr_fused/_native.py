@@ -25,6 +25,7 @@ _EXTENSIONS = (
     "_shard",
     "_shard_local",
     "_filters",
+    "_vlen",
 )
 
 _modules: dict[str, ModuleType] = {}
@@ -53,6 +54,7 @@ if TYPE_CHECKING:
     from zarr_fused import _shard as shard_kernels
     from zarr_fused import _shard_index as index_kernels
     from zarr_fused import _shard_local as shard_local_kernels
+    from zarr_fused import _vlen as vlen_kernels
 else:
     scatter_kernels = _usable.get("_scatter")
     codec_kernels = _usable.get("_codecs")
@@ -63,6 +65,7 @@ else:
     io_kernels = _usable.get("_localio")
     fileio_kernels = _usable.get("_fileio")
     filter_kernels = _usable.get("_filters")
+    vlen_kernels = _usable.get("_vlen")
 
 
 def missing_message() -> str:
@@ -99,6 +102,8 @@ def native_info() -> dict[str, object]:
             # array->array filters: native stages of a hybrid chain
             codecs += [f"numcodecs.{n}" for n in ("delta", "fixedscaleoffset", "quantize")]
             codecs += ["numcodecs.bitround"]
+        if vlen_kernels is not None:
+            codecs += ["vlen-utf8", "vlen-bytes", "numcodecs.vlen-utf8", "numcodecs.vlen-bytes"]
         libraries = codec_kernels.library_versions()
     return {
         "extensions": {f"zarr_fused.{n}": n in _modules for n in _EXTENSIONS},

@@ -25,7 +25,7 @@ from zarr_fused._chain import (
     native_chain_params,
     native_tail,
 )
-from zarr_fused._hybrid import hybrid_chain
+from zarr_fused._hybrid import FilteredChain, filtered_chain, hybrid_chain
 from zarr_fused._native import shard_kernels
 from zarr_fused._zarr_compat import (
     AsyncChunkTransform,
@@ -155,7 +155,9 @@ def _pin_inner_pipeline(
     return tuple(pinned)
 
 
-def shard_chain_reason(codec: Any, spec: ArraySpec) -> tuple[str, NativeChain | None]:
+def shard_chain_reason(
+    codec: Any, spec: ArraySpec
+) -> tuple[str, NativeChain | FilteredChain | None]:
     """("", inner chain) when the shard engine (`ShardReader`,
     `ShardWriter`) can read and write ``codec``'s shards, else (why not,
     None)."""
@@ -169,9 +171,13 @@ def shard_chain_reason(codec: Any, spec: ArraySpec) -> tuple[str, NativeChain | 
     inner_spec = inner_chunk_spec(codec, spec)
     inner_codecs = evolve_codecs(codec.codecs, inner_spec)
     reason, params = native_chain_params(inner_codecs, inner_spec)
-    if reason:
-        return f"inner chunks: {reason}", None
     fallback = TransformChain(ChunkTransform(codecs=inner_codecs), "")
+    if reason:
+        # leading filters with kernels run inside the batch kernels
+        filtered = filtered_chain(inner_codecs, inner_spec, fallback, native_tail)
+        if filtered is None:
+            return f"inner chunks: {reason}", None
+        return "", filtered
     return "", NativeChain(inner_spec, params, fallback)
 
 
@@ -274,7 +280,7 @@ class _Paths[P]:
     partial: Callable[[ArrayBytesCodec], P]
     #: the shard engine (its codec, inner chain, and the partial path it
     #: hands what its kernels do not serve: a `BatchReader` or a `HeldWriter`)
-    shards: Callable[[Any, NativeChain, Any], P]
+    shards: Callable[[Any, NativeChain | FilteredChain, Any], P]
     #: whole chunks through a native chain
     native: Callable[[NativeChain], P]
     #: whole chunks through any other chain

@@ -352,7 +352,8 @@ def add_shard(DecodeBatch batch, payload, cnp.ndarray entries, ShardPlan plan,
     cdef const uint64_t* ep = NULL
     cdef char* out_data
     if (layout.ndim != plan.ndim or not out.flags.writeable
-            or out.dtype.itemsize != batch.kernel.itemsize):
+            or out.dtype.itemsize != batch.itemsize
+            or (batch.filters is not None and layout.transposed)):
         return False
     nd = _plan_region(plan, out, out_selection, &base, region_strides)
     if nd < 0 or nd > batch.max_ndim:
@@ -403,7 +404,7 @@ def add_shard_encode(EncodeBatch batch, cnp.ndarray value, value_selection, Shar
     cdef int d, k
     cdef bint whole
     cdef char* src
-    if (layout.ndim != plan.ndim or value.dtype.itemsize != batch.kernel.itemsize
+    if (layout.ndim != plan.ndim or value.dtype.itemsize != batch.itemsize
             or value.dtype.hasobject):
         return None
     if _plan_region(plan, value, value_selection, &base, region_strides) < 0:
@@ -429,7 +430,7 @@ def add_shard_encode(EncodeBatch batch, cnp.ndarray value, value_selection, Shar
         if whole:
             lin = plan.linear(idx)
             batch.queue(layout, src, logical, swap, skip_fill,
-                        np.empty(batch.kernel.encode_bound(layout.nbytes), dtype=np.uint8),
+                        np.empty(batch.encoded_bound(layout.nbytes), dtype=np.uint8),
                         (key, lin))
             queued.append(lin)
         next_index(idx, plan.n_axis, plan.ndim)

@@ -31,8 +31,9 @@ else they run zarr's code, and strict mode rejects it.
 
 What stays on zarr's code, per array, with the reason recorded in the plan:
 
-- other filters (``VLenUTF8`` and ``VLenBytes`` for object strings, whose
-  framing has no native parser yet; ``PackBits``, ``Categorize``, ...);
+- other filters (``PackBits``, ``Categorize``, ...); a lone ``VLenUTF8``
+  or ``VLenBytes`` filter (object strings and bytes) is a vlen chain
+  instead (`zarr_fused._vlen_chain`), native with the compressors above;
 - every other compressor (``BZ2``, ``LZMA``, ``Zfpy``, ...), subclasses of
   the numcodecs classes, and what `native_chain_params` refuses for format 3
   too (object and structured data types, non-CPU buffers, blosc compressors
@@ -54,6 +55,7 @@ from numcodecs.gzip import GZip
 from numcodecs.lz4 import LZ4
 from numcodecs.quantize import Quantize
 from numcodecs.shuffle import Shuffle
+from numcodecs.vlen import VLenBytes, VLenUTF8
 from numcodecs.zlib import Zlib
 from numcodecs.zstd import Zstd
 from zarr.codecs.blosc import BloscCodec
@@ -72,7 +74,17 @@ if TYPE_CHECKING:
     from zarr.abc.codec import Codec
     from zarr.core.array_spec import ArraySpec
 
-__all__ = ["V2Codec", "v2_byte_identical", "v2_chain_params", "v2_filtered_layout"]
+__all__ = [
+    "V2Codec",
+    "compressor_params",
+    "v2_byte_identical",
+    "v2_chain_params",
+    "v2_filtered_layout",
+    "v2_vlen_params",
+]
+
+#: the object filters of vlen chains, and whether their items are strings
+_VLEN_FILTERS: dict[type, bool] = {VLenUTF8: True, VLenBytes: False}
 
 #: numcodecs Blosc's shuffle numbers as the kernel names them (AUTOSHUFFLE,
 #: -1, is resolved per item size first, as numcodecs does)
@@ -103,7 +115,7 @@ def _blosc_params(compressor: Blosc, itemsize: int) -> tuple[str, dict[str, Any]
     }
 
 
-def _compressor_params(compressor: Any, itemsize: int) -> tuple[str, dict[str, Any]]:
+def compressor_params(compressor: Any, itemsize: int) -> tuple[str, dict[str, Any]]:
     """("", the kernel's compressor settings) or (why not, {})."""
     kind = type(compressor)
     if compressor is None:
@@ -199,7 +211,7 @@ def v2_chain_params(
         return reason, {}
     # numcodecs' Shuffle hands the compressor bytes (Blosc's type size 1)
     itemsize = params["itemsize"] if shuffle is None else 1
-    reason, compressor = _compressor_params(codec.compressor, itemsize)
+    reason, compressor = compressor_params(codec.compressor, itemsize)
     if reason:
         return reason, {}
     if shuffle is not None and shuffle > 1:
@@ -226,6 +238,33 @@ def v2_chain_params(
             return reason, {}
     params.update(compressor)
     return "", params
+
+
+def v2_vlen_params(
+    codec: V2Codec,
+    bytes_params: Callable[[tuple[Codec, ...], str], tuple[str, dict[str, Any]]],
+) -> tuple[bool, dict[str, Any]] | None:
+    """(strings?, kernel parameters) of a chunk whose only filter is
+    ``VLenUTF8`` or ``VLenBytes`` and whose compressor has a kernel (the vlen
+    filter hands it bytes: item size 1), else None. ``bytes_params`` checks
+    a blosc compressor as a format-3 blosc codec
+    (`zarr_fused._chain._bytes_to_bytes_params`)."""
+    filters = codec.filters or ()
+    if len(filters) != 1 or type(filters[0]) not in _VLEN_FILTERS:
+        return None
+    reason, params = compressor_params(codec.compressor, 1)
+    if not reason and params["compressor"] == "blosc":
+        stand_in = BloscCodec(
+            cname=params["cname"],
+            clevel=params["clevel"],
+            shuffle=params["shuffle"],
+            typesize=params["typesize"],
+            blocksize=params["blocksize"],
+        )
+        reason, _ = bytes_params((stand_in,), "BloscCodec")
+    if reason:
+        return None
+    return _VLEN_FILTERS[type(filters[0])], params
 
 
 def v2_byte_identical(

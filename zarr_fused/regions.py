@@ -7,7 +7,8 @@ every patch in that shard, a chunk is decoded again by every patch that
 overlaps it. `read_regions` plans all the regions together instead:
 
 1. each region, a basic selection (integers and slices of step 1), becomes
-   a box of the array (`_Region`);
+   a box of the array (`_Region`); a selection with one sorted integer
+   array becomes one box per run of its indices in the same decode units;
 2. the decode units it overlaps (inner chunks of a sharded array, chunks
    otherwise) are gathered per stored key: for every chunk or shard, the
    bounding box of the units any region touches is one *block*;
@@ -19,7 +20,7 @@ overlaps it. `read_regions` plans all the regions together instead:
    overlap it (a block is a box: units inside it that no region touches,
    between regions far apart in one shard, are decoded too);
 4. each region is copied out of the staging array, block by block, on the
-   pool (NumPy releases the GIL for these copies).
+   pool (the copy kernel, GIL released).
 
 The staging array holds at most `STAGING_BYTES` at a time; more blocks go in
 waves of that size. Missing chunks and shards read as the fill value, as
@@ -29,9 +30,10 @@ array's ``read_missing_chunks`` is off).
 What this plan does not cover reads one ``array[sel]`` per region, so the
 values are always zarr's: arrays whose pipeline is not zarr_fused's, chunk
 grids that are not regular, zero-dimensional arrays, object and
-variable-length string dtypes, and selections other than integers and
-slices of step 1 (integer arrays, masks, steps, ``None``; an out-of-bounds
-integer raises zarr's own ``IndexError`` that way).
+variable-length string dtypes, and selections other than integers, slices
+of step 1 and one sorted 1-d integer array (unsorted or several integer
+arrays, lists, masks, steps, ``None``; an out-of-bounds integer raises
+zarr's own ``IndexError`` that way).
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ from zarr.errors import ChunkNotFoundError
 from zarr_fused._cpus import resolve_max_workers
 from zarr_fused._plan import PipelinePlan
 from zarr_fused._pool import run_parallel
+from zarr_fused._scatter_py import copy_into
 from zarr_fused._zarr_compat import array_chunk_grid
 
 if TYPE_CHECKING:
@@ -66,20 +69,62 @@ STAGING_BYTES = 64 << 20
 
 
 @dataclass(frozen=True, slots=True)
+class _Picks:
+    """An integer-array selection on one axis: the indices it takes there,
+    sorted (repeats allowed) and within the array."""
+
+    axis: int
+    index: np.ndarray
+
+
+@dataclass(frozen=True, slots=True)
 class _Region:
-    """One basic selection as a box ``[lo, hi)`` of the array; ``dropped``
-    are the axes an integer selected (the result has no such axis)."""
+    """One selection as a box ``[lo, hi)`` of the array; ``dropped`` are
+    the axes an integer selected (the result has no such axis); ``picks``,
+    when an integer array selects along one axis (the box then spans its
+    smallest to its largest index there)."""
 
     lo: tuple[int, ...]
     hi: tuple[int, ...]
     dropped: tuple[int, ...]
-    #: the box's shape, every axis kept
+    #: the result's shape with every axis kept
     full_shape: tuple[int, ...]
+    picks: _Picks | None = None
 
     @property
     def shape(self) -> tuple[int, ...]:
         """The result's shape (without the dropped axes)."""
         return tuple(n for d, n in enumerate(self.full_shape) if d not in self.dropped)
+
+    def boxes(self, inner: tuple[int, ...]) -> list[_Box]:
+        """The parts of the array the plan reads for this region: the box
+        itself, or with ``picks`` one box per run of indices in the same
+        decode units along its axis (so a stored key that holds none of the
+        indices is not read, however far apart they are); none when the
+        result is empty."""
+        if 0 in self.full_shape:
+            return []
+        if self.picks is None:
+            return [_Box(self, self.lo, self.hi, None)]
+        axis, index = self.picks.axis, self.picks.index
+        cuts = np.flatnonzero(np.diff(index // inner[axis])) + 1
+        boxes = []
+        for a, b in zip([0, *cuts.tolist()], [*cuts.tolist(), len(index)], strict=True):
+            lo, hi = list(self.lo), list(self.hi)
+            lo[axis], hi[axis] = int(index[a]), int(index[b - 1]) + 1
+            boxes.append(_Box(self, tuple(lo), tuple(hi), slice(a, b)))
+        return boxes
+
+
+@dataclass(frozen=True, slots=True)
+class _Box:
+    """A box ``[lo, hi)`` of the array that one region reads; ``picked``,
+    for a region with picks, the positions in its index that fall inside."""
+
+    region: _Region
+    lo: tuple[int, ...]
+    hi: tuple[int, ...]
+    picked: slice | None
 
 
 def _axis(item: Any, size: int) -> tuple[int, int, bool] | None:
@@ -103,32 +148,60 @@ def _axis(item: Any, size: int) -> tuple[int, int, bool] | None:
     return None
 
 
-def _region(selection: Any, shape: tuple[int, ...]) -> _Region | None:
-    """The box ``selection`` picks from an array of ``shape``, None when it
-    is not a basic selection of integers and step-1 slices."""
+def _picks(item: Any, size: int) -> np.ndarray | None:
+    """The indices of a 1-d integer array item (negative ones counted from
+    the end), None unless every index is within the axis and they are
+    sorted. A list is left to zarr, whose indexing reads it differently by
+    where it stands."""
+    if not isinstance(item, np.ndarray) or item.ndim != 1 or item.dtype.kind not in "iu":
+        return None
+    index = item.astype(np.int64)
+    index = np.where(index < 0, index + size, index)
+    if len(index) and (index.min() < 0 or index.max() >= size or (np.diff(index) < 0).any()):
+        return None
+    return index
+
+
+def _items(selection: Any, ndim: int) -> tuple[Any, ...] | None:
+    """``selection`` as one item per axis (``Ellipsis`` expanded, missing
+    trailing axes whole), None when it has too many."""
     items = selection if isinstance(selection, tuple) else (selection,)
     ellipses = sum(1 for item in items if item is Ellipsis)
     if ellipses > 1:
         return None
     if ellipses:
         at = next(i for i, item in enumerate(items) if item is Ellipsis)
-        fill = (slice(None),) * (len(shape) - len(items) + 1)
+        fill = (slice(None),) * (ndim - len(items) + 1)
         items = items[:at] + fill + items[at + 1 :]
-    if len(items) > len(shape):
+    if len(items) > ndim:
         return None
-    items = items + (slice(None),) * (len(shape) - len(items))
-    lo, hi, dropped = [], [], []
+    return items + (slice(None),) * (ndim - len(items))
+
+
+def _region(selection: Any, shape: tuple[int, ...]) -> _Region | None:
+    """The box ``selection`` picks from an array of ``shape``, None when it
+    is not integers and step-1 slices with at most one sorted integer array
+    (which ``array[sel]`` reads as an orthogonal selection; with integers
+    only beside it, as a coordinate selection of the same values)."""
+    items = _items(selection, len(shape))
+    if items is None:
+        return None
+    lo, hi, dropped, full = [], [], [], []
+    picks = None
     for d, (item, size) in enumerate(zip(items, shape, strict=True)):
         axis = _axis(item, size)
         if axis is None:
-            return None
+            index = None if picks is not None else _picks(item, size)
+            if index is None:
+                return None
+            picks = _Picks(d, index)
+            axis = (int(index[0]), int(index[-1]) + 1, False) if len(index) else (0, 0, False)
         lo.append(axis[0])
         hi.append(axis[1])
+        full.append(axis[1] - axis[0] if picks is None or picks.axis != d else len(picks.index))
         if axis[2]:
             dropped.append(d)
-    return _Region(
-        tuple(lo), tuple(hi), tuple(dropped), tuple(h - a for a, h in zip(lo, hi, strict=True))
-    )
+    return _Region(tuple(lo), tuple(hi), tuple(dropped), tuple(full), picks)
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,19 +262,19 @@ def _with_order(config: Any, order: Any) -> Any:
 class _Block:
     """The bounding box ``[lo, hi)`` of the touched units of one stored key
     at grid position ``coords``; ``row`` is where it starts along the first
-    axis of the staging array; ``regions`` the regions (by their place in
-    the list `_blocks` was given) that overlap it."""
+    axis of the staging array; ``boxes`` the boxes (by their place in the
+    list `_blocks` was given) that overlap it."""
 
     coords: tuple[int, ...]
     lo: list[int]
     hi: list[int]
-    regions: list[int]
+    boxes: list[int]
     row: int = 0
 
 
 def _pairs(lo: np.ndarray, hi: np.ndarray, outer: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Every (region, stored key) overlap: the region's row in ``lo``/``hi``
-    and the key's grid position. Regions over at most two keys per axis
+    """Every (box, stored key) overlap: the box's row in ``lo``/``hi`` and
+    the key's grid position. Boxes over at most two keys per axis
     (the usual small patch) are enumerated together, by offset from their
     first key; larger ones one by one."""
     first = lo // outer
@@ -223,14 +296,14 @@ def _pairs(lo: np.ndarray, hi: np.ndarray, outer: np.ndarray) -> tuple[np.ndarra
     return np.concatenate(rows), np.concatenate(coords)
 
 
-def _blocks(geometry: _Geometry, regions: Sequence[_Region]) -> list[_Block]:
-    """One block per stored key any region overlaps: the box, aligned to
-    the decode units and clipped to the array, that holds every unit of
-    that key a region touches; in store order."""
+def _blocks(geometry: _Geometry, boxes: Sequence[_Box]) -> list[_Block]:
+    """One block per stored key any box overlaps: the box, aligned to the
+    decode units and clipped to the array, that holds every unit of that
+    key a box touches; in store order."""
     outer, inner = np.array(geometry.outer), np.array(geometry.inner)
     shape = np.array(geometry.shape)
-    lo = np.array([r.lo for r in regions], dtype=np.int64).reshape(len(regions), -1)
-    hi = np.array([r.hi for r in regions], dtype=np.int64).reshape(len(regions), -1)
+    lo = np.array([b.lo for b in boxes], dtype=np.int64).reshape(len(boxes), -1)
+    hi = np.array([b.hi for b in boxes], dtype=np.int64).reshape(len(boxes), -1)
     rows, coords = _pairs(lo, hi, outer)
     part_lo = np.maximum(lo[rows], coords * outer) // inner * inner
     part_hi = np.minimum(-(-np.minimum(hi[rows], (coords + 1) * outer) // inner) * inner, shape)
@@ -272,11 +345,13 @@ def _waves(blocks: Sequence[_Block], width: tuple[int, ...], itemsize: int) -> l
 
 @dataclass(slots=True)
 class _Wave:
-    """One read batch of blocks and the staging array it decodes into."""
+    """One read batch of blocks and the staging array it decodes into (the
+    first rows of ``buffer``, which every wave of a call reuses: pages the
+    kernel has already faulted in once, not 64 MiB of new ones per wave)."""
 
     geometry: _Geometry
     blocks: list[_Block]
-    width: tuple[int, ...]
+    buffer: np.ndarray
     staging: np.ndarray = field(init=False)
 
     def items(self) -> list[tuple[Any, ArraySpec, tuple[slice, ...], tuple[slice, ...], bool]]:
@@ -312,28 +387,42 @@ class _Wave:
         return items
 
     def read(self) -> None:
-        """Decode every block into a new staging array, as one batch."""
+        """Decode every block into the staging array, as one batch."""
         geometry = self.geometry
         rows = sum(b.hi[0] - b.lo[0] for b in self.blocks)
-        self.staging = np.empty((rows, *self.width), dtype=geometry.dtype)
+        self.staging = self.buffer[:rows]
         items = self.items()
         out: NDBuffer = geometry.spec.prototype.nd_buffer.from_ndarray_like(self.staging)
         results = sync(geometry.pipeline.read(items, out, drop_axes=()))
         if not geometry.read_missing:
             _raise_missing(geometry, [b.coords for b in self.blocks], results)
 
-    def copy(self, region: _Region, block: _Block, dst: np.ndarray) -> None:
-        """Copy the part of ``region`` that ``block`` holds into ``dst`` (the
-        region's result with every axis kept)."""
-        lo = [max(a, b) for a, b in zip(region.lo, block.lo, strict=True)]
-        hi = [min(a, b) for a, b in zip(region.hi, block.hi, strict=True)]
-        src = (
-            slice(block.row + lo[0] - block.lo[0], block.row + hi[0] - block.lo[0]),
-            *(slice(a - b, c - b) for a, c, b in zip(lo[1:], hi[1:], block.lo[1:], strict=True)),
-        )
-        dst[tuple(slice(a - r, c - r) for a, c, r in zip(lo, hi, region.lo, strict=True))] = (
-            self.staging[src]
-        )
+    def copy(self, box: _Box, block: _Block, dst: np.ndarray) -> None:
+        """Copy the part of ``box`` that ``block`` holds into ``dst`` (the
+        result of the box's region with every axis kept)."""
+        region = box.region
+        lo = [max(a, b) for a, b in zip(box.lo, block.lo, strict=True)]
+        hi = [min(a, b) for a, b in zip(box.hi, block.hi, strict=True)]
+        # the staging array holds the block from row ``block.row``
+        start = [block.row - block.lo[0], *(-b for b in block.lo[1:])]
+        src = [slice(a + o, c + o) for a, c, o in zip(lo, hi, start, strict=True)]
+        part = [slice(a - r, c - r) for a, c, r in zip(lo, hi, region.lo, strict=True)]
+        if box.picked is not None and region.picks is not None:
+            axis = region.picks.axis
+            index = region.picks.index[box.picked]
+            first, last = (int(i) for i in np.searchsorted(index, (lo[axis], hi[axis])))
+            if first == last:
+                return
+            rows = index[first:last]
+            part[axis] = slice(box.picked.start + first, box.picked.start + last)
+            if len(rows) > 1 and (np.diff(rows) != 1).any():
+                # indices with gaps or repeats: NumPy's fancy indexing
+                fancy: list[Any] = [*src]
+                fancy[axis] = rows + start[axis]
+                dst[tuple(part)] = self.staging[tuple(fancy)]
+                return
+            src[axis] = slice(int(rows[0]) + start[axis], int(rows[-1]) + 1 + start[axis])
+        copy_into(dst[tuple(part)], self.staging[tuple(src)])
 
 
 def _raise_missing(geometry: _Geometry, coords: list[tuple[int, ...]], results: Any) -> None:
@@ -399,9 +488,11 @@ def read_regions(
         ``zarr_fused.FusedCodecPipeline``; otherwise (and for what the
         module docstring lists) each region is read with ``array[sel]``.
     selections : iterable
-        Basic selections, as ``array[sel]`` takes them: tuples of integers
-        and slices (step 1), ``Ellipsis``, a lone integer or slice. Regions
-        may overlap, lie on edge chunks or select nothing.
+        Selections, as ``array[sel]`` takes them: tuples of integers and
+        slices (step 1), ``Ellipsis``, a lone integer or slice, and at most
+        one sorted 1-d NumPy integer array (repeats and negative indices
+        allowed; read as ``array[sel]`` reads it: an orthogonal selection).
+        Regions may overlap, lie on edge chunks or select nothing.
     out : sequence of numpy.ndarray, optional
         One buffer per selection, of the shape ``array[sel]`` has and the
         array's dtype, written in place.
@@ -419,14 +510,17 @@ def read_regions(
     if geometry is None:
         return _one_by_one(array, selections, buffers)
     regions = [_region(selection, geometry.shape) for selection in selections]
-    planned = [i for i, region in enumerate(regions) if region is not None]
     results: list[Any] = [None] * len(selections)
-    dsts: dict[int, np.ndarray] = {}
-    for i in planned:
-        region = regions[i]
-        assert region is not None
-        results[i], dsts[i] = _result(geometry, region, None if buffers is None else buffers[i], i)
-    _read_planned(geometry, {i: r for i, r in enumerate(regions) if r is not None}, dsts)
+    boxes: list[_Box] = []
+    dsts: list[np.ndarray] = []
+    for i, region in enumerate(regions):
+        if region is None:
+            continue
+        results[i], dst = _result(geometry, region, None if buffers is None else buffers[i], i)
+        for box in region.boxes(geometry.inner):
+            boxes.append(box)
+            dsts.append(dst)
+    _read_planned(geometry, boxes, dsts)
     rest = [i for i, region in enumerate(regions) if region is None]
     if rest:
         values = _one_by_one(
@@ -455,33 +549,32 @@ def _result(
     return result, dst
 
 
-def _read_planned(
-    geometry: _Geometry, regions: dict[int, _Region], dsts: dict[int, np.ndarray]
-) -> None:
-    """Read every planned region into its ``dsts`` view, in waves of
-    blocks (see the module docstring)."""
-    work = [i for i, region in regions.items() if 0 not in region.full_shape]
-    if not work:
+def _read_planned(geometry: _Geometry, boxes: list[_Box], dsts: list[np.ndarray]) -> None:
+    """Read every box into its ``dsts`` view (the result of its region), in
+    waves of blocks (see the module docstring)."""
+    if not boxes:
         return
-    boxes = [regions[i] for i in work]
     blocks = _blocks(geometry, boxes)
     width = tuple(max(b.hi[d] - b.lo[d] for b in blocks) for d in range(1, len(geometry.shape)))
     max_workers = resolve_max_workers()
-    for wave_blocks in _waves(blocks, width, geometry.dtype.itemsize):
-        wave = _Wave(geometry, wave_blocks, width)
+    waves = _waves(blocks, width, geometry.dtype.itemsize)
+    rows = max(sum(b.hi[0] - b.lo[0] for b in wave) for wave in waves)
+    buffer = np.empty((rows, *width), dtype=geometry.dtype)
+    for wave_blocks in waves:
+        wave = _Wave(geometry, wave_blocks, buffer)
         wave.read()
-        pairs = [(block, r) for block in wave_blocks for r in block.regions]
+        pairs = [(block, r) for block in wave_blocks for r in block.boxes]
         n_parts = min(len(pairs), 4 * max_workers)
         parts = [pairs[k::n_parts] for k in range(n_parts)]
-        run_parallel(partial(_copy_part, wave, boxes, [dsts[i] for i in work]), parts, max_workers)
+        run_parallel(partial(_copy_part, wave, boxes, dsts), parts, max_workers)
 
 
 def _copy_part(
     wave: _Wave,
-    boxes: list[_Region],
+    boxes: list[_Box],
     dsts: list[np.ndarray],
     pairs: list[tuple[_Block, int]],
 ) -> None:
-    """Copy ``pairs`` (a block and a region overlapping it) out of ``wave``."""
+    """Copy ``pairs`` (a block and a box overlapping it) out of ``wave``."""
     for block, r in pairs:
         wave.copy(boxes[r], block, dsts[r])

@@ -61,6 +61,7 @@ if TYPE_CHECKING:
 
     from zarr_fused._batch import BatchReader, ReadRequest
     from zarr_fused._chain import NativeChain
+    from zarr_fused._hybrid import FilteredChain
     from zarr_fused._items import ReadItem
     from zarr_fused.shard.pipelined import ShardIO
 
@@ -97,7 +98,7 @@ class ShardReader:
     def __init__(
         self,
         codec: ShardingCodec,
-        chain: NativeChain,
+        chain: NativeChain | FilteredChain,
         fallback: BatchReader,
         io: ShardIO | None = None,
     ) -> None:
@@ -268,9 +269,10 @@ class ShardReader:
 
     def read(self, batch: Sequence[ReadItem], request: ReadRequest) -> tuple[GetResult, ...]:
         # inner chunks share the shard spec's dtype and prototype, all that
-        # `writes_into` looks at
+        # `writes_into` looks at (the one method of the chain `native` calls,
+        # which a `FilteredChain` has as well)
         target = ReadTarget.native(
-            self.chain, batch, request, self.inner_shape, PRESENT, self._fill
+            cast("NativeChain", self.chain), batch, request, self.inner_shape, PRESENT, self._fill
         )
         if target is None:
             return self.fallback.read(batch, request)

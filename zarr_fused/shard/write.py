@@ -80,6 +80,7 @@ if TYPE_CHECKING:
 
     from zarr_fused._batch import HeldWriter, WriteRequest
     from zarr_fused._chain import NativeChain
+    from zarr_fused._hybrid import FilteredChain
     from zarr_fused._items import WriteItem
     from zarr_fused.io.shard_lock import Hold, ShardLocks
 
@@ -200,7 +201,9 @@ class _ShardJob:
 class ShardWriter:
     """Native writes of whole and partial shards (see the module docstring)."""
 
-    def __init__(self, codec: ShardingCodec, chain: NativeChain, fallback: HeldWriter) -> None:
+    def __init__(
+        self, codec: ShardingCodec, chain: NativeChain | FilteredChain, fallback: HeldWriter
+    ) -> None:
         self.codec = codec
         self.chain = chain
         self.fallback = fallback

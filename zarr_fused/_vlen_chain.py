@@ -1,0 +1,228 @@
+"""Variable-length string and bytes chunks on the native kernels.
+
+zarr stores ``str`` arrays (`VariableLengthUTF8`) and variable-length bytes
+arrays (`VariableLengthBytes`) with numcodecs' vlen framing: in format 3
+through the array->bytes codecs ``vlen-utf8`` / ``vlen-bytes`` followed by
+bytes->bytes codecs, in format 2 through a `V2Codec` whose only filter is
+numcodecs' ``VLenUTF8`` / ``VLenBytes``, then its compressor. A `VlenChain`
+runs either with `zarr_fused._vlen`: the compressor, the checksums and the
+framing in C with the GIL released, the items' objects made in one loop.
+
+The chunk's items are framed in C order (format 3; zarr makes the chunk
+contiguous first) or in the array's ``order`` (format 2, which flattens the
+chunk in that order). Strings of a ``str`` array (NumPy's ``StringDType``)
+go between the frame and the array with no Python object at all; bytes
+(object arrays) are made as objects in one loop.
+
+Sharded vlen arrays keep zarr's sharding codec (the shard engine's kernels
+decode fixed-size items only); their inner chunks come back to this chain
+through the pipeline zarr's sharding codec runs them with.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+from zarr.codecs.vlen_utf8 import VLenBytesCodec, VLenUTF8Codec
+from zarr.core.buffer import cpu
+
+from zarr_fused._items import describe_chunk
+from zarr_fused._native import codec_kernels, vlen_kernels
+from zarr_fused._zarr_compat import V2Codec
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from zarr.abc.codec import Codec
+    from zarr.core.array_spec import ArraySpec
+    from zarr.core.buffer import Buffer, NDBuffer
+
+    from zarr_fused._items import ReadItem
+
+    #: `zarr_fused._chain._bytes_to_bytes_params`: the kernel parameters of
+    #: bytes->bytes codecs (named in reasons), or why they have none
+    BytesParams = Callable[[tuple[Codec, ...], str], tuple[str, dict[str, Any]]]
+    #: `zarr_fused._v2.v2_vlen_params`: (strings?, kernel parameters) of a
+    #: format-2 vlen chunk, or None
+    V2Params = Callable[[V2Codec, BytesParams], tuple[bool, dict[str, Any]] | None]
+
+
+class _Fallback(Protocol):
+    """The chain that runs the chunks a `VlenChain` declines (zarr's)."""
+
+    def decode(self, raw: Buffer, spec: ArraySpec, key: Any = None) -> NDBuffer: ...
+
+    def decode_into(
+        self, raw: Buffer, item: ReadItem, out: NDBuffer, drop_axes: tuple[int, ...]
+    ) -> None: ...
+
+    def encode(self, array: NDBuffer, spec: ArraySpec, key: Any = None) -> Buffer | None: ...
+
+
+__all__ = ["VlenChain", "vlen_chain"]
+
+#: the format-3 array->bytes codecs, and whether their items are strings
+_V3_CODECS: dict[type, bool] = {VLenUTF8Codec: True, VLenBytesCodec: False}
+
+
+class VlenChain:
+    """A vlen chunk (see the module) through `zarr_fused._vlen`."""
+
+    native = True
+    reason = ""
+
+    def __init__(
+        self,
+        spec: ArraySpec,
+        params: dict[str, Any],
+        utf8: bool,
+        order: str,
+        fallback: _Fallback,
+        *,
+        v2: bool = False,
+    ) -> None:
+        self.zdtype = spec.dtype
+        self.dtype: np.dtype[Any] = spec.dtype.to_native_dtype()
+        self.kernel = codec_kernels.ChainKernel(**params, itemsize=1, swap_unit=0)
+        self.utf8 = utf8
+        #: strings held in NumPy's StringDType: the kernels pack and read them
+        #: without Python objects
+        self.strings = utf8 and self.dtype.kind == "T" and not hasattr(self.dtype, "na_object")
+        #: the order the frame lists the chunk's items in
+        self.order = order
+        #: format 2: that order is the chunk spec's, which must not change
+        self.v2 = v2
+        self.fallback = fallback
+
+    def handles(self, spec: ArraySpec) -> bool:
+        """Whether this chunk spec is the one the chain was built for."""
+        return (
+            (spec.dtype is self.zdtype or spec.dtype == self.zdtype)
+            and issubclass(spec.prototype.nd_buffer, cpu.NDBuffer)
+            and (not self.v2 or spec.order == self.order)
+        )
+
+    def _decode_flat(self, raw: Buffer, items: np.ndarray, key: Any) -> np.ndarray:
+        """Decode the chunk's items into ``items`` (flat, C-contiguous, of
+        the chain's string dtype or of objects), in frame order."""
+        where = describe_chunk(key)
+        if self.strings and items.dtype == self.dtype:
+            return vlen_kernels.decode_strings(self.kernel, raw.as_numpy_array(), items, where)
+        return vlen_kernels.decode(
+            self.kernel, raw.as_numpy_array(), items.size, self.utf8, where, items
+        )
+
+    def _whole_chunk_view(
+        self, out: NDBuffer, item: ReadItem, drop_axes: tuple[int, ...]
+    ) -> np.ndarray | None:
+        """The region of ``out`` that a whole chunk read fills, when the
+        kernels can decode into it directly: contiguous, in frame order, of
+        the chain's own items; else None."""
+        _, spec, chunk_selection, out_selection, _ = item
+        dst = out.as_ndarray_like()
+        if drop_axes or type(dst) is not np.ndarray or not _whole(chunk_selection, spec.shape):
+            return None
+        if not (self.strings or self.dtype == np.dtype(object)) or dst.dtype != self.dtype:
+            return None
+        if not isinstance(out_selection, tuple):
+            return None
+        if not all(type(s) is slice and s.step in (None, 1) for s in out_selection):
+            return None
+        view = dst[out_selection]
+        order_ok = view.flags.c_contiguous if self.order == "C" else view.flags.f_contiguous
+        if view.shape != spec.shape or not order_ok or not view.flags.writeable:
+            return None
+        return view if self.order == "C" else view.T
+
+    def decode_array(self, raw: Buffer, spec: ArraySpec, key: Any = None) -> np.ndarray:
+        """The whole chunk as a new NumPy array of the array's data type."""
+        count = math.prod(spec.shape)
+        if self.strings:
+            items = self._decode_flat(raw, np.empty(count, dtype=self.dtype), key)
+        else:
+            items = self._decode_flat(raw, np.empty(count, dtype=object), key)
+        chunk = items.reshape(spec.shape, order=self.order)  # type: ignore[call-overload]
+        if self.dtype != chunk.dtype:
+            return chunk.astype(self.dtype)
+        return chunk
+
+    def decode(self, raw: Buffer, spec: ArraySpec, key: Any = None) -> NDBuffer:
+        if not self.handles(spec):
+            return self.fallback.decode(raw, spec)
+        return spec.prototype.nd_buffer.from_numpy_array(self.decode_array(raw, spec, key))
+
+    def decode_into(
+        self, raw: Buffer, item: ReadItem, out: NDBuffer, drop_axes: tuple[int, ...]
+    ) -> None:
+        key, spec, chunk_selection, out_selection, _ = item
+        if not self.handles(spec):
+            self.fallback.decode_into(raw, item, out, drop_axes)
+            return
+        view = self._whole_chunk_view(out, item, drop_axes)
+        if view is not None:
+            self._decode_flat(raw, view.reshape(-1), key)
+            return
+        chunk = self.decode_array(raw, spec, key)[chunk_selection]
+        if drop_axes:
+            chunk = chunk.squeeze(axis=drop_axes)
+        # NumPy's assignment (what zarr does): the scatter kernels copy no
+        # object or StringDType elements, whose storage the arrays own
+        out[out_selection] = chunk
+
+    def encode(self, array: NDBuffer, spec: ArraySpec, key: Any = None) -> Buffer | None:
+        data = array.as_ndarray_like()
+        if not self.handles(spec) or type(data) is not np.ndarray or data.shape != spec.shape:
+            return self.fallback.encode(array, spec)
+        where = describe_chunk(key)
+        if self.strings and data.dtype == self.dtype:
+            values = np.ascontiguousarray(np.ravel(data, order=self.order))  # type: ignore[call-overload]
+            encoded = vlen_kernels.encode_strings(self.kernel, values, where)
+        else:
+            # the items as objects, in the frame's order, as numcodecs takes them
+            values = np.ravel(data.astype(object, copy=False), order=self.order)  # type: ignore[call-overload]
+            encoded = vlen_kernels.encode(
+                self.kernel, np.ascontiguousarray(values), self.utf8, where
+            )
+        return spec.prototype.buffer.from_array_like(encoded)
+
+
+def _whole(selection: Any, shape: tuple[int, ...]) -> bool:
+    """Whether ``selection`` selects every element of a chunk of ``shape``,
+    in order."""
+    if not isinstance(selection, tuple) or len(selection) != len(shape):
+        return False
+    return all(
+        type(s) is slice and s.indices(n) == (0, n, 1)
+        for s, n in zip(selection, shape, strict=True)
+    )
+
+
+def vlen_chain(
+    codecs: tuple[Codec, ...],
+    spec: ArraySpec,
+    fallback: _Fallback,
+    bytes_params: BytesParams,
+    v2_params: V2Params,
+) -> VlenChain | None:
+    """A `VlenChain` for an evolved codec list when the kernels cover it
+    (see the module), else None; ``fallback`` runs the chunks it declines."""
+    if vlen_kernels is None or codec_kernels is None or not codecs:
+        return None
+    if not issubclass(spec.prototype.nd_buffer, cpu.NDBuffer):
+        return None
+    first = codecs[0]
+    if len(codecs) == 1 and type(first) is V2Codec:
+        found = v2_params(first, bytes_params)
+        if found is None:
+            return None
+        utf8, params = found
+        return VlenChain(spec, params, utf8, spec.order, fallback, v2=True)
+    if type(first) not in _V3_CODECS:
+        return None
+    names = " -> ".join(type(c).__name__ for c in codecs)
+    reason, params = bytes_params(codecs[1:], names)
+    if reason:
+        return None
+    return VlenChain(spec, params, _V3_CODECS[type(first)], "C", fallback)
