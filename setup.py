@@ -14,7 +14,7 @@ nothing else: the sanitizer and fuzzing builds of ``tests/fuzz/build.sh`` pass
 ``-fsanitize=...`` this way, so the library checks below still link plain
 programs. They are for instrumentation, not for tuning to the build host.
 
-The C libraries (libzstd, zlib, c-blosc) are linked from the system by
+The C libraries (libzstd, zlib, c-blosc, liblz4) are linked from the system by
 default: the developer path. ``ZARR_FUSED_BUNDLED_LIBS=PREFIX`` links the
 static archives under ``PREFIX/lib`` (headers in ``PREFIX/include``)
 into the extensions instead, their symbols kept out of the extensions'
@@ -74,10 +74,11 @@ EXTENSIONS: list[dict] = [
             "zarr_fused/_zstd.pxd",
             "zarr_fused/_zlib.pxd",
             "zarr_fused/_blosc.pxd",
+            "zarr_fused/_lz4.pxd",
             "zarr_fused/_crc32c.pxd",
             "zarr_fused/_crc32c.h",
         ],
-        "libraries": ["zstd", "z", "blosc"],
+        "libraries": ["zstd", "z", "blosc", "lz4"],
     },
     {
         "name": "zarr_fused._vlen",
@@ -151,6 +152,7 @@ SYSTEM_LIBRARIES = {
         "blosc_get_version_string",
         "libblosc-dev (Debian/Ubuntu), c-blosc (conda)",
     ),
+    "lz4": ("lz4.h", "LZ4_versionNumber", "liblz4-dev (Debian/Ubuntu), lz4-c (conda)"),
 }
 
 
@@ -165,10 +167,13 @@ def _bundled_prefix() -> Path | None:
         return None
     root = Path(prefix).resolve()
     missing = [a for a in BUNDLED_ARCHIVES if not (root / "lib" / a).is_file()]
-    if missing or not (root / "include" / "blosc.h").is_file():
+    missing += [
+        f"include/{h}" for h in ("blosc.h", "lz4.h") if not (root / "include" / h).is_file()
+    ]
+    if missing:
         sys.exit(
             f"ZARR_FUSED_BUNDLED_LIBS={prefix}: no static libraries there "
-            f"(missing: {', '.join(missing) or 'include/blosc.h'}); "
+            f"(missing: {', '.join(missing)}); "
             "tools/bundled_libs.py builds them"
         )
     return root
@@ -271,7 +276,7 @@ class checked_build_ext(build_ext):
                 "zarr_fused cannot be built: these C libraries (with their headers) are "
                 "missing:\n  "
                 + "\n  ".join(missing)
-                + "\nOn Debian/Ubuntu: apt-get install libzstd-dev zlib1g-dev libblosc-dev"
+                + "\nOn Debian/Ubuntu: apt-get install libzstd-dev zlib1g-dev libblosc-dev liblz4-dev"
             )
         super().run()
 

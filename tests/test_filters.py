@@ -603,12 +603,6 @@ V2_CASES: dict[str, dict[str, Any]] = {
         "dtype": "<f4",
         "values": "floats",
     },
-    "shuffle-f8-zstd": {
-        "filters": lambda: [numcodecs.Shuffle(elementsize=8)],
-        "compressor": lambda: numcodecs.Zstd(level=1),
-        "dtype": "<f8",
-        "values": "floats",
-    },
     "astype-f8-f4-uncompressed": {
         "filters": lambda: [numcodecs.AsType(encode_dtype="<f4", decode_dtype="<f8")],
         "compressor": lambda: None,

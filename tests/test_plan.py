@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import zarr
 from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec, GzipCodec, TransposeCodec, ZstdCodec
-from zarr.codecs.numcodecs import BZ2
+from zarr.codecs.numcodecs import BZ2, LZ4, Shuffle
 from zarr.core.buffer import default_buffer_prototype
 from zarr.core.chunk_utils import ChunkTransform
 from zarr.errors import ZarrUserWarning
@@ -48,6 +48,11 @@ def _array(store: Any, **kwargs: Any) -> zarr.Array:
         ),
         pytest.param({"compressors": None, "dtype": "<U4"}, True, id="unicode"),
         pytest.param({"compressors": [ZstdCodec(), GzipCodec()]}, False, id="two-compressors"),
+        pytest.param({"compressors": LZ4(acceleration=2)}, True, id="numcodecs-lz4"),
+        pytest.param(
+            {"compressors": [Shuffle(elementsize=4), LZ4()]}, True, id="numcodecs-shuffle-lz4"
+        ),
+        pytest.param({"compressors": Shuffle()}, False, id="numcodecs-shuffle-alone"),
         pytest.param({"compressors": BZ2(level=1)}, False, id="numcodecs-bz2"),
         pytest.param({"compressors": None, "dtype": str}, True, id="vlen-str"),
         pytest.param({"compressors": BZ2(level=1), "dtype": str}, False, id="vlen-str-bz2"),
@@ -171,6 +176,8 @@ def test_native_info_reports_codecs() -> None:
         for n in (
             "zlib",
             "gzip",
+            "lz4",
+            "shuffle",
             "delta",
             "fixedscaleoffset",
             "quantize",
@@ -179,7 +186,7 @@ def test_native_info_reports_codecs() -> None:
             "vlen-bytes",
         )
     }
-    assert {"zstd", "zlib", "blosc", "crc32c"} <= set(info["libraries"])
+    assert {"zstd", "zlib", "blosc", "lz4", "crc32c"} <= set(info["libraries"])
 
 
 # -- strict mode and fallback logging -------------------------------------------------

@@ -625,7 +625,6 @@ FALLBACKS = [
         "filters (quantize)",
         id="quantize",
     ),
-    pytest.param({"compressors": numcodecs.LZ4()}, "<i4", "LZ4", id="lz4"),
     pytest.param({"compressors": numcodecs.BZ2()}, "<i4", "'bz2'", id="bz2"),
     pytest.param({"compressors": numcodecs.LZMA()}, "<i4", "'lzma'", id="lzma"),
     pytest.param(

@@ -121,7 +121,12 @@ def libraries(src: Path, target: str) -> list[Library]:
             includes=[zstd, f"{zstd}/common"],
             headers=[f"{zstd}/zstd.h", f"{zstd}/zstd_errors.h"],
         ),
-        Library("liblz4.a", [f"{lz4}/lz4.c", f"{lz4}/lz4hc.c"], includes=[lz4]),
+        Library(
+            "liblz4.a",
+            [f"{lz4}/lz4.c", f"{lz4}/lz4hc.c"],
+            includes=[lz4],
+            headers=[f"{lz4}/lz4.h"],
+        ),
         Library(
             "libz.a", zlib_sources, includes=[zlib], headers=[f"{zlib}/zlib.h", f"{zlib}/zconf.h"]
         ),
@@ -191,9 +196,16 @@ def build(src: Path, prefix: Path, cc: list[str], ar: list[str], target: str, jo
         for header in lib.headers:
             shutil.copy2(src / header, prefix / "include")
         print(f"bundled_libs: {out} ({len(objects)} objects)", flush=True)
-    (prefix / "VERSIONS").write_text(
-        "".join(f"{k} {v}\n" for k, v in VERSIONS.items()) + f"target {target}\n"
-    )
+    (prefix / "VERSIONS").write_text(_stamp(target))
+
+
+def _stamp(target: str) -> str:
+    """What a prefix's VERSIONS file says when it is up to date: the
+    versions, the target and the installed headers (lz4.h joined them
+    later: a prefix built before is built again)."""
+    headers = sorted(Path(h).name for lib in libraries(Path("."), target) for h in lib.headers)
+    versions = "".join(f"{k} {v}\n" for k, v in VERSIONS.items())
+    return f"{versions}target {target}\nheaders {' '.join(headers)}\n"
 
 
 def main() -> None:
@@ -208,8 +220,7 @@ def main() -> None:
     args = parser.parse_args()
     prefix = args.prefix.resolve()
     stamp = prefix / "VERSIONS"
-    wanted = "".join(f"{k} {v}\n" for k, v in VERSIONS.items()) + f"target {args.target}\n"
-    if stamp.is_file() and stamp.read_text() == wanted:
+    if stamp.is_file() and stamp.read_text() == _stamp(args.target):
         print(f"bundled_libs: {prefix} is up to date")
         return
     src = fetch_sources()

@@ -14,17 +14,19 @@ kind they hold:
     bytes to store, or None when a codec elides the chunk.
 
 `build_chain` recognises the chains the native kernels cover,
-``[transpose...] -> bytes -> [zstd | gzip | blosc | numcodecs.gzip |
-numcodecs.zlib] with crc32c before or after the compressor``, for fixed-size
-data types on CPU buffers; ``vlen-utf8 | vlen-bytes -> [the same
-compressors and checksums]`` are `zarr_fused._vlen_chain`'s. For any other
-chain it records why it stays on zarr's code (`zarr_fused._hybrid` then
-runs what it can of it natively).
+``[transpose...] -> bytes -> [numcodecs.shuffle] -> [zstd | gzip | blosc |
+numcodecs.gzip | numcodecs.zlib | numcodecs.lz4] with crc32c before or after
+the compressor`` (after it only, with a shuffle), for fixed-size data types
+on CPU buffers; ``vlen-utf8 | vlen-bytes -> [the same compressors and
+checksums]`` are `zarr_fused._vlen_chain`'s. For any other chain it records
+why it stays on zarr's code (`zarr_fused._hybrid` then runs what it can of
+it natively).
 """
 
 from __future__ import annotations
 
 import functools
+import math
 import threading
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Protocol
@@ -34,7 +36,9 @@ from zarr.codecs.blosc import BloscCodec
 from zarr.codecs.bytes import BytesCodec
 from zarr.codecs.crc32c_ import Crc32cCodec
 from zarr.codecs.gzip import GzipCodec
+from zarr.codecs.numcodecs import LZ4 as NumcodecsLZ4
 from zarr.codecs.numcodecs import GZip as NumcodecsGZip
+from zarr.codecs.numcodecs import Shuffle as NumcodecsShuffle
 from zarr.codecs.numcodecs import Zlib as NumcodecsZlib
 from zarr.codecs.transpose import TransposeCodec
 from zarr.codecs.zstd import ZstdCodec
@@ -283,7 +287,8 @@ def _zarr_blosc_compressors() -> frozenset[str]:
 
 def _bytes_to_bytes_params(codecs: tuple[Codec, ...], names: str) -> tuple[str, dict[str, Any]]:
     """The kernel parameters of the codecs after ``bytes``: at most one
-    compressor, crc32c before and/or after it; ``(why not, {})`` otherwise."""
+    compressor, crc32c before and/or after it, a byte shuffle right before
+    it; ``(why not, {})`` otherwise."""
     params: dict[str, Any] = {"compressor": None, "outer_crcs": 0, "inner_crcs": 0}
     for codec in codecs:
         # exact types: a subclass may change what the codec does
@@ -291,6 +296,14 @@ def _bytes_to_bytes_params(codecs: tuple[Codec, ...], names: str) -> tuple[str, 
             params["outer_crcs" if params["compressor"] else "inner_crcs"] += 1
         elif params["compressor"] is not None:
             return f"no native kernel for the codec chain {names}", {}
+        elif type(codec) is NumcodecsShuffle:
+            # what zarr runs: numcodecs' Shuffle (the element size evolved
+            # from the data type when the metadata has none)
+            if "byte_shuffle" in params or params["inner_crcs"]:
+                return f"no native kernel for the codec chain {names}", {}
+            params["byte_shuffle"] = max(numcodec_inside(codec).elementsize, 0)
+        elif type(codec) is NumcodecsLZ4:
+            params.update(compressor="lz4", acceleration=numcodec_inside(codec).acceleration)
         elif type(codec) is ZstdCodec:
             params.update(compressor="zstd", level=codec.level, checksum=codec.checksum)
         elif type(codec) is GzipCodec:
@@ -318,6 +331,8 @@ def _bytes_to_bytes_params(codecs: tuple[Codec, ...], names: str) -> tuple[str, 
             )
         else:
             return f"no native kernel for the codec chain {names}", {}
+    if params.get("byte_shuffle", 0) > 1 and (params["compressor"] is None or params["inner_crcs"]):
+        return f"no native kernel for the codec chain {names} (a shuffle without a compressor)", {}
     if params["compressor"] is None:
         # a crc32c without a compressor protects the stored bytes directly
         params["outer_crcs"], params["inner_crcs"] = params["inner_crcs"], 0
@@ -348,6 +363,10 @@ def native_chain_params(codecs: tuple[Codec, ...], spec: ArraySpec) -> tuple[str
     if isinstance(spec.dtype, Struct):
         return "structured data types are decoded by zarr", {}
     dtype = spec.dtype.to_native_dtype()
+    shuffle = params.get("byte_shuffle", 0)
+    if shuffle > 1 and (math.prod(spec.shape) * dtype.itemsize) % shuffle:
+        # numcodecs raises for these chunks: zarr's code does so
+        return f"chunks of {spec.shape} {dtype} are not whole {shuffle}-byte elements", {}
     if dtype.kind not in NATIVE_KINDS or dtype.hasobject or dtype.fields is not None:
         return f"data type {spec.dtype} is decoded by zarr", {}
     if not issubclass(spec.prototype.nd_buffer, cpu.NDBuffer):

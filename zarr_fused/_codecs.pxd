@@ -14,6 +14,7 @@ cdef enum CompressorKind:
     COMP_GZIP = 2
     COMP_BLOSC = 3
     COMP_ZLIB = 4
+    COMP_LZ4 = 5
 
 cdef enum StatusCode:
     ZF_OK = 0
@@ -29,6 +30,8 @@ cdef enum StatusCode:
     ZF_ERR_ENCODE = 10
     ZF_ERR_IO = 11
     ZF_ERR_MORE = 12
+    ZF_ERR_LZ4 = 13
+    ZF_ERR_SHUFFLE = 14
 
 # How a task failed: a StatusCode, two numbers and a static message that
 # status_error() turns into the exception (their meaning depends on the code).
@@ -84,10 +87,13 @@ cdef class Workspace:
     cdef bint deflater_ready
     cdef uint8_t* scratch
     cdef size_t scratch_cap
+    cdef uint8_t* shuffled
+    cdef size_t shuffled_cap
     cdef unsigned char* io_buf
     cdef size_t io_cap
     cdef uint8_t* reserve(self, size_t n) noexcept nogil
     cdef uint8_t* reserve_io(self, size_t n) noexcept nogil
+    cdef uint8_t* reserve_shuffled(self, size_t n) noexcept nogil
 
 cpdef Workspace workspace()
 
@@ -101,6 +107,8 @@ cdef class ChainKernel:
     cdef readonly int shuffle
     cdef readonly int typesize
     cdef readonly Py_ssize_t blocksize
+    cdef readonly int acceleration
+    cdef readonly Py_ssize_t byte_shuffle
     cdef readonly int outer_crcs
     cdef readonly int inner_crcs
     cdef readonly Py_ssize_t itemsize

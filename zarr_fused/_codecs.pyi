@@ -30,6 +30,8 @@ class ChainKernel:
     shuffle: int
     typesize: int
     blocksize: int
+    acceleration: int
+    byte_shuffle: int
     outer_crcs: int
     inner_crcs: int
     itemsize: int
@@ -37,7 +39,7 @@ class ChainKernel:
     def __init__(
         self,
         *,
-        compressor: Literal["zstd", "gzip", "blosc"] | None = None,
+        compressor: Literal["zstd", "gzip", "zlib", "blosc", "lz4"] | None = None,
         level: int = 0,
         checksum: bool = False,
         cname: str = "lz4",
@@ -45,6 +47,8 @@ class ChainKernel:
         shuffle: Literal["noshuffle", "shuffle", "bitshuffle"] = "noshuffle",
         typesize: int = 1,
         blocksize: int = 0,
+        acceleration: int = 1,
+        byte_shuffle: int = 0,
         outer_crcs: int = 0,
         inner_crcs: int = 0,
         itemsize: int = 1,

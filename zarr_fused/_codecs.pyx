@@ -1,11 +1,14 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
 """The codec-chain kernel: zarr v3 chunk codecs in C, the GIL released.
 
-A `ChainKernel` runs one chain ``[transpose] -> bytes -> [compressor] ->
-[crc32c]`` (crc32c may also sit inside the compressor) over one chunk, a
-`DecodeTask` or an `EncodeTask`. The compressor is zstd (libzstd), gzip
-(zlib) or blosc (c-blosc), linked from the system, or in a portable wheel
-built from source into the extension (``linkage`` in `library_versions`).
+A `ChainKernel` runs one chain ``[transpose] -> bytes -> [shuffle] ->
+[compressor] -> [crc32c]`` (crc32c may also sit inside the compressor, when
+nothing shuffles) over one chunk, a `DecodeTask` or an `EncodeTask`. The
+compressor is zstd (libzstd), gzip or zlib (zlib), blosc (c-blosc) or lz4
+(liblz4, in numcodecs' framing), linked from the system, or in a portable
+wheel built from source into the extension (``linkage`` in
+`library_versions`). The shuffle is numcodecs' byte shuffle
+(``numcodecs.shuffle``, format 2's ``Shuffle`` filter).
 
 Decoding undoes the bytes->bytes codecs into a buffer of exactly the size
 the chunk's shape and data type need (a frame that claims or yields any
@@ -34,6 +37,7 @@ import threading
 import numpy as np
 
 from zarr_fused cimport _blosc as bl
+from zarr_fused cimport _lz4 as lz
 from zarr_fused._crc32c cimport zf_crc32c, zf_crc32c_init, zf_crc32c_name, zf_crc32c_with
 from zarr_fused._localio cimport FILE_ERROR, FILE_MISSING, read_file, write_file_atomic
 from zarr_fused cimport _zlib as zl
@@ -44,6 +48,7 @@ from zarr_fused.errors import ChecksumError, ChunkSizeError, DecompressionError,
 
 cdef extern from "limits.h":
     unsigned int UINT_MAX
+    int INT_MAX
 
 # setup.py defines ZF_BUNDLED_LIBS when it links the static libraries of a
 # portable wheel instead of the system's
@@ -59,7 +64,7 @@ cdef extern from *:
 zf_crc32c_init()
 
 COMPRESSORS = {None: COMP_NONE, "zstd": COMP_ZSTD, "gzip": COMP_GZIP, "blosc": COMP_BLOSC,
-               "zlib": COMP_ZLIB}
+               "zlib": COMP_ZLIB, "lz4": COMP_LZ4}
 BLOSC_SHUFFLES = {"noshuffle": 0, "shuffle": 1, "bitshuffle": 2}
 
 
@@ -103,6 +108,7 @@ def library_versions():
         "zstd": zs.ZSTD_versionString().decode(),
         "zlib": zl.zlibVersion().decode(),
         "blosc": bl.blosc_get_version_string().decode(),
+        "lz4": lz.LZ4_versionString().decode(),
         "blosc_compressors": compressors,
         "blosc_complibs": {name: _blosc_complib_version(name) for name in compressors},
         "crc32c": crc32c_implementation(),
@@ -165,6 +171,8 @@ cdef class Workspace:
         self.deflater_wbits = 0
         self.scratch = NULL
         self.scratch_cap = 0
+        self.shuffled = NULL
+        self.shuffled_cap = 0
         self.io_buf = NULL
         self.io_cap = 0
 
@@ -178,6 +186,7 @@ cdef class Workspace:
         if self.deflater_ready:
             zl.deflateEnd(&self.deflater)
         free(self.scratch)
+        free(self.shuffled)
         free(self.io_buf)
 
     cdef uint8_t* reserve(self, size_t n) noexcept nogil:
@@ -205,6 +214,21 @@ cdef class Workspace:
             self.io_buf = grown
             self.io_cap = n
         return self.io_buf
+
+    cdef uint8_t* reserve_shuffled(self, size_t n) noexcept nogil:
+        """The buffer of a chunk's shuffled bytes, at least ``n``: apart
+        from the scratch, which may hold the batch's side-by-side slots
+        that the unshuffled chunks go to."""
+        cdef uint8_t* grown
+        if n == 0:
+            n = 1
+        if n > self.shuffled_cap:
+            grown = <uint8_t*>realloc(self.shuffled, n)
+            if grown == NULL:
+                return NULL
+            self.shuffled = grown
+            self.shuffled_cap = n
+        return self.shuffled
 
     @property
     def scratch_bytes(self):
@@ -330,6 +354,7 @@ cdef Py_ssize_t _gzip_decompress(Workspace ws, const uint8_t* src, Py_ssize_t n,
     cdef int wbits = zl.MAX_WBITS if zlib_format else 16 + zl.MAX_WBITS
     if n > UINT_MAX or cap > UINT_MAX:
         st.code = ZF_ERR_TOO_LARGE
+        st.msg = "gzip (over 4 GiB)"
         return -1
     if not ws.inflater_ready:
         memset(z, 0, sizeof(zl.z_stream))
@@ -539,6 +564,7 @@ cdef Py_ssize_t _gzip_compress(ChainKernel k, Workspace ws, const uint8_t* src, 
     cdef int wbits = zl.MAX_WBITS if zlib_format else 16 + zl.MAX_WBITS
     if n > UINT_MAX or cap > UINT_MAX:
         st.code = ZF_ERR_TOO_LARGE
+        st.msg = "gzip (over 4 GiB)"
         return -1
     if ws.deflater_ready and (ws.deflater_level != k.level or ws.deflater_wbits != wbits):
         zl.deflateEnd(z)
@@ -577,6 +603,134 @@ cdef Py_ssize_t _blosc_compress(ChainKernel k, const uint8_t* src, Py_ssize_t n,
     return _blosc_size(r, ZF_ERR_ENCODE, "blosc compression failed", st)
 
 
+# -- lz4 ----------------------------------------------------------------------------------
+# numcodecs' LZ4 frame: the uncompressed size (4 bytes, little-endian), then
+# one LZ4 block. The size is the stored bytes' claim: checked against the
+# chunk's size before liblz4 sees the block, and liblz4's safe decoder
+# reads and writes only within the lengths it is given.
+
+cdef enum:
+    LZ4_HEADER = 4
+
+
+cdef Py_ssize_t _lz4_decompress(const uint8_t* src, Py_ssize_t n, uint8_t* dst,
+                                Py_ssize_t cap, Status* st) noexcept nogil:
+    cdef Py_ssize_t claimed
+    cdef int r
+    if n < LZ4_HEADER:
+        st.code = ZF_ERR_LZ4
+        st.msg = "frame shorter than its 4-byte size header"
+        return -1
+    claimed = <Py_ssize_t>_load_le32(src)
+    if claimed != cap:
+        st.code = ZF_ERR_CLAIM
+        st.a = claimed
+        st.b = cap
+        return -1
+    if n - LZ4_HEADER > INT_MAX or cap > lz.LZ4_MAX_INPUT_SIZE:
+        st.code = ZF_ERR_TOO_LARGE
+        st.msg = "lz4 (over 2 GiB)"
+        return -1
+    r = lz.LZ4_decompress_safe(<const char*>src + LZ4_HEADER, <char*>dst,
+                               <int>(n - LZ4_HEADER), <int>cap)
+    if r < 0:
+        st.code = ZF_ERR_LZ4
+        st.msg = "corrupt lz4 block"
+        return -1
+    return r
+
+
+cdef Py_ssize_t _lz4_compress(ChainKernel k, const uint8_t* src, Py_ssize_t n,
+                              uint8_t* dst, Py_ssize_t cap, Status* st) noexcept nogil:
+    # numcodecs passes any acceleration above 0 on, and 1 for the others
+    cdef int acceleration = k.acceleration if k.acceleration > 0 else 1
+    cdef int r
+    if n > lz.LZ4_MAX_INPUT_SIZE:
+        st.code = ZF_ERR_TOO_LARGE
+        st.msg = "lz4 (over 2 GiB)"
+        return -1
+    if cap < LZ4_HEADER + lz.LZ4_compressBound(<int>n):
+        st.code = ZF_ERR_ENCODE
+        st.msg = "lz4 output exceeds its bound"
+        return -1
+    _store_le32(dst, <uint32_t>n)
+    r = lz.LZ4_compress_fast(<const char*>src, <char*>dst + LZ4_HEADER, <int>n,
+                             <int>(cap - LZ4_HEADER), acceleration)
+    if r <= 0:
+        st.code = ZF_ERR_ENCODE
+        st.msg = "lz4 compression failed"
+        return -1
+    return r + LZ4_HEADER
+
+
+# -- byte shuffle -------------------------------------------------------------------------
+# numcodecs' Shuffle: byte j of element i goes to j * count + i, so the
+# first bytes of all elements come first. The sizes arrays use get their
+# own copy of the loop (the compiler unrolls a constant element size).
+
+
+cdef inline void _shuffle_as(const uint8_t* src, uint8_t* dst, Py_ssize_t count,
+                             Py_ssize_t size) noexcept nogil:
+    cdef Py_ssize_t i, j
+    for i in range(count):
+        for j in range(size):
+            dst[j * count + i] = src[i * size + j]
+
+
+cdef inline void _unshuffle_as(const uint8_t* src, uint8_t* dst, Py_ssize_t count,
+                               Py_ssize_t size) noexcept nogil:
+    cdef Py_ssize_t i, j
+    for i in range(count):
+        for j in range(size):
+            dst[i * size + j] = src[j * count + i]
+
+
+cdef void _byte_shuffle(const uint8_t* src, uint8_t* dst, Py_ssize_t n, Py_ssize_t size,
+                        bint undo) noexcept nogil:
+    """Shuffle (or with ``undo`` unshuffle) ``n`` bytes, a whole number of
+    ``size``-byte elements, from ``src`` into ``dst``."""
+    cdef Py_ssize_t count = n // size
+    if undo:
+        if size == 2:
+            _unshuffle_as(src, dst, count, 2)
+        elif size == 4:
+            _unshuffle_as(src, dst, count, 4)
+        elif size == 8:
+            _unshuffle_as(src, dst, count, 8)
+        else:
+            _unshuffle_as(src, dst, count, size)
+    elif size == 2:
+        _shuffle_as(src, dst, count, 2)
+    elif size == 4:
+        _shuffle_as(src, dst, count, 4)
+    elif size == 8:
+        _shuffle_as(src, dst, count, 8)
+    else:
+        _shuffle_as(src, dst, count, size)
+
+
+cdef inline int _check_shuffle(Py_ssize_t n, Py_ssize_t size, Status* st) noexcept nogil:
+    if n % size:
+        st.code = ZF_ERR_SHUFFLE
+        st.a = n
+        st.b = size
+        return -1
+    return 0
+
+
+cdef Py_ssize_t _decompress(int compressor, Workspace ws, const uint8_t* src, Py_ssize_t n,
+                            uint8_t* dst, Py_ssize_t cap, Status* st) noexcept nogil:
+    """Decompress ``src[:n]`` into at most ``cap`` bytes at ``dst``: the size
+    produced, or -1 (``st`` set)."""
+    if compressor == COMP_ZSTD:
+        return _zstd_decompress(ws, src, n, dst, cap, st)
+    if compressor == COMP_GZIP or compressor == COMP_ZLIB:
+        return _gzip_decompress(ws, src, n, dst, cap, st, compressor == COMP_ZLIB)
+    if compressor == COMP_LZ4:
+        return _lz4_decompress(src, n, dst, cap, st)
+    return _blosc_decompress(src, n, dst, cap, st)
+
+
 # -- the chain ------------------------------------------------------------------------------
 
 
@@ -586,10 +740,14 @@ cdef class ChainKernel:
 
     def __init__(self, *, compressor=None, int level=0, bint checksum=False, str cname="lz4",
                  int clevel=5, str shuffle="noshuffle", int typesize=1, Py_ssize_t blocksize=0,
-                 int outer_crcs=0, int inner_crcs=0, Py_ssize_t itemsize=1,
-                 Py_ssize_t swap_unit=0):
+                 int acceleration=1, Py_ssize_t byte_shuffle=0, int outer_crcs=0,
+                 int inner_crcs=0, Py_ssize_t itemsize=1, Py_ssize_t swap_unit=0):
         if compressor not in COMPRESSORS:
             raise ValueError(f"unknown compressor {compressor!r}")
+        # a byte shuffle sits right before the compressor (an element size
+        # of 0 or 1 shuffles nothing)
+        if byte_shuffle < 0 or (byte_shuffle > 1 and (compressor is None or inner_crcs)):
+            raise ValueError("a byte shuffle needs a compressor right after it")
         if itemsize < 1 or swap_unit < 0 or (swap_unit and itemsize % swap_unit):
             raise ValueError(f"invalid itemsize {itemsize} / swap unit {swap_unit}")
         if outer_crcs < 0 or inner_crcs < 0 or (compressor is None and inner_crcs):
@@ -609,6 +767,8 @@ cdef class ChainKernel:
         self.shuffle = BLOSC_SHUFFLES[shuffle]
         self.typesize = typesize
         self.blocksize = blocksize
+        self.acceleration = acceleration
+        self.byte_shuffle = byte_shuffle if byte_shuffle > 1 else 0
         self.outer_crcs = outer_crcs
         self.inner_crcs = inner_crcs
         self.itemsize = itemsize
@@ -620,7 +780,8 @@ cdef class ChainKernel:
         return (_rebuild_kernel, (dict(
             compressor=names[self.compressor], level=self.level, checksum=self.checksum,
             cname=self.cname, clevel=self.clevel, shuffle=shuffles[self.shuffle],
-            typesize=self.typesize, blocksize=self.blocksize, outer_crcs=self.outer_crcs,
+            typesize=self.typesize, blocksize=self.blocksize, acceleration=self.acceleration,
+            byte_shuffle=self.byte_shuffle, outer_crcs=self.outer_crcs,
             inner_crcs=self.inner_crcs, itemsize=self.itemsize, swap_unit=self.swap_unit),))
 
     def max_encoded_size(self, Py_ssize_t nbytes):
@@ -638,6 +799,10 @@ cdef class ChainKernel:
             bound = <Py_ssize_t>zl.compressBound(<unsigned long>inner) + 32
         elif self.compressor == COMP_BLOSC:
             bound = inner + bl.BLOSC_MAX_OVERHEAD
+        elif self.compressor == COMP_LZ4:
+            # LZ4_compressBound is 0 past its limit: the encode then fails
+            bound = LZ4_HEADER + (<Py_ssize_t>lz.LZ4_compressBound(<int>inner)
+                                  if inner <= lz.LZ4_MAX_INPUT_SIZE else inner)
         else:
             bound = inner
         return bound + 4 * self.outer_crcs
@@ -660,20 +825,16 @@ cdef class ChainKernel:
             length -= 4
         if self.compressor != COMP_NONE:
             target = nbytes + 4 * self.inner_crcs
-            if direct_dst != NULL and self.inner_crcs == 0:
+            if self.byte_shuffle:  # decompressed aside, unshuffled into place below
+                buf = ws.reserve_shuffled(<size_t>target)
+            elif direct_dst != NULL and self.inner_crcs == 0:
                 buf = direct_dst
             else:
                 buf = ws.reserve(<size_t>target)
-                if buf == NULL:
-                    st.code = ZF_ERR_NOMEM
-                    return -1
-            if self.compressor == COMP_ZSTD:
-                produced = _zstd_decompress(ws, data, length, buf, target, st)
-            elif self.compressor == COMP_GZIP or self.compressor == COMP_ZLIB:
-                produced = _gzip_decompress(ws, data, length, buf, target, st,
-                                            self.compressor == COMP_ZLIB)
-            else:
-                produced = _blosc_decompress(data, length, buf, target, st)
+            if buf == NULL:
+                st.code = ZF_ERR_NOMEM
+                return -1
+            produced = _decompress(self.compressor, ws, data, length, buf, target, st)
             if produced < 0:
                 return -1
             data = buf
@@ -687,6 +848,15 @@ cdef class ChainKernel:
             st.a = length
             st.b = nbytes
             return -1
+        if self.byte_shuffle:
+            if _check_shuffle(nbytes, self.byte_shuffle, st) < 0:
+                return -1
+            buf = direct_dst if direct_dst != NULL else ws.reserve(<size_t>nbytes)
+            if buf == NULL:
+                st.code = ZF_ERR_NOMEM
+                return -1
+            _byte_shuffle(data, buf, nbytes, self.byte_shuffle, True)
+            data = buf
         out[0] = data
         return 0
 
@@ -762,6 +932,7 @@ cdef class ChainKernel:
         for a file-bound task, the write."""
         cdef Py_ssize_t length, produced
         cdef Py_ssize_t inner = t.nbytes + 4 * self.inner_crcs
+        cdef uint8_t* shuffled
         cdef int _i, err = 0
         if self.compressor == COMP_NONE:
             produced = t.nbytes
@@ -770,12 +941,24 @@ cdef class ChainKernel:
             for _i in range(self.inner_crcs):
                 _store_le32(data + length, zf_crc32c(data, <size_t>length))
                 length += 4
+            if self.byte_shuffle:  # aside: ``data`` may be the caller's array
+                if _check_shuffle(t.nbytes, self.byte_shuffle, &t.status) < 0:
+                    return
+                shuffled = ws.reserve_shuffled(<size_t>t.nbytes)
+                if shuffled == NULL:
+                    t.status.code = ZF_ERR_NOMEM
+                    return
+                _byte_shuffle(data, shuffled, t.nbytes, self.byte_shuffle, False)
+                data = shuffled
             if self.compressor == COMP_ZSTD:
                 produced = _zstd_compress(self, ws, data, inner, t.dst,
                                           t.dst_cap - 4 * self.outer_crcs, &t.status)
             elif self.compressor == COMP_GZIP or self.compressor == COMP_ZLIB:
                 produced = _gzip_compress(self, ws, data, inner, t.dst,
                                           t.dst_cap - 4 * self.outer_crcs, &t.status)
+            elif self.compressor == COMP_LZ4:
+                produced = _lz4_compress(self, data, inner, t.dst,
+                                         t.dst_cap - 4 * self.outer_crcs, &t.status)
             else:
                 produced = _blosc_compress(self, data, inner, t.dst,
                                            t.dst_cap - 4 * self.outer_crcs, &t.status)
@@ -913,8 +1096,11 @@ _STATUS_ERRORS = {
     ZF_ERR_ZSTD: (DecompressionError, "{where}: zstd: {msg}"),
     ZF_ERR_GZIP: (DecompressionError, "{where}: gzip: {msg}"),
     ZF_ERR_BLOSC: (DecompressionError, "{where}: blosc: {msg}"),
+    ZF_ERR_LZ4: (DecompressionError, "{where}: lz4: {msg}"),
+    ZF_ERR_SHUFFLE: (ChunkSizeError,
+                     "{where}: shuffle: {a} bytes are not a whole number of {b}-byte elements"),
     ZF_ERR_NOMEM: (MemoryError, "{where}: out of memory in a codec"),
-    ZF_ERR_TOO_LARGE: (ZarrFusedError, "{where}: chunk too large for gzip (over 4 GiB)"),
+    ZF_ERR_TOO_LARGE: (ZarrFusedError, "{where}: chunk too large for {msg}"),
     ZF_ERR_ENCODE: (ZarrFusedError, "{where}: encoding failed: {msg}"),
 }
 

@@ -97,7 +97,7 @@ def native_info() -> dict[str, object]:
     libraries: dict[str, object] = {}
     if scatter_kernels is not None and codec_kernels is not None:
         codecs = ["bytes", "transpose", "crc32c", "zstd", "gzip", "blosc"]
-        codecs += ["numcodecs.zlib", "numcodecs.gzip"]
+        codecs += ["numcodecs.zlib", "numcodecs.gzip", "numcodecs.lz4", "numcodecs.shuffle"]
         if filter_kernels is not None:
             # array->array filters: native stages of a hybrid chain
             codecs += [f"numcodecs.{n}" for n in ("delta", "fixedscaleoffset", "quantize")]

@@ -12,11 +12,14 @@ makes for such a chain:
   bytes are the C-order bytes of its transpose);
 - the bytes are stored in the data type's own byte order (a ``>f4`` array
   stores big-endian values and holds them big-endian in memory);
-- numcodecs' ``Blosc``, ``Zstd`` and ``GZip`` are the kernels the format-3
-  codecs of the same names use (zarr's format-3 codecs call the same
-  numcodecs classes); ``Zlib`` is the zlib-format mode of the gzip kernel.
+- numcodecs' ``Blosc``, ``Zstd``, ``GZip`` and ``LZ4`` are the kernels the
+  format-3 codecs of the same names use (zarr's format-3 codecs call the
+  same numcodecs classes); ``Zlib`` is the zlib-format mode of the gzip
+  kernel;
+- a ``Shuffle`` filter alone before a compressor is the kernel's byte
+  shuffle, as format 3's ``numcodecs.shuffle`` before it.
 
-Filters with a fixed output size (``Delta``, ``FixedScaleOffset``,
+Other filters with a fixed output size (``Delta``, ``FixedScaleOffset``,
 ``Quantize``, ``BitRound``, ``AsType``, ``Shuffle``) make a hybrid chain
 (`zarr_fused._hybrid`): the compressor runs natively over the filtered
 bytes, whose size `v2_filtered_layout` derives from the filters'
@@ -31,8 +34,6 @@ What stays on zarr's code, per array, with the reason recorded in the plan:
 - other filters (``PackBits``, ``Categorize``, ...); a lone ``VLenUTF8``
   or ``VLenBytes`` filter (object strings and bytes) is a vlen chain
   instead (`zarr_fused._vlen_chain`), native with the compressors above;
-- ``LZ4`` (numcodecs' own framing of an LZ4 block): zarr_fused is not linked
-  with liblz4 (it reaches the process only inside c-blosc, without headers);
 - every other compressor (``BZ2``, ``LZMA``, ``Zfpy``, ...), subclasses of
   the numcodecs classes, and what `native_chain_params` refuses for format 3
   too (object and structured data types, non-CPU buffers, blosc compressors
@@ -51,6 +52,7 @@ from numcodecs.blosc import Blosc
 from numcodecs.delta import Delta
 from numcodecs.fixedscaleoffset import FixedScaleOffset
 from numcodecs.gzip import GZip
+from numcodecs.lz4 import LZ4
 from numcodecs.quantize import Quantize
 from numcodecs.shuffle import Shuffle
 from numcodecs.vlen import VLenBytes, VLenUTF8
@@ -59,6 +61,7 @@ from numcodecs.zstd import Zstd
 from zarr.codecs.blosc import BloscCodec
 from zarr.codecs.bytes import BytesCodec
 from zarr.codecs.gzip import GzipCodec
+from zarr.codecs.numcodecs import LZ4 as NumcodecsLZ4
 from zarr.codecs.transpose import TransposeCodec
 from zarr.codecs.zstd import ZstdCodec
 from zarr.core.dtype.common import HasEndianness
@@ -129,11 +132,8 @@ def compressor_params(compressor: Any, itemsize: int) -> tuple[str, dict[str, An
         return "", {"compressor": "zlib", "level": compressor.level}
     if kind is Blosc:
         return _blosc_params(compressor, itemsize)
-    if _codec_id(compressor) == "lz4":
-        return (
-            "zarr format 2 LZ4 is run by zarr: zarr_fused is built without liblz4 "
-            "(it reaches the process only inside c-blosc)"
-        ), {}
+    if kind is LZ4:
+        return "", {"compressor": "lz4", "acceleration": compressor.acceleration}
     return f"no native kernel for the zarr format 2 compressor {_codec_id(compressor)!r}", {}
 
 
@@ -183,6 +183,16 @@ def layout_codecs(spec: ArraySpec) -> tuple[Codec, ...]:
     return tuple(codecs)
 
 
+def _shuffle_filter(codec: V2Codec) -> int | None:
+    """The element size of a lone ``Shuffle`` filter (the kernel's byte
+    shuffle), or None for any other filters or none."""
+    filters = codec.filters or ()
+    if len(filters) == 1 and type(filters[0]) is Shuffle:
+        shuffle: Any = filters[0]  # numcodecs is untyped
+        return max(int(shuffle.elementsize), 0)
+    return None
+
+
 def v2_chain_params(
     codec: V2Codec,
     spec: ArraySpec,
@@ -192,15 +202,25 @@ def v2_chain_params(
     for ``spec``, else ``(why not, {})``. ``layout_params`` is
     `native_chain_params`, which checks the data type and buffers and lays
     out the chunk for the format-3 codecs of `layout_codecs`."""
-    if codec.filters:
+    shuffle = _shuffle_filter(codec)
+    if codec.filters and shuffle is None:
         names = ", ".join(_codec_id(f) for f in codec.filters)
         return f"zarr format 2 filters ({names}) are applied by zarr", {}
     reason, params = layout_params(layout_codecs(spec), spec)
     if reason:
         return reason, {}
-    reason, compressor = compressor_params(codec.compressor, params["itemsize"])
+    # numcodecs' Shuffle hands the compressor bytes (Blosc's type size 1)
+    itemsize = params["itemsize"] if shuffle is None else 1
+    reason, compressor = compressor_params(codec.compressor, itemsize)
     if reason:
         return reason, {}
+    if shuffle is not None and shuffle > 1:
+        if compressor["compressor"] is None:
+            return "zarr format 2 Shuffle without a compressor is applied by zarr", {}
+        if (math.prod(spec.shape) * params["itemsize"]) % shuffle:
+            # numcodecs raises for these chunks: zarr's code does so
+            return f"chunks of {spec.shape} are not whole {shuffle}-byte elements", {}
+        compressor["byte_shuffle"] = shuffle
     if compressor["compressor"] == "blosc":
         # the same checks as a format-3 blosc codec: both c-blosc builds
         stand_in = (
@@ -257,7 +277,7 @@ def v2_byte_identical(
     # a numcodecs codec: numcodecs has no type information, so its attributes
     # are looked up untyped once its exact class is known
     compressor: Any = codec.compressor
-    if codec.filters or compressor is None:
+    if (codec.filters and _shuffle_filter(codec) is None) or compressor is None:
         return True
     kind = type(compressor)
     if kind is Zstd:
@@ -269,4 +289,6 @@ def v2_byte_identical(
         return versions["zlib"] == versions["python_zlib"] and 1 <= compressor.level <= 9
     if kind is Blosc:
         return identical(BloscCodec(cname=compressor.cname, clevel=compressor.clevel))
+    if kind is LZ4:
+        return identical(NumcodecsLZ4(acceleration=compressor.acceleration))
     return True
