@@ -322,12 +322,17 @@ def test_s3_counters_equal_the_proxy(proxy: Any, sharded: bool, op: str) -> None
 
 
 def test_fallbacks_name_the_plans_reason() -> None:
-    """A format-2 string array runs zarr's code: each batch is a fallback
-    with the plan's reason, and its requests are still counted."""
+    """A format-2 array with a BZ2 compressor (no native kernel) runs zarr's
+    code: each batch is a fallback with the plan's reason, and its requests
+    are still counted."""
+    from numcodecs import BZ2
+
     store = Counting(MemoryStore())
     with with_pipeline(BATCHED):
-        arr = zarr.create_array(store, shape=(8,), chunks=(2,), dtype=str, zarr_format=2)
-        arr[...] = np.array([f"s{i}" for i in range(8)])
+        arr = zarr.create_array(
+            store, shape=(8,), chunks=(2,), dtype="int32", zarr_format=2, compressors=BZ2()
+        )
+        arr[...] = np.arange(8, dtype="int32")
     arr = _open(store)
     reason = arr._async_array.codec_pipeline.plan.read_fallback
     assert reason
