@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 from typing import Any
 
@@ -379,6 +380,30 @@ def test_waves_of_staging_give_the_same_values(
     monkeypatch.setattr(regions_module, "STAGING_BYTES", 16 * 12 * 20 * 2 * 3)
     selections = _random_selections(arr.shape, 30, seed=16)
     _assert_all(zarr_fused.read_regions(arr, selections), _expected(store, selections))
+
+
+@pytest.mark.parametrize("block_bytes", [pytest.param(b, id=str(b)) for b in (1, 4000, 1 << 20)])
+def test_new_results_cut_from_shared_blocks_do_not_overlap(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, block_bytes: int
+) -> None:
+    """Results cut from shared allocations (one each, a few per block, all
+    in one) hold zarr's values, in zarr's memory order, and no two share a
+    byte."""
+    monkeypatch.setattr(regions_module, "RESULT_BLOCK_BYTES", block_bytes)
+    for geometry in ("sharded", "v3-fortran"):
+        store = make_store("memory", tmp_path)
+        _filled(store, geometry, seed=41)
+        arr = _open(store, FUSED)
+        selections = _random_selections(arr.shape, 25, seed=42)
+        got = zarr_fused.read_regions(arr, selections)
+        expected = _expected(store, selections)
+        _assert_all(got, expected)
+        for g, e in zip(got, expected, strict=True):
+            assert g.flags.c_contiguous == e.flags.c_contiguous
+            assert g.flags.f_contiguous == e.flags.f_contiguous
+        sized = [g for g in got if g.size]
+        for a, b in itertools.combinations(sized, 2):
+            assert not np.shares_memory(a, b)
 
 
 class _Counting(WrapperStore[Any]):
