@@ -551,7 +551,9 @@ def _targets(
         for i, (region, buf) in enumerate(zip(regions, buffers, strict=True)):
             if region is not None:
                 _check_buffer(buf, i, region.shape, geometry.dtype)
-        return [None if region is None else buf for region, buf in zip(regions, buffers, strict=True)]
+        return [
+            None if region is None else buf for region, buf in zip(regions, buffers, strict=True)
+        ]
     shapes = [region.shape for region in regions if region is not None]
     new = iter(_new_results(shapes, geometry.dtype, geometry.order))
     return [None if region is None else next(new) for region in regions]
