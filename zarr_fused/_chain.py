@@ -49,6 +49,7 @@ from zarr.core.dtype.npy.structured import Struct
 from zarr_fused._dtypes import empty
 from zarr_fused._items import describe_chunk
 from zarr_fused._native import batch_kernels, codec_kernels, scatter_kernels
+from zarr_fused._native_gate import NativeOrFallback
 from zarr_fused._scatter_py import DecodeThenScatter, fill_missing, scatter_array
 from zarr_fused._v2 import V2Codec, v2_chain_params, v2_vlen_params
 from zarr_fused._vlen_chain import vlen_chain
@@ -116,7 +117,7 @@ class TransformChain(DecodeThenScatter):
         return self.transform.encode_chunk(array, spec)
 
 
-class NativeChain:
+class NativeChain(NativeOrFallback):
     """A codec chain run by `zarr_fused._codecs.ChainKernel`."""
 
     native = True
@@ -131,12 +132,6 @@ class NativeChain:
         self.fallback = fallback
         self._layouts: dict[tuple[int, ...], Any] = {}
         self._lock = threading.Lock()
-
-    def handles(self, spec: ArraySpec) -> bool:
-        """Whether this chunk spec is the one the kernel was built for."""
-        return (spec.dtype is self.zdtype or spec.dtype == self.zdtype) and issubclass(
-            spec.prototype.nd_buffer, cpu.NDBuffer
-        )
 
     def writes_into(self, out: Any, spec: ArraySpec) -> bool:
         """Whether the kernels can decode chunks of ``spec`` straight into
@@ -181,18 +176,10 @@ class NativeChain:
         batch.run()
         return array
 
-    def decode(self, raw: Buffer, spec: ArraySpec, key: Any = None) -> NDBuffer:
-        if not self.handles(spec):
-            return self.fallback.decode(raw, spec)
-        return spec.prototype.nd_buffer.from_ndarray_like(self.decode_array(raw, spec, key))
-
-    def decode_into(
+    def decode_handled_into(
         self, raw: Buffer, item: ReadItem, out: NDBuffer, drop_axes: tuple[int, ...]
     ) -> None:
         key, spec, chunk_selection, out_selection, _ = item
-        if not self.handles(spec):
-            self.fallback.decode_into(raw, item, out, drop_axes)
-            return
         dst = out.as_ndarray_like()
         if type(dst) is np.ndarray and dst.dtype == self.dtype:
             batch = self.decode_batch(1, max(dst.ndim, len(spec.shape)))

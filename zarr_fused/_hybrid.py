@@ -42,13 +42,13 @@ import numpy as np
 from zarr.abc.codec import ArrayArrayCodec
 from zarr.codecs.transpose import TransposeCodec
 from zarr.core.array_spec import ArrayConfig, ArraySpec
-from zarr.core.buffer import cpu
 from zarr.core.dtype import get_data_type_from_native_dtype
 
 from zarr_fused._dtypes import empty
 from zarr_fused._filter_stages import PythonStage, native_stage, stage, v2_native_stages
 from zarr_fused._items import describe_chunk
 from zarr_fused._native import batch_kernels, filter_kernels
+from zarr_fused._native_gate import NativeOrFallback
 from zarr_fused._scatter_py import DecodeThenScatter
 from zarr_fused._v2 import V2Codec, v2_filtered_layout
 from zarr_fused._zarr_compat import codec_decode_sync, codec_encode_sync
@@ -333,7 +333,7 @@ def hybrid_chain(
     return None if tail is None else HybridChain(run, tail, fallback, reason)
 
 
-class FilteredChain:
+class FilteredChain(NativeOrFallback):
     """Native filters over a native tail, run by the batch kernels (see the
     module): what the shard engine needs of a chain (`NativeChain`'s
     batches, layouts and whole-chunk codec), for chunks of the value type.
@@ -359,11 +359,6 @@ class FilteredChain:
         self.filters = filter_kernels.FilterChain(steps)
         self._layouts: dict[tuple[int, ...], Any] = {}
         self._lock = threading.Lock()
-
-    def handles(self, spec: ArraySpec) -> bool:
-        return (spec.dtype is self.zdtype or spec.dtype == self.zdtype) and issubclass(
-            spec.prototype.nd_buffer, cpu.NDBuffer
-        )
 
     def writes_into(self, out: Any, spec: ArraySpec) -> bool:
         return type(out) is np.ndarray and out.dtype == self.dtype and self.handles(spec)
@@ -416,11 +411,6 @@ class FilteredChain:
         batch.add(raw.as_numpy_array(), self.layout(spec.shape), (), array, (), (), key)
         batch.run()
         return array
-
-    def decode(self, raw: Buffer, spec: ArraySpec, key: Any = None) -> NDBuffer:
-        if not self.handles(spec):
-            return self.fallback.decode(raw, spec)
-        return spec.prototype.nd_buffer.from_ndarray_like(self.decode_array(raw, spec, key))
 
     def encode(self, array: NDBuffer, spec: ArraySpec, key: Any = None) -> Buffer | None:
         data = array.as_ndarray_like()

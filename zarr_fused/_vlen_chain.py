@@ -30,6 +30,7 @@ from zarr.core.buffer import cpu
 
 from zarr_fused._items import describe_chunk
 from zarr_fused._native import codec_kernels, vlen_kernels
+from zarr_fused._native_gate import NativeOrFallback
 from zarr_fused._zarr_compat import V2Codec
 
 if TYPE_CHECKING:
@@ -67,7 +68,7 @@ __all__ = ["VlenChain", "vlen_chain"]
 _V3_CODECS: dict[type, bool] = {VLenUTF8Codec: True, VLenBytesCodec: False}
 
 
-class VlenChain:
+class VlenChain(NativeOrFallback):
     """A vlen chunk (see the module) through `zarr_fused._vlen`."""
 
     native = True
@@ -148,28 +149,17 @@ class VlenChain:
             return chunk.astype(self.dtype)
         return chunk
 
-    def decode(self, raw: Buffer, spec: ArraySpec, key: Any = None) -> NDBuffer:
-        if not self.handles(spec):
-            return self.fallback.decode(raw, spec)
-        return spec.prototype.nd_buffer.from_numpy_array(self.decode_array(raw, spec, key))
-
-    def decode_into(
+    def decode_handled_into(
         self, raw: Buffer, item: ReadItem, out: NDBuffer, drop_axes: tuple[int, ...]
     ) -> None:
-        key, spec, chunk_selection, out_selection, _ = item
-        if not self.handles(spec):
-            self.fallback.decode_into(raw, item, out, drop_axes)
-            return
+        key, *_ = item
         view = self._whole_chunk_view(out, item, drop_axes)
         if view is not None:
             self._decode_flat(raw, view.reshape(-1), key)
             return
-        chunk = self.decode_array(raw, spec, key)[chunk_selection]
-        if drop_axes:
-            chunk = chunk.squeeze(axis=drop_axes)
         # NumPy's assignment (what zarr does): the scatter kernels copy no
         # object or StringDType elements, whose storage the arrays own
-        out[out_selection] = chunk
+        super().decode_handled_into(raw, item, out, drop_axes)
 
     def encode(self, array: NDBuffer, spec: ArraySpec, key: Any = None) -> Buffer | None:
         data = array.as_ndarray_like()
