@@ -75,6 +75,7 @@ EXTENSIONS: list[dict] = [
             "zarr_fused/_zlib.pxd",
             "zarr_fused/_blosc.pxd",
             "zarr_fused/_lz4.pxd",
+            "zarr_fused/_le32.pxd",
             "zarr_fused/_crc32c.pxd",
             "zarr_fused/_crc32c.h",
         ],
@@ -83,7 +84,12 @@ EXTENSIONS: list[dict] = [
     {
         "name": "zarr_fused._vlen",
         "sources": ["zarr_fused/_vlen.pyx"],
-        "depends": ["zarr_fused/_codecs.pxd", "zarr_fused/_zstd.pxd", "zarr_fused/_zlib.pxd"],
+        "depends": [
+            "zarr_fused/_codecs.pxd",
+            "zarr_fused/_zstd.pxd",
+            "zarr_fused/_zlib.pxd",
+            "zarr_fused/_le32.pxd",
+        ],
         "libraries": ["zstd"],
     },
     {

@@ -384,7 +384,11 @@ def test_scalar_write_does_not_materialise_per_chunk(tmp_path: Path) -> None:
             tracemalloc.stop()
         assert_same_values(arr[...], np.full((512, 512), 5, "<i4"))
     shard_bytes = 128 * 128 * 4
-    assert peak < 4 * shard_bytes, f"scalar write peaked at {peak / shard_bytes:.1f} shards"
+    # each of the 2 workers may hold a shard it assembles and one whose write
+    # has not returned yet, plus the outcome chunks: up to about 4.6 shards
+    # seen (2 runs in 8 went past 4, on older trees too); a temporary per
+    # inner chunk would hold the whole array, 16 shards
+    assert peak < 6 * shard_bytes, f"scalar write peaked at {peak / shard_bytes:.1f} shards"
 
 
 def test_async_stores_still_match_zarr(tmp_path: Path) -> None:

@@ -89,7 +89,7 @@ cdef class Workspace:
     cdef size_t scratch_cap
     cdef uint8_t* shuffled
     cdef size_t shuffled_cap
-    cdef unsigned char* io_buf
+    cdef uint8_t* io_buf
     cdef size_t io_cap
     cdef uint8_t* reserve(self, size_t n) noexcept nogil
     cdef uint8_t* reserve_io(self, size_t n) noexcept nogil

@@ -36,6 +36,7 @@ import threading
 
 import numpy as np
 
+from zarr_fused._le32 cimport load_le32, store_le32
 from zarr_fused cimport _blosc as bl
 from zarr_fused cimport _lz4 as lz
 from zarr_fused._crc32c cimport zf_crc32c, zf_crc32c_init, zf_crc32c_name, zf_crc32c_with
@@ -128,17 +129,6 @@ cdef str _blosc_complib_version(str cname):
         free(version)
 
 
-cdef inline uint32_t _load_le32(const uint8_t* p) noexcept nogil:
-    return <uint32_t>p[0] | (<uint32_t>p[1] << 8) | (<uint32_t>p[2] << 16) | (<uint32_t>p[3] << 24)
-
-
-cdef inline void _store_le32(uint8_t* p, uint32_t v) noexcept nogil:
-    p[0] = v & 0xff
-    p[1] = (v >> 8) & 0xff
-    p[2] = (v >> 16) & 0xff
-    p[3] = (v >> 24) & 0xff
-
-
 cdef int _check_crc(const uint8_t* data, Py_ssize_t n, Status* st) noexcept nogil:
     """Verify the trailing crc32c of ``data[:n]``."""
     cdef uint32_t stored, computed
@@ -146,7 +136,7 @@ cdef int _check_crc(const uint8_t* data, Py_ssize_t n, Status* st) noexcept nogi
         st.code = ZF_ERR_CRC_SHORT
         st.a = n
         return -1
-    stored = _load_le32(data + n - 4)
+    stored = load_le32(data + n - 4)
     computed = zf_crc32c(data, <size_t>(n - 4))
     if stored != computed:
         st.code = ZF_ERR_CRC
@@ -157,6 +147,21 @@ cdef int _check_crc(const uint8_t* data, Py_ssize_t n, Status* st) noexcept nogi
 
 
 # -- per-thread state -----------------------------------------------------------------
+
+
+cdef inline uint8_t* _grow(uint8_t** buf, size_t* cap, size_t n) noexcept nogil:
+    """``*buf`` made to hold at least ``n`` bytes (at least one) by
+    ``realloc``; NULL when it cannot grow (``*buf`` and ``*cap`` kept)."""
+    cdef uint8_t* grown
+    if n == 0:
+        n = 1
+    if n > cap[0]:
+        grown = <uint8_t*>realloc(buf[0], n)
+        if grown == NULL:
+            return NULL
+        buf[0] = grown
+        cap[0] = n
+    return buf[0]
 
 
 cdef class Workspace:
@@ -190,45 +195,18 @@ cdef class Workspace:
         free(self.io_buf)
 
     cdef uint8_t* reserve(self, size_t n) noexcept nogil:
-        cdef uint8_t* grown
-        if n == 0:
-            n = 1
-        if n > self.scratch_cap:
-            grown = <uint8_t*>realloc(self.scratch, n)
-            if grown == NULL:
-                return NULL
-            self.scratch = grown
-            self.scratch_cap = n
-        return self.scratch
+        return _grow(&self.scratch, &self.scratch_cap, n)
 
     cdef uint8_t* reserve_io(self, size_t n) noexcept nogil:
         """The IO buffer (a payload read from its file, or an encoded chunk
         on its way to its file), at least ``n`` bytes."""
-        cdef unsigned char* grown
-        if n == 0:
-            n = 1
-        if n > self.io_cap:
-            grown = <unsigned char*>realloc(self.io_buf, n)
-            if grown == NULL:
-                return NULL
-            self.io_buf = grown
-            self.io_cap = n
-        return self.io_buf
+        return _grow(&self.io_buf, &self.io_cap, n)
 
     cdef uint8_t* reserve_shuffled(self, size_t n) noexcept nogil:
         """The buffer of a chunk's shuffled bytes, at least ``n``: apart
         from the scratch, which may hold the batch's side-by-side slots
         that the unshuffled chunks go to."""
-        cdef uint8_t* grown
-        if n == 0:
-            n = 1
-        if n > self.shuffled_cap:
-            grown = <uint8_t*>realloc(self.shuffled, n)
-            if grown == NULL:
-                return NULL
-            self.shuffled = grown
-            self.shuffled_cap = n
-        return self.shuffled
+        return _grow(&self.shuffled, &self.shuffled_cap, n)
 
     @property
     def scratch_bytes(self):
@@ -277,7 +255,7 @@ cdef int _zstd_claim(const uint8_t* src, size_t n, unsigned long long* total,
             st.code = ZF_ERR_ZSTD
             st.msg = zs.ZSTD_getErrorName(size)
             return -1
-        zstd_frame = _load_le32(src + pos) == zs.ZSTD_MAGICNUMBER
+        zstd_frame = load_le32(src + pos) == zs.ZSTD_MAGICNUMBER
         frames += zstd_frame
         claim = zs.ZSTD_getFrameContentSize(src + pos, size)
         if claim == zs.ZSTD_CONTENTSIZE_UNKNOWN or claim == zs.ZSTD_CONTENTSIZE_ERROR:
@@ -437,9 +415,9 @@ cdef int _blosc_check_fields(const uint8_t* src, Py_ssize_t n, Status* st) noexc
         st.msg = "invalid blosc header: shorter than 16 bytes"
         return -1
     flags = src[2]
-    if <Py_ssize_t>_load_le32(src + 12) != n:
+    if <Py_ssize_t>load_le32(src + 12) != n:
         st.msg = "invalid blosc header: its compressed size is not the frame's length"
-    elif _load_le32(src + 4) > BLOSC_MAX_NBYTES:
+    elif load_le32(src + 4) > BLOSC_MAX_NBYTES:
         st.msg = "invalid blosc header: uncompressed size over c-blosc's limit"
     elif src[0] != BLOSC_FORMAT:
         st.msg = "invalid blosc header: unknown format version"
@@ -465,7 +443,7 @@ cdef int _blosc_check_layout(const uint8_t* src, Py_ssize_t n, Py_ssize_t nbytes
                              Status* st) noexcept nogil:
     """The checks of blocksize, a stored frame's length and the block starts
     of a compressed one, against ``nbytes`` (> 0, the header's and the chunk's)."""
-    cdef Py_ssize_t blocksize = <Py_ssize_t>_load_le32(src + 8)
+    cdef Py_ssize_t blocksize = <Py_ssize_t>load_le32(src + 8)
     cdef Py_ssize_t nblocks, first, start, i
     st.code = ZF_ERR_BLOSC
     if blocksize < 1 or blocksize > nbytes:
@@ -483,7 +461,7 @@ cdef int _blosc_check_layout(const uint8_t* src, Py_ssize_t n, Py_ssize_t nbytes
         st.msg = "invalid blosc frame: too short for its block starts"
         return -1
     for i in range(nblocks):
-        start = <Py_ssize_t>_load_le32(src + BLOSC_HEADER_SIZE + 4 * i)
+        start = <Py_ssize_t>load_le32(src + BLOSC_HEADER_SIZE + 4 * i)
         if start < first or start > n - 4:
             st.msg = "invalid blosc frame: a block starts outside the frame"
             return -1
@@ -509,7 +487,7 @@ cdef Py_ssize_t _blosc_decompress(const uint8_t* src, Py_ssize_t n,
     cdef int r
     if _blosc_check_fields(src, n, st) < 0:
         return -1
-    claimed = <Py_ssize_t>_load_le32(src + 4)
+    claimed = <Py_ssize_t>load_le32(src + 4)
     if claimed != cap:
         st.code = ZF_ERR_CLAIM
         st.a = claimed
@@ -621,7 +599,7 @@ cdef Py_ssize_t _lz4_decompress(const uint8_t* src, Py_ssize_t n, uint8_t* dst,
         st.code = ZF_ERR_LZ4
         st.msg = "frame shorter than its 4-byte size header"
         return -1
-    claimed = <Py_ssize_t>_load_le32(src)
+    claimed = <Py_ssize_t>load_le32(src)
     if claimed != cap:
         st.code = ZF_ERR_CLAIM
         st.a = claimed
@@ -653,7 +631,7 @@ cdef Py_ssize_t _lz4_compress(ChainKernel k, const uint8_t* src, Py_ssize_t n,
         st.code = ZF_ERR_ENCODE
         st.msg = "lz4 output exceeds its bound"
         return -1
-    _store_le32(dst, <uint32_t>n)
+    store_le32(dst, <uint32_t>n)
     r = lz.LZ4_compress_fast(<const char*>src, <char*>dst + LZ4_HEADER, <int>n,
                              <int>(cap - LZ4_HEADER), acceleration)
     if r <= 0:
@@ -939,7 +917,7 @@ cdef class ChainKernel:
         else:
             length = t.nbytes
             for _i in range(self.inner_crcs):
-                _store_le32(data + length, zf_crc32c(data, <size_t>length))
+                store_le32(data + length, zf_crc32c(data, <size_t>length))
                 length += 4
             if self.byte_shuffle:  # aside: ``data`` may be the caller's array
                 if _check_shuffle(t.nbytes, self.byte_shuffle, &t.status) < 0:
@@ -965,7 +943,7 @@ cdef class ChainKernel:
             if produced < 0:
                 return
         for _i in range(self.outer_crcs):
-            _store_le32(t.dst + produced, zf_crc32c(t.dst, <size_t>produced))
+            store_le32(t.dst + produced, zf_crc32c(t.dst, <size_t>produced))
             produced += 4
         t.out_len = produced
         if t.path != NULL:

@@ -38,6 +38,7 @@ from libc.string cimport memcpy, memset
 
 import numpy as np
 
+from zarr_fused._le32 cimport load_le32, store_le32
 from zarr_fused cimport _zstd as zs
 from zarr_fused._codecs cimport (
     COMP_BLOSC,
@@ -124,17 +125,6 @@ cdef object _error(Status* st, object where):
     return status_error(st, where)
 
 
-cdef inline uint32_t _load_le32(const uint8_t* p) noexcept nogil:
-    return <uint32_t>p[0] | (<uint32_t>p[1] << 8) | (<uint32_t>p[2] << 16) | (<uint32_t>p[3] << 24)
-
-
-cdef inline void _store_le32(uint8_t* p, uint32_t v) noexcept nogil:
-    p[0] = v & 0xff
-    p[1] = (v >> 8) & 0xff
-    p[2] = (v >> 16) & 0xff
-    p[3] = (v >> 24) & 0xff
-
-
 cdef Py_ssize_t _size_hint(ChainKernel k, const uint8_t* src, Py_ssize_t n) noexcept nogil:
     """A first guess of the decoded size (without inner checksums): what the
     compressed frame's header or trailer says, else a multiple of ``n``. A
@@ -151,11 +141,11 @@ cdef Py_ssize_t _size_hint(ChainKernel k, const uint8_t* src, Py_ssize_t n) noex
             if claim < <unsigned long long>(1) << 40:
                 return <Py_ssize_t>claim - 4 * k.inner_crcs
     elif k.compressor == COMP_BLOSC and body >= 16:
-        return <Py_ssize_t>_load_le32(src + 4) - 4 * k.inner_crcs
+        return <Py_ssize_t>load_le32(src + 4) - 4 * k.inner_crcs
     elif k.compressor == COMP_GZIP and body >= 18:
         # ISIZE, the last member's size modulo 2**32: exact for what
         # numcodecs and zarr_fused write (one member)
-        return <Py_ssize_t>_load_le32(src + body - 4) - 4 * k.inner_crcs
+        return <Py_ssize_t>load_le32(src + body - 4) - 4 * k.inner_crcs
     return 4 * body + 64
 
 
@@ -207,7 +197,7 @@ cdef int _parse(const uint8_t* data, Py_ssize_t n, Py_ssize_t count, Py_ssize_t*
         st.code = VLEN_SHORT_HEADER
         st.a = n
         return -1
-    items = _load_le32(data)
+    items = load_le32(data)
     if <Py_ssize_t>items != count:
         st.code = VLEN_COUNT
         st.a = items
@@ -218,7 +208,7 @@ cdef int _parse(const uint8_t* data, Py_ssize_t n, Py_ssize_t count, Py_ssize_t*
             st.code = VLEN_TRUNCATED
             st.a = i
             return -1
-        length = <Py_ssize_t>_load_le32(data + pos)
+        length = <Py_ssize_t>load_le32(data + pos)
         if n - pos - 4 < length:
             st.code = VLEN_TRUNCATED
             st.a = i
@@ -244,7 +234,7 @@ cdef int _fill_objects(const uint8_t* data, const Py_ssize_t* starts, Py_ssize_t
     cdef PyObject* old
     for i in range(count):
         p = <const char*>data + starts[i]
-        length = <Py_ssize_t>_load_le32(<const uint8_t*>p)
+        length = <Py_ssize_t>load_le32(<const uint8_t*>p)
         if utf8:
             try:
                 value = PyUnicode_DecodeUTF8(p + 4, length, NULL)
@@ -365,9 +355,9 @@ cdef void _build(uint8_t* frame, Py_ssize_t count, const char** ptrs,
                  const Py_ssize_t* lengths) noexcept nogil:
     cdef Py_ssize_t i
     cdef uint8_t* p = frame + HEADER
-    _store_le32(frame, <uint32_t>count)
+    store_le32(frame, <uint32_t>count)
     for i in range(count):
-        _store_le32(p, <uint32_t>lengths[i])
+        store_le32(p, <uint32_t>lengths[i])
         memcpy(p + 4, ptrs[i], <size_t>lengths[i])
         p += 4 + lengths[i]
 
@@ -506,7 +496,7 @@ cdef int _check_utf8(const uint8_t* data, const Py_ssize_t* starts, Py_ssize_t c
     cdef const uint8_t* p
     for i in range(count):
         p = data + starts[i]
-        if _utf8_error(p + 4, <Py_ssize_t>_load_le32(p)) >= 0:
+        if _utf8_error(p + 4, <Py_ssize_t>load_le32(p)) >= 0:
             st.code = VLEN_NOT_UTF8
             st.a = i
             return -1
@@ -522,7 +512,7 @@ cdef int _pack(const uint8_t* data, const Py_ssize_t* starts, Py_ssize_t count,
     for i in range(count):
         p = data + starts[i]
         if NpyString_pack(allocator, <npy_packed_static_string*>(dst + i * stride),
-                          <const char*>p + 4, <size_t>_load_le32(p)) < 0:
+                          <const char*>p + 4, <size_t>load_le32(p)) < 0:
             st.code = ZF_ERR_NOMEM
             return -1
     return 0

@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 __all__ = [
     "MISSING_OFFSET",
     "IndexFormat",
+    "ShardSide",
     "WholeShard",
     "index_format",
     "index_size",
@@ -139,6 +140,19 @@ def planned_format(codec: ShardingCodec) -> IndexFormat:
     fmt = index_format(codec)
     assert fmt is not None, "the plan admits only native index formats"
     return fmt
+
+
+class ShardSide:
+    """What the native shard reader and writer both hold: the sharding
+    codec, its inner codec chain, the path its fallback takes, the inner
+    chunk shape and the index format (one the plan admitted)."""
+
+    def __init__(self, codec: ShardingCodec, chain: Any, fallback: Any) -> None:
+        self.codec = codec
+        self.chain = chain
+        self.fallback = fallback
+        self.inner_shape = tuple(codec.chunk_shape)
+        self.fmt = planned_format(codec)
 
 
 @dataclass

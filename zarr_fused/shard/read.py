@@ -45,9 +45,9 @@ from zarr_fused.errors import CorruptShardError
 from zarr_fused.io.local import LOCAL_MAX_GAP, local_files, read_shard_part
 from zarr_fused.shard.index import (
     MISSING_OFFSET,
+    ShardSide,
     inner_describer,
     inner_grid,
-    planned_format,
     read_whole_shard,
 )
 from zarr_fused.stats import note_local, note_ranges
@@ -93,8 +93,11 @@ class _Shard:
         self.buffer = None
 
 
-class ShardReader:
+class ShardReader(ShardSide):
     """Native reads of shards through their index (see the module docstring)."""
+
+    chain: NativeChain | FilteredChain
+    fallback: BatchReader
 
     def __init__(
         self,
@@ -103,11 +106,7 @@ class ShardReader:
         fallback: BatchReader,
         io: ShardIO | None = None,
     ) -> None:
-        self.codec = codec
-        self.chain = chain
-        self.fallback = fallback
-        self.inner_shape = tuple(codec.chunk_shape)
-        self.fmt = planned_format(codec)
+        super().__init__(codec, chain, fallback)
         self._fill_cache: tuple[Any, bytes] | None = None
         #: the largest whole shard read so far (see `read_whole_shard`)
         self._whole_hint = 0

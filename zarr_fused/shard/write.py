@@ -64,9 +64,9 @@ from zarr_fused.io.engine import Batch, Writes, io_threads, resolve_io_concurren
 from zarr_fused.io.local import local_files, make_parents, write_parts
 from zarr_fused.io.shard_lock import shard_locks
 from zarr_fused.shard.index import (
+    ShardSide,
     inner_describer,
     inner_grid,
-    planned_format,
     read_whole_shard,
     stored_payloads,
 )
@@ -199,17 +199,16 @@ class _ShardJob:
                 self.hold.release()
 
 
-class ShardWriter:
+class ShardWriter(ShardSide):
     """Native writes of whole and partial shards (see the module docstring)."""
+
+    chain: NativeChain | FilteredChain
+    fallback: HeldWriter
 
     def __init__(
         self, codec: ShardingCodec, chain: NativeChain | FilteredChain, fallback: HeldWriter
     ) -> None:
-        self.codec = codec
-        self.chain = chain
-        self.fallback = fallback
-        self.inner_shape = tuple(codec.chunk_shape)
-        self.fmt = planned_format(codec)
+        super().__init__(codec, chain, fallback)
         self._orders: dict[tuple[int, ...], np.ndarray] = {}
         self._lock = threading.Lock()
 
