@@ -663,28 +663,28 @@ cdef inline void _unshuffle_as(const uint8_t* src, uint8_t* dst, Py_ssize_t coun
             dst[i * size + j] = src[j * count + i]
 
 
+cdef inline void _reorder_as(const uint8_t* src, uint8_t* dst, Py_ssize_t count,
+                             Py_ssize_t size, bint undo) noexcept nogil:
+    if undo:
+        _unshuffle_as(src, dst, count, size)
+    else:
+        _shuffle_as(src, dst, count, size)
+
+
 cdef void _byte_shuffle(const uint8_t* src, uint8_t* dst, Py_ssize_t n, Py_ssize_t size,
                         bint undo) noexcept nogil:
     """Shuffle (or with ``undo`` unshuffle) ``n`` bytes, a whole number of
     ``size``-byte elements, from ``src`` into ``dst``."""
     cdef Py_ssize_t count = n // size
-    if undo:
-        if size == 2:
-            _unshuffle_as(src, dst, count, 2)
-        elif size == 4:
-            _unshuffle_as(src, dst, count, 4)
-        elif size == 8:
-            _unshuffle_as(src, dst, count, 8)
-        else:
-            _unshuffle_as(src, dst, count, size)
-    elif size == 2:
-        _shuffle_as(src, dst, count, 2)
+    # a constant element size lets the C compiler unroll the inner loop
+    if size == 2:
+        _reorder_as(src, dst, count, 2, undo)
     elif size == 4:
-        _shuffle_as(src, dst, count, 4)
+        _reorder_as(src, dst, count, 4, undo)
     elif size == 8:
-        _shuffle_as(src, dst, count, 8)
+        _reorder_as(src, dst, count, 8, undo)
     else:
-        _shuffle_as(src, dst, count, size)
+        _reorder_as(src, dst, count, size, undo)
 
 
 cdef inline int _check_shuffle(Py_ssize_t n, Py_ssize_t size, Status* st) noexcept nogil:

@@ -218,6 +218,29 @@ cdef int _parse(const uint8_t* data, Py_ssize_t n, Py_ssize_t count, Py_ssize_t*
     return 0
 
 
+cdef Py_ssize_t* _new_starts(Py_ssize_t count) except NULL:
+    """Room for where each of ``count`` items starts (the caller frees it)."""
+    cdef Py_ssize_t* starts = <Py_ssize_t*>malloc(<size_t>(count if count else 1)
+                                                  * sizeof(Py_ssize_t))
+    if starts == NULL:
+        raise MemoryError()
+    return starts
+
+
+cdef int _open_frame(ChainKernel k, Workspace ws, const uint8_t[::1] src, Py_ssize_t count,
+                     const uint8_t** data, Py_ssize_t* length, Py_ssize_t* starts,
+                     Status* st) noexcept nogil:
+    """A stored chunk's frame (`_decode_frame`) with its ``count`` items
+    found (`_parse`); ``st`` cleared first."""
+    cdef int rc
+    cdef Py_ssize_t n = src.shape[0]
+    memset(st, 0, sizeof(Status))
+    rc = _decode_frame(k, ws, &src[0] if n else <const uint8_t*>b"", n, data, length, st)
+    if rc == 0:
+        rc = _parse(data[0], length[0], count, starts, st)
+    return rc
+
+
 cdef object _undecodable(object exc, Py_ssize_t item, object where):
     return CorruptChunkError(f"{where}: item {item} of the vlen-utf8 frame is not UTF-8 ({exc})")
 
@@ -274,8 +297,6 @@ def decode(ChainKernel kernel, payload, Py_ssize_t count, bint utf8, where="payl
         ``count`` objects, a view of ``out`` when given.
     """
     cdef const uint8_t[::1] src = as_bytes_view(payload)
-    cdef Py_ssize_t n = src.shape[0]
-    cdef const uint8_t* sp = &src[0] if n else <const uint8_t*>b""
     cdef Workspace ws = workspace()
     cdef const uint8_t* data = NULL
     cdef Py_ssize_t length = 0
@@ -285,15 +306,10 @@ def decode(ChainKernel kernel, payload, Py_ssize_t count, bint utf8, where="payl
     if count < 0:
         raise ValueError("count must be >= 0")
     result = _output(out, count)
-    starts = <Py_ssize_t*>malloc(<size_t>(count if count else 1) * sizeof(Py_ssize_t))
-    if starts == NULL:
-        raise MemoryError()
+    starts = _new_starts(count)
     try:
-        memset(&st, 0, sizeof(Status))
         with nogil:
-            rc = _decode_frame(kernel, ws, sp, n, &data, &length, &st)
-            if rc == 0:
-                rc = _parse(data, length, count, starts, &st)
+            rc = _open_frame(kernel, ws, src, count, &data, &length, starts, &st)
         if rc < 0:
             raise _error(&st, where)
         # ``data`` is in this thread's workspace or in ``payload``: both
@@ -316,6 +332,23 @@ cdef object _output(object out, Py_ssize_t count):
     if flat.shape[0] < count:
         raise ValueError(f"out holds {flat.shape[0]} items, {count} needed")
     return flat[:count]
+
+
+cdef int _item_arrays(Py_ssize_t count, const char*** ptrs, Py_ssize_t** lengths) except -1:
+    """Room for the pointers to and the lengths of ``count`` items to frame
+    (the caller frees both), after checking a frame can hold that many."""
+    cdef size_t n = <size_t>(count if count else 1)
+    if <size_t>count > MAX_ITEM:
+        raise ValueError(f"{count} items are over the vlen frame's limit")
+    ptrs[0] = <const char**>malloc(n * sizeof(char*))
+    lengths[0] = <Py_ssize_t*>malloc(n * sizeof(Py_ssize_t))
+    if ptrs[0] == NULL or lengths[0] == NULL:
+        free(ptrs[0])
+        free(lengths[0])
+        ptrs[0] = NULL
+        lengths[0] = NULL
+        raise MemoryError()
+    return 0
 
 
 cdef Py_ssize_t _gather(object values, bint utf8, const char** ptrs,
@@ -423,14 +456,9 @@ def encode(ChainKernel kernel, values, bint utf8, where="chunk"):
     if not values.flags.c_contiguous:
         raise ValueError("values must be C-contiguous")
     count = values.shape[0]
-    if <size_t>count > MAX_ITEM:
-        raise ValueError(f"{count} items are over the vlen frame's limit")
-    ptrs = <const char**>malloc(<size_t>(count if count else 1) * sizeof(char*))
-    lengths = <Py_ssize_t*>malloc(<size_t>(count if count else 1) * sizeof(Py_ssize_t))
+    _item_arrays(count, &ptrs, &lengths)
     memset(&t, 0, sizeof(EncodeTask))
     try:
-        if ptrs == NULL or lengths == NULL:
-            raise MemoryError()
         total = _gather(values, utf8, ptrs, lengths)
         out = np.empty(kernel.encode_bound(total), dtype=np.uint8)
         dst = out
@@ -544,8 +572,6 @@ def decode_strings(ChainKernel kernel, payload, out, where="payload"):
         ``out``.
     """
     cdef const uint8_t[::1] src = as_bytes_view(payload)
-    cdef Py_ssize_t n = src.shape[0]
-    cdef const uint8_t* sp = &src[0] if n else <const uint8_t*>b""
     cdef Workspace ws = workspace()
     cdef const uint8_t* data = NULL
     cdef Py_ssize_t length = 0
@@ -560,15 +586,10 @@ def decode_strings(ChainKernel kernel, payload, out, where="payload"):
     cdef PyArray_StringDTypeObject* descr = <PyArray_StringDTypeObject*>flat.dtype
     if not flat.flags.writeable:
         raise ValueError("out must be writeable")
-    starts = <Py_ssize_t*>malloc(<size_t>(count if count else 1) * sizeof(Py_ssize_t))
-    if starts == NULL:
-        raise MemoryError()
+    starts = _new_starts(count)
     try:
-        memset(&st, 0, sizeof(Status))
         with nogil:
-            rc = _decode_frame(kernel, ws, sp, n, &data, &length, &st)
-            if rc == 0:
-                rc = _parse(data, length, count, starts, &st)
+            rc = _open_frame(kernel, ws, src, count, &data, &length, starts, &st)
             if rc == 0:
                 rc = _check_utf8(data, starts, count, &st)
             if rc == 0:
@@ -633,14 +654,9 @@ def encode_strings(ChainKernel kernel, values, where="chunk"):
     cdef const char* src = <const char*><Py_ssize_t>flat.ctypes.data
     cdef Py_ssize_t stride = flat.dtype.itemsize
     cdef PyArray_StringDTypeObject* descr = <PyArray_StringDTypeObject*>flat.dtype
-    if <size_t>count > MAX_ITEM:
-        raise ValueError(f"{count} items are over the vlen frame's limit")
-    ptrs = <const char**>malloc(<size_t>(count if count else 1) * sizeof(char*))
-    lengths = <Py_ssize_t*>malloc(<size_t>(count if count else 1) * sizeof(Py_ssize_t))
+    _item_arrays(count, &ptrs, &lengths)
     memset(&t, 0, sizeof(EncodeTask))
     try:
-        if ptrs == NULL or lengths == NULL:
-            raise MemoryError()
         with nogil:
             # the loaded pointers are valid while the allocator is held; the
             # compression, the bulk of the work, runs after it is released
