@@ -42,6 +42,7 @@ from zarr_fused.cli.identity import byte_identical
 from zarr_fused.errors import DecompressionError, UnsupportedError
 
 from helpers import BATCHED, FUSED, assert_same_values, chunk_items, make_store
+from helpers.filter_data import values_of
 from helpers.s3_stores import new_prefix, open_store
 
 STRICT = {"codec_pipeline.path": FUSED, "codec_pipeline.strict": True}
@@ -211,19 +212,6 @@ COMPRESSORS: dict[str, Any] = {
     "zstd-crc32c": lambda: [ZstdCodec(level=1), Crc32cCodec()],
     "none": list,
 }
-
-
-def values_of(kind: str, dtype: str, shape: tuple[int, ...], seed: int) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    if kind == "ints":
-        value = np.cumsum(rng.integers(-5, 6, size=shape), axis=-1)
-    elif kind == "temperatures":
-        value = 273.15 + 30 * rng.standard_normal(shape)
-    elif kind == "small":
-        value = rng.uniform(0, 100, size=shape).round(2)
-    else:
-        value = 1000 * rng.standard_normal(shape)
-    return value.astype(dtype)
 
 
 def create(

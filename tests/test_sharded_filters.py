@@ -25,6 +25,7 @@ from zarr_fused._hybrid import FilteredChain
 from zarr_fused.errors import UnsupportedError
 
 from helpers import BATCHED, FUSED, assert_same_values, chunk_items, make_store
+from helpers.filter_data import values_of
 
 STRICT = {"codec_pipeline.path": FUSED, "codec_pipeline.strict": True}
 
@@ -96,19 +97,6 @@ GEOMETRIES: dict[str, tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]] 
     "2d-one-inner": ((20, 20), (10, 10), (10, 10)),
     "3d": ((9, 14, 11), (6, 8, 8), (3, 4, 4)),
 }
-
-
-def values_of(kind: str, dtype: str, shape: tuple[int, ...], seed: int) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    if kind == "ints":
-        value = np.abs(np.cumsum(rng.integers(-5, 6, size=shape), axis=-1))
-    elif kind == "temperatures":
-        value = 273.15 + 30 * rng.standard_normal(shape)
-    elif kind == "small":
-        value = rng.uniform(0, 100, size=shape).round(2)
-    else:
-        value = 1000 * rng.standard_normal(shape)
-    return value.astype(dtype)
 
 
 def create(
