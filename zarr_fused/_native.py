@@ -24,6 +24,7 @@ _EXTENSIONS = (
     "_shard_index",
     "_shard",
     "_shard_local",
+    "_cast_value",
     "_filters",
     "_vlen",
 )
@@ -45,6 +46,7 @@ if TYPE_CHECKING:
     # mypy checks the calls into each extension against its .pyi stub; at
     # run time a handle is None when its extension did not import, which
     # the callers test before using it
+    from zarr_fused import _cast_value as cast_kernels
     from zarr_fused import _codec_batch as batch_kernels
     from zarr_fused import _codecs as codec_kernels
     from zarr_fused import _fileio as fileio_kernels
@@ -65,6 +67,7 @@ else:
     io_kernels = _usable.get("_localio")
     fileio_kernels = _usable.get("_fileio")
     filter_kernels = _usable.get("_filters")
+    cast_kernels = _usable.get("_cast_value")
     vlen_kernels = _usable.get("_vlen")
 
 
@@ -101,7 +104,7 @@ def native_info() -> dict[str, object]:
         if filter_kernels is not None:
             # array->array filters: native stages of a hybrid chain
             codecs += [f"numcodecs.{n}" for n in ("delta", "fixedscaleoffset", "quantize")]
-            codecs += ["numcodecs.bitround"]
+            codecs += ["numcodecs.bitround", "cast_value"]
         if vlen_kernels is not None:
             codecs += ["vlen-utf8", "vlen-bytes", "numcodecs.vlen-utf8", "numcodecs.vlen-bytes"]
         libraries = codec_kernels.library_versions()
