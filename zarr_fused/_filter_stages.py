@@ -17,11 +17,12 @@ from typing import TYPE_CHECKING, Any
 
 import numcodecs
 import numpy as np
+from zarr.codecs.cast_value import CastValue
 from zarr.codecs.numcodecs import AsType, BitRound, Delta, FixedScaleOffset, Quantize
 from zarr.codecs.scale_offset import ScaleOffset
 from zarr.core.dtype import get_data_type_from_native_dtype
 
-from zarr_fused._native import filter_kernels
+from zarr_fused._native import cast_kernels, filter_kernels
 from zarr_fused._zarr_compat import codec_decode_sync, codec_encode_sync
 
 if TYPE_CHECKING:
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
 __all__ = [
     "NativeAsType",
     "NativeBitRound",
+    "NativeCastValue",
     "NativeDelta",
     "NativeFixedScaleOffset",
     "NativeQuantize",
@@ -84,6 +86,11 @@ class _NativeStage(PythonStage):
 
     def _takes(self, data: Any, dtype: np.dtype[Any] | None) -> bool:
         return type(data) is np.ndarray and data.size > 0 and data.dtype == (dtype or data.dtype)
+
+    def takes_dtype(self, dtype: np.dtype[Any]) -> bool:
+        """Whether the stage runs natively on chunks of ``dtype`` (the type
+        before it); a stage that says no runs zarr's code for the array."""
+        return True
 
     def kernel_step(self, dtype: np.dtype[Any]) -> tuple[Any, ...] | None:
         """This stage as a step of `zarr_fused._filters.FilterChain` on items
@@ -315,6 +322,100 @@ class NativeAsType(_NativeStage):
         return ("astype", dtype, self.encoded) if dtype == self.dtype else None
 
 
+class NativeCastValue(_NativeStage):
+    """zarr's ``cast_value`` between the types `zarr_fused._cast_value` has
+    (8- to 64-bit integers, float32, float64), run there; its two
+    directions are built per type on the array side. A pair of types it
+    lacks (float16, bfloat16, 4-bit integers...), a scalar map zarr's
+    backend would refuse, and a chunk with a value the cast fails on run
+    zarr's code, which raises its own error for that value."""
+
+    def __init__(self, codec: Any) -> None:
+        super().__init__(codec)
+        self.stored: np.dtype[Any] = codec.dtype.to_native_dtype()
+        self.encoded = self.stored
+        self._specs: dict[tuple[np.dtype[Any], str], Any] = {}
+
+    def spec(self, dtype: np.dtype[Any], direction: str) -> Any:
+        """The `CastSpec` of one direction (``"encode"``, ``"decode"``) for
+        arrays of ``dtype``, or None when the kernel does not take it."""
+        key = (dtype, direction)
+        if key not in self._specs:
+            self._specs[key] = self._build(dtype, direction)
+        return self._specs[key]
+
+    def _build(self, dtype: np.dtype[Any], direction: str) -> Any:
+        assert cast_kernels is not None
+        src, dst = (dtype, self.stored) if direction == "encode" else (self.stored, dtype)
+        entries = _cast_entries(self.codec, direction, src, dst)
+        if entries is None:
+            return None
+        try:
+            return cast_kernels.CastSpec(
+                src, dst, self.codec.rounding, self.codec.out_of_range, entries
+            )
+        except (TypeError, ValueError):
+            return None
+
+    def takes_dtype(self, dtype: np.dtype[Any]) -> bool:
+        both = self.spec(dtype, "encode") is not None and self.spec(dtype, "decode") is not None
+        return dtype.isnative and both
+
+    def _run(self, data: Any, dtype: np.dtype[Any], cast: Any) -> np.ndarray[Any, Any] | None:
+        assert cast_kernels is not None
+        if cast is None or type(data) is not np.ndarray or data.size == 0:
+            return None
+        # zarr's backend reads its input in C order, as this copy does
+        out = np.empty(data.shape, dtype=dtype)
+        if (
+            cast_kernels.cast(np.ascontiguousarray(data), out, cast)
+            != cast_kernels.CastStatus.CAST_OK
+        ):
+            return None  # zarr's code raises its error for the value
+        return out
+
+    def decode(self, chunk: NDBuffer, spec: ArraySpec) -> NDBuffer:
+        data: Any = chunk.as_ndarray_like()
+        dtype = spec.dtype.to_native_dtype()
+        ok = type(data) is np.ndarray and data.dtype == self.stored
+        out = self._run(data, dtype, self.spec(dtype, "decode")) if ok else None
+        if out is None:
+            return PythonStage.decode(self, chunk, spec)
+        return spec.prototype.nd_buffer.from_ndarray_like(out)
+
+    def encode(self, chunk: NDBuffer, spec: ArraySpec) -> NDBuffer | None:
+        data: Any = chunk.as_ndarray_like()
+        ok = type(data) is np.ndarray and data.dtype == spec.dtype.to_native_dtype()
+        out = self._run(data, self.stored, self.spec(data.dtype, "encode")) if ok else None
+        if out is None:
+            return PythonStage.encode(self, chunk, spec)
+        return spec.prototype.nd_buffer.from_ndarray_like(out)
+
+    def kernel_step(self, dtype: np.dtype[Any]) -> tuple[Any, ...] | None:
+        encode, decode = self.spec(dtype, "encode"), self.spec(dtype, "decode")
+        if encode is None or decode is None or decode.can_fail:
+            return None  # the batches' decoding cannot report a failed value
+        return ("cast_value", dtype, encode, decode)
+
+
+def _cast_entries(
+    codec: Any, direction: str, src: np.dtype[Any], dst: np.dtype[Any]
+) -> list[tuple[Any, Any]] | None:
+    """The scalar map of one direction as zarr's ``cast_value`` hands it to
+    its backend (keys and values made Python ints or floats by the source
+    and target types, later equal keys overriding earlier ones), or None
+    when zarr's conversion raises (zarr's code then raises it)."""
+    mapping = (codec.scalar_map or {}).get(direction)
+    if mapping is None:
+        return []
+    to_src = int if np.issubdtype(src, np.integer) else float
+    to_dst = int if np.issubdtype(dst, np.integer) else float
+    try:
+        return list({to_src(k): to_dst(v) for k, v in mapping.items()}.items())
+    except (TypeError, ValueError, OverflowError):
+        return None
+
+
 def quantize_scale(digits: int) -> float:
     """The power of two numcodecs' ``Quantize`` multiplies by for ``digits``
     decimal digits: the smallest one at least ``10 ** digits``, after the
@@ -388,6 +489,10 @@ def _bitround(codec: Any, config: dict[str, Any]) -> NativeBitRound:
     return NativeBitRound(codec, int(config["keepbits"]))
 
 
+def _cast_value(codec: Any, config: dict[str, Any]) -> NativeCastValue | None:
+    return None if cast_kernels is None else NativeCastValue(codec)
+
+
 _NATIVE_STAGES: dict[type, Callable[[Any, dict[str, Any]], _NativeStage | None]] = {
     Delta: _delta,
     FixedScaleOffset: _fixedscaleoffset,
@@ -395,6 +500,7 @@ _NATIVE_STAGES: dict[type, Callable[[Any, dict[str, Any]], _NativeStage | None]]
     Quantize: _quantize,
     AsType: _astype,
     ScaleOffset: _scale_offset,
+    CastValue: _cast_value,
 }
 
 
@@ -419,15 +525,22 @@ def v2_native_stages(filters: Any) -> tuple[_NativeStage, ...] | None:
     return tuple(stages)
 
 
-def native_stage(codec: Codec) -> _NativeStage | None:
-    """The native stage that runs ``codec``, or None when there is none."""
+def native_stage(codec: Codec, spec: ArraySpec | None = None) -> _NativeStage | None:
+    """The native stage that runs ``codec``, or None when there is none
+    (for chunks of ``spec``, the spec before the stage, when given)."""
     make = _NATIVE_STAGES.get(type(codec))
     if filter_kernels is None or make is None:
         return None
     config: dict[str, Any] = getattr(codec, "codec_config", {})
-    return make(codec, dict(config))
+    found = make(codec, dict(config))
+    if found is not None and spec is not None:
+        # a type the stage lacks runs zarr's code for the whole array, so
+        # the plan logs it and strict mode refuses it
+        return found if found.takes_dtype(spec.dtype.to_native_dtype()) else None
+    return found
 
 
-def stage(codec: Codec) -> PythonStage:
-    """How a hybrid chain runs ``codec``: natively where it can."""
-    return native_stage(codec) or PythonStage(codec)
+def stage(codec: Codec, spec: ArraySpec | None = None) -> PythonStage:
+    """How a hybrid chain runs ``codec`` (on chunks of ``spec``, the spec
+    before the stage, when given): natively where it can."""
+    return native_stage(codec, spec) or PythonStage(codec)

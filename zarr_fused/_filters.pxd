@@ -3,6 +3,8 @@
 # of array->array steps run on one chunk's items with the GIL released,
 # so the shard engine filters inner chunks inside its nogil sections.
 
+from zarr_fused._cast_value cimport CastPlan
+
 # What a kernel that can refuse its input returns.
 cpdef enum FilterStatus:
     FILTER_OK = 0
@@ -15,6 +17,7 @@ cdef enum FilterKind:
     FK_BITROUND = 4
     FK_SCALE_OFFSET = 5
     FK_ASTYPE = 6
+    FK_CAST_VALUE = 7
 
 # At most this many filters in one chain (more go through the hybrid chain).
 cdef enum:
@@ -35,6 +38,8 @@ cdef struct FilterStep:
     double lo  # fixedscaleoffset: the encoded type's range [lo, hi)
     double hi
     int maskbits
+    CastPlan cast_encode  # cast_value: its two directions (see _cast_value.pxd)
+    CastPlan cast_decode
 
 cdef class FilterChain:
     cdef FilterStep steps[FILTER_MAX_STEPS]

@@ -59,6 +59,8 @@ from libc.stdint cimport (
 
 cimport numpy as cnp
 
+from zarr_fused._cast_value cimport CAST_OK, CastSpec, cast_run
+
 import numpy as np
 
 cnp.import_array()
@@ -462,6 +464,8 @@ cdef void _decode_step(const FilterStep* s, const void* src, void* dst,
         _scale_offset_run(s.code, False, src, dst, n, s.offset, s.scale)
     elif s.kind == FK_ASTYPE:
         _astype_run(s.encoded_code, s.code, src, dst, n)
+    elif s.kind == FK_CAST_VALUE:
+        cast_run(&s.cast_decode, src, dst, n)  # a step whose decoding cannot fail
     elif s.code == 4:
         _fso_decode_from(s.encoded_code, src, <float*>dst, n, s.offset, s.scale)
     else:
@@ -476,6 +480,9 @@ cdef FilterStatus _encode_step(const FilterStep* s, const void* src, void* dst,
         _scale_offset_run(s.code, True, src, dst, n, s.offset, s.scale)
     elif s.kind == FK_ASTYPE:
         _astype_run(s.code, s.encoded_code, src, dst, n)
+    elif s.kind == FK_CAST_VALUE:
+        if cast_run(&s.cast_encode, src, dst, n) != CAST_OK:
+            return FILTER_OUT_OF_RANGE
     elif s.kind == FK_FIXEDSCALEOFFSET:
         if s.code == 4:
             return _fso_encode_to(s.encoded_code, <const float*>src, dst, n, s.offset, s.scale,
@@ -554,8 +561,22 @@ cdef int _set_step(FilterStep* s, tuple step) except -1:
         s.code = _float_code(dtype, kind)
         s.encoded_code = _float_code(np.dtype(step[2]), kind)
         s.encoded_itemsize = s.encoded_code
+    elif kind == "cast_value":
+        _set_cast_step(s, dtype, step[2], step[3])
     else:
         raise ValueError(f"no filter kernel {kind!r}")
+    return 0
+
+
+cdef int _set_cast_step(FilterStep* s, object dtype, CastSpec enc, CastSpec dec) except -1:
+    # the batches' decode has no way to report a failed value, so only a
+    # decoding no stored value can fail runs here
+    if enc.src != dtype or dec.dst != dtype or enc.dst != dec.src or dec.can_fail:
+        raise ValueError(f"cast_value: no chain step for {dtype} with these plans")
+    s.kind = FK_CAST_VALUE
+    s.encoded_itemsize = enc.dst.itemsize
+    s.cast_encode = enc.plan
+    s.cast_decode = dec.plan
     return 0
 
 
@@ -609,8 +630,8 @@ cdef class FilterChain:
                     const void** out) noexcept nogil:
         """Run the steps on ``count`` items at ``a``; ``out[0]`` is where the
         encoded items are (``a`` or ``b``). Returns `FILTER_OUT_OF_RANGE`
-        when fixedscaleoffset meets a value its type cannot hold (the
-        caller then runs numcodecs' code on the chunk), else `FILTER_OK`."""
+        when fixedscaleoffset or cast_value meets a value it cannot encode
+        (the caller then runs zarr's code on the chunk), else `FILTER_OK`."""
         cdef void* cur = a
         cdef void* dst
         cdef int i

@@ -319,7 +319,7 @@ def hybrid_chain(
         return None
     stages, rest = codecs[:split], codecs[split:]
     inner_spec = _stage_specs(stages, spec)[-1]
-    run = tuple(stage(c) for c in stages)
+    run = tuple(stage(c, s) for c, s in zip(stages, _stage_specs(stages, spec), strict=False))
     python = tuple(
         r.codec for r in run if type(r) is PythonStage and type(r.codec) is not TransposeCodec
     )
