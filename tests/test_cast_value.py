@@ -62,6 +62,7 @@ def edge_values(src: str, dst: str) -> np.ndarray:
     values += [-0.0, np.nan, np.inf, -np.inf, 5e-324, 1e-40, -1e-40, 1.0000001, 0.1]
     values += [3.4028235e38, 3.4028236e38, 3.5e38, 1e39, -1e39, 1e300, 2.0**63, 2.0**64]
     values += [2.0**31 - 0.5, 2.0**31, -(2.0**31) - 1, 16777217.0, 9007199254740993.0]
+    values += [0.49999999999999994, 4503599627370495.5, -2251799813685248.5, 8388607.5, -0.5000001]
     with np.errstate(over="ignore"):
         return np.array([float(v) for v in values], dtype=np.float64).astype(src)
 

@@ -8,8 +8,8 @@ against it), so a chain with a native cast stores what zarr stores:
 1. the ``scalar_map`` entries, first match wins (a NaN key matches any
    NaN; ``-0.0`` matches ``0.0``);
 2. float to integer: NaN and the infinities fail, whatever the mode; the
-   value is rounded in its own float type by the rounding mode (``rint``,
-   ``trunc``, ``ceil``, ``floor``, ``round``), then compared exactly with
+   value is rounded to an integer by the rounding mode (ties to even or
+   away from zero, or towards zero, +inf, -inf), then compared exactly with
    the target's bounds: ``clamp`` pins it to them, ``wrap`` takes the
    integer modulo 2**64 and keeps the target's low bits, no mode fails;
 3. integer to integer: the same, in the source type against the target's
@@ -28,10 +28,7 @@ Python; `cast` runs it on a C-contiguous array. float16 and the types
 NumPy lacks are not here: their casts run zarr's code.
 """
 
-from libc.math cimport (
-    ceil, ceilf, copysign, fabs, floor, floorf, fmod, INFINITY, isfinite, isinf, nextafter,
-    nextafterf, rint, rintf, round, roundf, trunc, truncf,
-)
+from libc.math cimport copysign, fabs, fmod, INFINITY, isfinite, isinf, nextafter, nextafterf
 from libc.stdint cimport (
     int8_t, int16_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t,
 )
@@ -131,6 +128,8 @@ ctypedef fused idst_t:
 #: 2**64 and 2**63, exact as doubles
 cdef double TWO_64 = 18446744073709551616.0
 cdef double TWO_63 = 9223372036854775808.0
+#: 2**52: a double of this magnitude or more is an integer
+cdef double TWO_52 = 4503599627370496.0
 #: float32's overflow threshold: a float64 of this magnitude or more overflows
 cdef double TWO_128 = 340282366920938463463374607431768211456.0
 
@@ -140,27 +139,28 @@ cdef inline void _load(const uint64_t* bits, src_t* out) noexcept nogil:
     memcpy(out, bits, sizeof(src_t))
 
 
-cdef inline fsrc_t _round(fsrc_t v, int mode) noexcept nogil:
-    if fsrc_t is float:
-        if mode == NEAREST_EVEN:
-            return rintf(v)
-        if mode == TOWARDS_ZERO:
-            return truncf(v)
-        if mode == TOWARDS_POSITIVE:
-            return ceilf(v)
-        if mode == TOWARDS_NEGATIVE:
-            return floorf(v)
-        return roundf(v)
-    else:
-        if mode == NEAREST_EVEN:
-            return rint(v)
-        if mode == TOWARDS_ZERO:
-            return trunc(v)
-        if mode == TOWARDS_POSITIVE:
-            return ceil(v)
-        if mode == TOWARDS_NEGATIVE:
-            return floor(v)
-        return round(v)
+cdef inline double _round(double v, int mode) noexcept nogil:
+    """``v`` (finite) rounded to an integer by ``mode``: its truncation
+    (one conversion) moved by comparisons that compile without branches,
+    as random fractions would defeat a branch predictor (libm's rint and
+    floor are calls on the baseline x86-64 this is built for). A float32
+    rounds alike as a double: each mode is a function of the exact value."""
+    cdef double t, r
+    if not fabs(v) < TWO_52:
+        return v  # an integer already
+    t = <double><int64_t>v
+    r = v - t  # exact: |r| < 1, and t is 0 or within a factor of two of v
+    if mode == TOWARDS_ZERO:
+        return t
+    if mode == TOWARDS_POSITIVE:
+        return t + <double>(r > 0)
+    if mode == TOWARDS_NEGATIVE:
+        return t - <double>(r < 0)
+    if mode == NEAREST_AWAY:
+        return t + copysign(<double>(fabs(r) >= 0.5), v)
+    # nearest-even: adding 2**52 to the magnitude leaves no fraction bits,
+    # so the addition itself rounds (the default rounding mode, ties to even)
+    return copysign((fabs(v) + TWO_52) - TWO_52, v)
 
 
 cdef inline uint64_t _mod_two_64(double d) noexcept nogil:
@@ -175,10 +175,10 @@ cdef inline uint64_t _mod_two_64(double d) noexcept nogil:
 
 
 cdef inline CastStatus _f2i(fsrc_t v, idst_t* out, const CastPlan* p) noexcept nogil:
-    cdef double d
-    if not isfinite(v):
+    cdef double d = <double>v
+    if not isfinite(d):
         return CAST_NAN_OR_INF
-    d = <double>_round(v, p.rounding)
+    d = _round(d, p.rounding)
     if d < p.flo or d >= p.fhi:
         if p.out_of_range == OOR_CLAMP:
             _load(&p.dmin if d < p.flo else &p.dmax, out)
@@ -298,24 +298,36 @@ cdef inline bint _mapped(src_t v, dst_t* out, const CastPlan* p) noexcept nogil:
     return False
 
 
-cdef CastStatus _cast(const src_t* s, dst_t* d, Py_ssize_t n, const CastPlan* p) noexcept nogil:
-    cdef Py_ssize_t i
-    cdef CastStatus status = CAST_OK
-    for i in range(n):
-        if p.n_entries and _mapped(s[i], &d[i], p):
-            continue
-        if src_t is float or src_t is double:
-            if dst_t is float or dst_t is double:
-                status = _f2f(s[i], &d[i], p)
-            else:
-                status = _f2i(s[i], &d[i], p)
+cdef inline CastStatus _one(src_t v, dst_t* out, const CastPlan* p) noexcept nogil:
+    if src_t is float or src_t is double:
+        if dst_t is float or dst_t is double:
+            return _f2f(v, out, p)
         else:
-            if dst_t is float or dst_t is double:
-                status = _i2f(s[i], &d[i], p)
-            else:
-                status = _i2i(s[i], &d[i], p)
-        if status != CAST_OK:
-            return status
+            return _f2i(v, out, p)
+    else:
+        if dst_t is float or dst_t is double:
+            return _i2f(v, out, p)
+        else:
+            return _i2i(v, out, p)
+
+
+cdef CastStatus _cast(const src_t* s, dst_t* d, Py_ssize_t n, const CastPlan* plan) noexcept nogil:
+    # a local copy: the compiler may keep its fields in registers, as no
+    # store into ``d`` can change it
+    cdef CastPlan p = plan[0]
+    cdef Py_ssize_t i
+    cdef CastStatus status
+    if p.n_entries == 0:
+        for i in range(n):
+            status = _one(s[i], &d[i], &p)
+            if status != CAST_OK:
+                return status
+        return CAST_OK
+    for i in range(n):
+        if not _mapped(s[i], &d[i], &p):
+            status = _one(s[i], &d[i], &p)
+            if status != CAST_OK:
+                return status
     return CAST_OK
 
 
