@@ -311,12 +311,34 @@ cdef inline CastStatus _one(src_t v, dst_t* out, const CastPlan* p) noexcept nog
             return _i2i(v, out, p)
 
 
+cdef void _int_to_float_nearest(const src_t* s, dst_t* d, Py_ssize_t n,
+                                const CastPlan* p) noexcept nogil:
+    """An integer to float cast by nearest-even, which cannot fail: a plain
+    conversion loop, then one pass per scalar_map entry, the last entry
+    first so the first match wins (both loops vectorize)."""
+    cdef Py_ssize_t i, k
+    cdef src_t key
+    cdef dst_t value
+    for i in range(n):
+        d[i] = <dst_t>s[i]
+    for k in range(p.n_entries - 1, -1, -1):
+        _load(&p.entries[k].src, &key)
+        _load(&p.entries[k].dst, &value)
+        for i in range(n):
+            if s[i] == key:
+                d[i] = value
+
+
 cdef CastStatus _cast(const src_t* s, dst_t* d, Py_ssize_t n, const CastPlan* plan) noexcept nogil:
     # a local copy: the compiler may keep its fields in registers, as no
     # store into ``d`` can change it
     cdef CastPlan p = plan[0]
     cdef Py_ssize_t i
     cdef CastStatus status
+    if not (src_t is float or src_t is double):
+        if (dst_t is float or dst_t is double) and p.rounding == NEAREST_EVEN:
+            _int_to_float_nearest(s, d, n, &p)
+            return CAST_OK
     if p.n_entries == 0:
         for i in range(n):
             status = _one(s[i], &d[i], &p)
