@@ -1,0 +1,100 @@
+"""zarr's ``cast_value`` chain read and written by zarr's Batched pipeline and
+by zarr_fused, side by side in one process.
+
+float32 values (a NaN every 97th) stored as int16 by ``cast_value`` (NaN ->
+-32768 on encode, back on decode, clamp), zstd level 1, on a LocalStore:
+unsharded (256^2 chunks) and sharded (1024^2 shards of 256^2 inner chunks).
+Interleaved rounds (the order alternating) of a whole-array read and a
+whole-array write; prints the medians of wall time and of process CPU time
+(all threads) and the ratio Batched / zarr_fused of each:
+
+    .venv/bin/python asv_bench/cast_value_ratios.py /tmp/cast-data 9
+    taskset -c 0 .venv/bin/python asv_bench/cast_value_ratios.py /tmp/cast-data 9
+"""
+
+import statistics
+import sys
+import time
+
+import numpy as np
+import zarr
+from zarr.codecs import BytesCodec, ShardingCodec, ZstdCodec
+from zarr.codecs.cast_value import CastValue
+
+PIPELINES = {
+    "batched": "zarr.core.codec_pipeline.BatchedCodecPipeline",
+    "fused": "zarr_fused.FusedCodecPipeline",
+}
+SHAPE, CHUNK, SHARD = (2048, 2048), (256, 256), (1024, 1024)
+
+
+def codec() -> CastValue:
+    return CastValue(
+        data_type="int16",
+        out_of_range="clamp",
+        scalar_map={"encode": [("NaN", -32768)], "decode": [(-32768, "NaN")]},
+    )
+
+
+def create(path: str, sharded: bool) -> zarr.Array:
+    if sharded:
+        inner = ShardingCodec(chunk_shape=CHUNK, codecs=[codec(), BytesCodec(), ZstdCodec(level=1)])
+        kw = {"chunks": SHARD, "serializer": inner, "filters": None, "compressors": None}
+    else:
+        kw = {"chunks": CHUNK, "filters": [codec()], "compressors": [ZstdCodec(level=1)]}
+    return zarr.create_array(
+        path, shape=SHAPE, dtype="float32", fill_value=np.nan, overwrite=True, **kw
+    )
+
+
+def timed(run, *args) -> tuple[float, float]:
+    c0, w0 = time.process_time(), time.perf_counter()
+    run(*args)
+    return time.perf_counter() - w0, time.process_time() - c0
+
+
+def main() -> None:
+    root, rounds = sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 9
+    rng = np.random.default_rng(0)
+    data = (rng.standard_normal(SHAPE) * 3000).astype("float32")
+    data.flat[::97] = np.nan
+    expected = None
+    res: dict = {}
+    for layout in ("unsharded", "sharded"):
+        for who, path in PIPELINES.items():
+            with zarr.config.set(
+                {"codec_pipeline.path": path, "codec_pipeline.strict": who == "fused"}
+            ):
+                create(f"{root}/{layout}-{who}", layout == "sharded")[:] = data
+        for who, path in PIPELINES.items():
+            with zarr.config.set({"codec_pipeline.path": path}):
+                got = zarr.open_array(f"{root}/{layout}-{who}", mode="r")[:]
+            expected = got if expected is None else expected
+            assert np.array_equal(got, expected, equal_nan=True), who
+    for r in range(rounds):
+        for layout in ("unsharded", "sharded"):
+            order = list(PIPELINES) if r % 2 == 0 else list(PIPELINES)[::-1]
+            for who in order:
+                config = {"codec_pipeline.path": PIPELINES[who]}
+                with zarr.config.set(config):
+                    array = zarr.open_array(f"{root}/{layout}-{who}", mode="r+")
+                    res.setdefault((layout, "read", who), []).append(timed(array.__getitem__, ...))
+                    res.setdefault((layout, "write", who), []).append(
+                        timed(array.__setitem__, ..., data)
+                    )
+    print(f"# {rounds} rounds, {SHAPE} float32 -> int16 cast_value, zstd 1")
+    for layout in ("unsharded", "sharded"):
+        for op in ("read", "write"):
+            b = res[layout, op, "batched"]
+            f = res[layout, op, "fused"]
+            bw, bc = statistics.median(x[0] for x in b), statistics.median(x[1] for x in b)
+            fw, fc = statistics.median(x[0] for x in f), statistics.median(x[1] for x in f)
+            print(
+                f"{layout:9} {op:5} wall batched {bw * 1e3:7.1f} ms fused {fw * 1e3:7.1f} ms "
+                f"ratio {bw / fw:5.2f} | cpu batched {bc * 1e3:7.1f} ms fused {fc * 1e3:7.1f} ms "
+                f"ratio {bc / fc:5.2f}"
+            )
+
+
+if __name__ == "__main__":
+    main()
