@@ -159,6 +159,7 @@ def test_native_info_reports_codecs() -> None:
         "zarr_fused._shard_index": True,
         "zarr_fused._shard": True,
         "zarr_fused._shard_local": True,
+        "zarr_fused._cast_value": True,
         "zarr_fused._filters": True,
         "zarr_fused._vlen": True,
     }
@@ -171,6 +172,7 @@ def test_native_info_reports_codecs() -> None:
         "blosc",
         "vlen-utf8",
         "vlen-bytes",
+        "cast_value",
     } | {
         f"numcodecs.{n}"
         for n in (
@@ -382,6 +384,7 @@ _EXTENSIONS = (
     "_shard",
     "_shard_local",
     "_filters",
+    "_cast_value",
 )
 
 
