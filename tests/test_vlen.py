@@ -369,22 +369,15 @@ def _check_like_numcodecs(items: list[Any], utf8: bool, kernel: str) -> None:
     assert list(vlen_kernels.decode(k, encoded, len(items), utf8)) == items
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(
-    items=st.lists(st.text(max_size=40), max_size=60),
-    kernel=st.sampled_from(list(KERNELS)),
+@pytest.mark.parametrize(
+    "utf8", [pytest.param(True, id="strings"), pytest.param(False, id="bytes")]
 )
-def test_strings_like_numcodecs(items: list[str], kernel: str) -> None:
-    _check_like_numcodecs(items, True, kernel)
-
-
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(
-    items=st.lists(st.binary(max_size=40), max_size=60),
-    kernel=st.sampled_from(list(KERNELS)),
-)
-def test_bytes_like_numcodecs(items: list[bytes], kernel: str) -> None:
-    _check_like_numcodecs(items, False, kernel)
+@given(data=st.data(), kernel=st.sampled_from(list(KERNELS)))
+def test_items_like_numcodecs(utf8: bool, data: st.DataObject, kernel: str) -> None:
+    item = st.text(max_size=40) if utf8 else st.binary(max_size=40)
+    items = data.draw(st.lists(item, max_size=60), label="items")
+    _check_like_numcodecs(items, utf8, kernel)
 
 
 @pytest.mark.parametrize("members", [1, 3])
