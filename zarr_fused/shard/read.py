@@ -167,6 +167,17 @@ class ShardReader(ShardSide):
         else:
             self._fetch_ranges(getter, spec, touched, grid, shard)
 
+    def fetch_inner(
+        self, getter: Any, spec: ArraySpec, touched: np.ndarray | None, grid: tuple[int, ...]
+    ) -> _Shard:
+        """`_fetch` into a new shard record, for readers that decode its
+        inner chunks themselves (`zarr_fused.shard.vlen`): its ``entries``
+        locate each fetched inner chunk in its ``payload``; ``release`` it
+        once decoded."""
+        shard = _Shard(0, None)
+        self._fetch(getter, spec, touched, grid, shard)
+        return shard
+
     def _fetch_ranges(
         self,
         getter: Any,
