@@ -97,7 +97,11 @@ def _basic(selection: Any) -> bool:
     """Whether ``selection`` holds only slices and integers."""
     if not isinstance(selection, tuple):
         selection = (selection,)
-    return all(type(s) in (slice, int) or type(s) is np.intp for s in selection)
+    return all(
+        type(s) is slice
+        or (isinstance(s, (int, np.integer)) and not isinstance(s, (bool, np.bool_)))
+        for s in selection
+    )
 
 
 def _basic_view(dst: np.ndarray, selection: Any) -> np.ndarray | None:
@@ -107,11 +111,14 @@ def _basic_view(dst: np.ndarray, selection: Any) -> np.ndarray | None:
     return dst[(*(selection if isinstance(selection, tuple) else (selection,)), Ellipsis)]
 
 
-def _spread[T](fn: Callable[[T], Any], items: Sequence[T], many: int, max_workers: int) -> Any:
-    """Run ``fn`` over ``items`` (shards) one per worker when there are
-    ``many`` enough of them, else one at a time (each then spreads its
-    inner chunks over the workers: ``fn`` gets the workers it may use)."""
-    if many >= 2 * max_workers or max_workers <= 1:
+def _spread[T, R](
+    fn: Callable[[T], Callable[[int], R]], items: Sequence[T], max_workers: int
+) -> list[R]:
+    """``fn(item)(workers)`` for each of ``items`` (shards): one shard per
+    worker when there are enough shards to go round, else one shard at a
+    time, its inner chunks spread over the workers (``workers``: how many
+    it may use)."""
+    if len(items) >= 2 * max_workers or max_workers <= 1:
         return run_parallel(lambda item: fn(item)(1), items, max_workers)
     return [fn(item)(max_workers) for item in items]
 
@@ -140,7 +147,6 @@ class VlenShardReader(ShardSide):
         results = _spread(
             lambda item: lambda workers: self._read_shard(item, request, workers),
             batch,
-            len(batch),
             request.max_workers,
         )
         return tuple(results)
@@ -254,7 +260,7 @@ class VlenShardWriter(ShardSide):
             def update(job: tuple[WriteItem, Any]) -> Callable[[int], None]:
                 return lambda workers: self._held(job, request, prefix, locks, workers)
 
-            _spread(update, native, len(native), request.max_workers)
+            _spread(update, native, request.max_workers)
         if general:
             self.fallback.write_held(general, request, locks)
 
