@@ -228,6 +228,16 @@ def test_separators(tmp_path: Path, name: str, separator: str) -> None:
     assert_reads_alike(stores)
 
 
+@pytest.mark.parametrize("order", ["C", "F"])
+@pytest.mark.parametrize("name", ["delta-shuffle-zstd", "astype-shuffle-lz4"])
+def test_store_without_sync_io(tmp_path: Path, name: str, order: str) -> None:
+    """The async path decodes and encodes through the same chain (a
+    ZipStore cannot take the overwrites and deletions of `write_both`)."""
+    stores = write_both(tmp_path, name, order, "nosync", 0)
+    assert_same_chunks(stores, name)
+    assert_reads_alike(stores)
+
+
 def test_missing_chunks_read_as_fill(tmp_path: Path) -> None:
     with zarr.config.set(STRICT):
         array = create(MemoryStore(), "delta-shuffle-zstd", "F", fill_value=5)
