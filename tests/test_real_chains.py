@@ -234,10 +234,7 @@ NOT_NATIVE: dict[tuple[str, bool], str] = {
     ("transpose-quantize-f8-zstd", True): "no transpose in the shard engine's inner chain",
     ("vlen-utf8-zstd", True): "no vlen in the shard engine",
     ("vlen-bytes-zstd", True): "no vlen in the shard engine",
-    ("v2-astype-f8-f4-zstd", False): "no format-2 AsType kernel",
     ("v2-delta-astype-gzip", False): "no Delta astype kernel",
-    ("v2-delta-shuffle-zstd", False): "Shuffle beside another format-2 filter",
-    ("v2-fixedscaleoffset-f8-i2-zstd-F", False): "format-2 filters in F order",
 }
 
 
