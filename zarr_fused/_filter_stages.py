@@ -403,6 +403,7 @@ _V2_STAGES: dict[type, Callable[[Any, dict[str, Any]], _NativeStage | None]] = {
     numcodecs.FixedScaleOffset: _fixedscaleoffset,
     numcodecs.BitRound: _bitround,
     numcodecs.Quantize: _quantize,
+    numcodecs.AsType: _astype,
 }
 
 
