@@ -681,14 +681,6 @@ cdef class TaskBatch:
             write=t.write_ns * 1e-9,
         )
 
-    def phase_times(self):
-        """The phase times summed since the last hand-over to a sink, in
-        seconds, and the chunks decoded or encoded (for tests)."""
-        cdef PhaseTimes t = self.times
-        return {"io": t.io_ns * 1e-9, "decode": t.decode_ns * 1e-9,
-                "scatter": t.scatter_ns * 1e-9, "encode": t.encode_ns * 1e-9,
-                "write": t.write_ns * 1e-9, "chunks": t.chunks}
-
     cdef Py_ssize_t run_clamped(self, Py_ssize_t start, Py_ssize_t stop) except -1:
         """`run_tasks` over ``start:stop`` clamped to the batch (to its end
         when ``stop`` is negative) with the GIL released; raise for the first
