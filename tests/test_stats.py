@@ -364,6 +364,12 @@ def test_bench_breakdown_reads_the_counters() -> None:
     assert any(f"read: {shards} shards in " in line for line in lines)
     coalesced = f"byte ranges: {ranges['asked']} asked, coalesced into {ranges['requests']}"
     assert any(coalesced in line for line in lines)
+    inner = s.native[("read", "inner_chunks")]
+    assert any(f"inner chunks decoded natively: {inner}" in line for line in lines)
+    per_shard = f"inner chunks decoded per shard read: {inner / shards:.1f}"
+    assert any(per_shard in line for line in lines)
+    (split,) = (line for line in lines if "native time, summed over threads" in line)
+    assert "decode" in split
 
 
 @pytest.mark.parametrize("sharded", [False, True], ids=["unsharded", "sharded"])
