@@ -204,16 +204,23 @@ class Stats:
         """One run of a native batch of ``what`` ("read" or "write"): the
         seconds its threads spent in each phase, summed, and the ``chunks``
         (``inner``: a shard's inner chunks) its kernels decoded or encoded."""
-        times = zip(self.PHASES, (io, decode, scatter, encode, write), strict=True)
-        spent = [(phase, seconds) for phase, seconds in times if seconds]
         unit = "inner_chunks" if inner else "chunks"
         sink: Stats | None = self
         while sink is not None:
             with sink._lock:
                 counters = sink._counters
-                thread_seconds = counters["thread_seconds"]
-                for phase, seconds in spent:
-                    thread_seconds[phase] += seconds
+                spent = counters["thread_seconds"]
+                # a run of tasks has a few phases: the zero ones stay out
+                if io:
+                    spent["read_io"] += io
+                if decode:
+                    spent["decode"] += decode
+                if scatter:
+                    spent["scatter"] += scatter
+                if encode:
+                    spent["encode"] += encode
+                if write:
+                    spent["write_io"] += write
                 if chunks:
                     counters["native"][what, unit] += chunks
             sink = sink._parent
