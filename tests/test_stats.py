@@ -568,6 +568,81 @@ def test_timed_runs_read_and_write_what_untimed_ones_do(
     assert stored[True] == stored[False]
 
 
+@pytest.mark.parametrize("sharded", [False, True], ids=["unsharded", "sharded"])
+def test_timed_runs_of_a_filter_chain_read_and_write_what_untimed_ones_do(
+    sharded: bool,
+) -> None:
+    """With array->array filters (delta here) the kernels time each chunk
+    whole: decode and encode time, the same values and bytes."""
+    from zarr.codecs import numcodecs as znc
+
+    data = _data(12)
+    stored = {}
+    for timed in (False, True):
+        store = MemoryStore()
+        with with_pipeline(FUSED), zarr.config.set({"codec_pipeline.max_workers": WORKERS}):
+            arr = zarr.create_array(
+                store,
+                shape=SHAPE,
+                chunks=CHUNKS,
+                shards=SHARDS if sharded else None,
+                dtype="<u2",
+                filters=[znc.Delta(dtype="<u2")],
+                compressors=zarr.codecs.ZstdCodec(level=1),
+                fill_value=0,
+            )
+            with zarr_fused.stats() if timed else _no_block() as s:
+                arr[...] = data
+                whole = arr[...]
+            if timed:
+                unit = "inner_chunks" if sharded else "chunks"
+                assert s.native["read", unit] > 0
+                assert s.thread_seconds["decode"] > 0
+                assert s.thread_seconds["encode"] > 0
+        np.testing.assert_array_equal(whole, data)
+        stored[timed] = _stored_bytes(store)
+    assert stored[True] == stored[False]
+
+
+@pytest.mark.parametrize("sharded", [False, True], ids=["unsharded", "sharded"])
+@pytest.mark.parametrize("kind", ["memory", "local"])
+def test_timed_runs_raise_what_untimed_ones_do(tmp_path: Path, kind: str, sharded: bool) -> None:
+    """A corrupt chunk (or inner chunk) fails the timed run with the same
+    error, naming the same key, as the untimed one."""
+    store = _base(kind, tmp_path)
+    _create(store, sharded)
+    key = "c/1/1"
+    raw = asyncio.run(_get(store, key))
+    # the zstd frame's magic number: the chunk's, or the first inner chunk's
+    # of a shard (its index is at the end)
+    asyncio.run(_set(store, key, bytes(8) + raw[8:]))
+    arr = _open(store)
+    errors = []
+    for timed in (False, True):
+        with (
+            with_pipeline(FUSED),
+            zarr_fused.stats() if timed else _no_block(),
+            pytest.raises(Exception) as info,
+        ):
+            arr[...]
+        errors.append((type(info.value), str(info.value)))
+    assert errors[0] == errors[1]
+    assert key in errors[0][1]
+
+
+async def _get(store: Any, key: str) -> bytes:
+    from zarr.core.buffer import default_buffer_prototype
+
+    buf = await store.get(key, prototype=default_buffer_prototype())
+    return buf.to_bytes()
+
+
+async def _set(store: Any, key: str, value: bytes) -> None:
+    from zarr.core.buffer import default_buffer_prototype
+
+    await store.set(key, default_buffer_prototype().buffer.from_bytes(value))
+
+
 def _no_block() -> Any:
     import contextlib
 
