@@ -262,7 +262,8 @@ class Stats:
     @property
     def seconds(self) -> Counter[str]:
         """ "read", "write": wall time of the calls; "store": of the store
-        requests made from Python (the native file reads are in "read")."""
+        requests made from Python (the native file reads are in
+        ``thread_seconds["read_io"]``)."""
         return self._get("seconds")
 
     @property
