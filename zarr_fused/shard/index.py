@@ -17,6 +17,7 @@ import functools
 import math
 import os
 import threading
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -205,8 +206,9 @@ def read_whole_shard(
         # a first guess of the shard's size; a bigger shard is opened again
         # (a round trip more on a network filesystem: callers that read
         # many shards pass the largest they have seen)
+        start = time.perf_counter()
         buffer, length = _read_file(prefix + os.fsencode(key.path), max(4 * size, size_hint))
-        note_local(key, "get", 1, max(length, 0))
+        note_local(key, "get", 1, max(length, 0), time.perf_counter() - start)
         if length == -1:
             buffers.give(buffer)
             return None

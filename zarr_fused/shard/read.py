@@ -151,6 +151,7 @@ class ShardReader(ShardSide):
                 self._whole_hint = max(self._whole_hint, len(whole.data))
                 shard.payload, shard.entries, shard.buffer = whole.data, whole.entries, whole.buffer
         elif prefix is not None:
+            start = time.perf_counter()
             fetched = read_shard_part(
                 prefix + os.fsencode(getter.path),
                 math.prod(grid),
@@ -159,7 +160,7 @@ class ShardReader(ShardSide):
                 buffers.give,
                 self._shard_part_settings(getter, spec, grid, len(touched), prefetch),
             )
-            note_local(getter, "get_shard_part", 1, None)
+            note_local(getter, "get_shard_part", 1, None, time.perf_counter() - start)
             if fetched is None:
                 shard.missing = True
             else:

@@ -45,6 +45,8 @@ from __future__ import annotations
 
 import math
 import os
+import threading
+import time
 from concurrent.futures import Future, wait
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, TypeGuard, cast
@@ -69,7 +71,7 @@ from zarr_fused.shard.index import (
     read_whole_shard,
     stored_payloads,
 )
-from zarr_fused.stats import note_parts
+from zarr_fused.stats import note_parts, timed_writer
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -660,8 +662,9 @@ class ShardWriter(ShardSide):
                 if parts is None:
                     setter.delete_sync()
                 else:
+                    start = time.perf_counter()
                     write_parts(ctx.prefix + os.fsencode(setter.path), parts)
-                    note_parts(setter, parts)
+                    note_parts(setter, parts, time.perf_counter() - start)
                 return
             reuse = _keeps_a_copy(setter)
             blob = self.assemble(state, take=buffers.take if reuse else None)
@@ -707,5 +710,6 @@ class ShardWriter(ShardSide):
             if parts is None:
                 parcel.store(setter.delete_sync)
             else:
-                parcel.store(write_parts, ctx.prefix + os.fsencode(setter.path), parts)
+                write = timed_writer(setter, write_parts)
+                parcel.store(write, ctx.prefix + os.fsencode(setter.path), parts)
                 note_parts(setter, parts)
