@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import math
 import os
-import threading
 import time
 from concurrent.futures import Future, wait
 from dataclasses import dataclass, field
