@@ -12,7 +12,6 @@ class FilterStatus(IntEnum):
     FILTER_OUT_OF_RANGE = 1
 
 def delta(src: np.ndarray[Any, Any], out: np.ndarray[Any, Any], encode: bool) -> FilterStatus: ...
-
 def fixedscaleoffset_encode(
     src: np.ndarray[Any, Any], out: np.ndarray[Any, Any], offset: float, scale: float
 ) -> FilterStatus: ...
