@@ -73,6 +73,18 @@ FILTER_CHAINS: dict[str, dict[str, Any]] = {
         "dtype": "<f8",
         "values": "floats",
     },
+    "delta-i4-astype-i2": {
+        "fill": -1,
+        "filters": lambda: [znc.Delta(dtype="<i4", astype="<i2")],
+        "dtype": "<i4",
+        "values": "ints",
+    },
+    # no kernel: numcodecs sums float64 differences into float32
+    "delta-f4-astype-f8": {
+        "filters": lambda: [znc.Delta(dtype="<f4", astype="<f8")],
+        "dtype": "<f4",
+        "values": "floats",
+    },
     "fixedscaleoffset-f8-i2": {
         "fill": 7,
         "filters": lambda: [
@@ -116,6 +128,42 @@ FILTER_CHAINS: dict[str, dict[str, Any]] = {
         "filters": lambda: [ScaleOffset(offset=10, scale=4)],
         "dtype": "<f4",
         "values": "small",
+    },
+    "scale_offset-i2": {
+        "fill": -1,
+        "filters": lambda: [ScaleOffset(offset=100, scale=3)],
+        "dtype": "<i2",
+        "values": "ints",
+    },
+    "scale_offset-u8": {
+        "fill": 7,
+        "filters": lambda: [ScaleOffset(offset=0, scale=5)],
+        "dtype": "<u8",
+        "values": "ints",
+    },
+    "scale_offset-i8-wraps": {
+        "fill": 1,
+        "filters": lambda: [ScaleOffset(offset=-(2**62), scale=1)],
+        "dtype": "<i8",
+        "values": "ints",
+    },
+    "astype-i4-i2": {
+        "fill": -3,
+        "filters": lambda: [znc.AsType(encode_dtype="<i2", decode_dtype="<i4")],
+        "dtype": "<i4",
+        "values": "ints",
+    },
+    "astype-f8-i4": {
+        "fill": 0,
+        "filters": lambda: [znc.AsType(encode_dtype="<i4", decode_dtype="<f8")],
+        "dtype": "<f8",
+        "values": "small",
+    },
+    "astype-u2-f4": {
+        "fill": 5,
+        "filters": lambda: [znc.AsType(encode_dtype="<f4", decode_dtype="<u2")],
+        "dtype": "<u2",
+        "values": "ints",
     },
     "cast_value-f8-i2": {
         "fill": 7,
@@ -175,14 +223,14 @@ FILTER_CHAINS: dict[str, dict[str, Any]] = {
     "transpose-then-delta-astype": {
         "filters": lambda: [
             TransposeCodec(order=(1, 0)),
-            znc.Delta(dtype="<f8", astype="<f4"),
+            znc.Delta(dtype="<f4", astype="<f8"),
         ],
-        "dtype": "<f8",
+        "dtype": "<f4",
         "values": "floats",
     },
     "bitround-then-delta-astype": {
-        "filters": lambda: [znc.BitRound(keepbits=12), znc.Delta(dtype="<f8", astype="<f4")],
-        "dtype": "<f8",
+        "filters": lambda: [znc.BitRound(keepbits=12), znc.Delta(dtype="<f4", astype="<f8")],
+        "dtype": "<f4",
         "values": "floats",
     },
 }
@@ -204,6 +252,14 @@ NATIVE_CHAINS = [
     "astype-then-delta",
     "scale_offset-f4",
     "scale_offset-f8",
+    "scale_offset-i2",
+    "scale_offset-u8",
+    "scale_offset-i8-wraps",
+    "astype-i4-i2",
+    "astype-f8-i4",
+    "astype-u2-f4",
+    "delta-f8-astype-f4",
+    "delta-i4-astype-i2",
 ]
 
 COMPRESSORS: dict[str, Any] = {
@@ -367,7 +423,7 @@ def plan_of(array: Any) -> Any:
 
 @pytest.mark.parametrize(
     "name",
-    [pytest.param(n, id=n) for n in ("delta-f8-astype-f4", "transpose-then-delta-astype")],
+    [pytest.param(n, id=n) for n in ("delta-f4-astype-f8", "transpose-then-delta-astype")],
 )
 def test_plan_records_python_stage(name: str) -> None:
     case = FILTER_CHAINS[name]
@@ -391,7 +447,7 @@ def test_native_stage_not_named_as_python() -> None:
 
 
 def test_strict_rejects_python_stage() -> None:
-    case = FILTER_CHAINS["delta-f8-astype-f4"]
+    case = FILTER_CHAINS["delta-f4-astype-f8"]
     with zarr.config.set(STRICT):
         array = create(MemoryStore(), case, [ZstdCodec()], sharded=False, fill_value=0)
         with pytest.raises(UnsupportedError, match="Delta run zarr's code"):
@@ -401,7 +457,7 @@ def test_strict_rejects_python_stage() -> None:
 
 
 def test_strict_rejects_python_stage_sharded() -> None:
-    case = FILTER_CHAINS["delta-f8-astype-f4"]
+    case = FILTER_CHAINS["delta-f4-astype-f8"]
     with zarr.config.set(STRICT):
         array = create(MemoryStore(), case, [ZstdCodec()], sharded=True, fill_value=0)
         with pytest.raises(UnsupportedError, match="inner chunks"):
@@ -621,6 +677,15 @@ V2_CASES: dict[str, dict[str, Any]] = {
         "dtype": "<f8",
         "values": "small",
     },
+    "fixedscaleoffset-delta-astype-zstd": {
+        "filters": lambda: [
+            numcodecs.FixedScaleOffset(offset=0, scale=10, dtype="<f8", astype="<i4"),
+            numcodecs.Delta(dtype="<i4", astype="<i2"),
+        ],
+        "compressor": lambda: numcodecs.Zstd(level=1),
+        "dtype": "<f8",
+        "values": "small",
+    },
     "fixedscaleoffset-delta-gzip": {
         "filters": lambda: [
             numcodecs.FixedScaleOffset(offset=0, scale=10, dtype="<f8", astype="<i4"),
@@ -684,7 +749,6 @@ def test_v2_filters_match_zarr(tmp_path: Path, name: str, store_kind: str) -> No
     [
         pytest.param("astype-f8-f4-uncompressed", "astype", id="no-kernel"),
         pytest.param("fixedscaleoffset-f8-i2-zstd-F", "fixedscaleoffset", id="order-F"),
-        pytest.param("fixedscaleoffset-delta-gzip", "fixedscaleoffset, delta", id="delta-astype"),
     ],
 )
 def test_v2_filters_strict_rejected(name: str, filters: str) -> None:
@@ -701,6 +765,7 @@ V2_NATIVE = [
     "bitround-f4-blosc-shuffle",
     "fixedscaleoffset-f8-i2-zstd",
     "fixedscaleoffset-delta-zstd",
+    "fixedscaleoffset-delta-astype-zstd",
 ]
 
 
@@ -779,7 +844,8 @@ def test_native_delta_strict(tmp_path: Path, dtype: str, store_kind: str) -> Non
 @pytest.mark.parametrize(
     "filters",
     [
-        pytest.param(lambda: [znc.Delta(dtype="<f8", astype="<f4")], id="astype"),
+        pytest.param(lambda: [znc.Delta(dtype="<f4", astype="<f8")], id="astype-widening-float"),
+        pytest.param(lambda: [znc.Delta(dtype="<u8", astype="<i2")], id="astype-u8-signed"),
         pytest.param(lambda: [znc.Delta(dtype=">i4")], id="big-endian"),
         pytest.param(lambda: [znc.Delta(dtype="<f2")], id="float16"),
     ],
