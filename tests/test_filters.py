@@ -39,7 +39,7 @@ from zarr_fused_testing.s3 import LatencyProxy
 from zarr_fused._filter_stages import NativeBitRound, NativeFixedScaleOffset, NativeQuantize
 from zarr_fused._hybrid import HybridChain, split_python_stages
 from zarr_fused.cli.identity import byte_identical
-from zarr_fused.errors import DecompressionError, UnsupportedError
+from zarr_fused.errors import ChunkSizeError, DecompressionError, UnsupportedError
 
 from helpers import BATCHED, FUSED, assert_same_values, chunk_items, make_store
 from helpers.filter_data import values_of
@@ -930,4 +930,64 @@ def test_fixedscaleoffset_unfit_chunk_runs_numcodecs(tmp_path: Path, bad: float)
             array = create(store, case, [ZstdCodec()], sharded=False, fill_value=7)
             array[:] = value
             stores[label] = store
+    assert chunk_items(stores["fused"]) == chunk_items(stores["zarr"])
+
+
+# what zarr itself refuses: the same error from zarr_fused
+
+
+@pytest.mark.parametrize("sharded", [False, True], ids=["unsharded", "sharded"])
+def test_scale_offset_int_overflow_raises_as_zarr(sharded: bool) -> None:
+    """A value whose encoding leaves int16 is refused by the kernel; zarr's
+    code then raises its ValueError, as zarr's pipeline does."""
+    case = {"filters": lambda: [ScaleOffset(offset=0, scale=300)], "dtype": "<i2"}
+    value = np.ones(SHAPE, "<i2")
+    value[3, 4] = 200
+    for config in (LENIENT, {"codec_pipeline.path": BATCHED}):
+        with zarr.config.set(config):
+            array = create(MemoryStore(), case, [ZstdCodec()], sharded=sharded, fill_value=0)
+            with pytest.raises(ValueError, match="outside the range of dtype int16"):
+                array[:] = value
+
+
+@pytest.mark.parametrize("config", [LENIENT, STRICT], ids=["lenient", "strict"])
+def test_scale_offset_int_remainder_raises_as_zarr(config: dict[str, Any]) -> None:
+    """Stored values the scale does not divide (written with another
+    scale): zarr's error on read, strict mode included (the kernel runs,
+    refuses the chunk, and zarr's code raises)."""
+    store = MemoryStore()
+    with zarr.config.set({"codec_pipeline.path": BATCHED}):
+        written = zarr.create_array(
+            store, name="a", shape=(8,), chunks=(8,), dtype="<i4", filters=[ScaleOffset(scale=1)]
+        )
+        written[:] = np.arange(8, dtype="<i4")
+        zarr.create_array(
+            store, name="b", shape=(8,), chunks=(8,), dtype="<i4", filters=[ScaleOffset(scale=3)]
+        )
+    store._store_dict["b/c/0"] = store._store_dict["a/c/0"]
+    for pipeline in (config, {"codec_pipeline.path": BATCHED}):
+        with zarr.config.set(pipeline), pytest.raises(ValueError, match="non-zero remainder"):
+            zarr.open_array(store, path="b", mode="r")[:]
+
+
+@pytest.mark.parametrize(("dtype", "astype"), [("<f8", "<f4"), ("<f4", "<f8")])
+def test_quantize_astype_fails_as_zarr(dtype: str, astype: str) -> None:
+    """zarr 3.4.2 writes numcodecs' quantize with another astype but cannot
+    read it back (its wrapper keeps the array's type for the stored
+    chunks): NumPy's ValueError. zarr_fused stores the same bytes (zarr's
+    code encodes) and raises a ValueError too, its `ChunkSizeError` naming
+    the key: the native decompression finds the stored chunk's size wrong
+    for the array's type before zarr's code would."""
+    case = {"filters": lambda: [znc.Quantize(digits=3, dtype=dtype, astype=astype)], "dtype": dtype}
+    stores = {}
+    for name, config, error in (
+        ("fused", LENIENT, ChunkSizeError),
+        ("zarr", {"codec_pipeline.path": BATCHED}, ValueError),
+    ):
+        with zarr.config.set(config):
+            stores[name] = MemoryStore()
+            array = create(stores[name], case, [ZstdCodec()], sharded=False, fill_value=0)
+            array[:] = values_of("small", dtype, SHAPE, 2)
+            with pytest.raises(error):
+                array[:]
     assert chunk_items(stores["fused"]) == chunk_items(stores["zarr"])

@@ -264,10 +264,20 @@ class NativeScaleOffset(_NativeStage):
     def _takes(self, data: Any, dtype: np.dtype[Any] | None) -> bool:
         return super()._takes(data, dtype) and _kernel_type(data.dtype) is not None
 
+    def __init__(self, codec: Any) -> None:
+        super().__init__(codec)
+        # zarr's data type lookup costs more than the kernel on a chunk
+        self._params: dict[np.dtype[Any], tuple[Any, Any] | None] = {}
+
     def params(self, dtype: np.dtype[Any]) -> tuple[Any, Any] | None:
         """(offset, scale) as ``dtype`` holds them (Python integers for an
         integer type), or None when zarr's parser refuses them (zarr's code
         then raises its own error)."""
+        if dtype not in self._params:
+            self._params[dtype] = self._parse(dtype)
+        return self._params[dtype]
+
+    def _parse(self, dtype: np.dtype[Any]) -> tuple[Any, Any] | None:
         zdtype = get_data_type_from_native_dtype(dtype)
         try:
             offset = zdtype.from_json_scalar(self.codec.offset, zarr_format=3)
