@@ -212,8 +212,11 @@ cdef FilterStatus _scale_offset_int(const int_t* src, int_t* dst, Py_ssize_t n, 
     # zarr widens to int64, whose arithmetic NumPy wraps: computed here as
     # uint64, whose wrap-around is defined C, then checked against the
     # type's range (which int64 itself always passes, as in zarr)
+    # Below 64 bits, values and scale are exact doubles, and a double
+    # division (far cheaper than an integer one) is exact when the scale
+    # divides: its quotient times the scale gives the value back iff so.
     cdef Py_ssize_t i
-    cdef int64_t w, lo = INT64_MIN, hi = INT64_MAX
+    cdef int64_t w, q, lo = INT64_MIN, hi = INT64_MAX
     cdef double flo, fhi
     if int_t is not int64_t:
         _int_bounds(dst, &flo, &fhi)
@@ -224,10 +227,14 @@ cdef FilterStatus _scale_offset_int(const int_t* src, int_t* dst, Py_ssize_t n, 
             w = <int64_t>((<uint64_t>w - <uint64_t>offset) * <uint64_t>scale)
         elif scale == -1:  # the one quotient that can overflow (INT64_MIN): NumPy wraps it
             w = <int64_t>(<uint64_t>offset - <uint64_t>w)
-        elif w % scale:
-            return FILTER_OUT_OF_RANGE
         else:
-            w = <int64_t>(<uint64_t>(w // scale) + <uint64_t>offset)
+            if int_t is int64_t:
+                q = w // scale
+            else:
+                q = <int64_t>(<double>w / <double>scale)
+            if q * scale != w:
+                return FILTER_OUT_OF_RANGE
+            w = <int64_t>(<uint64_t>q + <uint64_t>offset)
         if w < lo or w > hi:
             return FILTER_OUT_OF_RANGE
         dst[i] = <int_t>w
