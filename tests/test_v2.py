@@ -604,10 +604,11 @@ def test_zlib_stream_given_to_gzip_is_corrupt(tmp_path: Path) -> None:
 # -- what falls back, and why --------------------------------------------------------------
 
 # (Delta, FixedScaleOffset and Quantize without astype, or to an integer
-# type, have native kernels: these are the forms that have none)
+# type, and Delta with astype between integers or float64 to float32, have
+# native kernels: these are the forms that have none)
 FALLBACKS = [
     pytest.param(
-        {"filters": [numcodecs.Delta("<i4", "<i2")]}, "<i4", "filters (delta)", id="delta"
+        {"filters": [numcodecs.Delta("<f4", "<f8")]}, "<f4", "filters (delta)", id="delta"
     ),
     pytest.param(
         {"filters": [numcodecs.FixedScaleOffset(0, 10, "<f8", "<f4")]},
