@@ -51,8 +51,8 @@ filter, so a chain with a native filter stores what zarr stores:
     hold (NaN, an infinity) has a platform-defined cast and is reported,
     as fixedscaleoffset's are.
 
-The kernels are written once each over fused types; `_run` is the one
-place that turns a step's item type numbers into C types. A kernel call
+The kernels are written once each over fused types; `_dispatch` is the
+one place that turns a step's item type numbers into C types. A kernel call
 is a `FilterStep` (built and checked by `_set_step` from a tuple), so the
 ``def`` wrappers and `FilterChain` share one parser. The wrappers check
 the arrays (contiguous, sizes, the step's data types) before a kernel
@@ -390,56 +390,71 @@ cdef FilterStatus _pair(const FilterStep* p, bint encode, const in_t* s, out_t* 
     return status
 
 
-cdef FilterStatus _to(const FilterStep* p, bint encode, const in_t* s, void* d,
-                      Py_ssize_t n) noexcept nogil:
-    cdef int t = p.encoded_code if encode else p.code
-    if p.code == p.encoded_code and p.kind != FK_ASTYPE:
-        return _same(p, encode, s, <in_t*>d, n)
+# A step's item types are resolved one at a time by the one ladder below:
+# `_dispatch` with no type known yet (``_Unknown``) turns the input's number
+# into a C type, then again with it known turns the output's, and `_typed`
+# runs the kernels on the two.
+cdef struct _Unknown:
+    char unused
+
+
+ctypedef fused known_t:
+    _Unknown
+    int8_t
+    int16_t
+    int32_t
+    int64_t
+    uint8_t
+    uint16_t
+    uint32_t
+    uint64_t
+    float
+    double
+
+
+cdef FilterStatus _typed(const FilterStep* p, bint encode, const void* s, void* d, Py_ssize_t n,
+                         known_t* first, out_t* second) noexcept nogil:
+    if known_t is _Unknown:
+        return _dispatch(p, encode, s, d, n, second)
+    elif p.code == p.encoded_code and p.kind != FK_ASTYPE:
+        return _same(p, encode, <const known_t*>s, <known_t*>d, n)
+    else:
+        return _pair(p, encode, <const known_t*>s, <out_t*>d, n)
+
+
+cdef FilterStatus _dispatch(const FilterStep* p, bint encode, const void* s, void* d,
+                            Py_ssize_t n, known_t* first) noexcept nogil:
+    cdef int t
+    if known_t is _Unknown:
+        t = p.code if encode else p.encoded_code
+    else:
+        t = p.encoded_code if encode else p.code
     if t == IT_I8:
-        return _pair(p, encode, s, <int8_t*>d, n)
+        return _typed(p, encode, s, d, n, first, <int8_t*>NULL)
     if t == IT_I16:
-        return _pair(p, encode, s, <int16_t*>d, n)
+        return _typed(p, encode, s, d, n, first, <int16_t*>NULL)
     if t == IT_I32:
-        return _pair(p, encode, s, <int32_t*>d, n)
+        return _typed(p, encode, s, d, n, first, <int32_t*>NULL)
     if t == IT_I64:
-        return _pair(p, encode, s, <int64_t*>d, n)
+        return _typed(p, encode, s, d, n, first, <int64_t*>NULL)
     if t == IT_U8:
-        return _pair(p, encode, s, <uint8_t*>d, n)
+        return _typed(p, encode, s, d, n, first, <uint8_t*>NULL)
     if t == IT_U16:
-        return _pair(p, encode, s, <uint16_t*>d, n)
+        return _typed(p, encode, s, d, n, first, <uint16_t*>NULL)
     if t == IT_U32:
-        return _pair(p, encode, s, <uint32_t*>d, n)
+        return _typed(p, encode, s, d, n, first, <uint32_t*>NULL)
     if t == IT_U64:
-        return _pair(p, encode, s, <uint64_t*>d, n)
+        return _typed(p, encode, s, d, n, first, <uint64_t*>NULL)
     if t == IT_F32:
-        return _pair(p, encode, s, <float*>d, n)
-    return _pair(p, encode, s, <double*>d, n)
+        return _typed(p, encode, s, d, n, first, <float*>NULL)
+    return _typed(p, encode, s, d, n, first, <double*>NULL)
 
 
-cdef FilterStatus _run(const FilterStep* p, bint encode, const void* s, void* d,
-                       Py_ssize_t n) noexcept nogil:
+cdef inline FilterStatus _run(const FilterStep* p, bint encode, const void* s, void* d,
+                              Py_ssize_t n) noexcept nogil:
     """Step ``p`` over ``n`` items at ``s`` into ``d``: its encoding with
     ``encode``, else its decoding."""
-    cdef int t = p.code if encode else p.encoded_code
-    if t == IT_I8:
-        return _to(p, encode, <const int8_t*>s, d, n)
-    if t == IT_I16:
-        return _to(p, encode, <const int16_t*>s, d, n)
-    if t == IT_I32:
-        return _to(p, encode, <const int32_t*>s, d, n)
-    if t == IT_I64:
-        return _to(p, encode, <const int64_t*>s, d, n)
-    if t == IT_U8:
-        return _to(p, encode, <const uint8_t*>s, d, n)
-    if t == IT_U16:
-        return _to(p, encode, <const uint16_t*>s, d, n)
-    if t == IT_U32:
-        return _to(p, encode, <const uint32_t*>s, d, n)
-    if t == IT_U64:
-        return _to(p, encode, <const uint64_t*>s, d, n)
-    if t == IT_F32:
-        return _to(p, encode, <const float*>s, d, n)
-    return _to(p, encode, <const double*>s, d, n)
+    return _dispatch(p, encode, s, d, n, <_Unknown*>NULL)
 
 
 # -- steps: parsed and checked once -----------------------------------------------------
