@@ -647,11 +647,23 @@ V2_CASES: dict[str, dict[str, Any]] = {
         "dtype": "<f4",
         "values": "floats",
     },
-    "astype-f8-f4-uncompressed": {
-        "filters": lambda: [numcodecs.AsType(encode_dtype="<f4", decode_dtype="<f8")],
+    "astype-f8-f2-uncompressed": {
+        "filters": lambda: [numcodecs.AsType(encode_dtype="<f2", decode_dtype="<f8")],
         "compressor": lambda: None,
         "dtype": "<f8",
         "values": "floats",
+    },
+    "astype-f8-f4-zstd": {
+        "filters": lambda: [numcodecs.AsType(encode_dtype="<f4", decode_dtype="<f8")],
+        "compressor": lambda: numcodecs.Zstd(level=1),
+        "dtype": "<f8",
+        "values": "floats",
+    },
+    "astype-i4-u1-zstd": {
+        "filters": lambda: [numcodecs.AsType(encode_dtype="|u1", decode_dtype="<i4")],
+        "compressor": lambda: numcodecs.Zstd(level=1),
+        "dtype": "<i4",
+        "values": "ints",
     },
     "delta-be-i2-zstd-F": {
         "filters": lambda: [numcodecs.Delta(dtype=">i2")],
@@ -747,7 +759,7 @@ def test_v2_filters_match_zarr(tmp_path: Path, name: str, store_kind: str) -> No
 @pytest.mark.parametrize(
     ("name", "filters"),
     [
-        pytest.param("astype-f8-f4-uncompressed", "astype", id="no-kernel"),
+        pytest.param("astype-f8-f2-uncompressed", "astype", id="no-kernel"),
         pytest.param("fixedscaleoffset-f8-i2-zstd-F", "fixedscaleoffset", id="order-F"),
     ],
 )
@@ -766,6 +778,8 @@ V2_NATIVE = [
     "fixedscaleoffset-f8-i2-zstd",
     "fixedscaleoffset-delta-zstd",
     "fixedscaleoffset-delta-astype-zstd",
+    "astype-f8-f4-zstd",
+    "astype-i4-u1-zstd",
 ]
 
 

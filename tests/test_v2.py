@@ -621,7 +621,7 @@ FALLBACKS = [
         id="fixedscaleoffset",
     ),
     pytest.param(
-        {"filters": [numcodecs.AsType("<f4", "<f8")]}, "<f8", "filters (astype)", id="astype"
+        {"filters": [numcodecs.AsType("<f2", "<f8")]}, "<f8", "filters (astype)", id="astype"
     ),
     pytest.param({"filters": [numcodecs.Shuffle(4)]}, "<i4", "filters (shuffle)", id="shuffle"),
     pytest.param(

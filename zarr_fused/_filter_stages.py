@@ -435,6 +435,7 @@ _NATIVE_STAGES: dict[type, Callable[[Any, dict[str, Any]], _NativeStage | None]]
 
 
 _V2_STAGES: dict[type, Callable[[Any, dict[str, Any]], _NativeStage | None]] = {
+    numcodecs.AsType: _astype,
     numcodecs.Delta: _delta,
     numcodecs.FixedScaleOffset: _fixedscaleoffset,
     numcodecs.BitRound: _bitround,
