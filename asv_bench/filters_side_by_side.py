@@ -25,6 +25,7 @@ import numpy as np
 import zarr
 from zarr.codecs import BytesCodec, ShardingCodec, ZstdCodec
 from zarr.codecs import numcodecs as znc
+from zarr.codecs.scale_offset import ScaleOffset
 from zarr.storage import LocalStore
 
 HERE = Path(__file__).resolve().parent
@@ -45,7 +46,7 @@ CHUNK = (128, 256)
 
 def _data(dtype: str) -> np.ndarray:
     rng = np.random.default_rng(0)
-    if dtype.startswith("<i"):
+    if dtype.startswith("<i"):  # a random walk (astype-f8-i4 truncates the floats)
         return np.cumsum(rng.integers(-3, 4, size=SHAPE), axis=1).astype(dtype)
     base = 280 + 10 * np.sin(np.linspace(0, 20, SHAPE[1]))[None, :]
     return (base + rng.standard_normal(SHAPE)).astype(dtype)
@@ -61,6 +62,30 @@ CHAINS: dict[str, dict[str, Any]] = {
     "quantize-f4 -> zstd": {
         "dtype": "<f4",
         "filters": lambda: [znc.Quantize(digits=2, dtype="<f4")],
+    },
+    "scale_offset-i4 -> zstd": {
+        "dtype": "<i4",
+        "filters": lambda: [ScaleOffset(offset=100, scale=2)],
+    },
+    "scale_offset-i8-negate -> zstd": {
+        "dtype": "<i8",
+        "filters": lambda: [ScaleOffset(offset=1000, scale=-1)],
+    },
+    "astype-i4-i2 -> zstd": {
+        "dtype": "<i4",
+        "filters": lambda: [znc.AsType(encode_dtype="<i2", decode_dtype="<i4")],
+    },
+    "astype-f8-i4 -> zstd": {
+        "dtype": "<f8",
+        "filters": lambda: [znc.AsType(encode_dtype="<i4", decode_dtype="<f8")],
+    },
+    "delta-i4-astype-i2 -> zstd": {
+        "dtype": "<i4",
+        "filters": lambda: [znc.Delta(dtype="<i4", astype="<i2")],
+    },
+    "delta-f8-astype-f4 -> zstd": {
+        "dtype": "<f8",
+        "filters": lambda: [znc.Delta(dtype="<f8", astype="<f4")],
     },
 }
 

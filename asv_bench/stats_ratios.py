@@ -5,7 +5,9 @@ unsharded, written once into the directory given; then interleaved rounds
 (the order alternating) of a whole read and a 40^3 slab read, each read
 without a block and inside its own block. Prints the medians of wall time
 and of process CPU time (all threads), their ratio inside / without, and
-the median of the per-round ratios:
+the median of the per-round ratios; then, for each array, the native
+kernels' time split of one whole read (`Stats.thread_seconds`, summed over
+threads) beside its wall time:
 
     .venv/bin/python asv_bench/stats_ratios.py /tmp/stats-data 41
     taskset -c 0 .venv/bin/python asv_bench/stats_ratios.py /tmp/stats-data 41
@@ -68,3 +70,9 @@ for name in arrays:
             f"ratio {w[1] / w[0]:.3f} (paired {pw:.3f}) | cpu {c[0] * 1e3:7.2f} -> "
             f"{c[1] * 1e3:7.2f} ms ratio {c[1] / c[0]:.3f} (paired {pc:.3f})"
         )
+with zarr.config.set({"codec_pipeline.path": FUSED}):
+    for name, a in arrays.items():
+        with zarr_fused.stats() as s:
+            a[...]
+        split = ", ".join(f"{k} {v * 1e3:.1f}" for k, v in sorted(s.thread_seconds.items()))
+        print(f"{name:9s} whole  wall {s.seconds['read'] * 1e3:.1f} ms | threads: {split} ms")

@@ -27,11 +27,8 @@ run prints what each pipeline did.
 from __future__ import annotations
 
 import errno
-import os
 import re
-import subprocess
-import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,6 +40,7 @@ from shims import FaultyChild, build_faultfs
 from zarr.storage import LocalStore
 
 from helpers import BATCHED, FUSED, with_pipeline
+from helpers.tmpfs import fill_disk, tmpfs_fixture  # noqa: F401 (the fixture tmpfs)
 
 SHAPE = (64, 1024)  # int32, 256 KiB
 #: layout, compute threads; uncompressed, so every file's size is known
@@ -59,59 +57,12 @@ LAYOUTS = {
 #: half a file (no file fits: zarr fails too), one and a half (the issue's
 #: case: zarr, one file after another, gets through), three
 ROOMS = {"half-a-file": 0.5, "one-and-a-half-files": 1.5, "three-files": 3.0}
-TMPFS_SIZE = "1m"
-
-
-def mount_tmpfs(mnt: Path) -> None:
-    mnt.mkdir()
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={TMPFS_SIZE}", "tmpfs", str(mnt)],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-    )
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
-
-
-def unmount(mnt: Path) -> None:
-    if subprocess.run(
-        ["umount", str(mnt)], capture_output=True, timeout=30, check=False
-    ).returncode:
-        subprocess.run(["umount", "-l", str(mnt)], capture_output=True, timeout=30, check=False)
 
 
 @pytest.fixture
-def tmpfs_mounts(tmp_path: Path) -> Iterator[dict[str, Path]]:
-    """One tmpfs of `TMPFS_SIZE` per pipeline, mounted for the test,
-    unmounted after."""
-    if not sys.platform.startswith("linux"):
-        pytest.skip("tmpfs is Linux")
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    mounts: dict[str, Path] = {}
-    try:
-        for i, name in enumerate(PIPELINES):
-            mounts[name] = tmp_path / f"mnt{i}"
-            mount_tmpfs(mounts[name])
-        yield mounts
-    finally:
-        for mnt in mounts.values():
-            if mnt.is_mount():
-                unmount(mnt)
-
-
-def free_bytes(mnt: Path) -> int:
-    st = os.statvfs(mnt)
-    return st.f_bavail * st.f_frsize
-
-
-def fill_disk(mnt: Path, room: int) -> None:
-    """Leave ``room`` bytes free on the tmpfs at ``mnt``."""
-    spare = free_bytes(mnt) - room
-    assert spare > 0
-    (mnt / "filler").write_bytes(b"\1" * spare)
+def tmpfs_mounts(tmpfs: Callable[[str], Path]) -> dict[str, Path]:
+    """One 1 MiB tmpfs per pipeline, mounted for the test, unmounted after."""
+    return {name: tmpfs(f"mnt{i}") for i, name in enumerate(PIPELINES)}
 
 
 def file_bytes(layout: str) -> int:

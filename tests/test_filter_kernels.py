@@ -12,6 +12,8 @@ from typing import Any
 import numcodecs
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from zarr_fused import _filters
 from zarr_fused._filter_stages import quantize_scale
@@ -57,6 +59,47 @@ def test_delta_decode_in_place(dtype: str) -> None:
     assert encoded.tobytes() == expected.tobytes()
 
 
+DELTA_ASTYPES = [
+    ("<i4", "<i2"),
+    ("<i8", "|i1"),
+    ("<u2", "<i2"),
+    ("<i2", "<u4"),
+    ("|u1", "<i4"),
+    ("<u8", "<u2"),
+    ("<f8", "<f4"),
+]
+
+
+@pytest.mark.parametrize("encode", [True, False], ids=["encode", "decode"])
+@pytest.mark.parametrize(
+    ("dtype", "astype"), [pytest.param(*p, id="-".join(p)) for p in DELTA_ASTYPES]
+)
+def test_delta_astype_matches_numcodecs(dtype: str, astype: str, encode: bool) -> None:
+    """Differences in ``dtype`` cast to ``astype`` (integers wrap); the
+    decoding sums in the wider type, as NumPy's cumsum with ``out=`` does."""
+    codec = numcodecs.Delta(dtype=dtype, astype=astype)
+    value = sample(dtype if encode else astype, 4099, 11)
+    if encode and dtype[1] != "f":  # a first element astype holds (NumPy refuses others)
+        value[0] = 3
+    with np.errstate(all="ignore"):
+        expected = codec.encode(value) if encode else codec.decode(value)
+    out = np.empty(value.shape, dtype=astype if encode else dtype)
+    assert _filters.delta(value, out, encode) == _filters.FilterStatus.FILTER_OK
+    assert out.tobytes() == np.asarray(expected).tobytes()
+
+
+@pytest.mark.parametrize(
+    ("dtype", "astype", "first"), [("<i4", "<i2", 40000), ("<u2", "<i2", 40000), ("<i2", "<u4", -1)]
+)
+def test_delta_astype_first_element_unfit_refused(dtype: str, astype: str, first: int) -> None:
+    """A first element ``astype`` cannot hold, which NumPy refuses (an
+    OverflowError from numcodecs) or wraps (negative into unsigned): the
+    kernel reports it, the caller runs numcodecs' code."""
+    value = np.array([first, first + 1], dtype=dtype)
+    status = _filters.delta(value, np.empty(2, astype), True)
+    assert status == _filters.FilterStatus.FILTER_OUT_OF_RANGE
+
+
 def test_delta_single_element() -> None:
     value = np.array([-0.0], "<f4")
     out = np.empty_like(value)
@@ -70,7 +113,8 @@ def test_delta_single_element() -> None:
         pytest.param(np.zeros(4, "<i4"), np.zeros(3, "<i4"), False, ValueError, id="short-out"),
         pytest.param(np.zeros(4, "<i4"), np.zeros(5, "<i4"), False, ValueError, id="long-out"),
         pytest.param(np.zeros(0, "<i4"), np.zeros(0, "<i4"), False, ValueError, id="empty"),
-        pytest.param(np.zeros(4, "<i4"), np.zeros(4, "<u4"), False, TypeError, id="dtypes"),
+        pytest.param(np.zeros(4, "<i4"), np.zeros(4, "<f4"), False, TypeError, id="dtypes"),
+        pytest.param(np.zeros(4, "<f8"), np.zeros(4, "<f4"), False, TypeError, id="f4-to-f8"),
         pytest.param(np.zeros(4, ">i4"), np.zeros(4, ">i4"), False, TypeError, id="big-endian"),
         pytest.param(np.zeros(4, "<f2"), np.zeros(4, "<f2"), False, TypeError, id="float16"),
         pytest.param(np.zeros(4, "<c8"), np.zeros(4, "<c8"), False, TypeError, id="complex"),
@@ -376,26 +420,226 @@ def test_scale_offset_matches_zarr(dtype: str, offset: float, scale: float, enco
     assert out.tobytes() == expected.tobytes()
 
 
-@pytest.mark.parametrize(("decoded", "encoded"), [("<f8", "<f4"), ("<f4", "<f8")])
+# integers: zarr computes in int64 (which wraps) and checks the type's
+# range; uint64 exactly; decoding first checks the division is exact
+INT_SCALE_OFFSETS = [(0, 1), (3, 2), (-5, -3), (1, -1), (100, 7), (-1, -1)]
+
+
+def zarr_scale_offset(value: np.ndarray, offset: int, scale: int, encode: bool) -> Any:
+    """zarr's result for ``value``, or the ValueError it raises."""
+    from zarr.codecs import scale_offset as zso
+
+    o, s = value.dtype.type(offset), value.dtype.type(scale)
+    try:
+        with np.errstate(all="ignore"):
+            if encode:
+                return zso._encode(value, o, s)
+            return zso._decode(value, o, s, scale_repr=scale)
+    except ValueError as error:
+        return error
+
+
+def int_scale_offset_cases() -> list[Any]:
+    cases = []
+    for dtype in FSO_TYPES:
+        for offset, scale in INT_SCALE_OFFSETS:
+            if dtype[1] == "u" and (offset < 0 or scale < 0):
+                continue
+            for encode in (True, False):
+                name = f"{dtype}-{offset}-{scale}-{'encode' if encode else 'decode'}"
+                cases.append(pytest.param(dtype, offset, scale, encode, id=name))
+    return cases
+
+
+@pytest.mark.parametrize(("dtype", "offset", "scale", "encode"), int_scale_offset_cases())
+def test_scale_offset_int_matches_zarr(dtype: str, offset: int, scale: int, encode: bool) -> None:
+    """Values zarr takes: the same bytes (int64 wrap-around included)."""
+    info = np.iinfo(dtype)
+    rng = np.random.default_rng(abs(offset) + 10 * abs(scale))
+    low, high = int(info.min), int(info.max)
+    # the quotients q with q * scale in the type's range
+    q_lo, q_hi = (
+        sorted((-(-low // scale), high // scale))
+        if scale > 0
+        else sorted((-(-high // scale), low // scale))
+    )
+    if dtype == "<i8":  # zarr's int64 arithmetic wraps, unchecked
+        drawn = rng.integers(low, high, 4099, dtype=dtype, endpoint=True)
+        value = drawn if encode else (drawn // scale) * scale
+    elif encode:  # x - offset among the quotients, x in range
+        lo, hi = max(q_lo + offset, low), min(q_hi + offset, high)
+        value = rng.integers(lo, hi, 4099, dtype=dtype, endpoint=True)
+    else:  # q + offset in range, stored q * scale
+        lo, hi = max(q_lo, low - offset), min(q_hi, high - offset)
+        q = rng.integers(lo, hi, 4099, dtype="<i8" if hi < 2**63 else dtype, endpoint=True)
+        value = (q.astype(object) * scale).astype(dtype)
+    expected = zarr_scale_offset(value, offset, scale, encode)
+    assert not isinstance(expected, ValueError)
+    out = np.empty_like(value)
+    assert (
+        _filters.scale_offset(value, out, offset, scale, encode) == _filters.FilterStatus.FILTER_OK
+    )
+    assert out.tobytes() == expected.tobytes()
+
+
+@pytest.mark.parametrize(
+    ("dtype", "values", "offset", "scale", "encode"),
+    [
+        pytest.param("|i1", [100, 1], 0, 2, True, id="i1-overflow"),
+        pytest.param("|u1", [3, 2], 3, 1, True, id="u1-below-offset"),
+        pytest.param("<u4", [2**32 - 1], 0, 2**32 - 1, True, id="u4-int64-wraps-negative"),
+        pytest.param("<u8", [2**63], 0, 2, True, id="u8-overflow"),
+        pytest.param("<u8", [1], 2, 1, True, id="u8-below-offset"),
+        pytest.param("<i2", [6, 7], 0, 3, False, id="i2-remainder"),
+        pytest.param("<u8", [7], 0, 2, False, id="u8-remainder"),
+        pytest.param("<u8", [2**64 - 1], 1, 1, False, id="u8-decode-overflow"),
+        pytest.param("<u2", [65535], 1, 1, False, id="u2-decode-overflow"),
+    ],
+)
+def test_scale_offset_int_refuses_what_zarr_refuses(
+    dtype: str, values: list[int], offset: int, scale: int, encode: bool
+) -> None:
+    value = np.array(values, dtype=dtype)
+    assert isinstance(zarr_scale_offset(value, offset, scale, encode), ValueError)
+    status = _filters.scale_offset(value, np.empty_like(value), offset, scale, encode)
+    assert status == _filters.FilterStatus.FILTER_OUT_OF_RANGE
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    dtype=st.sampled_from(FSO_TYPES),
+    offset=st.integers(-(2**64), 2**64),
+    scale=st.integers(-(2**64), 2**64),
+    encode=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_scale_offset_int_property(
+    dtype: str, offset: int, scale: int, encode: bool, seed: int
+) -> None:
+    """Any parameters the type holds, any values: the kernel refuses what
+    zarr refuses and gives zarr's bytes for the rest."""
+    info = np.iinfo(dtype)
+    offset = min(max(offset, int(info.min)), int(info.max))
+    scale = min(max(scale, int(info.min)), int(info.max)) or 1
+    value = sample(dtype, 64, seed)
+    value[::3] >>= 4 * value.itemsize  # small values, which often fit
+    expected = zarr_scale_offset(value, offset, scale, encode)
+    out = np.empty_like(value)
+    status = _filters.scale_offset(value, out, offset, scale, encode)
+    if isinstance(expected, ValueError):
+        assert status == _filters.FilterStatus.FILTER_OUT_OF_RANGE
+    else:
+        assert status == _filters.FilterStatus.FILTER_OK
+        assert out.tobytes() == expected.tobytes()
+
+
+@pytest.mark.parametrize(
+    ("offset", "scale"),
+    [
+        pytest.param(0.5, 1, id="float-offset"),
+        pytest.param(300, 1, id="offset-outside-i1"),
+        pytest.param(0, 0, id="zero-scale"),
+    ],
+)
+def test_scale_offset_int_parameters_refused(offset: Any, scale: Any) -> None:
+    with pytest.raises(ValueError):
+        _filters.scale_offset(np.zeros(4, "|i1"), np.zeros(4, "|i1"), offset, scale, True)
+
+
+ASTYPE_TYPES = [*FSO_TYPES, "<f4", "<f8"]
+
+
+def astype_values(decoded: str, encoded: str, seed: int) -> np.ndarray:
+    """Values of ``decoded`` whose cast to ``encoded`` NumPy defines (for
+    a float to an integer type: an integral part the type holds)."""
+    if decoded[1] != "f":
+        return sample(decoded, 4099, seed)
+    value = sample(decoded, 4099, seed)
+    if encoded[1] != "f":
+        info = np.iinfo(encoded)
+        lo, hi = max(float(info.min), -1e15), min(float(info.max), 1e15)
+        rng = np.random.default_rng(seed)
+        value = rng.uniform(lo, hi, 4099).astype(decoded)
+        value[:4] = [-0.0, 0.75, -0.75, lo]
+        value = value[(value >= lo) & (value < hi)]
+    return value
+
+
+@pytest.mark.parametrize("encoded", [pytest.param(d, id=d) for d in ASTYPE_TYPES])
+@pytest.mark.parametrize("decoded", [pytest.param(d, id=d) for d in ASTYPE_TYPES])
 def test_astype_matches_numcodecs(decoded: str, encoded: str) -> None:
+    """Every pair, both ways: NumPy's casts (integers wrap, floats round)."""
     codec = numcodecs.AsType(encode_dtype=encoded, decode_dtype=decoded)
-    value = sample(decoded, 4099, 8)
+    value = astype_values(decoded, encoded, 8)
     with np.errstate(all="ignore"):
         expected = codec.encode(value)
     out = np.empty(value.shape, dtype=encoded)
-    _filters.astype(value, out)
+    assert _filters.astype(value, out) == _filters.FilterStatus.FILTER_OK
     assert out.tobytes() == np.asarray(expected).tobytes()
-    back = np.empty_like(value)
-    _filters.astype(out, back)
-    assert back.tobytes() == np.asarray(codec.decode(expected)).tobytes()
+    stored = astype_values(encoded, decoded, 9)
+    back = np.empty(stored.shape, dtype=decoded)
+    assert _filters.astype(stored, back) == _filters.FilterStatus.FILTER_OK
+    with np.errstate(all="ignore"):
+        assert back.tobytes() == np.asarray(codec.decode(stored)).tobytes()
 
 
-def test_astype_refuses_integers_and_aliasing() -> None:
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf, 128.0, -129.0, 1e30])
+@pytest.mark.parametrize("dtype", ["<f4", "<f8"])
+def test_astype_float_to_int_refuses_unfit(dtype: str, bad: float) -> None:
+    """C leaves these casts undefined (NumPy's result is the platform's)."""
+    value = np.array([1.0, bad, 2.0]).astype(dtype)
+    status = _filters.astype(value, np.empty(3, "|i1"))
+    assert status == _filters.FilterStatus.FILTER_OUT_OF_RANGE
+
+
+def test_astype_float_to_int_range_ends_fit() -> None:
+    value = np.array([127.99, -128.99, -0.5, 255.5])
+    out = np.empty(2, "|i1")
+    assert _filters.astype(value[:2], out) == _filters.FilterStatus.FILTER_OK
+    assert out.tolist() == [127, -128]
+    out = np.empty(2, "|u1")
+    assert _filters.astype(value[2:], out) == _filters.FilterStatus.FILTER_OK
+    assert out.tolist() == [0, 255]
+
+
+def test_astype_refuses_other_types_and_aliasing() -> None:
     value = np.arange(8, dtype="<f8")
     with pytest.raises(TypeError):
-        _filters.astype(value, np.empty(8, dtype="<i4"))
+        _filters.astype(value, np.empty(8, dtype="<f2"))
+    with pytest.raises(TypeError):
+        _filters.astype(value, np.empty(8, dtype=">i4"))
     with pytest.raises(ValueError, match="apart"):
         _filters.astype(value, value.view("<f4")[:8])
+
+
+@pytest.mark.parametrize(
+    "run",
+    [
+        pytest.param(lambda v, o: _filters.astype(v, o), id="astype-i8-f8"),
+        pytest.param(lambda v, o: _filters.scale_offset(v, v, 3, 2, True), id="scale-offset-i8"),
+    ],
+)
+def test_int_kernels_release_the_gil(run: Any) -> None:
+    value = np.zeros(50 * 2**20 // 8, dtype="<i8")
+    out = np.empty(value.shape, "<f8")
+    assert spins_during(lambda: run(value, out), attempts=5) > 1000
+
+
+@pytest.mark.parametrize(
+    "step",
+    [
+        pytest.param(("scale_offset", "<i8", 5, 1), id="i8-scale-1"),
+        pytest.param(("scale_offset", "<i8", -(2**63), -1), id="i8-scale-minus-1"),
+        pytest.param(("scale_offset", "<i2", -1, -1), id="i2-negate"),
+        pytest.param(("scale_offset", "<u4", 0, 1), id="u4-identity"),
+        pytest.param(("astype", "<f8", "<i4"), id="float-to-int"),
+        pytest.param(("astype", "<i8", "<u1"), id="int-narrowing"),
+        pytest.param(("delta", "<i4", "<i2"), id="delta-astype-int"),
+        pytest.param(("delta", "<f8", "<f4"), id="delta-astype-float"),
+    ],
+)
+def test_filter_chain_takes_steps_that_decode_everything(step: tuple[Any, ...]) -> None:
+    assert _filters.FilterChain([step]).n == 1
 
 
 @pytest.mark.parametrize(
@@ -404,7 +648,11 @@ def test_astype_refuses_integers_and_aliasing() -> None:
         pytest.param([("delta", "<f2")], id="delta-f2"),
         pytest.param([("fixedscaleoffset", "<f8", "<f4", 0.0, 1.0)], id="fso-to-float"),
         pytest.param([("bitround", "<f4", 24)], id="bitround-too-many-bits"),
-        pytest.param([("scale_offset", "<i4", 0.0, 1.0)], id="scale-offset-int"),
+        pytest.param([("scale_offset", "<i4", 0.0, 1.0)], id="scale-offset-int-float-params"),
+        pytest.param([("scale_offset", "<i4", 0, 3)], id="scale-offset-remainder"),
+        pytest.param([("scale_offset", "<u2", 1, 1)], id="scale-offset-out-of-range"),
+        pytest.param([("astype", "<u1", "<f4")], id="astype-decodes-float-to-int"),
+        pytest.param([("astype", "<f8", "<f2")], id="astype-f2"),
         pytest.param([("astype", "<f8", "<f4"), ("delta", "<f8")], id="mismatched-steps"),
         pytest.param([], id="empty"),
     ],

@@ -18,9 +18,7 @@ from __future__ import annotations
 import errno
 import os
 import re
-import subprocess
-import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +30,7 @@ from zarr.codecs import ZstdCodec
 from zarr.storage import LocalStore
 
 from helpers import BATCHED, FUSED, with_pipeline
+from helpers.tmpfs import fill_disk, tmpfs_fixture  # noqa: F401 (the fixture tmpfs)
 
 TIMEOUT = 60.0
 SHAPE = (16, 16)
@@ -327,30 +326,9 @@ FULL_LAYOUTS = {
 
 
 @pytest.fixture
-def small_tmpfs(tmp_path: Path) -> Any:
+def small_tmpfs(tmpfs: Callable[[str], Path]) -> Path:
     """A 1 MiB tmpfs mounted for the test (root only), unmounted after."""
-    if not sys.platform.startswith("linux"):
-        pytest.skip("tmpfs is Linux")
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-    )
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
-    try:
-        yield mnt
-    finally:
-        if subprocess.run(
-            ["umount", str(mnt)], capture_output=True, timeout=30, check=False
-        ).returncode:
-            subprocess.run(["umount", "-l", str(mnt)], capture_output=True, timeout=30, check=False)
+    return tmpfs("mnt")
 
 
 @pytest.mark.parametrize("layout", [pytest.param(k, id=k) for k in FULL_LAYOUTS])
@@ -425,14 +403,6 @@ finally:
     logger.setLevel(level)
     result = records
 """
-
-
-def fill_disk(mnt: Path, room: int) -> None:
-    """Leave ``room`` bytes free on the tmpfs at ``mnt``."""
-    st = os.statvfs(mnt)
-    spare = st.f_bavail * st.f_frsize - room
-    assert spare > 0
-    (mnt / "filler").write_bytes(b"\1" * spare)
 
 
 def unit_bytes(layout: str) -> int:

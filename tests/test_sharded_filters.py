@@ -68,6 +68,34 @@ CHAINS: dict[str, tuple[Any, str, str, Any]] = {
         "floats",
         0,
     ),
+    # integer scale_offset whose decoding takes every stored value (scale 1 or
+    # -1 and a range that holds, or int64, which zarr wraps)
+    "scale_offset-i8": (lambda: [ScaleOffset(offset=1000, scale=-1)], "<i8", "ints", 5),
+    "scale_offset-i2-negate": (lambda: [ScaleOffset(offset=-1, scale=-1)], "<i2", "ints", -2),
+    "astype-i4-i2": (
+        lambda: [znc.AsType(encode_dtype="<i2", decode_dtype="<i4")],
+        "<i4",
+        "ints",
+        -3,
+    ),
+    "astype-f8-i4": (
+        lambda: [znc.AsType(encode_dtype="<i4", decode_dtype="<f8")],
+        "<f8",
+        "small",
+        0,
+    ),
+    "delta-i8-astype-i2": (
+        lambda: [znc.Delta(dtype="<i8", astype="<i2")],
+        "<i8",
+        "ints",
+        -4,
+    ),
+    "delta-f8-astype-f4": (
+        lambda: [znc.Delta(dtype="<f8", astype="<f4")],
+        "<f8",
+        "floats",
+        np.nan,
+    ),
     "astype-delta-f8-f4": (
         lambda: [znc.AsType(encode_dtype="<f4", decode_dtype="<f8"), znc.Delta(dtype="<f4")],
         "<f8",
@@ -234,11 +262,72 @@ def test_never_written_reads_fill(tmp_path: Path) -> None:
 
 
 def test_strict_rejects_filter_without_kernel_sharded() -> None:
-    filters = [znc.Delta(dtype="<f8", astype="<f4")]
+    filters = [znc.Delta(dtype="<f4", astype="<f8")]
     with zarr.config.set(STRICT):
-        array = create(MemoryStore(), filters, "<f8", 0, [ZstdCodec()])
+        array = create(MemoryStore(), filters, "<f4", 0, [ZstdCodec()])
         with pytest.raises(UnsupportedError, match="inner chunks"):
             array[:]
+
+
+#: chains whose decoding may refuse a stored value: the shard engine has no
+#: way to refuse an inner chunk, so they run zarr's code
+DECLINED: dict[str, tuple[Any, str, str, Any]] = {
+    "scale_offset-i2-scale": (lambda: [ScaleOffset(offset=100, scale=3)], "<i2", "ints", -1),
+    "scale_offset-i2-offset": (lambda: [ScaleOffset(offset=5, scale=1)], "<i2", "ints", 9),
+    "astype-i2-f4": (
+        lambda: [znc.AsType(encode_dtype="<f4", decode_dtype="<i2")],
+        "<i2",
+        "ints",
+        1,
+    ),
+    "astype-u1-f8": (
+        lambda: [znc.AsType(encode_dtype="<f8", decode_dtype="|u1")],
+        "|u1",
+        "ints",
+        9,
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(DECLINED))
+def test_declined_filters_strict_rejects(name: str) -> None:
+    filters, dtype, _, fill = DECLINED[name]
+    with zarr.config.set(STRICT):
+        array = create(MemoryStore(), filters(), dtype, fill, [ZstdCodec()])
+        with pytest.raises(UnsupportedError, match="inner chunks"):
+            array[:]
+
+
+@pytest.mark.parametrize("name", list(DECLINED))
+def test_declined_filters_match_zarr(name: str) -> None:
+    filters, dtype, kind, fill = DECLINED[name]
+    value = values_of(kind, dtype, GEOMETRIES["2d"][0], 5)
+    stores = {}
+    lenient = {"codec_pipeline.path": FUSED, "codec_pipeline.strict": False}
+    for who, config in (("fused", lenient), ("zarr", {"codec_pipeline.path": BATCHED})):
+        with zarr.config.set(config):
+            stores[who] = MemoryStore()
+            create(stores[who], filters(), dtype, fill, [ZstdCodec()])[:] = value
+    assert chunk_items(stores["fused"]) == chunk_items(stores["zarr"])
+    with zarr.config.set(lenient):
+        got = zarr.open_array(stores["fused"], mode="r")[:]
+    assert_same_values(got, value)
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered in cast:RuntimeWarning")
+@pytest.mark.parametrize("bad", [np.nan, 3e9, -np.inf], ids=["nan", "large", "-inf"])
+def test_astype_unfit_inner_chunk(tmp_path: Path, bad: float) -> None:
+    """An inner chunk astype cannot cast natively (a float int32 cannot
+    hold) is encoded by numcodecs' code; the shard's bytes are zarr's."""
+    filters, dtype, kind, fill = CHAINS["astype-f8-i4"]
+    value = values_of(kind, dtype, GEOMETRIES["2d"][0], 3)
+    value[9, 7] = bad
+    stores = {}
+    for who, config in (("fused", STRICT), ("zarr", {"codec_pipeline.path": BATCHED})):
+        with zarr.config.set(config):
+            stores[who] = make_store("local", tmp_path, who)
+            create(stores[who], filters(), dtype, fill, [ZstdCodec()])[:] = value
+    assert_same(stores, (slice(5, 20), slice(3, 12)))
 
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered in cast:RuntimeWarning")
@@ -266,12 +355,19 @@ def filter_cases(draw: Any) -> tuple[list[Any], str, Any, int]:
             ["delta", "fixedscaleoffset", "quantize", "bitround", "scale_offset", "astype"]
         )
     )
-    if kind == "scale_offset":
+    if kind == "scale_offset" and draw(st.booleans()):
+        # integers: the shard engine takes int64 with scale 1 or -1
+        offset = draw(st.integers(-(2**63), 2**63 - 1))
+        dtype, filters = "<i8", [ScaleOffset(offset=offset, scale=draw(st.sampled_from([1, -1])))]
+    elif kind == "scale_offset":
         dtype = draw(st.sampled_from(["<f4", "<f8"]))
         offset = draw(st.sampled_from([0, 1.5, -20, 273.15]))
         filters = [ScaleOffset(offset=offset, scale=draw(st.sampled_from([1, 0.1, 4, 100])))]
     elif kind == "astype":
-        dtype, encoded = draw(st.sampled_from([("<f8", "<f4"), ("<f4", "<f8")]))
+        types = ["|i1", "|u1", "<i2", "<u2", "<i4", "<u4", "<i8", "<u8", "<f4", "<f8"]
+        dtype, encoded = draw(st.sampled_from(types)), draw(st.sampled_from(types))
+        if np.dtype(dtype).kind in "iu" and np.dtype(encoded).kind == "f":
+            encoded = "<i4"  # decoding floats to integers may refuse: not for the shard engine
         filters = [znc.AsType(encode_dtype=encoded, decode_dtype=dtype)]
     elif kind == "delta":
         dtype = draw(st.sampled_from(["<i1", "<i2", "<u4", "<i8", "<f4", "<f8"]))

@@ -319,6 +319,9 @@ def test_s3_counters_equal_the_proxy(proxy: Any, sharded: bool, op: str) -> None
     # the bodies of found objects (a missing key's answer is an XML error body)
     assert got == sum(r.received for r in seen.log if r.kind == "GET" and r.status < 300)
     assert s.bytes[("object", "set")] == seen.bytes_sent["PUT"]
+    # the async path's compute threads see the block: the kernels' time counts
+    phase = "decode" if op.startswith("read") else "encode"
+    assert s.thread_seconds[phase] > 0
 
 
 def test_fallbacks_name_the_plans_reason() -> None:
@@ -364,6 +367,12 @@ def test_bench_breakdown_reads_the_counters() -> None:
     assert any(f"read: {shards} shards in " in line for line in lines)
     coalesced = f"byte ranges: {ranges['asked']} asked, coalesced into {ranges['requests']}"
     assert any(coalesced in line for line in lines)
+    inner = s.native[("read", "inner_chunks")]
+    assert any(f"inner chunks decoded natively: {inner}" in line for line in lines)
+    per_shard = f"inner chunks decoded per shard read: {inner / shards:.1f}"
+    assert any(per_shard in line for line in lines)
+    (split,) = (line for line in lines if "native time, summed over threads" in line)
+    assert "decode" in split
 
 
 @pytest.mark.parametrize("sharded", [False, True], ids=["unsharded", "sharded"])
@@ -382,3 +391,273 @@ def test_read_regions_is_counted(sharded: bool) -> None:
     assert seen
     assert _by_op(s.requests, "wrapper") == seen
     assert _by_op(s.bytes, "wrapper") == dict(+store.bytes)
+
+
+# -- the time split of the native kernels ----------------------------------------------
+
+#: compute threads of the timed tests (the phase sums are bounded by the
+#: calls' wall time times the threads that can run at once)
+WORKERS = 2
+
+
+def _threads() -> int:
+    from zarr_fused.io.engine import resolve_io_concurrency
+
+    return 1 + WORKERS + resolve_io_concurrency()
+
+
+def _timed(arr: zarr.Array, op: str) -> Stats:
+    with (
+        with_pipeline(FUSED),
+        zarr.config.set({"codec_pipeline.max_workers": WORKERS}),
+        zarr_fused.stats() as s,
+    ):
+        OPS[op](arr)
+    return s
+
+
+def _check_bounds(s: Stats, what: str) -> None:
+    spent = s.thread_seconds
+    assert set(spent) <= set(Stats.PHASES)
+    assert all(seconds >= 0 for seconds in spent.values())
+    assert sum(spent.values()) <= s.seconds[what] * _threads()
+
+
+@pytest.mark.parametrize("op", ["read-all", "read-part", "read-point"])
+@pytest.mark.parametrize("sharded", [False, True], ids=["unsharded", "sharded"])
+@pytest.mark.parametrize("kind", ["memory", "local", "nosync"])
+def test_read_time_split(tmp_path: Path, kind: str, sharded: bool, op: str) -> None:
+    """Decode time exactly when the kernels decoded chunks; scatter time
+    when they copied into the output or filled it; file read time exactly
+    on native local reads (a memory store's requests are "store" time)."""
+    store = _base(kind, tmp_path)
+    _create(store, sharded)
+    s = _timed(_open(store), op)
+    _check_bounds(s, "read")
+    spent = s.thread_seconds
+    decoded = s.native["read", "inner_chunks" if sharded else "chunks"]
+    assert decoded == sum(s.native.values()) > 0
+    assert spent["decode"] > 0
+    if op != "read-all":  # a part of a chunk: copied out of the decoded chunk
+        assert spent["scatter"] > 0
+    assert (spent["read_io"] > 0) == (kind == "local")
+    assert (spent["encode"], spent["write_io"]) == (0, 0)
+
+
+#: reads of the array of `_data` (chunk (0, 0) all fill value, not stored)
+#: -> the chunks, and inner chunks and shards, the kernels decode
+DECODED = {
+    "read-all": ({("read", "chunks"): 15}, {("read", "inner_chunks"): 15}, 4),
+    # rows 3:17 of inner chunks 0-2, columns 2:9 of inner chunks 0-1
+    "read-part": ({("read", "chunks"): 5}, {("read", "inner_chunks"): 5}, 2),
+    "read-point": ({("read", "chunks"): 1}, {("read", "inner_chunks"): 1}, 1),
+}
+
+
+@pytest.mark.parametrize("op", list(DECODED))
+@pytest.mark.parametrize("sharded", [False, True], ids=["unsharded", "sharded"])
+@pytest.mark.parametrize("kind", ["memory", "local", "nosync"])
+def test_chunks_decoded_and_inner_chunks_per_shard(
+    tmp_path: Path, kind: str, sharded: bool, op: str
+) -> None:
+    store = _base(kind, tmp_path)
+    _create(store, sharded)
+    s = _timed(_open(store), op)
+    chunks, inner, shards = DECODED[op]
+    assert s.native == Counter(inner if sharded else chunks)
+    if sharded:
+        assert s.items["read", "shards"] == shards
+        assert s.inner_chunks_per_shard() == sum(inner.values()) / shards
+    else:
+        assert s.inner_chunks_per_shard() is None
+
+
+@pytest.mark.parametrize("sharded", [False, True], ids=["unsharded", "sharded"])
+@pytest.mark.parametrize("kind", ["memory", "local", "nosync"])
+def test_a_read_of_nothing_stored_decodes_nothing(tmp_path: Path, kind: str, sharded: bool) -> None:
+    """Every chunk missing: filled (scatter time), nothing decoded."""
+    store = _base(kind, tmp_path)
+    with with_pipeline(BATCHED):
+        zarr.create_array(
+            store, shape=SHAPE, chunks=CHUNKS, shards=SHARDS if sharded else None, dtype="<u2"
+        )
+    s = _timed(_open(store), "read-all")
+    _check_bounds(s, "read")
+    assert not s.native
+    assert s.thread_seconds["decode"] == 0
+
+
+def test_no_time_when_nothing_ran() -> None:
+    with zarr_fused.stats() as s:
+        pass
+    assert not s.thread_seconds
+    assert not s.native
+    assert s.inner_chunks_per_shard() is None
+
+
+def test_a_fallback_decodes_nothing_natively() -> None:
+    from numcodecs import BZ2
+
+    store = MemoryStore()
+    with with_pipeline(BATCHED):
+        arr = zarr.create_array(
+            store, shape=(8,), chunks=(2,), dtype="int32", zarr_format=2, compressors=BZ2()
+        )
+        arr[...] = np.arange(8, dtype="int32")
+    s = _timed(_open(store), "read-all")
+    assert s.fallbacks
+    assert not s.native
+    assert not s.thread_seconds
+
+
+@pytest.mark.parametrize("op", ["write-all", "write-part"])
+@pytest.mark.parametrize("sharded", [False, True], ids=["unsharded", "sharded"])
+@pytest.mark.parametrize("kind", ["memory", "local", "nosync"])
+def test_write_time_split(tmp_path: Path, kind: str, sharded: bool, op: str) -> None:
+    """Encode time and chunks encoded on every write; file write time
+    exactly on native local writes."""
+    store = _base(kind, tmp_path)
+    _create(store, sharded)
+    s = _timed(_open(store), op)
+    _check_bounds(s, "write")
+    spent = s.thread_seconds
+    assert spent["encode"] > 0
+    assert s.native["write", "inner_chunks" if sharded else "chunks"] > 0
+    assert (spent["write_io"] > 0) == (kind == "local")
+    assert spent["decode"] == 0 or op == "write-part"  # a part merges into stored chunks
+
+
+# The timed runs take the same steps as the untimed kernels, a clock read
+# between them: the same values and the same stored bytes, for every way a
+# chunk is decoded (side by side, one by one, straight into the output,
+# byte-swapped) or gathered and encoded.
+@pytest.mark.parametrize("dtype", ["<u2", ">u2"], ids=["native-order", "swapped"])
+@pytest.mark.parametrize("codecs", ["raw", "zstd", "zstd-crc", "crc"])
+@pytest.mark.parametrize("sharded", [False, True], ids=["unsharded", "sharded"])
+@pytest.mark.parametrize("kind", ["memory", "local"])
+def test_timed_runs_read_and_write_what_untimed_ones_do(
+    tmp_path: Path, kind: str, sharded: bool, codecs: str, dtype: str
+) -> None:
+    from helpers import SIDE_BY_SIDE_CODECS
+
+    data = _data(11).astype(dtype)
+    stored = {}
+    for timed in (False, True):
+        store = MemoryStore() if kind == "memory" else LocalStore(tmp_path / str(timed))
+        with with_pipeline(FUSED), zarr.config.set({"codec_pipeline.max_workers": WORKERS}):
+            arr = zarr.create_array(
+                store,
+                shape=SHAPE,
+                chunks=CHUNKS,
+                shards=SHARDS if sharded else None,
+                dtype=dtype,
+                compressors=SIDE_BY_SIDE_CODECS[codecs],
+                fill_value=0,
+            )
+            with zarr_fused.stats() if timed else _no_block() as s:
+                arr[...] = data
+                arr[3:17, 2:9] = 7
+                whole, part = arr[...], arr[3:17, 2:9]
+            if timed:
+                assert s.thread_seconds["decode"] > 0
+        expected = data.copy()
+        expected[3:17, 2:9] = 7
+        np.testing.assert_array_equal(whole, expected)
+        np.testing.assert_array_equal(part, expected[3:17, 2:9])
+        stored[timed] = _stored_bytes(store)
+    assert stored[True] == stored[False]
+
+
+@pytest.mark.parametrize("sharded", [False, True], ids=["unsharded", "sharded"])
+def test_timed_runs_of_a_filter_chain_read_and_write_what_untimed_ones_do(
+    sharded: bool,
+) -> None:
+    """With array->array filters (delta here) the kernels time each chunk
+    whole: decode and encode time, the same values and bytes."""
+    from zarr.codecs import numcodecs as znc
+
+    data = _data(12)
+    stored = {}
+    for timed in (False, True):
+        store = MemoryStore()
+        with with_pipeline(FUSED), zarr.config.set({"codec_pipeline.max_workers": WORKERS}):
+            arr = zarr.create_array(
+                store,
+                shape=SHAPE,
+                chunks=CHUNKS,
+                shards=SHARDS if sharded else None,
+                dtype="<u2",
+                filters=[znc.Delta(dtype="<u2")],
+                compressors=zarr.codecs.ZstdCodec(level=1),
+                fill_value=0,
+            )
+            with zarr_fused.stats() if timed else _no_block() as s:
+                arr[...] = data
+                whole = arr[...]
+            if timed:
+                unit = "inner_chunks" if sharded else "chunks"
+                assert s.native["read", unit] > 0
+                assert s.thread_seconds["decode"] > 0
+                assert s.thread_seconds["encode"] > 0
+        np.testing.assert_array_equal(whole, data)
+        stored[timed] = _stored_bytes(store)
+    assert stored[True] == stored[False]
+
+
+@pytest.mark.parametrize("sharded", [False, True], ids=["unsharded", "sharded"])
+@pytest.mark.parametrize("kind", ["memory", "local"])
+def test_timed_runs_raise_what_untimed_ones_do(tmp_path: Path, kind: str, sharded: bool) -> None:
+    """A corrupt chunk (or inner chunk) fails the timed run with the same
+    error, naming the same key, as the untimed one."""
+    store = _base(kind, tmp_path)
+    _create(store, sharded)
+    key = "c/1/1"
+    raw = asyncio.run(_get(store, key))
+    # the zstd frame's magic number: the chunk's, or the first inner chunk's
+    # of a shard (its index is at the end)
+    asyncio.run(_set(store, key, bytes(8) + raw[8:]))
+    arr = _open(store)
+    errors = []
+    for timed in (False, True):
+        with (
+            with_pipeline(FUSED),
+            zarr_fused.stats() if timed else _no_block(),
+            pytest.raises(Exception) as info,
+        ):
+            arr[...]
+        errors.append((type(info.value), str(info.value)))
+    assert errors[0] == errors[1]
+    assert key in errors[0][1]
+
+
+async def _get(store: Any, key: str) -> bytes:
+    from zarr.core.buffer import default_buffer_prototype
+
+    buf = await store.get(key, prototype=default_buffer_prototype())
+    return buf.to_bytes()
+
+
+async def _set(store: Any, key: str, value: bytes) -> None:
+    from zarr.core.buffer import default_buffer_prototype
+
+    await store.set(key, default_buffer_prototype().buffer.from_bytes(value))
+
+
+def _no_block() -> Any:
+    import contextlib
+
+    return contextlib.nullcontext()
+
+
+def _stored_bytes(store: Any) -> dict[str, bytes]:
+    from zarr.core.buffer import default_buffer_prototype
+
+    async def collect() -> dict[str, bytes]:
+        out = {}
+        async for key in store.list():
+            if not key.endswith("zarr.json"):
+                buf = await store.get(key, prototype=default_buffer_prototype())
+                out[key] = buf.to_bytes()
+        return out
+
+    return asyncio.run(collect())

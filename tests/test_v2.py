@@ -604,10 +604,15 @@ def test_zlib_stream_given_to_gzip_is_corrupt(tmp_path: Path) -> None:
 # -- what falls back, and why --------------------------------------------------------------
 
 # (Delta, FixedScaleOffset and Quantize without astype, or to an integer
-# type, have native kernels: these are the forms that have none)
+# type, AsType and Delta with astype between integers or float64 to float32,
+# and Shuffle have native stages: these are the forms that have none)
 FALLBACKS = [
     pytest.param(
-        {"filters": [numcodecs.Delta("<i4", "<i2")]}, "<i4", "filters (delta)", id="delta"
+        {"filters": [numcodecs.Delta("<f4", "<f8")]},
+        "<f4",
+        "filters (delta)",
+        id="delta",
+        marks=pytest.mark.filterwarnings("ignore:invalid value encountered in cast"),
     ),
     pytest.param(
         {"filters": [numcodecs.FixedScaleOffset(0, 10, "<f8", "<f4")]},
@@ -616,9 +621,14 @@ FALLBACKS = [
         id="fixedscaleoffset",
     ),
     pytest.param(
-        {"filters": [numcodecs.AsType("<f4", "<f8")]}, "<f8", "filters (astype)", id="astype"
+        {"filters": [numcodecs.Delta(">i4"), numcodecs.Shuffle(4)]},
+        ">i4",
+        "filters (delta, shuffle)",
+        id="big-endian-delta-shuffle",
     ),
-    pytest.param({"filters": [numcodecs.Shuffle(4)]}, "<i4", "filters (shuffle)", id="shuffle"),
+    pytest.param(
+        {"filters": [numcodecs.AsType("<f2", "<f8")]}, "<f8", "filters (astype)", id="astype"
+    ),
     pytest.param(
         {"filters": [numcodecs.Quantize(2, "<f8", "<f4")]},
         "<f8",

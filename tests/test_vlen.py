@@ -22,6 +22,7 @@ import zarr
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from zarr.codecs import BloscCodec, Crc32cCodec, GzipCodec, ZstdCodec
+from zarr.codecs import numcodecs as znc
 from zarr.codecs.vlen_utf8 import VLenBytesCodec, VLenUTF8Codec
 from zarr.core.dtype import VariableLengthBytes
 
@@ -245,13 +246,19 @@ def test_surrogates_rejected_as_zarr_rejects_them(fmt: int) -> None:
 
 
 def test_sharded_falls_back_with_a_reason(tmp_path: Path) -> None:
-    """Sharded vlen arrays keep zarr's sharding codec: the values are zarr's,
-    and strict mode says why it refuses them."""
+    """Sharded vlen arrays whose inner compressor has no kernel keep zarr's
+    sharding codec (the others are native: `test_sharded_vlen`): the values
+    are zarr's, and strict mode says why it refuses them."""
     value = _strings((8, 4), 4)
     store = make_store("memory", tmp_path)
     with with_pipeline(FUSED):
         array = zarr.create_array(
-            store, shape=(8, 4), chunks=(2, 2), shards=(4, 4), dtype=str, compressors=None
+            store,
+            shape=(8, 4),
+            chunks=(2, 2),
+            shards=(4, 4),
+            dtype=str,
+            compressors=[znc.BZ2(level=1)],
         )
         assert "inner chunks" in array._async_array.codec_pipeline.plan.fallback
         array[...] = value
@@ -369,22 +376,15 @@ def _check_like_numcodecs(items: list[Any], utf8: bool, kernel: str) -> None:
     assert list(vlen_kernels.decode(k, encoded, len(items), utf8)) == items
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(
-    items=st.lists(st.text(max_size=40), max_size=60),
-    kernel=st.sampled_from(list(KERNELS)),
+@pytest.mark.parametrize(
+    "utf8", [pytest.param(True, id="strings"), pytest.param(False, id="bytes")]
 )
-def test_strings_like_numcodecs(items: list[str], kernel: str) -> None:
-    _check_like_numcodecs(items, True, kernel)
-
-
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(
-    items=st.lists(st.binary(max_size=40), max_size=60),
-    kernel=st.sampled_from(list(KERNELS)),
-)
-def test_bytes_like_numcodecs(items: list[bytes], kernel: str) -> None:
-    _check_like_numcodecs(items, False, kernel)
+@given(data=st.data(), kernel=st.sampled_from(list(KERNELS)))
+def test_items_like_numcodecs(utf8: bool, data: st.DataObject, kernel: str) -> None:
+    item = st.text(max_size=40) if utf8 else st.binary(max_size=40)
+    items = data.draw(st.lists(item, max_size=60), label="items")
+    _check_like_numcodecs(items, utf8, kernel)
 
 
 @pytest.mark.parametrize("members", [1, 3])

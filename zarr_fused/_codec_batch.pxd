@@ -3,13 +3,27 @@
 # them: they queue the tasks of a shard's inner chunks into the same batches
 # and run them in their own nogil sections.
 
-from libc.stdint cimport uint8_t
+from libc.stdint cimport int64_t, uint8_t
 
 cimport numpy as cnp
 
 from zarr_fused._filters cimport FilterChain
 from zarr_fused._codecs cimport ChainKernel, DecodeTask, EncodeTask, Status, Workspace
 from zarr_fused._scatter cimport ZF_MAX_DIMS
+
+# What a batch's tasks spent in each phase while a `zarr_fused.stats` block
+# counts its call (`TaskBatch.timed`): nanoseconds summed over the threads
+# that ran them, and the chunks the kernels decoded or encoded.
+cdef struct PhaseTimes:
+    int64_t io_ns  # file reads inside the call (chunk files, a shard's preads)
+    int64_t decode_ns
+    int64_t scatter_ns  # into the output, fills of missing chunks included
+    int64_t encode_ns
+    int64_t write_ns  # file writes inside the call
+    int64_t chunks
+
+cdef int64_t now_ns() noexcept nogil
+cdef void add_times(PhaseTimes* into, const PhaseTimes* t) noexcept nogil
 
 cdef class ChunkLayout:
     cdef readonly int ndim
@@ -54,6 +68,16 @@ cdef class TaskBatch:
                           uint8_t* b) noexcept nogil
     cdef Py_ssize_t run_filtered_range(self, Workspace ws, Py_ssize_t start, Py_ssize_t stop,
                                        const char* fill) noexcept nogil
+    cdef bint timed
+    cdef bint encodes
+    cdef PhaseTimes times
+    cdef object start_timing(self)
+    cdef object flush_times(self, sink)
+    cdef Py_ssize_t run_tasks_timed(self, Workspace ws, Py_ssize_t start, Py_ssize_t stop,
+                                    const char* fill) noexcept nogil
+    cdef Py_ssize_t run_group_timed(self, Workspace ws, Py_ssize_t i, Py_ssize_t stop,
+                                    const char* fill, Py_ssize_t* size,
+                                    PhaseTimes* acc) noexcept nogil
 
 cdef class DecodeBatch(TaskBatch):
     cdef DecodeTask* tasks

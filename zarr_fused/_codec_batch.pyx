@@ -17,19 +17,29 @@ With `set_filters`, a batch also runs array->array filters
 (`zarr_fused._filters.FilterChain`) on every chunk, between its values and
 the chain kernel's items, still without the GIL: the shard engine decodes
 and encodes inner chains with filters this way.
+
+While a `zarr_fused.stats` block counts the call a batch works for, the
+batch times its phases (`PhaseTimes`: file reads, decode, scatter, encode,
+file writes) with a monotonic clock read between them, and hands the sums
+to the block's sink after each run; otherwise it reads no clock (one test
+of ``timed`` per run of tasks).
 """
 
 from cpython.slice cimport PySlice_GetIndicesEx
-from libc.stdint cimport uint8_t, uintptr_t
+from libc.stdint cimport int64_t, uint8_t, uintptr_t
 from libc.stdlib cimport calloc, free, malloc
 from libc.string cimport memcpy, memset
+from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
 
 cimport numpy as cnp
 
 import numpy as np
 
+from zarr_fused.stats import CountedPath, active
+
 from zarr_fused._codecs cimport (
     COMP_NONE,
+    ZF_ERR_IO,
     ZF_ERR_NOMEM,
     ZF_OK,
     ChainKernel,
@@ -43,6 +53,7 @@ from zarr_fused._codecs cimport (
     workspace,
 )
 from zarr_fused._filters cimport FILTER_OK, FilterChain
+from zarr_fused._localio cimport FILE_ERROR, FILE_MISSING, read_file, write_file_atomic
 from zarr_fused._scatter cimport (
     ZF_MAX_DIMS,
     copy_strided,
@@ -52,6 +63,95 @@ from zarr_fused._scatter cimport (
 )
 
 cnp.import_array()
+
+cdef extern from *:
+    """
+    static inline void zf_add_i64(int64_t* p, int64_t v) {
+        __atomic_fetch_add(p, v, __ATOMIC_RELAXED);
+    }
+    static inline int64_t zf_take_i64(int64_t* p) {
+        return __atomic_exchange_n(p, 0, __ATOMIC_RELAXED);
+    }
+    """
+    void zf_add_i64(int64_t* p, int64_t v) nogil
+    int64_t zf_take_i64(int64_t* p) nogil
+
+
+# -- phase times (only while a stats block counts the call) -------------------------------
+
+
+cdef int64_t now_ns() noexcept nogil:
+    cdef timespec ts
+    clock_gettime(CLOCK_MONOTONIC, &ts)
+    return <int64_t>ts.tv_sec * 1000000000 + ts.tv_nsec
+
+
+cdef void add_times(PhaseTimes* into, const PhaseTimes* t) noexcept nogil:
+    """Add ``t`` into a batch's ``times``: several threads may run ranges of
+    one batch at once, each adding its sums when its range is done."""
+    zf_add_i64(&into.io_ns, t.io_ns)
+    zf_add_i64(&into.decode_ns, t.decode_ns)
+    zf_add_i64(&into.scatter_ns, t.scatter_ns)
+    zf_add_i64(&into.encode_ns, t.encode_ns)
+    zf_add_i64(&into.write_ns, t.write_ns)
+    zf_add_i64(&into.chunks, t.chunks)
+
+
+cdef void _decode_timed(ChainKernel kernel, Workspace ws, DecodeTask* t, const char* fill,
+                        PhaseTimes* acc) noexcept nogil:
+    """`ChainKernel.run_decode` step by step, a clock read between the steps
+    (that kernel does them in one call): the file read, the payload
+    decoded, then the selection scattered or the fill written."""
+    cdef const uint8_t* data
+    cdef const uint8_t* src = t.src
+    cdef Py_ssize_t src_len = t.src_len
+    cdef int rc, err = 0
+    cdef int64_t t0 = now_ns(), t1
+    cdef int bad
+    if t.path != NULL and not t.missing:
+        rc = read_file(t.path, &ws.io_buf, &ws.io_cap, &src_len, &err)
+        t1 = now_ns()
+        acc.io_ns += t1 - t0
+        t0 = t1
+        if rc == FILE_MISSING:
+            t.was_missing = True
+        elif rc == FILE_ERROR:
+            t.status.code = ZF_ERR_IO
+            t.status.a = err
+            return
+        src = ws.io_buf
+    if t.missing or t.was_missing:
+        fill_strided(t.dst, t.dst_strides, t.shape, t.ndim, fill, kernel.itemsize)
+        acc.scatter_ns += now_ns() - t0
+        return
+    bad = kernel.decode_payload(ws, src, src_len, t.nbytes,
+                                <uint8_t*>t.dst if t.direct else NULL, &data, &t.status)
+    t1 = now_ns()
+    acc.decode_ns += t1 - t0
+    if bad < 0:
+        return
+    acc.chunks += 1
+    if data == <const uint8_t*>t.dst:
+        return
+    copy_strided(<const char*>data + t.src_offset, t.src_strides, t.dst, t.dst_strides,
+                 t.shape, t.ndim, kernel.itemsize, kernel.swap_unit)
+    acc.scatter_ns += now_ns() - t1
+
+
+cdef void _write_timed(EncodeTask* t, const char* path, PhaseTimes* acc) noexcept nogil:
+    """The file write `ChainKernel.finish_encode` makes for a task bound
+    for ``path``, made here after an encode run with ``t.path`` unset, so
+    that its time counts as writing, not encoding."""
+    cdef int err = 0
+    cdef int64_t t0 = now_ns()
+    t.path = path
+    if t.status.code != ZF_OK or t.was_fill:
+        return
+    if write_file_atomic(path, t.dst, t.out_len, &err) == FILE_ERROR:
+        t.status.code = ZF_ERR_IO
+        t.status.a = err
+    t.dst = NULL  # the IO buffer is reused by this thread's next task
+    acc.write_ns += now_ns() - t0
 
 
 # -- layout and selections --------------------------------------------------------------
@@ -240,14 +340,16 @@ cdef Py_ssize_t _side_by_side(const DecodeTask* tasks, Py_ssize_t count,
 
 
 cdef Py_ssize_t _decode_side_by_side(ChainKernel kernel, Workspace ws, DecodeTask* tasks,
-                                     Py_ssize_t count) noexcept nogil:
+                                     Py_ssize_t count, PhaseTimes* acc=NULL) noexcept nogil:
     """Decode ``count`` tasks found by `_side_by_side` and scatter them
-    together. Returns -1, or the position of the task that failed."""
+    together (timed into ``acc``, if any). Returns -1, or the position of
+    the task that failed."""
     cdef const char* srcs[_SIDE_MAX]
     cdef uint8_t* slots = NULL
     cdef const uint8_t* data
     cdef DecodeTask* t0 = &tasks[0]
     cdef Py_ssize_t j
+    cdef int64_t mid, start = now_ns() if acc != NULL else 0
     if kernel.compressor != COMP_NONE:
         # decoded straight into the slots (no inner checksums: see DecodeBatch.run_group)
         slots = ws.reserve(<size_t>(count * t0.nbytes))
@@ -258,10 +360,19 @@ cdef Py_ssize_t _decode_side_by_side(ChainKernel kernel, Workspace ws, DecodeTas
         if kernel.decode_payload(ws, tasks[j].src, tasks[j].src_len, tasks[j].nbytes,
                                  slots + j * t0.nbytes if slots != NULL else NULL,
                                  &data, &tasks[j].status) < 0:
+            if acc != NULL:
+                acc.decode_ns += now_ns() - start
             return j
         srcs[j] = <const char*>data + t0.src_offset
+    if acc != NULL:
+        mid = now_ns()
+        acc.decode_ns += mid - start
+        acc.chunks += count
+        start = mid
     rows_side_by_side(t0.dst, t0.dst_strides, <char**>srcs, t0.src_strides, <int>count,
                       t0.shape, t0.ndim, kernel.itemsize, kernel.swap_unit, True)
+    if acc != NULL:
+        acc.scatter_ns += now_ns() - start
     return -1
 
 
@@ -298,10 +409,12 @@ cdef Py_ssize_t _encode_side_by_side(const EncodeTask* tasks, Py_ssize_t count,
 
 
 cdef Py_ssize_t _encode_group(ChainKernel kernel, Workspace ws, EncodeTask* tasks,
-                              Py_ssize_t count, const char* fill) noexcept nogil:
+                              Py_ssize_t count, const char* fill,
+                              PhaseTimes* acc=NULL) noexcept nogil:
     """Gather ``count`` tasks found by `_encode_side_by_side` in one pass
-    over the source, then encode each. Returns -1, or the position of the
-    task that failed."""
+    over the source, then encode each (with ``acc``, its file writes timed
+    into it). Returns -1, or the position of the task that failed."""
+    cdef const char* path
     cdef char* parts[_SIDE_MAX]
     cdef Py_ssize_t cstr[ZF_MAX_DIMS]
     cdef EncodeTask* t0 = &tasks[0]
@@ -333,7 +446,13 @@ cdef Py_ssize_t _encode_group(ChainKernel kernel, Workspace ws, EncodeTask* task
             continue
         if kernel.compressor != COMP_NONE and kernel.reserve_output(ws, t) < 0:
             return j
-        kernel.finish_encode(ws, t, <uint8_t*>parts[j])
+        if acc == NULL or t.path == NULL:
+            kernel.finish_encode(ws, t, <uint8_t*>parts[j])
+        else:
+            path = t.path
+            t.path = NULL
+            kernel.finish_encode(ws, t, <uint8_t*>parts[j])
+            _write_timed(t, path, acc)
         if t.status.code != ZF_OK:
             return j
     return -1
@@ -479,6 +598,8 @@ cdef class TaskBatch:
         """Run tasks ``start:stop`` (a valid range) group by group, with
         ``fill`` as the fill pattern; the first failed task's position, or -1."""
         cdef Py_ssize_t size, bad, i = start
+        if self.timed:
+            return self.run_tasks_timed(ws, start, stop, fill)
         if self.filters is not None:
             return self.run_filtered_range(ws, start, stop, fill)
         while i < stop:
@@ -487,6 +608,78 @@ cdef class TaskBatch:
                 return i + bad
             i += size
         return -1
+
+    cdef Py_ssize_t run_tasks_timed(self, Workspace ws, Py_ssize_t start, Py_ssize_t stop,
+                                    const char* fill) noexcept nogil:
+        """`run_tasks` with its phases timed, the sums added to ``times``.
+        With filters, one figure per task: decode (or encode), the scatter
+        (or gather) and the filters in it."""
+        cdef PhaseTimes acc
+        cdef Py_ssize_t size, i, bad = -1, end = stop
+        cdef int64_t began
+        memset(&acc, 0, sizeof(PhaseTimes))
+        if self.filters is not None:
+            began = now_ns()
+            bad = self.run_filtered_range(ws, start, stop, fill)
+            if self.encodes:
+                acc.encode_ns = now_ns() - began
+            else:
+                acc.decode_ns = now_ns() - began
+            end = stop if bad < 0 else bad
+            for i in range(start, end):
+                acc.chunks += self.task_nbytes(i) > 0
+        else:
+            i = start
+            while i < stop:
+                bad = self.run_group_timed(ws, i, stop, fill, &size, &acc)
+                if bad >= 0:
+                    bad += i
+                    break
+                i += size
+        add_times(&self.times, &acc)
+        return bad
+
+    cdef Py_ssize_t run_group_timed(self, Workspace ws, Py_ssize_t i, Py_ssize_t stop,
+                                    const char* fill, Py_ssize_t* size,
+                                    PhaseTimes* acc) noexcept nogil:
+        """`run_group`, its phases timed into ``acc``."""
+        return self.run_group(ws, i, stop, fill, size)
+
+    cdef object start_timing(self):
+        """The sink of the `zarr_fused.stats` block counting the batch's
+        call (None: none), ``timed`` set while there is one. The keys say
+        it: a block's call hands over counted keys (a shard's inner chunk
+        is keyed (shard key, index)); where it cannot (object stores), a
+        compute thread that copied the caller's context finds the block
+        active, and a pool thread none."""
+        sink = None
+        if self.n:
+            key = self.keys[0]
+            if type(key) is tuple:
+                key = key[0]
+            sink = key.sink if type(key) is CountedPath else active()
+        self.timed = sink is not None
+        return sink
+
+    cdef object flush_times(self, sink):
+        """Hand the phase times summed so far to ``sink`` (a `Stats`)."""
+        cdef PhaseTimes t
+        t.io_ns = zf_take_i64(&self.times.io_ns)
+        t.decode_ns = zf_take_i64(&self.times.decode_ns)
+        t.scatter_ns = zf_take_i64(&self.times.scatter_ns)
+        t.encode_ns = zf_take_i64(&self.times.encode_ns)
+        t.write_ns = zf_take_i64(&self.times.write_ns)
+        t.chunks = zf_take_i64(&self.times.chunks)
+        sink.phases(
+            "write" if self.encodes else "read",
+            bool(self.n) and type(self.keys[0]) is tuple,
+            t.chunks,
+            io=t.io_ns * 1e-9,
+            decode=t.decode_ns * 1e-9,
+            scatter=t.scatter_ns * 1e-9,
+            encode=t.encode_ns * 1e-9,
+            write=t.write_ns * 1e-9,
+        )
 
     cdef Py_ssize_t run_clamped(self, Py_ssize_t start, Py_ssize_t stop) except -1:
         """`run_tasks` over ``start:stop`` clamped to the batch (to its end
@@ -499,8 +692,11 @@ cdef class TaskBatch:
             stop = self.n
         if start < 0:
             start = 0
+        sink = self.start_timing()
         with nogil:
             failed = self.run_tasks(ws, start, stop, fill)
+        if sink is not None:
+            self.flush_times(sink)
         if failed >= 0:
             self.raise_failed(failed)
         return stop
@@ -725,6 +921,17 @@ cdef class DecodeBatch(TaskBatch):
         self.kernel.run_decode(ws, &self.tasks[i], fill)
         return -1 if self.tasks[i].status.code == ZF_OK else 0
 
+    cdef Py_ssize_t run_group_timed(self, Workspace ws, Py_ssize_t i, Py_ssize_t stop,
+                                    const char* fill, Py_ssize_t* size,
+                                    PhaseTimes* acc) noexcept nogil:
+        """`run_group` with its reads, decodes and scatters timed."""
+        cdef bint side = (self.kernel.compressor == COMP_NONE or self.kernel.inner_crcs == 0)
+        size[0] = _side_by_side(&self.tasks[i], stop - i, self.kernel.itemsize) if side else 1
+        if size[0] > 1:
+            return _decode_side_by_side(self.kernel, ws, &self.tasks[i], size[0], acc)
+        _decode_timed(self.kernel, ws, &self.tasks[i], fill, acc)
+        return -1 if self.tasks[i].status.code == ZF_OK else 0
+
 
 cdef class EncodeBatch(TaskBatch):
     """The encode work of a group of chunks, run in one nogil call.
@@ -751,6 +958,7 @@ cdef class EncodeBatch(TaskBatch):
             raise TypeError("arena must be a writeable contiguous 1-d uint8 array")
         self.allocate(kernel, capacity, max_ndim, describe, sizeof(EncodeTask), 2)
         self.tasks = <EncodeTask*>self.task_memory
+        self.encodes = True
         self.arena = arena
         self.arena_used = 0
         self.outputs = []
@@ -894,6 +1102,28 @@ cdef class EncodeBatch(TaskBatch):
             return _encode_group(self.kernel, ws, &self.tasks[i], size[0], fill)
         self.kernel.run_encode(ws, &self.tasks[i], fill)
         return -1 if self.tasks[i].status.code == ZF_OK else 0
+
+    cdef Py_ssize_t run_group_timed(self, Workspace ws, Py_ssize_t i, Py_ssize_t stop,
+                                    const char* fill, Py_ssize_t* size,
+                                    PhaseTimes* acc) noexcept nogil:
+        """`run_group` with its encodes and file writes timed apart."""
+        cdef EncodeTask* t = &self.tasks[i]
+        cdef const char* path = t.path
+        cdef int64_t began = now_ns(), written = acc.write_ns
+        cdef Py_ssize_t j, bad
+        size[0] = _encode_side_by_side(t, stop - i, self.kernel)
+        if size[0] > 1:
+            bad = _encode_group(self.kernel, ws, t, size[0], fill, acc)
+        else:
+            t.path = NULL
+            self.kernel.run_encode(ws, t, fill)
+            if path != NULL:
+                _write_timed(t, path, acc)
+            bad = -1 if t.status.code == ZF_OK else 0
+        acc.encode_ns += now_ns() - began - (acc.write_ns - written)
+        for j in range(i, i + (size[0] if bad < 0 else bad)):
+            acc.chunks += not self.tasks[j].was_fill
+        return bad
 
     def results(self):
         """The outcome of every task, once all have run (see `run`)."""

@@ -165,25 +165,25 @@ class _EncodeOnly(_NativeStage):
 
 
 class NativeDelta(_NativeStage):
-    """``numcodecs.delta`` without ``astype`` (or with ``astype`` equal to
-    ``dtype``), run by `zarr_fused._filters.delta`."""
+    """``numcodecs.delta``, with ``astype`` equal to ``dtype`` or another
+    integer type for integers, float32 for float64, run by
+    `zarr_fused._filters.delta`; a chunk whose first value ``astype``
+    cannot hold (NumPy refuses it) runs numcodecs' code."""
 
-    def __init__(self, codec: Any, dtype: np.dtype[Any]) -> None:
+    def __init__(self, codec: Any, dtype: np.dtype[Any], encoded: np.dtype[Any]) -> None:
         super().__init__(codec)
-        self.dtype = self.encoded = dtype
+        self.dtype, self.encoded = dtype, encoded
 
     def kernel_step(self, dtype: np.dtype[Any]) -> tuple[Any, ...] | None:
-        return ("delta", dtype) if dtype == self.dtype else None
+        return ("delta", dtype, self.encoded) if dtype == self.dtype else None
 
     def _decode_into(self, data: np.ndarray[Any, Any], out: np.ndarray[Any, Any]) -> bool:
         assert filter_kernels is not None
-        filter_kernels.delta(data, out, False)
-        return True
+        return filter_kernels.delta(data, out, False) == filter_kernels.FilterStatus.FILTER_OK
 
     def _encode_into(self, data: np.ndarray[Any, Any], out: np.ndarray[Any, Any]) -> bool:
         assert filter_kernels is not None
-        filter_kernels.delta(data, out, True)
-        return True
+        return filter_kernels.delta(data, out, True) == filter_kernels.FilterStatus.FILTER_OK
 
 
 class NativeFixedScaleOffset(_NativeStage):
@@ -262,23 +262,37 @@ class NativeQuantize(_EncodeOnly):
 
 
 class NativeScaleOffset(_NativeStage):
-    """zarr's ``scale_offset`` on native float32 and float64 chunks, run by
-    `zarr_fused._filters.scale_offset`; its offset and scale are parsed by
-    the data type, as zarr parses them (integer chunks, whose arithmetic
-    zarr checks for overflow and exact division, run zarr's code)."""
+    """zarr's ``scale_offset`` on native integer, float32 and float64
+    chunks, run by `zarr_fused._filters.scale_offset`; its offset and scale
+    are parsed by the data type, as zarr parses them. A chunk whose values
+    zarr refuses (an integer result out of range, a remainder when
+    decoding) runs zarr's code, which raises its error."""
 
     def _takes(self, data: Any, dtype: np.dtype[Any] | None) -> bool:
-        return super()._takes(data, dtype) and _float_kernel_type(data.dtype) is not None
+        return super()._takes(data, dtype) and _kernel_type(data.dtype) is not None
 
-    def params(self, dtype: np.dtype[Any]) -> tuple[float, float] | None:
-        """(offset, scale) as ``dtype`` holds them, or None when zarr's
-        parser refuses them (zarr's code then raises its own error)."""
+    def __init__(self, codec: Any) -> None:
+        super().__init__(codec)
+        # zarr's data type lookup costs more than the kernel on a chunk
+        self._params: dict[np.dtype[Any], tuple[Any, Any] | None] = {}
+
+    def params(self, dtype: np.dtype[Any]) -> tuple[Any, Any] | None:
+        """(offset, scale) as ``dtype`` holds them (Python integers for an
+        integer type), or None when zarr's parser refuses them (zarr's code
+        then raises its own error)."""
+        if dtype not in self._params:
+            self._params[dtype] = self._parse(dtype)
+        return self._params[dtype]
+
+    def _parse(self, dtype: np.dtype[Any]) -> tuple[Any, Any] | None:
         zdtype = get_data_type_from_native_dtype(dtype)
         try:
             offset = zdtype.from_json_scalar(self.codec.offset, zarr_format=3)
             scale = zdtype.from_json_scalar(self.codec.scale, zarr_format=3)
         except (TypeError, ValueError, OverflowError):
             return None
+        if dtype.kind in "iu":
+            return (int(offset), int(scale)) if scale else None
         return float(offset), float(scale)
 
     def _run(self, data: np.ndarray[Any, Any], out: np.ndarray[Any, Any], encode: bool) -> bool:
@@ -286,8 +300,8 @@ class NativeScaleOffset(_NativeStage):
         params = self.params(data.dtype)
         if params is None:
             return False
-        filter_kernels.scale_offset(data, out, *params, encode)
-        return True
+        status = filter_kernels.scale_offset(data, out, *params, encode)
+        return status == filter_kernels.FilterStatus.FILTER_OK
 
     def _decode_into(self, data: np.ndarray[Any, Any], out: np.ndarray[Any, Any]) -> bool:
         return self._run(data, out, False)
@@ -296,13 +310,14 @@ class NativeScaleOffset(_NativeStage):
         return self._run(data, out, True)
 
     def kernel_step(self, dtype: np.dtype[Any]) -> tuple[Any, ...] | None:
-        params = self.params(dtype) if _float_kernel_type(dtype) is not None else None
+        params = self.params(dtype) if _kernel_type(dtype) is not None else None
         return None if params is None else ("scale_offset", dtype, *params)
 
 
 class NativeAsType(_NativeStage):
-    """numcodecs' ``astype`` between float64 and float32 (either way), run
-    by `zarr_fused._filters.astype`."""
+    """numcodecs' ``astype`` between any two of the integer types, float32
+    and float64, run by `zarr_fused._filters.astype`; a chunk with a float
+    an integer type cannot hold (NaN among them) runs numcodecs' code."""
 
     def __init__(self, codec: Any, dtype: np.dtype[Any], encoded: np.dtype[Any]) -> None:
         super().__init__(codec)
@@ -310,13 +325,11 @@ class NativeAsType(_NativeStage):
 
     def _decode_into(self, data: np.ndarray[Any, Any], out: np.ndarray[Any, Any]) -> bool:
         assert filter_kernels is not None
-        filter_kernels.astype(data, out)
-        return True
+        return filter_kernels.astype(data, out) == filter_kernels.FilterStatus.FILTER_OK
 
     def _encode_into(self, data: np.ndarray[Any, Any], out: np.ndarray[Any, Any]) -> bool:
         assert filter_kernels is not None
-        filter_kernels.astype(data, out)
-        return True
+        return filter_kernels.astype(data, out) == filter_kernels.FilterStatus.FILTER_OK
 
     def kernel_step(self, dtype: np.dtype[Any]) -> tuple[Any, ...] | None:
         return ("astype", dtype, self.encoded) if dtype == self.dtype else None
@@ -430,6 +443,14 @@ def _float_kernel_type(dtype: Any) -> np.dtype[Any] | None:
     return found if found.kind == "f" and found.itemsize in (4, 8) and found.isnative else None
 
 
+def _kernel_type(dtype: Any) -> np.dtype[Any] | None:
+    """``dtype`` when the kernels take it: a native integer, float32 or float64."""
+    found = np.dtype(dtype)
+    if found.kind in "iu" and found.isnative:
+        return found
+    return _float_kernel_type(found)
+
+
 def _exact_scalar(value: Any, dtype: np.dtype[Any]) -> float | None:
     """``value`` (a Python number of a codec's configuration) as a float
     when NumPy's cast of it to ``dtype`` equals the kernels' (a finite
@@ -466,16 +487,31 @@ def _quantize(codec: Any, config: dict[str, Any]) -> NativeQuantize | None:
 def _delta(codec: Any, config: dict[str, Any]) -> NativeDelta | None:
     dtype = np.dtype(config["dtype"])
     astype = np.dtype(config.get("astype") or dtype)
-    if astype != dtype or not dtype.isnative or (dtype.kind, dtype.itemsize) not in _DELTA_TYPES:
+    if (
+        not (dtype.isnative and astype.isnative)
+        or not {
+            (dtype.kind, dtype.itemsize),
+            (astype.kind, astype.itemsize),
+        }
+        <= _DELTA_TYPES
+    ):
         return None
-    return NativeDelta(codec, dtype)
+    # numcodecs' sums of uint64 and a signed type are float64 ones, and its
+    # float32 sums to float64 another order of casts: no kernel for those
+    if astype != dtype and (
+        np.result_type(dtype, astype).kind not in "iu" + dtype.kind
+        or (dtype.kind == "f") != (astype.kind == "f")
+        or (dtype.kind == "f" and astype.itemsize > dtype.itemsize)
+    ):
+        return None
+    return NativeDelta(codec, dtype, astype)
 
 
 def _astype(codec: Any, config: dict[str, Any]) -> NativeAsType | None:
     if config.get("decode_dtype") is None:  # set once evolved for the array
         return None
-    dtype = _float_kernel_type(config["decode_dtype"])
-    encoded = _float_kernel_type(config["encode_dtype"])
+    dtype = _kernel_type(config["decode_dtype"])
+    encoded = _kernel_type(config["encode_dtype"])
     if dtype is None or encoded is None:
         return None
     return NativeAsType(codec, dtype, encoded)
@@ -505,10 +541,12 @@ _NATIVE_STAGES: dict[type, Callable[[Any, dict[str, Any]], _NativeStage | None]]
 
 
 _V2_STAGES: dict[type, Callable[[Any, dict[str, Any]], _NativeStage | None]] = {
+    numcodecs.AsType: _astype,
     numcodecs.Delta: _delta,
     numcodecs.FixedScaleOffset: _fixedscaleoffset,
     numcodecs.BitRound: _bitround,
     numcodecs.Quantize: _quantize,
+    numcodecs.AsType: _astype,
 }
 
 

@@ -3,6 +3,8 @@
 # of array->array steps run on one chunk's items with the GIL released,
 # so the shard engine filters inner chunks inside its nogil sections.
 
+from libc.stdint cimport int64_t
+
 from zarr_fused._cast_value cimport CastPlan
 
 # What a kernel that can refuse its input returns.
@@ -23,10 +25,22 @@ cdef enum FilterKind:
 cdef enum:
     FILTER_MAX_STEPS = 8
 
-# One filter: ``code`` is the kernel's data type number of the items before
-# it (delta: 1, 2, 4, 8 integers, -4, -8 floats; the float kernels: the
-# float's item size), ``encoded_code`` the integer type fixedscaleoffset
-# encodes to (astype: the float's item size it casts to).
+# The item types the kernels take, as a step names them.
+cdef enum ItemType:
+    IT_I8 = 0
+    IT_I16 = 1
+    IT_I32 = 2
+    IT_I64 = 3
+    IT_U8 = 4
+    IT_U16 = 5
+    IT_U32 = 6
+    IT_U64 = 7
+    IT_F32 = 8
+    IT_F64 = 9
+
+# One filter: ``code`` is the ItemType of the items before it, as the
+# kernel computes them (delta's integers and bitround's floats as the
+# unsigned type of their size), ``encoded_code`` the one after it.
 cdef struct FilterStep:
     int kind
     int code
@@ -35,8 +49,8 @@ cdef struct FilterStep:
     Py_ssize_t encoded_itemsize  # of the items after it
     double offset
     double scale
-    double lo  # fixedscaleoffset: the encoded type's range [lo, hi)
-    double hi
+    int64_t ioffset  # scale_offset on integers (uint64: the bits)
+    int64_t iscale
     int maskbits
     CastPlan cast_encode  # cast_value: its two directions (see _cast_value.pxd)
     CastPlan cast_decode

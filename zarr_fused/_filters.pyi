@@ -7,14 +7,11 @@ from typing import Any
 import numpy as np
 from typing_extensions import disjoint_base
 
-def delta(
-    src: np.ndarray[Any, Any], out: np.ndarray[Any, Any], encode: bool
-) -> np.ndarray[Any, Any]: ...
-
 class FilterStatus(IntEnum):
     FILTER_OK = 0
     FILTER_OUT_OF_RANGE = 1
 
+def delta(src: np.ndarray[Any, Any], out: np.ndarray[Any, Any], encode: bool) -> FilterStatus: ...
 def fixedscaleoffset_encode(
     src: np.ndarray[Any, Any], out: np.ndarray[Any, Any], offset: float, scale: float
 ) -> FilterStatus: ...
@@ -38,5 +35,5 @@ class FilterChain:
 
 def scale_offset(
     src: np.ndarray[Any, Any], out: np.ndarray[Any, Any], offset: float, scale: float, encode: bool
-) -> np.ndarray[Any, Any]: ...
-def astype(src: np.ndarray[Any, Any], out: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]: ...
+) -> FilterStatus: ...
+def astype(src: np.ndarray[Any, Any], out: np.ndarray[Any, Any]) -> FilterStatus: ...

@@ -1,8 +1,8 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
 """Native array->array filters, run with the GIL released.
 
-Each kernel gives the very bytes numcodecs gives for the same filter, so
-a chain with a native filter stores what zarr stores:
+Each kernel gives the very bytes numcodecs (or zarr) gives for the same
+filter, so a chain with a native filter stores what zarr stores:
 
 ``delta``
     numcodecs' ``Delta`` with ``astype`` equal to ``dtype``: the first
@@ -35,25 +35,34 @@ a chain with a native filter stores what zarr stores:
     derives from ``digits`` (`zarr_fused._filter_stages` computes it).
 
 ``scale_offset``
-    zarr's ``scale_offset`` on float32 or float64: ``(x - offset) * scale``
-    to encode, ``x / scale + offset`` to decode, in the data's own float
-    type (IEEE arithmetic, as NumPy's; NaN and infinities pass through).
+    zarr's ``scale_offset``: ``(x - offset) * scale`` to encode, ``x /
+    scale + offset`` to decode. On float32 and float64 in the data's own
+    float type (IEEE arithmetic, as NumPy's; NaN and infinities pass
+    through). On integers as zarr computes them: in int64, which wraps
+    (so int64 data wraps, as zarr's does), the result checked against the
+    data type's range; uint64 exactly. Decoding first checks the division
+    is exact. A value zarr refuses (out of range, a remainder) is reported
+    (`FILTER_OUT_OF_RANGE`): the caller runs zarr's code, which raises.
 
 ``astype``
-    numcodecs' ``AsType`` between float64 and float32: C's conversions,
-    which round to nearest as NumPy's ``astype`` does.
+    numcodecs' ``AsType`` between any two of the integer types, float32
+    and float64: C's conversions, which are NumPy's (integers wrap, floats
+    round to nearest). A float whose integral part the integer type cannot
+    hold (NaN, an infinity) has a platform-defined cast and is reported,
+    as fixedscaleoffset's are.
 
-`FilterChain` strings these together for the batch kernels: the steps of
-an inner chain, run on each chunk inside their nogil sections.
-
-The ``def`` wrappers check the arrays (contiguous, sizes, a supported
-data type) before a kernel runs; only ``fixedscaleoffset``'s encoding can
-fail, with a status.
+The kernels are written once each over fused types; `_dispatch` is the
+one place that turns a step's item type numbers into C types. A kernel call
+is a `FilterStep` (built and checked by `_set_step` from a tuple), so the
+``def`` wrappers and `FilterChain` share one parser. The wrappers check
+the arrays (contiguous, sizes, the step's data types) before a kernel
+runs.
 """
 
-from libc.math cimport rint, rintf
-from libc.string cimport memcpy, memset
+from libc.math cimport ldexp, rint, rintf, trunc
+from libc.string cimport memset
 from libc.stdint cimport (
+    INT64_MAX, INT64_MIN, UINT64_MAX,
     int8_t, int16_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t,
 )
 
@@ -66,7 +75,11 @@ import numpy as np
 cnp.import_array()
 
 
-ctypedef fused delta_t:
+ctypedef fused in_t:
+    int8_t
+    int16_t
+    int32_t
+    int64_t
     uint8_t
     uint16_t
     uint32_t
@@ -75,91 +88,16 @@ ctypedef fused delta_t:
     double
 
 
-cdef void _delta_encode(const delta_t* src, delta_t* dst, Py_ssize_t n) noexcept nogil:
-    cdef Py_ssize_t i
-    dst[0] = src[0]
-    for i in range(1, n):
-        dst[i] = src[i] - src[i - 1]
-
-
-cdef void _delta_decode(const delta_t* src, delta_t* dst, Py_ssize_t n) noexcept nogil:
-    cdef Py_ssize_t i
-    cdef delta_t acc = src[0]
-    dst[0] = acc
-    for i in range(1, n):
-        acc = acc + src[i]
-        dst[i] = acc
-
-
-cdef int _delta_kind(cnp.ndarray src, cnp.ndarray out) except -1:
-    """The kernel for these arrays: 1, 2, 4, 8 (integers of that size),
-    -4 (float32), -8 (float64)."""
-    cdef str kind = src.dtype.kind
-    if src.dtype != out.dtype or not src.dtype.isnative:
-        raise TypeError("delta: input and output must share one native-order data type")
-    if not (src.flags.c_contiguous and out.flags.c_contiguous and out.flags.writeable):
-        raise ValueError("delta: arrays must be C-contiguous, the output writeable")
-    if src.size != out.size or src.size == 0:
-        raise ValueError("delta: input and output must have the same, non-zero size")
-    if kind in "iu" and src.dtype.itemsize in (1, 2, 4, 8):
-        return src.dtype.itemsize
-    if kind == "f" and src.dtype.itemsize in (4, 8):
-        return -src.dtype.itemsize
-    raise TypeError(f"delta: no kernel for {src.dtype}")
-
-
-cdef void _delta_run(int kind, bint encode, const void* src, void* dst,
-                     Py_ssize_t n) noexcept nogil:
-    if kind == 1:
-        if encode:
-            _delta_encode(<const uint8_t*>src, <uint8_t*>dst, n)
-        else:
-            _delta_decode(<const uint8_t*>src, <uint8_t*>dst, n)
-    elif kind == 2:
-        if encode:
-            _delta_encode(<const uint16_t*>src, <uint16_t*>dst, n)
-        else:
-            _delta_decode(<const uint16_t*>src, <uint16_t*>dst, n)
-    elif kind == 4:
-        if encode:
-            _delta_encode(<const uint32_t*>src, <uint32_t*>dst, n)
-        else:
-            _delta_decode(<const uint32_t*>src, <uint32_t*>dst, n)
-    elif kind == 8:
-        if encode:
-            _delta_encode(<const uint64_t*>src, <uint64_t*>dst, n)
-        else:
-            _delta_decode(<const uint64_t*>src, <uint64_t*>dst, n)
-    elif kind == -4:
-        if encode:
-            _delta_encode(<const float*>src, <float*>dst, n)
-        else:
-            _delta_decode(<const float*>src, <float*>dst, n)
-    else:
-        if encode:
-            _delta_encode(<const double*>src, <double*>dst, n)
-        else:
-            _delta_decode(<const double*>src, <double*>dst, n)
-
-
-def delta(cnp.ndarray src, cnp.ndarray out, bint encode):
-    """numcodecs' ``Delta`` (``astype`` equal to ``dtype``) over ``src``
-    into ``out``, in C order: its encode with ``encode``, else its decode.
-    Both arrays are C-contiguous, of one native-order integer, float32 or
-    float64 data type and the same non-zero size; ``out`` may be ``src``.
-    """
-    cdef int kind = _delta_kind(src, out)
-    cdef const void* s = cnp.PyArray_DATA(src)
-    cdef void* d = cnp.PyArray_DATA(out)
-    cdef Py_ssize_t n = src.size
-    if encode and s == d:
-        raise ValueError("delta: encode needs an output apart from its input")
-    with nogil:
-        _delta_run(kind, encode, s, d, n)
-    return out
-
-
-ctypedef fused float_t:
+# the same types again: a function of (in_t, out_t) covers every pair
+ctypedef fused out_t:
+    int8_t
+    int16_t
+    int32_t
+    int64_t
+    uint8_t
+    uint16_t
+    uint32_t
+    uint64_t
     float
     double
 
@@ -175,17 +113,40 @@ ctypedef fused int_t:
     uint64_t
 
 
+ctypedef fused float_t:
+    float
+    double
+
+
+# the types delta computes in: integers as unsigned, whose wrap-around is defined
+ctypedef fused delta_t:
+    uint8_t
+    uint16_t
+    uint32_t
+    uint64_t
+    float
+    double
+
+
 ctypedef fused bits_t:
     uint16_t
     uint32_t
     uint64_t
 
 
-#: integer data types by (kind, item size), as the kernels number them
-_INT_CODES = {
-    ("i", 1): 0, ("i", 2): 1, ("i", 4): 2, ("i", 8): 3,
-    ("u", 1): 4, ("u", 2): 5, ("u", 4): 6, ("u", 8): 7,
+#: the kernels' item type numbers by (kind, item size)
+_ITEM_TYPES = {
+    ("i", 1): IT_I8, ("i", 2): IT_I16, ("i", 4): IT_I32, ("i", 8): IT_I64,
+    ("u", 1): IT_U8, ("u", 2): IT_U16, ("u", 4): IT_U32, ("u", 8): IT_U64,
+    ("f", 4): IT_F32, ("f", 8): IT_F64,
 }
+#: the unsigned type of each size: delta's and bitround's arithmetic
+_UNSIGNED = {1: IT_U8, 2: IT_U16, 4: IT_U32, 8: IT_U64}
+#: mantissa bits of the float types bitround takes, by item size
+_MANTISSA = {2: 10, 4: 23, 8: 52}
+
+
+# -- the kernels, each over the C types it takes ----------------------------------------
 
 
 cdef inline float_t _round(float_t v) noexcept nogil:
@@ -195,10 +156,180 @@ cdef inline float_t _round(float_t v) noexcept nogil:
         return rint(v)
 
 
+cdef inline void _int_bounds(int_t* tag, double* lo, double* hi) noexcept nogil:
+    """[lo, hi): the integral values ``int_t`` holds, as doubles (exact)."""
+    cdef int bits = 8 * <int>sizeof(int_t)
+    if <int_t>-1 < 0:
+        lo[0], hi[0] = -ldexp(1.0, bits - 1), ldexp(1.0, bits - 1)
+    else:
+        lo[0], hi[0] = 0.0, ldexp(1.0, bits)
+
+
+cdef void _delta_encode(const delta_t* src, delta_t* dst, Py_ssize_t n) noexcept nogil:
+    cdef Py_ssize_t i
+    dst[0] = src[0]
+    for i in range(1, n):
+        dst[i] = <delta_t>(src[i] - src[i - 1])
+
+
+cdef void _delta_decode(const delta_t* src, delta_t* dst, Py_ssize_t n) noexcept nogil:
+    cdef Py_ssize_t i
+    cdef delta_t acc = src[0]
+    dst[0] = acc
+    for i in range(1, n):
+        acc = <delta_t>(acc + src[i])
+        dst[i] = acc
+
+
+cdef void _bitround(const bits_t* src, bits_t* dst, Py_ssize_t n, int maskbits) noexcept nogil:
+    cdef bits_t low = (<bits_t>1 << maskbits) - 1
+    cdef bits_t half = (<bits_t>1 << (maskbits - 1)) - 1
+    cdef bits_t b
+    cdef Py_ssize_t i
+    for i in range(n):
+        b = src[i]
+        b = <bits_t>(b + ((b >> maskbits) & 1) + half)
+        dst[i] = <bits_t>(b & ~low)
+
+
+cdef void _quantize(const float_t* src, float_t* dst, Py_ssize_t n, float_t scale) noexcept nogil:
+    cdef Py_ssize_t i
+    for i in range(n):
+        dst[i] = _round(scale * src[i]) / scale
+
+
+cdef void _scale_offset_float(const float_t* src, float_t* dst, Py_ssize_t n, float_t offset,
+                              float_t scale, bint encode) noexcept nogil:
+    cdef Py_ssize_t i
+    if encode:
+        for i in range(n):
+            dst[i] = (src[i] - offset) * scale
+    else:
+        for i in range(n):
+            dst[i] = src[i] / scale + offset
+
+
+cdef FilterStatus _scale_offset_int(const int_t* src, int_t* dst, Py_ssize_t n, int64_t offset,
+                                    int64_t scale, bint encode) noexcept nogil:
+    # zarr widens to int64, whose arithmetic NumPy wraps: computed here as
+    # uint64, whose wrap-around is defined C, then checked against the
+    # type's range (which int64 itself always passes, as in zarr)
+    # Below 64 bits, values and scale are exact doubles, and a double
+    # division (far cheaper than an integer one) is exact when the scale
+    # divides: its quotient times the scale gives the value back iff so.
+    cdef Py_ssize_t i
+    cdef int64_t w, q, lo = INT64_MIN, hi = INT64_MAX
+    cdef double flo, fhi
+    if int_t is not int64_t:
+        _int_bounds(dst, &flo, &fhi)
+        lo, hi = <int64_t>flo, <int64_t>fhi - 1
+    for i in range(n):
+        w = <int64_t>src[i]
+        if encode:
+            w = <int64_t>((<uint64_t>w - <uint64_t>offset) * <uint64_t>scale)
+        elif scale == -1:  # the one quotient that can overflow (INT64_MIN): NumPy wraps it
+            w = <int64_t>(<uint64_t>offset - <uint64_t>w)
+        else:
+            if int_t is int64_t:
+                q = w // scale
+            else:
+                q = <int64_t>(<double>w / <double>scale)
+            if q * scale != w:
+                return FILTER_OUT_OF_RANGE
+            w = <int64_t>(<uint64_t>q + <uint64_t>offset)
+        if w < lo or w > hi:
+            return FILTER_OUT_OF_RANGE
+        dst[i] = <int_t>w
+    return FILTER_OK
+
+
+cdef FilterStatus _scale_offset_u64(const uint64_t* src, uint64_t* dst, Py_ssize_t n,
+                                    uint64_t offset, uint64_t scale, bint encode) noexcept nogil:
+    # zarr computes uint64 exactly (Python integers) and checks the range
+    cdef Py_ssize_t i
+    cdef uint64_t x
+    for i in range(n):
+        x = src[i]
+        if encode:
+            if x < offset or x - offset > UINT64_MAX // scale:
+                return FILTER_OUT_OF_RANGE
+            dst[i] = (x - offset) * scale
+        else:
+            if x % scale or x // scale > UINT64_MAX - offset:
+                return FILTER_OUT_OF_RANGE
+            dst[i] = x // scale + offset
+    return FILTER_OK
+
+
+cdef FilterStatus _cast(const in_t* src, out_t* dst, Py_ssize_t n) noexcept nogil:
+    cdef Py_ssize_t i
+    cdef double lo, hi, t
+    if (in_t is float or in_t is double) and not (out_t is float or out_t is double):
+        # C leaves a float whose integral part the type cannot hold undefined
+        _int_bounds(dst, &lo, &hi)
+        for i in range(n):
+            t = trunc(<double>src[i])
+            if not (t >= lo and t < hi):  # NaN fails both comparisons
+                return FILTER_OUT_OF_RANGE
+            dst[i] = <out_t>src[i]
+    else:
+        for i in range(n):
+            dst[i] = <out_t>src[i]
+    return FILTER_OK
+
+
+cdef inline bint _fits(in_t v, out_t* tag) noexcept nogil:
+    """Whether the integer ``v`` is an ``out_t`` value."""
+    cdef out_t c = <out_t>v
+    return <in_t>c == v and (c < 0) == (v < 0)
+
+
+cdef FilterStatus _delta_cast(const in_t* src, out_t* dst, Py_ssize_t n,
+                              bint encode) noexcept nogil:
+    # numcodecs' Delta with astype: differences in the data's type (integers
+    # wrap: computed as uint64, cut to the type), cast to astype. Its first
+    # element is set as a scalar, which NumPy refuses (or wraps, negative
+    # into unsigned) when astype cannot hold it: left to numcodecs' code.
+    # Decoding sums in the wider type (NumPy's cumsum with out=), integers
+    # modulo 2**64 (`_set_step` takes no pair NumPy would sum as floats).
+    cdef Py_ssize_t i
+    cdef uint64_t acc
+    cdef double facc
+    cdef FilterStatus status = FILTER_OK
+    if (in_t is float or in_t is double) and (out_t is float or out_t is double):
+        if encode:
+            dst[0] = <out_t>src[0]
+            for i in range(1, n):
+                dst[i] = <out_t>(src[i] - src[i - 1])
+        else:
+            facc = <double>src[0]
+            dst[0] = <out_t>facc
+            for i in range(1, n):
+                facc = facc + <double>src[i]
+                dst[i] = <out_t>facc
+    elif in_t is float or in_t is double or out_t is float or out_t is double:
+        status = FILTER_OUT_OF_RANGE  # `_set_step` takes no such pair
+    elif encode and not _fits(src[0], dst):
+        status = FILTER_OUT_OF_RANGE
+    elif encode:
+        dst[0] = <out_t>src[0]
+        for i in range(1, n):
+            dst[i] = <out_t><in_t>(<uint64_t><int64_t>src[i] - <uint64_t><int64_t>src[i - 1])
+    else:
+        acc = <uint64_t><int64_t>src[0]
+        dst[0] = <out_t>acc
+        for i in range(1, n):
+            acc = acc + <uint64_t><int64_t>src[i]
+            dst[i] = <out_t>acc
+    return status
+
+
 cdef FilterStatus _fso_encode(const float_t* src, int_t* dst, Py_ssize_t n, float_t offset,
-                              float_t scale, float_t lo, float_t hi) noexcept nogil:
+                              float_t scale) noexcept nogil:
     cdef Py_ssize_t i
     cdef float_t v
+    cdef double lo, hi
+    _int_bounds(dst, &lo, &hi)
     for i in range(n):
         v = _round((src[i] - offset) * scale)
         # NaN fails both comparisons: refused like an out-of-range value
@@ -215,68 +346,252 @@ cdef void _fso_decode(const int_t* src, float_t* dst, Py_ssize_t n, double offse
         dst[i] = <float_t>(<double>src[i] / scale + offset)
 
 
-cdef FilterStatus _fso_encode_to(int code, const float_t* s, void* d, Py_ssize_t n,
-                                 double offset, double scale, double lo,
-                                 double hi) noexcept nogil:
-    cdef float_t o = <float_t>offset, k = <float_t>scale, a = <float_t>lo, b = <float_t>hi
-    if code == 0:
-        return _fso_encode(s, <int8_t*>d, n, o, k, a, b)
-    if code == 1:
-        return _fso_encode(s, <int16_t*>d, n, o, k, a, b)
-    if code == 2:
-        return _fso_encode(s, <int32_t*>d, n, o, k, a, b)
-    if code == 3:
-        return _fso_encode(s, <int64_t*>d, n, o, k, a, b)
-    if code == 4:
-        return _fso_encode(s, <uint8_t*>d, n, o, k, a, b)
-    if code == 5:
-        return _fso_encode(s, <uint16_t*>d, n, o, k, a, b)
-    if code == 6:
-        return _fso_encode(s, <uint32_t*>d, n, o, k, a, b)
-    return _fso_encode(s, <uint64_t*>d, n, o, k, a, b)
+# -- one dispatch: item type numbers to C types -----------------------------------------
 
 
-cdef void _fso_decode_from(int code, const void* s, float_t* d, Py_ssize_t n,
-                           double offset, double scale) noexcept nogil:
-    if code == 0:
-        _fso_decode(<const int8_t*>s, d, n, offset, scale)
-    elif code == 1:
-        _fso_decode(<const int16_t*>s, d, n, offset, scale)
-    elif code == 2:
-        _fso_decode(<const int32_t*>s, d, n, offset, scale)
-    elif code == 3:
-        _fso_decode(<const int64_t*>s, d, n, offset, scale)
-    elif code == 4:
-        _fso_decode(<const uint8_t*>s, d, n, offset, scale)
-    elif code == 5:
-        _fso_decode(<const uint16_t*>s, d, n, offset, scale)
-    elif code == 6:
-        _fso_decode(<const uint32_t*>s, d, n, offset, scale)
+cdef FilterStatus _same(const FilterStep* p, bint encode, const in_t* s, in_t* d,
+                        Py_ssize_t n) noexcept nogil:
+    """The steps whose items keep their type."""
+    if p.kind == FK_DELTA:
+        # signed integers come as the unsigned type of their size (`_set_step`)
+        if in_t is int8_t or in_t is int16_t or in_t is int32_t or in_t is int64_t:
+            return FILTER_OUT_OF_RANGE
+        elif encode:
+            _delta_encode(s, d, n)
+        else:
+            _delta_decode(s, d, n)
+    elif p.kind == FK_SCALE_OFFSET:
+        if in_t is float or in_t is double:
+            _scale_offset_float(s, d, n, <in_t>p.offset, <in_t>p.scale, encode)
+        elif in_t is uint64_t:
+            return _scale_offset_u64(s, d, n, <uint64_t>p.ioffset, <uint64_t>p.iscale, encode)
+        else:
+            return _scale_offset_int(s, d, n, p.ioffset, p.iscale, encode)
+    elif p.kind == FK_QUANTIZE:
+        if in_t is float or in_t is double:
+            _quantize(s, d, n, <in_t>p.scale)
+    elif p.kind == FK_BITROUND:
+        if in_t is uint16_t or in_t is uint32_t or in_t is uint64_t:
+            _bitround(s, d, n, p.maskbits)
+    return FILTER_OK
+
+
+cdef FilterStatus _pair(const FilterStep* p, bint encode, const in_t* s, out_t* d,
+                        Py_ssize_t n) noexcept nogil:
+    """The steps that change the items' type."""
+    cdef FilterStatus status = FILTER_OK
+    if p.kind == FK_ASTYPE:
+        status = _cast(s, d, n)
+    elif p.kind == FK_DELTA:
+        status = _delta_cast(s, d, n, encode)
+    elif in_t is float or in_t is double:
+        if not (out_t is float or out_t is double):
+            status = _fso_encode(s, d, n, <in_t>p.offset, <in_t>p.scale)
+    elif out_t is float or out_t is double:
+        _fso_decode(s, d, n, p.offset, p.scale)
+    return status
+
+
+# A step's item types are resolved one at a time by the one ladder below:
+# `_dispatch` with no type known yet (``_Unknown``) turns the input's number
+# into a C type, then again with it known turns the output's, and `_typed`
+# runs the kernels on the two.
+cdef struct _Unknown:
+    char unused
+
+
+ctypedef fused known_t:
+    _Unknown
+    int8_t
+    int16_t
+    int32_t
+    int64_t
+    uint8_t
+    uint16_t
+    uint32_t
+    uint64_t
+    float
+    double
+
+
+cdef FilterStatus _typed(const FilterStep* p, bint encode, const void* s, void* d, Py_ssize_t n,
+                         known_t* first, out_t* second) noexcept nogil:
+    if known_t is _Unknown:
+        return _dispatch(p, encode, s, d, n, second)
+    elif p.code == p.encoded_code and p.kind != FK_ASTYPE:
+        return _same(p, encode, <const known_t*>s, <known_t*>d, n)
     else:
-        _fso_decode(<const uint64_t*>s, d, n, offset, scale)
+        return _pair(p, encode, <const known_t*>s, <out_t*>d, n)
 
 
-cdef int _float_size(cnp.ndarray a, str name) except -1:
-    """4 or 8: the item size of ``a``, a native-order float32 or float64."""
-    if a.dtype.kind != "f" or a.dtype.itemsize not in (4, 8) or not a.dtype.isnative:
-        raise TypeError(f"{name}: no kernel for {a.dtype}")
-    return a.dtype.itemsize
+cdef FilterStatus _dispatch(const FilterStep* p, bint encode, const void* s, void* d,
+                            Py_ssize_t n, known_t* first) noexcept nogil:
+    cdef int t
+    if known_t is _Unknown:
+        t = p.code if encode else p.encoded_code
+    else:
+        t = p.encoded_code if encode else p.code
+    if t == IT_I8:
+        return _typed(p, encode, s, d, n, first, <int8_t*>NULL)
+    if t == IT_I16:
+        return _typed(p, encode, s, d, n, first, <int16_t*>NULL)
+    if t == IT_I32:
+        return _typed(p, encode, s, d, n, first, <int32_t*>NULL)
+    if t == IT_I64:
+        return _typed(p, encode, s, d, n, first, <int64_t*>NULL)
+    if t == IT_U8:
+        return _typed(p, encode, s, d, n, first, <uint8_t*>NULL)
+    if t == IT_U16:
+        return _typed(p, encode, s, d, n, first, <uint16_t*>NULL)
+    if t == IT_U32:
+        return _typed(p, encode, s, d, n, first, <uint32_t*>NULL)
+    if t == IT_U64:
+        return _typed(p, encode, s, d, n, first, <uint64_t*>NULL)
+    if t == IT_F32:
+        return _typed(p, encode, s, d, n, first, <float*>NULL)
+    return _typed(p, encode, s, d, n, first, <double*>NULL)
 
 
-cdef int _int_code(cnp.ndarray a, str name) except -1:
-    """The kernels' number for the data type of ``a``, a native-order integer."""
-    code = _INT_CODES.get((a.dtype.kind, a.dtype.itemsize))
-    if code is None or not a.dtype.isnative:
-        raise TypeError(f"{name}: no kernel for {a.dtype}")
+cdef inline FilterStatus _run(const FilterStep* p, bint encode, const void* s, void* d,
+                              Py_ssize_t n) noexcept nogil:
+    """Step ``p`` over ``n`` items at ``s`` into ``d``: its encoding with
+    ``encode``, else its decoding."""
+    if p.kind == FK_CAST_VALUE:  # its own kernel and plan (_cast_value.pyx)
+        if cast_run(&p.cast_encode if encode else &p.cast_decode, s, d, n) != CAST_OK:
+            return FILTER_OUT_OF_RANGE
+        return FILTER_OK
+    return _dispatch(p, encode, s, d, n, <_Unknown*>NULL)
+
+
+# -- steps: parsed and checked once -----------------------------------------------------
+
+
+cdef int _item_type(object dtype, str name, str kinds) except -1:
+    """The kernels' number for ``dtype``, native order, of one of ``kinds``."""
+    dtype = np.dtype(dtype)
+    code = _ITEM_TYPES.get((dtype.kind, dtype.itemsize))
+    if code is None or not dtype.isnative or dtype.kind not in kinds:
+        raise TypeError(f"{name}: no kernel for {dtype}")
     return code
 
 
-cdef int _check_pair(cnp.ndarray src, cnp.ndarray out, str name) except -1:
+cdef int _set_int_params(FilterStep* s, object dtype, object offset, object scale) except -1:
+    """scale_offset's integer offset and scale, which ``dtype`` must hold."""
+    info = np.iinfo(dtype)
+    for value in (offset, scale):
+        if type(value) is not int or not info.min <= value <= info.max:
+            raise ValueError(f"scale_offset: {value!r} is not a {dtype} value")
+    if scale == 0:
+        raise ValueError("scale_offset: a zero scale")
+    # uint64's above INT64_MAX keep their bits (the kernel reads them unsigned)
+    s.ioffset = <int64_t>(<uint64_t>offset) if offset > INT64_MAX else <int64_t>offset
+    s.iscale = <int64_t>(<uint64_t>scale) if scale > INT64_MAX else <int64_t>scale
+    return 0
+
+
+cdef int _set_step(FilterStep* s, tuple step) except -1:
+    """Fill ``s`` from a `FilterChain` step, checked."""
+    kind, dtype = step[0], np.dtype(step[1])
+    memset(s, 0, sizeof(FilterStep))
+    s.encoded_code = -1
+    s.itemsize = s.encoded_itemsize = dtype.itemsize
+    if kind == "delta":
+        s.kind = FK_DELTA
+        s.code = _item_type(dtype, kind, "iuf")
+        astype = np.dtype(step[2]) if len(step) > 2 else dtype
+        if astype != dtype:
+            s.encoded_code = _item_type(astype, kind, "iuf")
+            s.encoded_itemsize = astype.itemsize
+            # NumPy sums uint64 and a signed type as float64
+            floats = dtype.kind == "f"
+            if (astype.kind == "f") != floats or (
+                    np.result_type(dtype, astype).kind == "f") != floats or (
+                    floats and dtype.itemsize < astype.itemsize):
+                raise TypeError(f"delta: no kernel for {dtype} with astype {astype}")
+        elif dtype.kind in "iu":  # wrapping arithmetic
+            s.code = _UNSIGNED[dtype.itemsize]
+    elif kind == "fixedscaleoffset":
+        s.kind = FK_FIXEDSCALEOFFSET
+        s.code = _item_type(dtype, kind, "f")
+        s.encoded_code = _item_type(step[2], kind, "iu")
+        s.encoded_itemsize = np.dtype(step[2]).itemsize
+        s.offset, s.scale = step[3], step[4]
+    elif kind == "quantize":
+        s.kind = FK_QUANTIZE
+        s.code = _item_type(dtype, kind, "f")
+        s.scale = step[2]
+    elif kind == "bitround":
+        s.kind = FK_BITROUND
+        s.maskbits = step[2]
+        if dtype.kind != "f" or dtype.itemsize not in _MANTISSA or not dtype.isnative:
+            raise TypeError(f"bitround: no kernel for {dtype}")
+        if not 1 <= s.maskbits <= _MANTISSA[dtype.itemsize]:
+            raise ValueError(f"bitround: {s.maskbits} bits to clear, outside "
+                             f"1..{_MANTISSA[dtype.itemsize]}")
+        s.code = _UNSIGNED[dtype.itemsize]
+    elif kind == "scale_offset":
+        s.kind = FK_SCALE_OFFSET
+        s.code = _item_type(dtype, kind, "iuf")
+        if dtype.kind == "f":
+            s.offset, s.scale = step[2], step[3]
+        else:
+            _set_int_params(s, dtype, step[2], step[3])
+    elif kind == "astype":
+        s.kind = FK_ASTYPE
+        s.code = _item_type(dtype, kind, "iuf")
+        s.encoded_code = _item_type(step[2], kind, "iuf")
+        s.encoded_itemsize = np.dtype(step[2]).itemsize
+    elif kind == "cast_value":
+        _set_cast_step(s, dtype, step[2], step[3])
+    else:
+        raise ValueError(f"no filter kernel {kind!r}")
+    if s.encoded_code == -1:  # the items keep their type
+        s.encoded_code = s.code
+    return 0
+
+
+cdef int _set_cast_step(FilterStep* s, object dtype, CastSpec enc, CastSpec dec) except -1:
+    if enc.src != dtype or dec.dst != dtype or enc.dst != dec.src:
+        raise ValueError(f"cast_value: its plans do not cast {dtype} and back")
+    s.kind = FK_CAST_VALUE
+    s.encoded_itemsize = enc.dst.itemsize
+    s.cast_encode = enc.plan
+    s.cast_decode = dec.plan
+    return 0
+
+
+cdef FilterStatus _run_arrays(tuple step, cnp.ndarray src, cnp.ndarray out,
+                              bint encode) except *:
+    """Run ``step`` over ``src`` into ``out`` once both are checked."""
+    cdef FilterStep s
+    _set_step(&s, step)
+    name = step[0]
     if not (src.flags.c_contiguous and out.flags.c_contiguous and out.flags.writeable):
         raise ValueError(f"{name}: arrays must be C-contiguous, the output writeable")
-    if src.size != out.size:
-        raise ValueError(f"{name}: input and output must have the same size")
-    return 0
+    if src.size != out.size or src.size == 0:
+        raise ValueError(f"{name}: input and output must have the same, non-zero size")
+    cdef const void* sp = cnp.PyArray_DATA(src)
+    cdef void* dp = cnp.PyArray_DATA(out)
+    cdef Py_ssize_t n = src.size
+    cdef FilterStatus status
+    if sp == dp and (s.itemsize != s.encoded_itemsize or (encode and s.kind == FK_DELTA)):
+        raise ValueError(f"{name}: this needs an output apart from its input")
+    with nogil:
+        status = _run(&s, encode, sp, dp, n)
+    return status
+
+
+def delta(cnp.ndarray src, cnp.ndarray out, bint encode):
+    """numcodecs' ``Delta`` over ``src`` into ``out``, in C order: its
+    encode with ``encode`` (``src`` of its ``dtype``, ``out`` of its
+    ``astype``), else its decode (the other way). Both arrays are
+    C-contiguous, of native-order integer, float32 or float64 types (with
+    ``astype`` another type: integers to integers, or float64 to float32)
+    and the same non-zero size; ``out`` may be ``src`` when decoding to a
+    type of the same size. Returns `FILTER_OUT_OF_RANGE` when the first
+    element does not fit ``astype`` (NumPy refuses it), else `FILTER_OK`."""
+    before, after = (src, out) if encode else (out, src)
+    return _run_arrays(("delta", before.dtype, after.dtype), src, out, encode)
 
 
 def fixedscaleoffset_encode(cnp.ndarray src, cnp.ndarray out, double offset, double scale):
@@ -284,300 +599,80 @@ def fixedscaleoffset_encode(cnp.ndarray src, cnp.ndarray out, double offset, dou
     float64) into ``out`` (an integer type), in C order. Returns
     `FILTER_OUT_OF_RANGE` when a rounded value does not fit ``out``'s type
     (``out`` is then partly written), else `FILTER_OK`."""
-    cdef int size = _float_size(src, "fixedscaleoffset")
-    cdef int code = _int_code(out, "fixedscaleoffset")
-    _check_pair(src, out, "fixedscaleoffset")
-    cdef int bits = 8 * out.dtype.itemsize
-    cdef double lo = 0.0 if out.dtype.kind == "u" else -(2.0 ** (bits - 1))
-    cdef double hi = 2.0 ** bits if out.dtype.kind == "u" else 2.0 ** (bits - 1)
-    cdef const void* s = cnp.PyArray_DATA(src)
-    cdef void* d = cnp.PyArray_DATA(out)
-    cdef Py_ssize_t n = src.size
-    cdef FilterStatus status
-    with nogil:
-        if size == 4:
-            status = _fso_encode_to(code, <const float*>s, d, n, offset, scale, lo, hi)
-        else:
-            status = _fso_encode_to(code, <const double*>s, d, n, offset, scale, lo, hi)
-    return status
+    return _run_arrays(("fixedscaleoffset", src.dtype, out.dtype, offset, scale), src, out, True)
 
 
 def fixedscaleoffset_decode(cnp.ndarray src, cnp.ndarray out, double offset, double scale):
     """numcodecs' ``FixedScaleOffset`` decoding of ``src`` (an integer
     type) into ``out`` (float32 or float64), in C order."""
-    cdef int code = _int_code(src, "fixedscaleoffset")
-    cdef int size = _float_size(out, "fixedscaleoffset")
-    _check_pair(src, out, "fixedscaleoffset")
-    cdef const void* s = cnp.PyArray_DATA(src)
-    cdef void* d = cnp.PyArray_DATA(out)
-    cdef Py_ssize_t n = src.size
-    with nogil:
-        if size == 4:
-            _fso_decode_from(code, s, <float*>d, n, offset, scale)
-        else:
-            _fso_decode_from(code, s, <double*>d, n, offset, scale)
+    _run_arrays(("fixedscaleoffset", out.dtype, src.dtype, offset, scale), src, out, False)
     return out
-
-
-cdef void _bitround(const bits_t* src, bits_t* dst, Py_ssize_t n, int maskbits) noexcept nogil:
-    cdef bits_t low = (<bits_t>1 << maskbits) - 1
-    cdef bits_t half = (<bits_t>1 << (maskbits - 1)) - 1
-    cdef bits_t b
-    cdef Py_ssize_t i
-    for i in range(n):
-        b = src[i]
-        b = <bits_t>(b + ((b >> maskbits) & 1) + half)
-        dst[i] = <bits_t>(b & ~low)
 
 
 def bitround(cnp.ndarray src, cnp.ndarray out, int maskbits):
     """numcodecs' ``BitRound`` encoding of ``src`` (a native-order float16,
     float32 or float64) into ``out`` (the same type; may be ``src``), with
     ``maskbits`` (1 up to the mantissa's bits) mantissa bits cleared."""
-    if src.dtype != out.dtype or src.dtype.kind != "f" or not src.dtype.isnative:
+    if src.dtype != out.dtype:
         raise TypeError(f"bitround: no kernel for {src.dtype} into {out.dtype}")
-    _check_pair(src, out, "bitround")
-    cdef int mantissa = {2: 10, 4: 23, 8: 52}.get(src.dtype.itemsize, 0)
-    if not 1 <= maskbits <= mantissa:
-        raise ValueError(f"bitround: {maskbits} bits to clear, outside 1..{mantissa}")
-    cdef int size = src.dtype.itemsize
-    cdef const void* s = cnp.PyArray_DATA(src)
-    cdef void* d = cnp.PyArray_DATA(out)
-    cdef Py_ssize_t n = src.size
-    with nogil:
-        if size == 2:
-            _bitround(<const uint16_t*>s, <uint16_t*>d, n, maskbits)
-        elif size == 4:
-            _bitround(<const uint32_t*>s, <uint32_t*>d, n, maskbits)
-        else:
-            _bitround(<const uint64_t*>s, <uint64_t*>d, n, maskbits)
+    _run_arrays(("bitround", src.dtype, maskbits), src, out, True)
     return out
-
-
-cdef void _scale_offset_encode(const float_t* src, float_t* dst, Py_ssize_t n, float_t offset,
-                               float_t scale) noexcept nogil:
-    cdef Py_ssize_t i
-    for i in range(n):
-        dst[i] = (src[i] - offset) * scale
-
-
-cdef void _scale_offset_decode(const float_t* src, float_t* dst, Py_ssize_t n, float_t offset,
-                               float_t scale) noexcept nogil:
-    cdef Py_ssize_t i
-    for i in range(n):
-        dst[i] = src[i] / scale + offset
-
-
-def scale_offset(cnp.ndarray src, cnp.ndarray out, double offset, double scale, bint encode):
-    """zarr's ``scale_offset`` over ``src`` (float32 or float64) into
-    ``out`` (the same type; may be ``src``): its encoding with ``encode``,
-    else its decoding. ``offset`` and ``scale`` are the codec's values as
-    the data type holds them (a float32's are exact as doubles)."""
-    cdef int size = _float_size(src, "scale_offset")
-    if out.dtype != src.dtype:
-        raise TypeError(f"scale_offset: output {out.dtype} is not {src.dtype}")
-    _check_pair(src, out, "scale_offset")
-    cdef const void* s = cnp.PyArray_DATA(src)
-    cdef void* d = cnp.PyArray_DATA(out)
-    cdef Py_ssize_t n = src.size
-    with nogil:
-        _scale_offset_run(size, encode, s, d, n, offset, scale)
-    return out
-
-
-cdef void _scale_offset_run(int size, bint encode, const void* s, void* d, Py_ssize_t n,
-                            double offset, double scale) noexcept nogil:
-    if size == 4 and encode:
-        _scale_offset_encode(<const float*>s, <float*>d, n, <float>offset, <float>scale)
-    elif size == 4:
-        _scale_offset_decode(<const float*>s, <float*>d, n, <float>offset, <float>scale)
-    elif encode:
-        _scale_offset_encode(<const double*>s, <double*>d, n, offset, scale)
-    else:
-        _scale_offset_decode(<const double*>s, <double*>d, n, offset, scale)
-
-
-cdef void _astype_run(int size, int to_size, const void* s, void* d, Py_ssize_t n) noexcept nogil:
-    cdef Py_ssize_t i
-    cdef const double* s8 = <const double*>s
-    cdef const float* s4 = <const float*>s
-    if size == 8 and to_size == 4:
-        for i in range(n):
-            (<float*>d)[i] = <float>s8[i]
-    elif size == 4 and to_size == 8:
-        for i in range(n):
-            (<double*>d)[i] = <double>s4[i]
-    else:
-        memcpy(d, s, <size_t>(n * size))
-
-
-def astype(cnp.ndarray src, cnp.ndarray out):
-    """numcodecs' ``AsType`` cast of ``src`` into ``out``, both float32 or
-    float64 (native order), C order, the same size; ``out`` apart from
-    ``src`` when the sizes differ."""
-    cdef int size = _float_size(src, "astype")
-    cdef int to_size = _float_size(out, "astype")
-    _check_pair(src, out, "astype")
-    cdef const void* s = cnp.PyArray_DATA(src)
-    cdef void* d = cnp.PyArray_DATA(out)
-    cdef Py_ssize_t n = src.size
-    if size != to_size and s == d:
-        raise ValueError("astype: a cast between sizes needs an output apart from its input")
-    with nogil:
-        _astype_run(size, to_size, s, d, n)
-    return out
-
-
-cdef void _quantize(const float_t* src, float_t* dst, Py_ssize_t n, float_t scale) noexcept nogil:
-    cdef Py_ssize_t i
-    for i in range(n):
-        dst[i] = _round(scale * src[i]) / scale
 
 
 def quantize(cnp.ndarray src, cnp.ndarray out, double scale):
     """numcodecs' ``Quantize`` encoding (without ``astype``) of ``src``
     (float32 or float64) into ``out`` (the same type; may be ``src``), with
     ``scale`` the power of two numcodecs derives from its ``digits``."""
-    cdef int size = _float_size(src, "quantize")
     if out.dtype != src.dtype:
         raise TypeError(f"quantize: output {out.dtype} is not {src.dtype}")
-    _check_pair(src, out, "quantize")
-    cdef const void* s = cnp.PyArray_DATA(src)
-    cdef void* d = cnp.PyArray_DATA(out)
-    cdef Py_ssize_t n = src.size
-    with nogil:
-        if size == 4:
-            _quantize(<const float*>s, <float*>d, n, <float>scale)
-        else:
-            _quantize(<const double*>s, <double*>d, n, scale)
+    _run_arrays(("quantize", src.dtype, scale), src, out, True)
     return out
+
+
+def scale_offset(cnp.ndarray src, cnp.ndarray out, offset, scale, bint encode):
+    """zarr's ``scale_offset`` over ``src`` (an integer type, float32 or
+    float64) into ``out`` (the same type; may be ``src``): its encoding with
+    ``encode``, else its decoding. ``offset`` and ``scale`` are the codec's
+    values as the data type holds them (Python integers for an integer
+    type; a float32's are exact as doubles). Returns `FILTER_OUT_OF_RANGE`
+    when zarr would refuse a value (``out`` is then partly written), else
+    `FILTER_OK`."""
+    if out.dtype != src.dtype:
+        raise TypeError(f"scale_offset: output {out.dtype} is not {src.dtype}")
+    return _run_arrays(("scale_offset", src.dtype, offset, scale), src, out, encode)
+
+
+def astype(cnp.ndarray src, cnp.ndarray out):
+    """numcodecs' ``AsType`` cast of ``src`` into ``out``, each an integer
+    type, float32 or float64 (native order), C order, the same size;
+    ``out`` apart from ``src`` when the sizes differ. Returns
+    `FILTER_OUT_OF_RANGE` when a float's integral part does not fit
+    ``out``'s integer type (``out`` is then partly written), else
+    `FILTER_OK`."""
+    return _run_arrays(("astype", src.dtype, out.dtype), src, out, True)
 
 
 # -- chains of filters, for the batch kernels -------------------------------------------
 
 
-cdef void _decode_step(const FilterStep* s, const void* src, void* dst,
-                       Py_ssize_t n) noexcept nogil:
-    if s.kind == FK_DELTA:
-        _delta_run(s.code, False, src, dst, n)
-    elif s.kind == FK_SCALE_OFFSET:
-        _scale_offset_run(s.code, False, src, dst, n, s.offset, s.scale)
-    elif s.kind == FK_ASTYPE:
-        _astype_run(s.encoded_code, s.code, src, dst, n)
-    elif s.kind == FK_CAST_VALUE:
-        cast_run(&s.cast_decode, src, dst, n)  # a step whose decoding cannot fail
-    elif s.code == 4:
-        _fso_decode_from(s.encoded_code, src, <float*>dst, n, s.offset, s.scale)
-    else:
-        _fso_decode_from(s.encoded_code, src, <double*>dst, n, s.offset, s.scale)
-
-
-cdef FilterStatus _encode_step(const FilterStep* s, const void* src, void* dst,
-                               Py_ssize_t n) noexcept nogil:
-    if s.kind == FK_DELTA:
-        _delta_run(s.code, True, src, dst, n)
-    elif s.kind == FK_SCALE_OFFSET:
-        _scale_offset_run(s.code, True, src, dst, n, s.offset, s.scale)
-    elif s.kind == FK_ASTYPE:
-        _astype_run(s.code, s.encoded_code, src, dst, n)
-    elif s.kind == FK_CAST_VALUE:
-        if cast_run(&s.cast_encode, src, dst, n) != CAST_OK:
-            return FILTER_OUT_OF_RANGE
-    elif s.kind == FK_FIXEDSCALEOFFSET:
-        if s.code == 4:
-            return _fso_encode_to(s.encoded_code, <const float*>src, dst, n, s.offset, s.scale,
-                                  s.lo, s.hi)
-        return _fso_encode_to(s.encoded_code, <const double*>src, dst, n, s.offset, s.scale,
-                              s.lo, s.hi)
-    elif s.kind == FK_QUANTIZE:
-        if s.code == 4:
-            _quantize(<const float*>src, <float*>dst, n, <float>s.scale)
-        else:
-            _quantize(<const double*>src, <double*>dst, n, s.scale)
-    elif s.code == 2:
-        _bitround(<const uint16_t*>src, <uint16_t*>dst, n, s.maskbits)
-    elif s.code == 4:
-        _bitround(<const uint32_t*>src, <uint32_t*>dst, n, s.maskbits)
-    else:
-        _bitround(<const uint64_t*>src, <uint64_t*>dst, n, s.maskbits)
-    return FILTER_OK
-
-
-_FLOAT_SIZES = {("f", 2): 2, ("f", 4): 4, ("f", 8): 8}
-
-
-cdef int _float_code(object dtype, str name) except -1:
-    """4 or 8: the item size of ``dtype``, a native float32 or float64."""
-    code = _FLOAT_SIZES.get((dtype.kind, dtype.itemsize), 0)
-    if code not in (4, 8) or not dtype.isnative:
-        raise TypeError(f"{name}: no kernel for {dtype}")
-    return code
-
-
-cdef int _set_step(FilterStep* s, tuple step) except -1:
-    """Fill ``s`` from a `FilterChain` step, checked."""
-    cdef int bits
+cdef bint _decodes_everything(tuple step) except -1:
+    """Whether the step's decoding takes every stored value (a chain's
+    decoding cannot refuse a chunk, see `FilterChain`)."""
     kind, dtype = step[0], np.dtype(step[1])
-    if not dtype.isnative:
-        raise TypeError(f"{kind}: no kernel for {dtype}")
-    memset(s, 0, sizeof(FilterStep))
-    s.itemsize = s.encoded_itemsize = dtype.itemsize
-    if kind == "delta":
-        s.kind = FK_DELTA
-        s.code = dtype.itemsize if dtype.kind in "iu" else -dtype.itemsize
-        if dtype.kind not in "iuf" or s.code not in (1, 2, 4, 8, -4, -8):
-            raise TypeError(f"delta: no kernel for {dtype}")
-    elif kind == "fixedscaleoffset":
-        astype = np.dtype(step[2])
-        s.kind = FK_FIXEDSCALEOFFSET
-        s.code = _float_code(dtype, kind)
-        code = _INT_CODES.get((astype.kind, astype.itemsize))
-        if code is None or not astype.isnative:
-            raise TypeError(f"fixedscaleoffset: no kernel for {dtype} to {astype}")
-        s.encoded_code = code
-        s.encoded_itemsize = astype.itemsize
-        s.offset, s.scale = step[3], step[4]
-        bits = 8 * astype.itemsize
-        s.lo = 0.0 if astype.kind == "u" else -(2.0 ** (bits - 1))
-        s.hi = 2.0 ** bits if astype.kind == "u" else 2.0 ** (bits - 1)
-    elif kind == "quantize":
-        s.kind = FK_QUANTIZE
-        s.code = _float_code(dtype, kind)
-        s.scale = step[2]
-    elif kind == "bitround":
-        s.kind = FK_BITROUND
-        s.code = _FLOAT_SIZES.get((dtype.kind, dtype.itemsize), 0)
-        s.maskbits = step[2]
-        if s.code == 0:
-            raise TypeError(f"bitround: no kernel for {dtype}")
-        if not 1 <= s.maskbits <= {2: 10, 4: 23, 8: 52}[s.code]:
-            raise ValueError(f"bitround: {s.maskbits} bits to clear")
-    elif kind == "scale_offset":
-        s.kind = FK_SCALE_OFFSET
-        s.code = _float_code(dtype, kind)
-        s.offset, s.scale = step[2], step[3]
-    elif kind == "astype":
-        s.kind = FK_ASTYPE
-        s.code = _float_code(dtype, kind)
-        s.encoded_code = _float_code(np.dtype(step[2]), kind)
-        s.encoded_itemsize = s.encoded_code
-    elif kind == "cast_value":
-        _set_cast_step(s, dtype, step[2], step[3])
-    else:
-        raise ValueError(f"no filter kernel {kind!r}")
-    return 0
-
-
-cdef int _set_cast_step(FilterStep* s, object dtype, CastSpec enc, CastSpec dec) except -1:
-    # the batches' decode has no way to report a failed value, so only a
-    # decoding no stored value can fail runs here
-    if enc.src != dtype or dec.dst != dtype or enc.dst != dec.src or dec.can_fail:
-        raise ValueError(f"cast_value: no chain step for {dtype} with these plans")
-    s.kind = FK_CAST_VALUE
-    s.encoded_itemsize = enc.dst.itemsize
-    s.cast_encode = enc.plan
-    s.cast_decode = dec.plan
-    return 0
+    if kind == "cast_value":
+        return not (<CastSpec?>step[3]).can_fail
+    if kind == "astype":
+        return not (np.dtype(step[2]).kind == "f" and dtype.kind in "iu")
+    if kind != "scale_offset" or dtype.kind == "f":
+        return True
+    offset, scale = step[2], step[3]
+    if scale not in (1, -1):  # a stored value may not divide exactly
+        return False
+    if dtype == np.int64:  # zarr's int64 arithmetic wraps, unchecked
+        return True
+    info = np.iinfo(dtype)
+    ends = (info.min * scale + offset, info.max * scale + offset)
+    return info.min <= min(ends) and max(ends) <= info.max
 
 
 cdef class FilterChain:
@@ -589,8 +684,13 @@ cdef class FilterChain:
     kernels take any chunk: ``("delta", dtype)``, ``("fixedscaleoffset",
     dtype, astype, offset, scale)``, ``("quantize", dtype, scale)``,
     ``("bitround", dtype, maskbits)``, ``("scale_offset", dtype, offset,
-    scale)``, ``("astype", dtype, encoded)``, every ``dtype`` the item type
-    before its step (native byte order).
+    scale)``, ``("astype", dtype, encoded)``, ``("cast_value", dtype,
+    encode, decode)`` (two `zarr_fused._cast_value.CastSpec`), every
+    ``dtype`` the item type before its step (native byte order). Decoding has no way to refuse a
+    chunk, so a step whose decoding could refuse a stored value (an
+    integer scale_offset that may meet a remainder or leave the range, an
+    astype from floats to integers, a cast_value that can fail) is refused
+    here (ValueError).
     """
 
     def __init__(self, steps):
@@ -600,7 +700,10 @@ cdef class FilterChain:
         self.n = 0
         self.max_itemsize = 0
         for step in steps:
-            _set_step(&self.steps[self.n], tuple(step))
+            step = tuple(step)
+            _set_step(&self.steps[self.n], step)
+            if not _decodes_everything(step):
+                raise ValueError(f"{step[0]}: its decoding may refuse a stored value")
             if self.n and self.steps[self.n].itemsize != self.steps[self.n - 1].encoded_itemsize:
                 raise ValueError("a step's input is not the step before's output")
             self.max_itemsize = max(self.max_itemsize, self.steps[self.n].itemsize,
@@ -622,7 +725,7 @@ cdef class FilterChain:
             if self.steps[i].kind == FK_QUANTIZE or self.steps[i].kind == FK_BITROUND:
                 continue
             dst = b if cur == <const void*>a else a
-            _decode_step(&self.steps[i], cur, dst, count)
+            _run(&self.steps[i], False, cur, dst, count)
             cur = dst
         return cur
 
@@ -630,14 +733,16 @@ cdef class FilterChain:
                     const void** out) noexcept nogil:
         """Run the steps on ``count`` items at ``a``; ``out[0]`` is where the
         encoded items are (``a`` or ``b``). Returns `FILTER_OUT_OF_RANGE`
-        when fixedscaleoffset or cast_value meets a value it cannot encode
-        (the caller then runs zarr's code on the chunk), else `FILTER_OK`."""
+        when a step refuses a value (fixedscaleoffset or astype meeting a
+        value the integer type cannot hold, scale_offset leaving the range,
+        cast_value failing on it; the caller then runs zarr's code on the
+        chunk), else `FILTER_OK`."""
         cdef void* cur = a
         cdef void* dst
         cdef int i
         for i in range(self.n):
             dst = b if cur == a else a
-            if _encode_step(&self.steps[i], cur, dst, count) != FILTER_OK:
+            if _run(&self.steps[i], True, cur, dst, count) != FILTER_OK:
                 return FILTER_OUT_OF_RANGE
             cur = dst
         out[0] = cur

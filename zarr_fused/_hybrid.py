@@ -39,6 +39,7 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from numcodecs.shuffle import Shuffle
 from zarr.abc.codec import ArrayArrayCodec
 from zarr.codecs.transpose import TransposeCodec
 from zarr.core.array_spec import ArrayConfig, ArraySpec
@@ -50,7 +51,13 @@ from zarr_fused._items import describe_chunk
 from zarr_fused._native import batch_kernels, filter_kernels
 from zarr_fused._native_gate import NativeOrFallback
 from zarr_fused._scatter_py import DecodeThenScatter
-from zarr_fused._v2 import V2Codec, v2_filtered_layout
+from zarr_fused._v2 import (
+    V2Codec,
+    V2Shuffle,
+    split_v2_shuffle,
+    v2_filtered_layout,
+    v2_order_kept,
+)
 from zarr_fused._zarr_compat import codec_decode_sync, codec_encode_sync
 
 if TYPE_CHECKING:
@@ -203,13 +210,30 @@ def _flat_spec(spec: ArraySpec, count: int, itemsize: int) -> ArraySpec:
 class V2HybridChain(DecodeThenScatter):
     """A zarr format 2 chunk with filters: the compressor runs natively
     over the filtered bytes, whose size the filters fix
-    (`v2_filtered_layout`); the filters run native kernels where each of
-    them has one (``stages``; then ``native``) and the array is in C order,
-    else zarr's code (a `V2Codec` without its compressor)."""
+    (`v2_filtered_layout`), and a last ``Shuffle`` with it
+    (`split_v2_shuffle`); the filters before the tail (``head``) run
+    native stages where each has one (``stages``; then ``native``), else
+    zarr's code (a `V2Codec` of them without a compressor), as it does
+    for the chunks whose layout only zarr's code reproduces
+    (`v2_order_kept`).
 
-    def __init__(self, codec: V2Codec, tail: NativeChain, fallback: TransformChain, reason: str):
-        self.filters = V2Codec(filters=codec.filters, compressor=None)
-        self.stages = v2_native_stages(codec.filters or ())
+    numcodecs filters see the chunk flattened in the array's order (zarr's
+    `V2Codec` casts it to that order and numcodecs flattens with ``"A"``):
+    the native stages take the items in that order, and an F-order chunk
+    comes back as an F-order view of the decoded items."""
+
+    def __init__(
+        self,
+        codec: V2Codec,
+        head: tuple[Any, ...],
+        tail: NativeChain,
+        fallback: TransformChain,
+        reason: str,
+    ) -> None:
+        self.all_filters = tuple(codec.filters or ())
+        self.filters = V2Codec(filters=head or None, compressor=None)
+        # with a reason, zarr's code runs the filters (see `_v2_hybrid`)
+        self.stages = None if reason else v2_stages(head)
         self.tail = tail
         self.fallback = fallback
         self.reason = reason
@@ -227,14 +251,14 @@ class V2HybridChain(DecodeThenScatter):
         dtype = spec.dtype.to_native_dtype()
         if data.nbytes != dtype.itemsize * int(np.prod(spec.shape)):
             return None
-        return data.view(dtype).reshape(spec.shape)
+        return data.view(dtype).reshape(spec.shape, order=spec.order)
 
     def _encode_native(self, array: NDBuffer, spec: ArraySpec) -> Any:
         """The filtered items of a chunk by the native stages, or None."""
         data: Any = array.as_ndarray_like()
         if type(data) is not np.ndarray:
             return None
-        data = np.ascontiguousarray(data, dtype=spec.dtype.to_native_dtype()).reshape(-1)
+        data = np.ravel(data.astype(spec.dtype.to_native_dtype(), copy=False), order=spec.order)
         for stage_ in self.stages or ():
             data = stage_.encode_flat(data)
             if data is None:
@@ -242,7 +266,7 @@ class V2HybridChain(DecodeThenScatter):
         return data
 
     def _derive_tail_spec(self, spec: ArraySpec) -> ArraySpec | None:
-        why_not, count, itemsize = v2_filtered_layout(self.filters.filters or (), spec)
+        why_not, count, itemsize = v2_filtered_layout(self.all_filters, spec)
         if why_not or itemsize != self.tail.dtype.itemsize:
             return None
         flat = _flat_spec(spec, count, itemsize)
@@ -253,7 +277,7 @@ class V2HybridChain(DecodeThenScatter):
         if flat is None:
             return self.fallback.decode(raw, spec)
         filtered = self.tail.decode_array(raw, flat, key).view(np.uint8)
-        if self.stages is not None and spec.order == "C":
+        if self.stages is not None:
             native = self._decode_native(filtered, spec)
             if native is not None:
                 return spec.prototype.nd_buffer.from_ndarray_like(native)
@@ -266,7 +290,7 @@ class V2HybridChain(DecodeThenScatter):
         if flat is None:
             return self.fallback.encode(array, spec)
         data = None
-        if self.stages is not None and spec.order == "C":
+        if self.stages is not None:
             data = self._encode_native(array, spec)
         if data is None:
             filtered = codec_encode_sync(self.filters, array, spec)
@@ -279,6 +303,37 @@ class V2HybridChain(DecodeThenScatter):
         return self.tail.encode(flat.prototype.nd_buffer.from_ndarray_like(values), flat, key)
 
 
+def v2_stages(filters: tuple[Any, ...]) -> tuple[Any, ...] | None:
+    """The native stages of a format-2 array's numcodecs ``filters`` (a
+    ``Shuffle`` is `V2Shuffle`), in their order, or None when one of them
+    has no kernel."""
+    stages: list[Any] = []
+    for codec in filters:
+        found: tuple[Any, ...] | None
+        if type(codec) is Shuffle:
+            found = (V2Shuffle(codec.elementsize),)
+        else:
+            found = v2_native_stages((codec,))
+        if found is None:
+            return None
+        stages.extend(found)
+    return tuple(stages)
+
+
+def _v2_tail(
+    codec: V2Codec, flat: ArraySpec, reason: str, native_tail: NativeTail
+) -> tuple[tuple[Any, ...], NativeChain] | None:
+    """(the filters run before it, the native tail): the compressor with a
+    last ``Shuffle`` when its kernel takes both, else the compressor alone."""
+    split = split_v2_shuffle(codec)
+    if split is not None:
+        tail = native_tail((split[1],), flat, reason)
+        if tail is not None:
+            return split[0], tail
+    tail = native_tail((V2Codec(filters=None, compressor=codec.compressor),), flat, reason)
+    return None if tail is None else (tuple(codec.filters or ()), tail)
+
+
 def _v2_hybrid(
     codec: V2Codec, spec: ArraySpec, fallback: TransformChain, native_tail: NativeTail
 ) -> V2HybridChain | None:
@@ -286,19 +341,23 @@ def _v2_hybrid(
     if why_not:
         return None
     flat = _flat_spec(spec, count, itemsize)
-    names = ", ".join(str(getattr(f, "codec_id", type(f).__name__)) for f in codec.filters or ())
+    filters = tuple(codec.filters or ())
+    names = ", ".join(str(getattr(f, "codec_id", type(f).__name__)) for f in filters)
     reason = ""
-    if v2_native_stages(codec.filters or ()) is None or spec.order != "C":
+    if v2_stages(filters) is None:  # a Shuffle always has a stage
         reason = (
             f"zarr format 2 filters ({names}) run zarr's code on each chunk (no native "
-            "kernel, or order F); the compressor is native"
+            "kernel); the compressor is native"
         )
-    tail = native_tail(
-        (V2Codec(filters=None, compressor=codec.compressor),),
-        flat,
-        reason or "native chain declined this chunk",
-    )
-    return None if tail is None else V2HybridChain(codec, tail, fallback, reason)
+    elif spec.order == "F" and len(spec.shape) > 1 and not v2_order_kept(filters):
+        reason = (
+            f"zarr format 2 filters ({names}) run zarr's code on each chunk (bitround "
+            "stores an order-F chunk in C order); the compressor is native"
+        )
+    found = _v2_tail(codec, flat, reason or "native chain declined this chunk", native_tail)
+    if found is None:
+        return None
+    return V2HybridChain(codec, found[0], found[1], fallback, reason)
 
 
 def _names(codecs: tuple[Codec, ...]) -> str:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from zarr.abc.codec import ArrayBytesCodec
 from zarr.codecs.sharding import ShardingCodec
@@ -27,6 +27,7 @@ from zarr_fused._chain import (
 )
 from zarr_fused._hybrid import FilteredChain, filtered_chain, hybrid_chain
 from zarr_fused._native import shard_kernels
+from zarr_fused._vlen_chain import VlenChain
 from zarr_fused._zarr_compat import (
     AsyncChunkTransform,
     ChunkTransform,
@@ -47,6 +48,7 @@ from zarr_fused.shard.async_write import AsyncShardWriter
 from zarr_fused.shard.index import index_format
 from zarr_fused.shard.pipelined import ShardIO
 from zarr_fused.shard.read import ShardReader
+from zarr_fused.shard.vlen import VlenShardReader, VlenShardWriter
 from zarr_fused.shard.write import ShardWriter
 
 if TYPE_CHECKING:
@@ -59,8 +61,18 @@ if TYPE_CHECKING:
 
 __all__ = ["PipelinePlan", "build_plan", "shard_chain_reason"]
 
-Reader = ChunkReader | NativeChunkReader | PipelinedChunkReader | PartialDecodeReader | ShardReader
-Writer = ChunkWriter | NativeChunkWriter | PartialEncodeWriter | ShardWriter
+Reader = (
+    ChunkReader
+    | NativeChunkReader
+    | PipelinedChunkReader
+    | PartialDecodeReader
+    | ShardReader
+    | VlenShardReader
+)
+Writer = ChunkWriter | NativeChunkWriter | PartialEncodeWriter | ShardWriter | VlenShardWriter
+#: the inner chains the shard engine runs: fixed-size items in its batch
+#: kernels, vlen items in its per-shard loop (`zarr_fused.shard.vlen`)
+InnerChain = NativeChain | FilteredChain | VlenChain
 
 logger = logging.getLogger("zarr_fused")
 
@@ -155,9 +167,7 @@ def _pin_inner_pipeline(
     return tuple(pinned)
 
 
-def shard_chain_reason(
-    codec: Any, spec: ArraySpec
-) -> tuple[str, NativeChain | FilteredChain | None]:
+def shard_chain_reason(codec: Any, spec: ArraySpec) -> tuple[str, InnerChain | None]:
     """("", inner chain) when the shard engine (`ShardReader`,
     `ShardWriter`) can read and write ``codec``'s shards, else (why not,
     None)."""
@@ -175,9 +185,12 @@ def shard_chain_reason(
     if reason:
         # leading filters with kernels run inside the batch kernels
         filtered = filtered_chain(inner_codecs, inner_spec, fallback, native_tail)
-        if filtered is None:
-            return f"inner chunks: {reason}", None
-        return "", filtered
+        if filtered is not None:
+            return "", filtered
+        vlen = build_chain(inner_codecs, inner_spec, ChunkTransform(codecs=inner_codecs))
+        if isinstance(vlen, VlenChain):
+            return "", vlen
+        return f"inner chunks: {reason}", None
     return "", NativeChain(inner_spec, params, fallback)
 
 
@@ -281,6 +294,8 @@ class _Paths[P]:
     #: the shard engine (its codec, inner chain, and the partial path it
     #: hands what its kernels do not serve: a `BatchReader` or a `HeldWriter`)
     shards: Callable[[Any, NativeChain | FilteredChain, Any], P]
+    #: the same for vlen inner chunks (`zarr_fused.shard.vlen`)
+    vlen_shards: Callable[[Any, VlenChain, Any], P]
     #: whole chunks through a native chain
     native: Callable[[NativeChain], P]
     #: whole chunks through any other chain
@@ -290,12 +305,18 @@ class _Paths[P]:
 _READERS: _Paths[Reader] = _Paths(
     PartialDecodeReader,
     lambda codec, inner, partial: ShardReader(codec, inner, partial, ShardIO()),
+    # the engine's reader fetches the shards (its kernels are not used)
+    lambda codec, inner, partial: VlenShardReader(
+        codec, inner, partial, ShardReader(codec, cast("NativeChain", inner), partial)
+    ),
     # LocalStore chunk files go through the IO threads; any other store
     # through the NativeChunkReader the pipelined reader wraps
     lambda chain: PipelinedChunkReader(chain, NativeChunkReader(chain)),
     ChunkReader,
 )
-_WRITERS: _Paths[Writer] = _Paths(PartialEncodeWriter, ShardWriter, NativeChunkWriter, ChunkWriter)
+_WRITERS: _Paths[Writer] = _Paths(
+    PartialEncodeWriter, ShardWriter, VlenShardWriter, NativeChunkWriter, ChunkWriter
+)
 
 
 def _path[P](
@@ -309,6 +330,8 @@ def _path[P](
         reason, inner = shard_chain_reason(codec, spec)
         if inner is None:
             return fallback, reason
+        if isinstance(inner, VlenChain):
+            return paths.vlen_shards(codec, inner, fallback), reason
         return paths.shards(codec, inner, fallback), reason
     if isinstance(chain, NativeChain):
         return paths.native(chain), chain.reason

@@ -10,7 +10,7 @@ the same release of the GIL (`read_shard_local`): a busy multi-threaded
 reader pays one hand-over of the GIL per shard, not two.
 """
 
-from libc.stdint cimport uint32_t, uint64_t
+from libc.stdint cimport int64_t, uint32_t, uint64_t
 from libc.stdlib cimport free, malloc
 from libc.string cimport memset
 from posix.unistd cimport close
@@ -21,7 +21,7 @@ import os
 
 import numpy as np
 
-from zarr_fused._codec_batch cimport DecodeBatch
+from zarr_fused._codec_batch cimport DecodeBatch, PhaseTimes, add_times, now_ns
 from zarr_fused._codecs cimport DecodeTask, Workspace, workspace
 from zarr_fused._localio cimport (
     FILE_ERROR,
@@ -278,17 +278,58 @@ cdef cnp.ndarray _fetch(PartialFetch* f, bytes path, cnp.ndarray entries, take, 
     cdef Workspace ws = workspace() if decode else None
     cdef const char* fill = batch.fill_ptr() if decode else NULL
     cdef Py_ssize_t stop = batch.n if decode else 0, failed = -1, outside = -1
+    # the file reads' time, when a stats block counts the batch's call
+    cdef PhaseTimes io
+    cdef bint timed = False
+    cdef int64_t began = 0
     if decode and (first < 0 or first > stop):
         raise IndexError("no such task")
     if decode and fill == NULL and stop > first:
         raise ValueError("set_fill() first")
-    with nogil:
-        _fetch_index(f)
-        if f.rc == FILE_OK and f.problem == INDEX_OK and f.total <= buf.shape[0]:
-            _fetch_ranges(f, bp)
-            if decode and f.ranges_rc == FILE_OK:
-                _bind_and_decode(batch, ws, first, stop, fill, f.entries, bp, f.total, &outside,
-                                 &failed)
+    sink = batch.start_timing() if decode else None
+    if sink is not None:
+        timed = True
+        memset(&io, 0, sizeof(PhaseTimes))
+    try:
+        with nogil:
+            if timed:
+                began = now_ns()
+            _fetch_index(f)
+            if f.rc == FILE_OK and f.problem == INDEX_OK and f.total <= buf.shape[0]:
+                _fetch_ranges(f, bp)
+                if timed:
+                    io.io_ns += now_ns() - began
+                    began = 0
+                if decode and f.ranges_rc == FILE_OK:
+                    _bind_and_decode(batch, ws, first, stop, fill, f.entries, bp, f.total,
+                                     &outside, &failed)
+            if began:
+                io.io_ns += now_ns() - began
+        buf = _fetch_rest(f, path, entries, take, give, grid, where, batch, first, buf, ws, fill,
+                          stop, &outside, &failed, timed, &io)
+        if buf is None:
+            return None
+        if decode:
+            _raise_for(batch, entries, f.total, outside, failed)
+        return buf
+    finally:
+        if sink is not None:
+            add_times(&batch.times, &io)
+            batch.flush_times(sink)
+
+
+cdef cnp.ndarray _fetch_rest(PartialFetch* f, bytes path, cnp.ndarray entries, take, give,
+                             grid, where, DecodeBatch batch, Py_ssize_t first, cnp.ndarray buf,
+                             Workspace ws, const char* fill, Py_ssize_t stop,
+                             Py_ssize_t* outside, Py_ssize_t* failed, bint timed,
+                             PhaseTimes* io):
+    """The rest of `_fetch` once the first release of the GIL is over: the
+    shard checked, and its chunks read into a bigger buffer (and decoded)
+    when they outgrew the first. Returns the buffer, None when the shard is
+    missing."""
+    cdef bint decode = batch is not None
+    cdef unsigned char* bp
+    cdef int64_t began = 0
     if _fetch_check(f, path, entries, grid, where):
         give_back(give, buf)
         return None
@@ -297,13 +338,15 @@ cdef cnp.ndarray _fetch(PartialFetch* f, bytes path, cnp.ndarray entries, take, 
         buf = _usable(take(f.total), f.total)
         bp = <unsigned char*>cnp.PyArray_DATA(buf)
         with nogil:
+            if timed:
+                began = now_ns()
             _fetch_ranges(f, bp)
+            if timed:
+                io.io_ns += now_ns() - began
             if decode and f.ranges_rc == FILE_OK:
-                _bind_and_decode(batch, ws, first, stop, fill, f.entries, bp, f.total, &outside,
-                                 &failed)
+                _bind_and_decode(batch, ws, first, stop, fill, f.entries, bp, f.total, outside,
+                                 failed)
         _fetch_check(f, path, entries, grid, where)
-    if decode:
-        _raise_for(batch, entries, f.total, outside, failed)
     return buf
 
 
@@ -416,8 +459,11 @@ def decode_part(DecodeBatch batch, Py_ssize_t first, Py_ssize_t stop, cnp.ndarra
         if batch.tasks[i].chunk >= entries.shape[0]:
             raise IndexError("a task's chunk is not in entries")
     total = payload.shape[0]
+    sink = batch.start_timing()
     with nogil:
         _bind_and_decode(batch, ws, first, stop, fill, <const uint64_t*>cnp.PyArray_DATA(entries),
                          <const unsigned char*>cnp.PyArray_DATA(payload), total, &outside,
                          &failed)
+    if sink is not None:
+        batch.flush_times(sink)
     _raise_for(batch, entries, total, outside, failed)

@@ -23,11 +23,13 @@ Other filters with a fixed output size (``Delta``, ``FixedScaleOffset``,
 ``Quantize``, ``BitRound``, ``AsType``, ``Shuffle``) make a hybrid chain
 (`zarr_fused._hybrid`): the compressor runs natively over the filtered
 bytes, whose size `v2_filtered_layout` derives from the filters'
-parameters (the native decompressor insists on it). The filters run
-native kernels when each has one (``Delta``, ``FixedScaleOffset``,
-``Quantize``, ``BitRound`` on the types `zarr_fused._filter_stages`
-covers) and the array is in C order, and strict mode accepts the array;
-else they run zarr's code, and strict mode rejects it.
+parameters (the native decompressor insists on it). A ``Shuffle`` last
+among them goes into the compressor's kernel as its byte shuffle
+(`split_v2_shuffle`); the filters before it run native kernels when each
+has one (``Delta``, ``FixedScaleOffset``, ``Quantize``, ``BitRound``,
+``AsType`` on the types `zarr_fused._filter_stages` covers; a ``Shuffle``
+elsewhere is `V2Shuffle`), in C or F order, and strict mode accepts the
+array; else they run zarr's code, and strict mode rejects it.
 
 What stays on zarr's code, per array, with the reason recorded in the plan:
 
@@ -76,10 +78,13 @@ if TYPE_CHECKING:
 
 __all__ = [
     "V2Codec",
+    "V2Shuffle",
     "compressor_params",
+    "split_v2_shuffle",
     "v2_byte_identical",
     "v2_chain_params",
     "v2_filtered_layout",
+    "v2_order_kept",
     "v2_vlen_params",
 ]
 
@@ -140,17 +145,24 @@ def compressor_params(compressor: Any, itemsize: int) -> tuple[str, dict[str, An
 def _filtered_item(f: Any, count: int, itemsize: int) -> tuple[int, int] | None:
     """The element count and item size ``f`` encodes ``count`` items of
     ``itemsize`` bytes to; None for a filter whose output size is not fixed
-    by those (or that zarr_fused does not know)."""
+    by those (or that zarr_fused does not know). numcodecs views its input
+    as the filter's own type first (a ``Delta`` after a ``Shuffle`` sees
+    the shuffled bytes as its items)."""
     kind = type(f)
     if kind in (Delta, FixedScaleOffset, Quantize):
-        return count, np.dtype(f.astype).itemsize
-    if kind is AsType:
-        return count, np.dtype(f.encode_dtype).itemsize
-    if kind is BitRound:
+        source, encoded = np.dtype(f.dtype), np.dtype(f.astype)
+    elif kind is AsType:
+        source, encoded = np.dtype(f.decode_dtype), np.dtype(f.encode_dtype)
+    elif kind is BitRound:
         return count, itemsize  # the same bits, viewed as integers
-    if kind is Shuffle:
+    elif kind is Shuffle:
         return count * itemsize, 1  # bytes
-    return None
+    else:
+        return None
+    nbytes = count * itemsize
+    if nbytes % source.itemsize:
+        return None  # numcodecs' view raises: zarr's code does so
+    return nbytes // source.itemsize, encoded.itemsize
 
 
 def v2_filtered_layout(filters: tuple[Any, ...], spec: ArraySpec) -> tuple[str, int, int]:
@@ -191,6 +203,71 @@ def _shuffle_filter(codec: V2Codec) -> int | None:
         shuffle: Any = filters[0]  # numcodecs is untyped
         return max(int(shuffle.elementsize), 0)
     return None
+
+
+def v2_order_kept(filters: tuple[Any, ...]) -> bool:
+    """Whether numcodecs ``filters`` hand the compressor an F-order chunk's
+    items in F order, the order zarr's `V2Codec` reads them back in.
+
+    `V2Codec` casts the chunk to the array's order; ``Delta``,
+    ``FixedScaleOffset`` and ``Shuffle`` flatten it as it is laid out
+    (``"A"``), and ``AsType`` and ``Quantize`` keep its layout, but
+    ``BitRound`` copies it with ``ndarray.copy()``, which is C order: zarr
+    stores the C-order items of such a chunk and reads them back as F order
+    (the values come back scrambled). Only zarr's code reproduces that."""
+    for f in filters:
+        kind = type(f)
+        if kind in (Delta, FixedScaleOffset, Shuffle):
+            return True
+        if kind is BitRound:
+            return False
+    return True
+
+
+def split_v2_shuffle(codec: V2Codec) -> tuple[tuple[Any, ...], V2Codec] | None:
+    """(the filters before it, a `V2Codec` of the compressor with it) when
+    ``codec``'s last filter is a ``Shuffle``: the compressor's kernel
+    unshuffles what it decompresses in the same pass, as for a lone
+    ``Shuffle``; None for any other last filter or none."""
+    filters = tuple(codec.filters or ())
+    if not filters or type(filters[-1]) is not Shuffle:
+        return None
+    return filters[:-1], V2Codec(filters=filters[-1:], compressor=codec.compressor)
+
+
+class V2Shuffle:
+    """numcodecs' ``Shuffle`` on a chunk's filtered items (1-d, contiguous),
+    where the compressor's kernel cannot take it (no compressor, or filters
+    after it): byte ``j`` of element ``i`` goes to ``j * count + i``, one
+    strided NumPy copy (no Python per element, the GIL released). The
+    stage interface of `zarr_fused._filter_stages` (``decode_flat``,
+    ``encode_flat``); None for what numcodecs refuses (items that are not
+    whole elements), which zarr's code then raises about."""
+
+    def __init__(self, elementsize: int) -> None:
+        self.elementsize = int(elementsize)
+
+    def _planes(self, data: np.ndarray[Any, Any], encode: bool) -> np.ndarray[Any, Any] | None:
+        if not data.flags.c_contiguous:
+            return None
+        raw = data.reshape(-1).view(np.uint8)
+        size = self.elementsize
+        if size <= 1 or raw.size == 0:
+            return raw  # numcodecs copies the bytes as they are
+        if raw.size % size:
+            return None
+        out = np.empty_like(raw)
+        if encode:
+            out.reshape(size, -1)[...] = raw.reshape(-1, size).T
+        else:
+            out.reshape(-1, size)[...] = raw.reshape(size, -1).T
+        return out
+
+    def encode_flat(self, data: np.ndarray[Any, Any]) -> np.ndarray[Any, Any] | None:
+        return self._planes(data, True)
+
+    def decode_flat(self, data: np.ndarray[Any, Any]) -> np.ndarray[Any, Any] | None:
+        return self._planes(data, False)
 
 
 def v2_chain_params(
@@ -277,7 +354,7 @@ def v2_byte_identical(
     # a numcodecs codec: numcodecs has no type information, so its attributes
     # are looked up untyped once its exact class is known
     compressor: Any = codec.compressor
-    if (codec.filters and _shuffle_filter(codec) is None) or compressor is None:
+    if compressor is None:
         return True
     kind = type(compressor)
     if kind is Zstd:

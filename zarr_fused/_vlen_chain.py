@@ -14,9 +14,10 @@ chunk in that order). Strings of a ``str`` array (NumPy's ``StringDType``)
 go between the frame and the array with no Python object at all; bytes
 (object arrays) are made as objects in one loop.
 
-Sharded vlen arrays keep zarr's sharding codec (the shard engine's kernels
-decode fixed-size items only); their inner chunks come back to this chain
-through the pipeline zarr's sharding codec runs them with.
+Sharded vlen arrays read and write through `zarr_fused.shard.vlen`, which
+fetches and lays out shards natively and runs each inner chunk through this
+chain (``decode_chunk``, ``decode_chunk_into``, ``encode_chunk``, whose
+errors name the inner chunk and its shard).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
     from zarr.core.array_spec import ArraySpec
     from zarr.core.buffer import Buffer, NDBuffer
 
+    from zarr_fused._buffers import RawBuffer
     from zarr_fused._items import ReadItem
 
     #: `zarr_fused._chain._bytes_to_bytes_params`: the kernel parameters of
@@ -105,10 +107,10 @@ class VlenChain(NativeOrFallback):
             and (not self.v2 or spec.order == self.order)
         )
 
-    def _decode_flat(self, raw: Buffer, items: np.ndarray, key: Any) -> np.ndarray:
+    def _decode_flat(self, raw: Buffer | RawBuffer, items: np.ndarray, where: object) -> np.ndarray:
         """Decode the chunk's items into ``items`` (flat, C-contiguous, of
-        the chain's string dtype or of objects), in frame order."""
-        where = describe_chunk(key)
+        the chain's string dtype or of objects), in frame order; errors
+        name ``where``."""
         if self.strings and items.dtype == self.dtype:
             return vlen_kernels.decode_strings(self.kernel, raw.as_numpy_array(), items, where)
         return vlen_kernels.decode(
@@ -125,25 +127,35 @@ class VlenChain(NativeOrFallback):
         dst = out.as_ndarray_like()
         if drop_axes or type(dst) is not np.ndarray or not _whole(chunk_selection, spec.shape):
             return None
-        if not (self.strings or self.dtype == np.dtype(object)) or dst.dtype != self.dtype:
-            return None
         if not isinstance(out_selection, tuple):
             return None
         if not all(type(s) is slice and s.step in (None, 1) for s in out_selection):
             return None
-        view = dst[out_selection]
+        return self._frame_view(dst[out_selection], spec.shape)
+
+    def _frame_view(self, view: np.ndarray, shape: tuple[int, ...]) -> np.ndarray | None:
+        """``view`` (a chunk of ``shape``) as the array the kernels decode
+        the frame's items into (its transpose for F order), or None when
+        they cannot write into it: not the chain's own items, not
+        contiguous in frame order, read-only."""
+        if not (self.strings or self.dtype == np.dtype(object)) or view.dtype != self.dtype:
+            return None
         order_ok = view.flags.c_contiguous if self.order == "C" else view.flags.f_contiguous
-        if view.shape != spec.shape or not order_ok or not view.flags.writeable:
+        if view.shape != shape or not order_ok or not view.flags.writeable:
             return None
         return view if self.order == "C" else view.T
 
     def decode_array(self, raw: Buffer, spec: ArraySpec, key: Any = None) -> np.ndarray:
         """The whole chunk as a new NumPy array of the array's data type."""
+        return self.decode_chunk(raw, spec, describe_chunk(key))
+
+    def decode_chunk(self, raw: Buffer | RawBuffer, spec: ArraySpec, where: object) -> np.ndarray:
+        """`decode_array`, its errors naming ``where``."""
         count = math.prod(spec.shape)
         if self.strings:
-            items = self._decode_flat(raw, np.empty(count, dtype=self.dtype), key)
+            items = self._decode_flat(raw, np.empty(count, dtype=self.dtype), where)
         else:
-            items = self._decode_flat(raw, np.empty(count, dtype=object), key)
+            items = self._decode_flat(raw, np.empty(count, dtype=object), where)
         chunk = items.reshape(spec.shape, order=self.order)  # type: ignore[call-overload]
         if self.dtype != chunk.dtype:
             return chunk.astype(self.dtype)
@@ -155,17 +167,31 @@ class VlenChain(NativeOrFallback):
         key, *_ = item
         view = self._whole_chunk_view(out, item, drop_axes)
         if view is not None:
-            self._decode_flat(raw, view.reshape(-1), key)
+            self._decode_flat(raw, view.reshape(-1), describe_chunk(key))
             return
         # NumPy's assignment (what zarr does): the scatter kernels copy no
         # object or StringDType elements, whose storage the arrays own
         super().decode_handled_into(raw, item, out, drop_axes)
 
+    def decode_chunk_into(self, raw: Buffer | RawBuffer, view: np.ndarray, where: object) -> bool:
+        """Decode a whole chunk of ``view``'s shape straight into ``view``
+        when the kernels can write into it (see `_frame_view`); False, with
+        ``view`` untouched, when they cannot. Errors name ``where``."""
+        frame = self._frame_view(view, view.shape)
+        if frame is None:
+            return False
+        self._decode_flat(raw, frame.reshape(-1), where)
+        return True
+
     def encode(self, array: NDBuffer, spec: ArraySpec, key: Any = None) -> Buffer | None:
         data = array.as_ndarray_like()
         if not self.handles(spec) or type(data) is not np.ndarray or data.shape != spec.shape:
             return self.fallback.encode(array, spec)
-        where = describe_chunk(key)
+        return spec.prototype.buffer.from_array_like(self.encode_chunk(data, describe_chunk(key)))
+
+    def encode_chunk(self, data: np.ndarray, where: object) -> np.ndarray:
+        """The encoded bytes of the chunk ``data`` (a NumPy array of the
+        chunk spec this chain handles), errors naming ``where``."""
         if self.strings and data.dtype == self.dtype:
             values = np.ascontiguousarray(np.ravel(data, order=self.order))  # type: ignore[call-overload]
             encoded = vlen_kernels.encode_strings(self.kernel, values, where)
@@ -175,7 +201,7 @@ class VlenChain(NativeOrFallback):
             encoded = vlen_kernels.encode(
                 self.kernel, np.ascontiguousarray(values), self.utf8, where
             )
-        return spec.prototype.buffer.from_array_like(encoded)
+        return encoded
 
 
 def _whole(selection: Any, shape: tuple[int, ...]) -> bool:

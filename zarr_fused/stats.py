@@ -4,8 +4,11 @@
 current thread or asyncio task starts inside the block, the store requests
 and bytes by store kind, the chunks (or shards) read and written, the byte
 ranges asked for and the requests they were coalesced into, the time spent
-in store requests and in whole calls, and the fallbacks to zarr's code with
-their reasons (docs/stats.md says how to read each one).
+in store requests and in whole calls, the time the native kernels spent
+reading files, decoding, scattering, encoding and writing files (summed
+over threads), the chunks and inner chunks they decoded and encoded, and
+the fallbacks to zarr's code with their reasons (docs/stats.md says how to
+read each one).
 
 How a count reaches its sink
 ----------------------------
@@ -23,6 +26,11 @@ counted by `zarr_fused.io.requests`, where their requests are made.
 Without an active sink nothing is allocated: the lookup is one
 ``ContextVar.get`` per call and the batches are not touched.
 
+The native batches (`zarr_fused._codec_batch`) find the sink from their
+keys once per run (a test of ``timed`` per run without one), time their
+phases with a monotonic clock only while there is one, and hand the sums
+over once per run (`Stats.phases`).
+
 Nested blocks: an inner sink also counts into the sinks around it.
 
 Thread safety: a sink takes its lock once per count; the native paths count
@@ -39,7 +47,7 @@ import os
 import threading
 import time
 from collections import Counter, defaultdict
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, cast
 
 from zarr.storage import (
     FsspecStore,
@@ -52,7 +60,7 @@ from zarr.storage import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
 
     from zarr.abc.store import ByteRequest
     from zarr.core.buffer import Buffer, BufferPrototype
@@ -101,7 +109,12 @@ class Stats:
         "calls",  # "read"|"write" -> batches
         "fallbacks",  # (what, reason) -> batches that went to zarr's code
         "unsized",  # (kind, op) -> requests whose bytes are not in "bytes"
+        "thread_seconds",  # phase -> seconds of the native kernels, summed over threads
+        "native",  # ("read"|"write", "chunks"|"inner_chunks") -> decoded or encoded natively
     )
+
+    #: the phases of ``thread_seconds``
+    PHASES: Final = ("read_io", "decode", "scatter", "encode", "write_io")
 
     def __init__(self, parent: Stats | None = None, *, file_sizes: bool = False) -> None:
         self._lock = threading.Lock()
@@ -176,6 +189,42 @@ class Stats:
                     counters["fallbacks"][what, fallback] += 1
             sink = sink._parent
 
+    def phases(
+        self,
+        what: str,
+        inner: bool,
+        chunks: int,
+        *,
+        io: float = 0.0,
+        decode: float = 0.0,
+        scatter: float = 0.0,
+        encode: float = 0.0,
+        write: float = 0.0,
+    ) -> None:
+        """One run of a native batch of ``what`` ("read" or "write"): the
+        seconds its threads spent in each phase, summed, and the ``chunks``
+        (``inner``: a shard's inner chunks) its kernels decoded or encoded."""
+        unit = "inner_chunks" if inner else "chunks"
+        sink: Stats | None = self
+        while sink is not None:
+            with sink._lock:
+                counters = sink._counters
+                spent = counters["thread_seconds"]
+                # a run of tasks has a few phases: the zero ones stay out
+                if io:
+                    spent["read_io"] += io
+                if decode:
+                    spent["decode"] += decode
+                if scatter:
+                    spent["scatter"] += scatter
+                if encode:
+                    spent["encode"] += encode
+                if write:
+                    spent["write_io"] += write
+                if chunks:
+                    counters["native"][what, unit] += chunks
+            sink = sink._parent
+
     def _get(self, name: str) -> Counter[Any]:
         with self._lock:
             return Counter(self._counters[name])
@@ -213,8 +262,35 @@ class Stats:
     @property
     def seconds(self) -> Counter[str]:
         """ "read", "write": wall time of the calls; "store": of the store
-        requests made from Python (the native file reads are in "read")."""
+        requests made from Python (the native file reads are in
+        ``thread_seconds["read_io"]``)."""
         return self._get("seconds")
+
+    @property
+    def thread_seconds(self) -> Counter[str]:
+        """Seconds the native kernels spent in each phase, summed over the
+        threads that ran them (so CPU-like: two threads busy for a second
+        count two): "read_io" (local files read inside native calls, and
+        by the IO threads), "decode" (decompression, checksums, byte
+        order), "scatter" (decoded chunks copied into the output, fills of
+        missing chunks), "encode" (gathering a chunk and compressing it),
+        "write_io" (files written inside native calls and by the IO
+        threads). Store requests made from Python are in ``seconds["store"]``."""
+        return self._get("thread_seconds")
+
+    @property
+    def native(self) -> Counter[tuple[str, str]]:
+        """Chunks the native kernels decoded ("read") or encoded ("write"):
+        ``(what, "chunks")`` of unsharded arrays, ``(what, "inner_chunks")``
+        of sharded ones (missing chunks, filled, and chunks equal to the
+        fill value, skipped, are not counted)."""
+        return self._get("native")
+
+    def inner_chunks_per_shard(self) -> float | None:
+        """Inner chunks decoded natively per shard read (None: no shard
+        read): how much of each shard the reads used."""
+        shards = self.items["read", "shards"]
+        return self.native["read", "inner_chunks"] / shards if shards else None
 
     @property
     def calls(self) -> Counter[str]:
@@ -423,21 +499,38 @@ def note_ranges(key: Any, ranges: Sequence[Any], config: Any, coalesce_ranges: A
 # -- the native local paths: one count per group of files ------------------------------
 
 
-def note_local(key: Any, op: str, n: int, nbytes: int | None) -> None:
+def note_local(key: Any, op: str, n: int, nbytes: int | None, seconds: float = 0.0) -> None:
     """``n`` local files (``nbytes`` in all, None: not known) that a
-    native call read or wrote for the batch of ``key``."""
+    native call read or wrote for the batch of ``key`` in ``seconds`` (0:
+    timed inside the call, or not at all)."""
     sink = sink_of(key)
     if sink is not None:
         sink.request("local", op, nbytes, n=n)
+        if seconds:
+            _note_io(sink, op, seconds)
 
 
-def note_lengths(key: Any, lengths: Any) -> None:
-    """Local chunk files read natively, their lengths (-1: missing)."""
+def _note_io(sink: Stats, op: str, seconds: float) -> None:
+    """``seconds`` of native file IO of the kind ``op`` names."""
+    if op in _WRITE_OPS:
+        sink.phases("write", False, 0, write=seconds)
+    else:
+        sink.phases("read", False, 0, io=seconds)
+
+
+_WRITE_OPS: Final = frozenset({"set", "write_files"})
+
+
+def note_lengths(key: Any, lengths: Any, seconds: float = 0.0) -> None:
+    """Local chunk files read natively in ``seconds``, their lengths (-1:
+    missing)."""
     sink = sink_of(key)
     if sink is not None and len(lengths):
         # a group holds a few files: plain Python beats NumPy's call overhead
         stored = sum(n for n in lengths.tolist() if n > 0)
         sink.request("local", "get", stored, n=len(lengths))
+        if seconds:
+            _note_io(sink, "get", seconds)
 
 
 def note_files(batch: Sequence[Any], indices: Sequence[int], prefix: bytes | None) -> None:
@@ -467,7 +560,7 @@ def note_encoded(
         sink.request("local", "set", _sizes(paths), n=len(paths))
 
 
-def note_stores(key: Any, stores: Sequence[tuple[Any, ...]]) -> None:
+def note_stores(key: Any, stores: Sequence[tuple[Any, ...]], seconds: float = 0.0) -> None:
     """Stores handed to the IO threads: ``(write_parts, path, parts)``
     writes a file; a delete goes through its key and counts itself."""
     sink = sink_of(key)
@@ -476,6 +569,25 @@ def note_stores(key: Any, stores: Sequence[tuple[Any, ...]]) -> None:
     written = [entry[2] for entry in stores if len(entry) == 3]
     if written:
         sink.request("local", "set", sum(parts_nbytes(p) for p in written), n=len(written))
+    if seconds:
+        _note_io(sink, "set", seconds)
+
+
+def timed_writer[Write: Callable[..., Any]](key: Any, write: Write) -> Write:
+    """``write`` (a native file write an IO thread makes for the batch of
+    ``key``), its time counted as write IO when the batch has a sink."""
+    sink = sink_of(key)
+    if sink is None:
+        return write
+
+    def timed(*args: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return write(*args)
+        finally:
+            _note_io(sink, "set", time.perf_counter() - start)
+
+    return cast("Write", timed)
 
 
 def parts_nbytes(parts: Sequence[Any]) -> int:
@@ -491,8 +603,10 @@ def _sizes(paths: Any) -> int:
     return total
 
 
-def note_parts(key: Any, parts: Sequence[Any]) -> None:
-    """One local file written natively from the buffers ``parts``."""
+def note_parts(key: Any, parts: Sequence[Any], seconds: float = 0.0) -> None:
+    """One local file written natively from the buffers ``parts`` in ``seconds``."""
     sink = sink_of(key)
     if sink is not None:
         sink.request("local", "set", parts_nbytes(parts))
+        if seconds:
+            _note_io(sink, "set", seconds)

@@ -202,8 +202,7 @@ class _GroupedRead:
             if self.active >= self.workers or not self._full():
                 return
             self.active += 1
-        assert self.tracker.pool is not None
-        self.tracker.threads.append(self.tracker.pool.submit(self._job))
+        self.tracker.submit(self._job)
 
     async def finish(self) -> None:
         """Decode what is left (less than a group: on the loop, which has

@@ -209,10 +209,11 @@ class _PipelinedRead:
         done = fileio_kernels.read_files_into(
             self.paths[group.start : group.stop], arena, offsets, caps, lengths, state.stop_flag
         )
+        seconds = time.perf_counter() - start
         if done:
             stored = int(lengths[:done].clip(min=0).sum())
-            self.fastest.note(per_file_latency(time.perf_counter() - start, done, stored))
-        note_lengths(self.batch[group.start][0], lengths[:done])
+            self.fastest.note(per_file_latency(seconds, done, stored))
+        note_lengths(self.batch[group.start][0], lengths[:done], seconds)
         oversize: dict[int, bytes] = {}
         for k in np.flatnonzero(lengths[:done] < -1).tolist():
             # larger than any chunk we would write: read it whole

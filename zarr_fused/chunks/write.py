@@ -53,7 +53,7 @@ from zarr_fused.io.engine import Writes, resolve_io_concurrency, write_window
 from zarr_fused.io.local import local_files, make_parents, write_parts
 from zarr_fused.io.probe import FAST_STORE, PROBE_FILES, LatencyProbe
 from zarr_fused.io.shard_lock import ShardLocks, shard_locks
-from zarr_fused.stats import note_encoded, note_stores
+from zarr_fused.stats import note_encoded, note_stores, timed_writer
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -422,6 +422,7 @@ class _ChunkWrite:
         file is written; `files_per_store` files go to one IO request."""
         assert self.writes is not None
         stores: list[tuple[Any, ...]] = []
+        write = timed_writer(self.batch[0][0], write_parts)
         for i, ready, position in results:
             setter, *_ = self.batch[i]
             stored: Any = ready
@@ -433,7 +434,7 @@ class _ChunkWrite:
             if stored is None:
                 stores.append((setter.delete_sync,))
             else:
-                stores.append((write_parts, self._path(setter), [stored]))
+                stores.append((write, self._path(setter), [stored]))
         note_stores(self.batch[0][0], stores)
         step = self.files_per_store
         with self.writes.parcel(arena.nbytes, lambda: buffers.give(arena)) as parcel:

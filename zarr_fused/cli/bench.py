@@ -231,7 +231,8 @@ def print_breakdown(runner: Runner, sel: tuple[int | slice, ...]) -> None:
 
 def breakdown(counts: Stats) -> list[str]:
     """The lines of `print_breakdown`: requests and bytes by store kind and
-    op, keys addressed, bytes decoded, coalescing, time, fallbacks."""
+    op, keys addressed, bytes decoded, coalescing, time, the native
+    kernels' chunks and time split, fallbacks."""
     lines = ["zarr_fused, one read inside zarr_fused.stats():"]
     requests, moved, unsized = counts.requests, counts.bytes, counts.unsized
     for kind, op in sorted(requests):
@@ -253,6 +254,37 @@ def breakdown(counts: Stats) -> list[str]:
         if seconds[what]:
             label = "store requests from Python" if what == "store" else f"{what} calls"
             lines.append(f"  time in {label}: {seconds[what] * 1e3:.1f} ms")
+    lines += _native_lines(counts)
     for (what, reason), n in sorted(counts.fallbacks.items()):
         lines.append(f"  fallback ({what}, {n} batch(es)): {reason}")
+    return lines
+
+
+#: the phases of `Stats.thread_seconds` as the breakdown names them
+_PHASE_LABELS = {
+    "read_io": "file reads",
+    "decode": "decode",
+    "scatter": "scatter",
+    "encode": "encode",
+    "write_io": "file writes",
+}
+
+
+def _native_lines(counts: Stats) -> list[str]:
+    """The native kernels' chunks and their time split (summed over threads)."""
+    lines = []
+    for (what, unit), n in sorted(counts.native.items()):
+        verb = "decoded" if what == "read" else "encoded"
+        lines.append(f"  {unit.replace('_', ' ')} {verb} natively: {n}")
+    per_shard = counts.inner_chunks_per_shard()
+    if per_shard is not None:
+        lines.append(f"  inner chunks decoded per shard read: {per_shard:.1f}")
+    spent = counts.thread_seconds
+    if spent:
+        split = ", ".join(
+            f"{label} {spent[phase] * 1e3:.1f} ms"
+            for phase, label in _PHASE_LABELS.items()
+            if spent[phase]
+        )
+        lines.append(f"  native time, summed over threads: {split}")
     return lines

@@ -22,6 +22,7 @@ runs the compute inline, as in zarr's own pipeline.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import time
 from contextlib import (
     AbstractAsyncContextManager,
@@ -122,6 +123,10 @@ class Tracker:
     def __init__(self, workers: int) -> None:
         self.workers = workers
         self.pool: ElasticPool | None = get_pool(workers) if workers > 1 else None
+        #: whether the pool runs the batch's work in the caller's context:
+        #: inside a `zarr_fused.stats` block, so that the native batches
+        #: find its sink (keys of object stores cannot carry it)
+        self.in_context = active() is not None
         self.tasks: list[asyncio.Future[Any]] = []
         self.threads: list[Future[Any]] = []
 
@@ -129,6 +134,17 @@ class Tracker:
         fut = asyncio.ensure_future(coro)
         self.tasks.append(fut)
         return fut
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
+        """Start ``fn(*args)`` in the pool (there is one), in the caller's
+        context inside a stats block; the batch waits for it."""
+        assert self.pool is not None
+        if self.in_context:
+            cf = self.pool.submit(contextvars.copy_context().run, fn, *args)
+        else:
+            cf = self.pool.submit(fn, *args)
+        self.threads.append(cf)
+        return cf
 
     def compute(self, fn: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
         """Run ``fn(*args)`` in the pool, or inline without one."""
@@ -140,8 +156,7 @@ class Tracker:
                 fut.set_exception(exc)
             self.tasks.append(fut)
             return fut
-        cf = self.pool.submit(fn, *args)
-        self.threads.append(cf)
+        cf = self.submit(fn, *args)
         fut = asyncio.wrap_future(cf)
         self.tasks.append(fut)
         return fut

@@ -16,6 +16,8 @@ from __future__ import annotations
 import functools
 import math
 import os
+import threading
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +28,7 @@ from zarr.codecs.crc32c_ import Crc32cCodec
 from zarr_fused._buffers import buffers
 from zarr_fused._items import describe_chunk, describe_key
 from zarr_fused._native import index_kernels, io_kernels
+from zarr_fused._zarr_compat import inner_write_order
 from zarr_fused.errors import CorruptShardError
 from zarr_fused.stats import note_local
 
@@ -95,6 +98,11 @@ class IndexFormat:
     def size(self, n_chunks: int) -> int:
         return index_size(n_chunks, self.checksum)
 
+    def layout_args(self) -> dict[str, bool]:
+        """The index's layout as `_shard_index.assemble_shard` and
+        ``shard_parts`` take it."""
+        return {"at_start": self.at_start, "checksum": self.checksum, "big_endian": self.big_endian}
+
     def parse(
         self,
         raw: Any,
@@ -143,7 +151,7 @@ def planned_format(codec: ShardingCodec) -> IndexFormat:
 
 
 class ShardSide:
-    """What the native shard reader and writer both hold: the sharding
+    """What the native shard readers and writers all hold: the sharding
     codec, its inner codec chain, the path its fallback takes, the inner
     chunk shape and the index format (one the plan admitted)."""
 
@@ -153,6 +161,18 @@ class ShardSide:
         self.fallback = fallback
         self.inner_shape = tuple(codec.chunk_shape)
         self.fmt = planned_format(codec)
+        self._orders: dict[tuple[int, ...], np.ndarray] = {}
+        self._lock = threading.Lock()
+
+    def write_order(self, grid: tuple[int, ...]) -> np.ndarray:
+        """Linear indices of the inner chunks in the codec's write order."""
+        order = self._orders.get(grid)
+        if order is None:
+            coords = list(inner_write_order(self.codec, grid))
+            order = np.array([np.ravel_multi_index(tuple(c), grid) for c in coords], dtype=np.intp)
+            with self._lock:
+                self._orders[grid] = order
+        return order
 
 
 @dataclass
@@ -186,8 +206,9 @@ def read_whole_shard(
         # a first guess of the shard's size; a bigger shard is opened again
         # (a round trip more on a network filesystem: callers that read
         # many shards pass the largest they have seen)
+        start = time.perf_counter()
         buffer, length = _read_file(prefix + os.fsencode(key.path), max(4 * size, size_hint))
-        note_local(key, "get", 1, max(length, 0))
+        note_local(key, "get", 1, max(length, 0), time.perf_counter() - start)
         if length == -1:
             buffers.give(buffer)
             return None

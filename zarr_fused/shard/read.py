@@ -151,6 +151,7 @@ class ShardReader(ShardSide):
                 self._whole_hint = max(self._whole_hint, len(whole.data))
                 shard.payload, shard.entries, shard.buffer = whole.data, whole.entries, whole.buffer
         elif prefix is not None:
+            start = time.perf_counter()
             fetched = read_shard_part(
                 prefix + os.fsencode(getter.path),
                 math.prod(grid),
@@ -159,13 +160,24 @@ class ShardReader(ShardSide):
                 buffers.give,
                 self._shard_part_settings(getter, spec, grid, len(touched), prefetch),
             )
-            note_local(getter, "get_shard_part", 1, None)
+            note_local(getter, "get_shard_part", 1, None, time.perf_counter() - start)
             if fetched is None:
                 shard.missing = True
             else:
                 shard.entries, shard.payload, shard.buffer = fetched
         else:
             self._fetch_ranges(getter, spec, touched, grid, shard)
+
+    def fetch_inner(
+        self, getter: Any, spec: ArraySpec, touched: np.ndarray | None, grid: tuple[int, ...]
+    ) -> _Shard:
+        """`_fetch` into a new shard record, for readers that decode its
+        inner chunks themselves (`zarr_fused.shard.vlen`): its ``entries``
+        locate each fetched inner chunk in its ``payload``; ``release`` it
+        once decoded."""
+        shard = _Shard(0, None)
+        self._fetch(getter, spec, touched, grid, shard)
+        return shard
 
     def _fetch_ranges(
         self,

@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import math
 import os
-import threading
+import time
 from concurrent.futures import Future, wait
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, TypeGuard, cast
@@ -59,7 +59,7 @@ from zarr_fused._dtypes import empty, empty_rule_pattern, in_byte_order
 from zarr_fused._merge import merge_owned
 from zarr_fused._native import index_kernels, shard_kernels
 from zarr_fused._pool import partition, run_parallel
-from zarr_fused._zarr_compat import inner_chunk_spec, inner_write_order
+from zarr_fused._zarr_compat import inner_chunk_spec
 from zarr_fused.io.engine import Batch, Writes, io_threads, resolve_io_concurrency, run_pipelined
 from zarr_fused.io.local import local_files, make_parents, write_parts
 from zarr_fused.io.shard_lock import shard_locks
@@ -70,7 +70,7 @@ from zarr_fused.shard.index import (
     read_whole_shard,
     stored_payloads,
 )
-from zarr_fused.stats import note_parts
+from zarr_fused.stats import note_parts, timed_writer
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -209,18 +209,6 @@ class ShardWriter(ShardSide):
         self, codec: ShardingCodec, chain: NativeChain | FilteredChain, fallback: HeldWriter
     ) -> None:
         super().__init__(codec, chain, fallback)
-        self._orders: dict[tuple[int, ...], np.ndarray] = {}
-        self._lock = threading.Lock()
-
-    def _order(self, grid: tuple[int, ...]) -> np.ndarray:
-        """Linear indices of the inner chunks in the codec's write order."""
-        order = self._orders.get(grid)
-        if order is None:
-            coords = list(inner_write_order(self.codec, grid))
-            order = np.array([np.ravel_multi_index(tuple(c), grid) for c in coords], dtype=np.intp)
-            with self._lock:
-                self._orders[grid] = order
-        return order
 
     # -- the batch --------------------------------------------------------------------------
 
@@ -660,19 +648,22 @@ class ShardWriter(ShardSide):
         it, when no inner chunk is left)."""
         setter, spec, _, _, _ = state.item
         payloads = self._collect(state)
-        layout_args = self._layout_args()
+        layout_args = self.fmt.layout_args()
         if ctx.writes is not None:
             self._hand_over(ctx, state, layout_args)
             return
         try:
             if ctx.prefix is not None:
                 # straight from the payloads to the file (writev), no copy
-                parts = index_kernels.shard_parts(self._order(state.grid), payloads, **layout_args)
+                parts = index_kernels.shard_parts(
+                    self.write_order(state.grid), payloads, **layout_args
+                )
                 if parts is None:
                     setter.delete_sync()
                 else:
+                    start = time.perf_counter()
                     write_parts(ctx.prefix + os.fsencode(setter.path), parts)
-                    note_parts(setter, parts)
+                    note_parts(setter, parts, time.perf_counter() - start)
                 return
             reuse = _keeps_a_copy(setter)
             blob = self.assemble(state, take=buffers.take if reuse else None)
@@ -694,16 +685,12 @@ class ShardWriter(ShardSide):
             payloads[lin] = None if result is False else result  # False: all fill value
         return payloads
 
-    def _layout_args(self) -> dict[str, bool]:
-        fmt = self.fmt
-        return {"at_start": fmt.at_start, "checksum": fmt.checksum, "big_endian": fmt.big_endian}
-
     def assemble(self, state: _ShardJob, take: Any = None) -> np.ndarray | None:
         """The new shard laid out with its index (None when no inner chunk
         is left); ``take`` allocates its buffer (default: a new one)."""
         payloads = self._collect(state)
         return index_kernels.assemble_shard(
-            self._order(state.grid), payloads, **self._layout_args(), take=take
+            self.write_order(state.grid), payloads, **self.fmt.layout_args(), take=take
         )
 
     def _hand_over(self, ctx: _Write, state: _ShardJob, layout_args: dict[str, bool]) -> None:
@@ -713,7 +700,7 @@ class ShardWriter(ShardSide):
         setter, *_ = state.item
         try:
             parts = index_kernels.shard_parts(
-                self._order(state.grid), state.payloads, **layout_args
+                self.write_order(state.grid), state.payloads, **layout_args
             )
         except BaseException:
             state.release()
@@ -722,5 +709,6 @@ class ShardWriter(ShardSide):
             if parts is None:
                 parcel.store(setter.delete_sync)
             else:
-                parcel.store(write_parts, ctx.prefix + os.fsencode(setter.path), parts)
+                write = timed_writer(setter, write_parts)
+                parcel.store(write, ctx.prefix + os.fsencode(setter.path), parts)
                 note_parts(setter, parts)

@@ -1,0 +1,461 @@
+"""Zarr format 2 filter chains on the native path: ``AsType``, ``Shuffle``
+beside other filters or without a compressor, and F order.
+
+Every test writes and reads the same array through zarr_fused (strict mode
+for the native chains, so a silent fallback to zarr's code fails them) and
+through zarr's `BatchedCodecPipeline` (the oracle): the same values, and the
+same stored bytes wherever `byte_identical` claims them (gzip's differ by
+its header's time stamp only: compared decompressed).
+"""
+
+from __future__ import annotations
+
+import gzip
+from pathlib import Path
+from typing import Any
+
+import numcodecs
+import numpy as np
+import pytest
+import zarr
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from zarr.codecs._v2 import V2Codec
+from zarr.storage import LocalStore, MemoryStore
+
+from zarr_fused._v2 import V2Shuffle
+from zarr_fused.cli.identity import byte_identical
+from zarr_fused.errors import CorruptChunkError, UnsupportedError
+
+from helpers import BATCHED, FUSED, assert_same_values, chunk_items, make_store
+from helpers.filter_data import values_of
+
+STRICT = {"codec_pipeline.path": FUSED, "codec_pipeline.strict": True}
+LENIENT = {"codec_pipeline.path": FUSED, "codec_pipeline.strict": False}
+ZARR = {"codec_pipeline.path": BATCHED}
+SHAPE, CHUNKS = (13, 11), (4, 5)  # edge chunks on both axes
+
+#: name -> (filters, compressor, dtype, kind of values): every filter has a
+#: native stage, so each chain runs in strict mode
+CHAINS: dict[str, tuple[Any, Any, str, str]] = {
+    "delta-shuffle-zstd": (
+        lambda: [numcodecs.Delta("<i4"), numcodecs.Shuffle(4)],
+        lambda: numcodecs.Zstd(1),
+        "<i4",
+        "ints",
+    ),
+    "delta-shuffle8-blosc": (
+        lambda: [numcodecs.Delta("<f8"), numcodecs.Shuffle(8)],
+        lambda: numcodecs.Blosc("lz4", 5, 0),
+        "<f8",
+        "floats",
+    ),
+    "astype-blosc": (
+        lambda: [numcodecs.AsType("<f4", "<f8")],
+        lambda: numcodecs.Blosc("zstd", 5, 1),
+        "<f8",
+        "floats",
+    ),
+    "astype-f4-f8-zlib": (
+        lambda: [numcodecs.AsType("<f8", "<f4")],
+        lambda: numcodecs.Zlib(1),
+        "<f4",
+        "floats",
+    ),
+    "astype-uncompressed": (
+        lambda: [numcodecs.AsType("<f4", "<f8")],
+        lambda: None,
+        "<f8",
+        "floats",
+    ),
+    "astype-shuffle-lz4": (
+        lambda: [numcodecs.AsType("<f4", "<f8"), numcodecs.Shuffle(4)],
+        lambda: numcodecs.LZ4(),
+        "<f8",
+        "floats",
+    ),
+    "shuffle-uncompressed": (
+        lambda: [numcodecs.Shuffle(4)],
+        lambda: None,
+        "<i4",
+        "ints",
+    ),
+    "shuffle1-uncompressed": (
+        lambda: [numcodecs.Shuffle(1)],
+        lambda: None,
+        "<u2",
+        "ints",
+    ),
+    "shuffle-delta-zstd": (
+        lambda: [numcodecs.Shuffle(2), numcodecs.Delta("|u1")],
+        lambda: numcodecs.Zstd(3),
+        "<u2",
+        "ints",
+    ),
+    "delta-shuffle-uncompressed": (
+        lambda: [numcodecs.Delta("<i8"), numcodecs.Shuffle(8)],
+        lambda: None,
+        "<i8",
+        "ints",
+    ),
+    "fixedscaleoffset-shuffle-gzip": (
+        lambda: [
+            numcodecs.FixedScaleOffset(offset=273.15, scale=100, dtype="<f8", astype="<i2"),
+            numcodecs.Shuffle(2),
+        ],
+        lambda: numcodecs.GZip(5),
+        "<f8",
+        "temperatures",
+    ),
+    "quantize-shuffle-blosc": (
+        lambda: [numcodecs.Quantize(3, "<f4"), numcodecs.Shuffle(4)],
+        lambda: numcodecs.Blosc("lz4", 5, -1),
+        "<f4",
+        "floats",
+    ),
+    "delta-bitround-astype-zstd": (
+        lambda: [
+            numcodecs.Delta("<f8"),
+            numcodecs.BitRound(20),
+            numcodecs.AsType("<f4", "<f8"),
+        ],
+        lambda: numcodecs.Zstd(1, checksum=True),
+        "<f8",
+        "floats",
+    ),
+}
+
+
+def plan_of(array: Any) -> Any:
+    return array._async_array.codec_pipeline.plan
+
+
+def create(store: Any, name: str, order: str, fill_value: Any = 0, separator: str = ".") -> Any:
+    filters, compressor, dtype, _ = CHAINS[name]
+    return zarr.create_array(
+        store,
+        shape=SHAPE,
+        chunks=CHUNKS,
+        dtype=dtype,
+        zarr_format=2,
+        order=order,
+        filters=filters(),
+        compressors=compressor(),
+        fill_value=fill_value,
+        chunk_key_encoding={"name": "v2", "separator": separator},
+    )
+
+
+def write_both(
+    tmp_path: Path, name: str, order: str, store_kind: str, fill_value: Any, separator: str = "."
+) -> dict[str, Any]:
+    """The same writes through zarr_fused (strict) and zarr: the whole
+    array, a part across chunk edges, then a region of fill values (its
+    chunks deleted); zarr_fused's chain is native."""
+    value = values_of(CHAINS[name][3], CHAINS[name][2], SHAPE, 7)
+    stores = {}
+    for label, config in (("fused", STRICT), ("zarr", ZARR)):
+        with zarr.config.set(config):
+            store = make_store(store_kind, tmp_path, label)
+            array = create(store, name, order, fill_value, separator)
+            if label == "fused":  # a lone Shuffle(1) is a plain native chain
+                assert plan_of(array).chain.native, plan_of(array).fallback
+            array[...] = value
+            array[2:9, 3:8] = value[:7, :5] // 2
+            array[8:12, :5] = 0 if fill_value is None else fill_value
+            stores[label] = store
+    return stores
+
+
+def assert_same_chunks(stores: dict[str, Any], name: str) -> None:
+    ours, theirs = chunk_items(stores["fused"]), chunk_items(stores["zarr"])
+    assert sorted(ours) == sorted(theirs)
+    codec = V2Codec(filters=tuple(CHAINS[name][0]()), compressor=CHAINS[name][1]())
+    identical = byte_identical([codec])
+    for key, expected in theirs.items():
+        if type(codec.compressor) is numcodecs.GZip:
+            assert gzip.decompress(ours[key]) == gzip.decompress(expected), key
+        elif identical:
+            assert ours[key] == expected, key
+
+
+def assert_reads_alike(stores: dict[str, Any], selection: Any = (slice(1, 12, 2), slice(2, None))):
+    """Each store read whole and in part by zarr_fused (strict) as zarr
+    reads it."""
+    for store in stores.values():
+        with zarr.config.set(ZARR):
+            expected = zarr.open_array(store, mode="r")[...]
+        with zarr.config.set(STRICT):
+            array = zarr.open_array(store, mode="r")
+            assert_same_values(array[...], expected)
+            assert_same_values(array[selection], expected[selection])
+
+
+@pytest.mark.parametrize("store_kind", ["memory", "local"])
+@pytest.mark.parametrize("order", ["C", "F"])
+@pytest.mark.parametrize("name", [pytest.param(n, id=n) for n in CHAINS])
+def test_chain_matches_zarr(tmp_path: Path, name: str, order: str, store_kind: str) -> None:
+    stores = write_both(tmp_path, name, order, store_kind, fill_value=0)
+    assert_same_chunks(stores, name)
+    assert_reads_alike(stores)
+
+
+FILL_CASES = [
+    pytest.param("astype-shuffle-lz4", None, id="astype-none"),
+    pytest.param("astype-blosc", np.nan, id="astype-nan"),
+    pytest.param("delta-shuffle8-blosc", np.nan, id="delta-f8-nan"),
+    pytest.param("delta-shuffle8-blosc", -2.5, id="delta-f8-nonzero"),
+    pytest.param("delta-shuffle-zstd", 7, id="delta-i4-nonzero"),
+    pytest.param("shuffle-uncompressed", None, id="shuffle-none"),
+    pytest.param("shuffle-delta-zstd", 3, id="shuffle-delta-nonzero"),
+]
+
+
+@pytest.mark.parametrize("order", ["C", "F"])
+@pytest.mark.parametrize(("name", "fill_value"), FILL_CASES)
+def test_fill_values(tmp_path: Path, name: str, fill_value: Any, order: str) -> None:
+    stores = write_both(tmp_path, name, order, "memory", fill_value)
+    assert_same_chunks(stores, name)
+    assert_reads_alike(stores, (slice(6, 13), slice(None, None, 3)))
+
+
+@pytest.mark.parametrize("separator", [".", "/"])
+@pytest.mark.parametrize("name", ["delta-shuffle-zstd", "astype-blosc"])
+def test_separators(tmp_path: Path, name: str, separator: str) -> None:
+    stores = write_both(tmp_path, name, "F", "local", 0, separator)
+    assert_same_chunks(stores, name)
+    assert any(("/" in key) == (separator == "/") for key in chunk_items(stores["fused"]))
+    assert_reads_alike(stores)
+
+
+@pytest.mark.parametrize("order", ["C", "F"])
+@pytest.mark.parametrize("name", ["delta-shuffle-zstd", "astype-shuffle-lz4"])
+def test_store_without_sync_io(tmp_path: Path, name: str, order: str) -> None:
+    """The async path decodes and encodes through the same chain (a
+    ZipStore cannot take the overwrites and deletions of `write_both`)."""
+    stores = write_both(tmp_path, name, order, "nosync", 0)
+    assert_same_chunks(stores, name)
+    assert_reads_alike(stores)
+
+
+def test_missing_chunks_read_as_fill(tmp_path: Path) -> None:
+    with zarr.config.set(STRICT):
+        array = create(MemoryStore(), "delta-shuffle-zstd", "F", fill_value=5)
+        array[:4, :5] = 1
+        got = array[...]
+    expected = np.full(SHAPE, 5, dtype="<i4")
+    expected[:4, :5] = 1
+    assert_same_values(got, expected)
+
+
+# -- corrupt chunks ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "name", ["delta-shuffle-zstd", "astype-blosc", "shuffle-uncompressed", "astype-uncompressed"]
+)
+def test_truncated_chunk_names_key(tmp_path: Path, name: str) -> None:
+    store = LocalStore(tmp_path / "a")
+    with zarr.config.set(STRICT):
+        create(store, name, "F")[...] = values_of(CHAINS[name][3], CHAINS[name][2], SHAPE, 2)
+    path = tmp_path / "a" / "1.2"
+    path.write_bytes(path.read_bytes()[:-9])
+    with zarr.config.set(STRICT):
+        array = zarr.open_array(store, mode="r")
+        with pytest.raises(CorruptChunkError, match=r"1\.2"):
+            array[...]
+
+
+@pytest.mark.parametrize("name", ["delta-shuffle-zstd", "astype-shuffle-lz4"])
+def test_garbage_chunk_names_key(tmp_path: Path, name: str) -> None:
+    store = LocalStore(tmp_path / "a")
+    with zarr.config.set(STRICT):
+        create(store, name, "C")[...] = values_of(CHAINS[name][3], CHAINS[name][2], SHAPE, 2)
+    (tmp_path / "a" / "2.1").write_bytes(bytes(range(7, 250)))
+    with zarr.config.set(STRICT):
+        array = zarr.open_array(store, mode="r")
+        with pytest.raises(CorruptChunkError, match=r"2\.1"):
+            array[...]
+
+
+# -- what still runs zarr's code ----------------------------------------------------------------
+
+# (a big-endian Delta has no kernel: the kernels take native byte order)
+ZARR_STAGES = [
+    pytest.param([numcodecs.Delta(">i4"), numcodecs.Shuffle(4)], "delta, shuffle", id="last"),
+    pytest.param([numcodecs.Shuffle(4), numcodecs.Delta(">i4")], "shuffle, delta", id="first"),
+]
+
+
+@pytest.mark.parametrize("order", ["C", "F"])
+@pytest.mark.parametrize(("filters", "names"), ZARR_STAGES)
+def test_filter_without_kernel(filters: list[Any], names: str, order: str) -> None:
+    """A filter without a native stage: zarr's code runs the filters (the
+    compressor stays native), the values are zarr's, strict mode refuses."""
+    value = values_of("ints", ">i4", SHAPE, 3)
+    stores = {}
+    for label, config in (("fused", LENIENT), ("zarr", ZARR)):
+        with zarr.config.set(config):
+            store = stores[label] = MemoryStore()
+            array = zarr.create_array(
+                store,
+                shape=SHAPE,
+                chunks=CHUNKS,
+                dtype=">i4",
+                zarr_format=2,
+                order=order,
+                filters=filters,
+                compressors=numcodecs.Zstd(1),
+            )
+            if label == "fused":
+                assert f"filters ({names}) run zarr's code" in plan_of(array).fallback
+            array[...] = value
+    assert chunk_items(stores["fused"]) == chunk_items(stores["zarr"])
+    with zarr.config.set(LENIENT):
+        assert_same_values(zarr.open_array(stores["fused"], mode="r")[...], value)
+    with zarr.config.set(STRICT), pytest.raises(UnsupportedError, match="natively"):
+        zarr.open_array(stores["fused"], mode="r")[...]
+
+
+@pytest.mark.parametrize("order", ["C", "F"])
+def test_bitround_before_flattening(order: str) -> None:
+    """numcodecs' BitRound returns a C-order copy of an F-order chunk, whose
+    items zarr stores in C order and reads back as F order (scrambled):
+    in order F zarr's code runs the filters, and zarr_fused reads and
+    writes what zarr does; in order C the chain is native."""
+    value = values_of("floats", "<f8", SHAPE, 5)
+    stores, results = {}, {}
+    for label, config in (("fused", LENIENT), ("zarr", ZARR)):
+        with zarr.config.set(config):
+            store = stores[label] = MemoryStore()
+            array = zarr.create_array(
+                store,
+                shape=SHAPE,
+                chunks=CHUNKS,
+                dtype="<f8",
+                zarr_format=2,
+                order=order,
+                filters=[numcodecs.BitRound(12), numcodecs.Shuffle(8)],
+                compressors=numcodecs.Zstd(1),
+            )
+            if label == "fused":
+                plan = plan_of(array)
+                assert plan.chain.native == (order == "C"), plan.fallback
+            array[...] = value
+            array[1:6, 2:9] = value[1:6, 2:9] * 3
+            results[label] = array[...]
+    assert chunk_items(stores["fused"]) == chunk_items(stores["zarr"])
+    assert_same_values(results["fused"], results["zarr"])
+    if order == "F":
+        assert "bitround stores an order-F chunk in C order" in plan.fallback
+        with zarr.config.set(STRICT), pytest.raises(UnsupportedError, match="natively"):
+            zarr.open_array(stores["fused"], mode="r")[...]
+
+
+# -- the Shuffle stage against numcodecs --------------------------------------------------------
+
+
+@pytest.mark.parametrize("elementsize", [0, 1, 2, 3, 4, 8, 16])
+@pytest.mark.parametrize("nbytes", [0, 48, 96])
+def test_shuffle_stage_is_numcodecs(elementsize: int, nbytes: int) -> None:
+    data = np.random.default_rng(elementsize + nbytes).integers(0, 256, nbytes, dtype="u1")
+    codec, stage = numcodecs.Shuffle(elementsize), V2Shuffle(elementsize)
+    encoded = stage.encode_flat(data)
+    assert encoded is not None
+    assert encoded.tobytes() == bytes(codec.encode(data))
+    decoded = stage.decode_flat(encoded)
+    assert decoded is not None
+    assert decoded.tobytes() == bytes(codec.decode(encoded)) == data.tobytes()
+
+
+def test_shuffle_stage_refuses_partial_elements() -> None:
+    """numcodecs raises for these; the stage hands them to zarr's code."""
+    data = np.arange(10, dtype="u1")
+    assert V2Shuffle(4).encode_flat(data) is None
+    assert V2Shuffle(4).decode_flat(data) is None
+    with pytest.raises(ValueError, match="multiple of elementsize"):
+        numcodecs.Shuffle(4).encode(data)
+
+
+# -- filter stacks, drawn ------------------------------------------------------------------------
+
+COMPRESSOR_CHOICES = [
+    lambda: None,
+    lambda: numcodecs.Zstd(1),
+    lambda: numcodecs.Blosc("lz4", 5, -1),
+    lambda: numcodecs.LZ4(),
+    lambda: numcodecs.Zlib(1),
+]
+
+
+@st.composite
+def filter_stacks(draw: st.DrawFn) -> tuple[list[Any], str]:
+    """Up to three filters with native stages, each valid for the items the
+    one before it hands on (a Shuffle hands on bytes)."""
+    dtype = draw(st.sampled_from(["<i2", "<u4", "<i8", "<f4", "<f8"]))
+    items, filters = np.dtype(dtype), []
+    for _ in range(draw(st.integers(1, 3))):
+        choices = ["delta", "shuffle"]
+        if items.kind == "f":
+            choices += ["astype", "bitround", "quantize"]
+        kind = draw(st.sampled_from(choices))
+        if kind == "delta":
+            filters.append(numcodecs.Delta(items.str))
+        elif kind == "shuffle":
+            filters.append(numcodecs.Shuffle(draw(st.sampled_from([1, 2, 4, 8]))))
+            items = np.dtype("|u1")
+        elif kind == "astype":
+            encoded = "<f4" if items.itemsize == 8 else "<f8"
+            filters.append(numcodecs.AsType(encoded, items.str))
+            items = np.dtype(encoded)
+        elif kind == "bitround":
+            filters.append(numcodecs.BitRound(draw(st.integers(0, 22))))
+        else:
+            filters.append(numcodecs.Quantize(draw(st.integers(0, 5)), items.str))
+    return filters, dtype
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
+@settings(
+    max_examples=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+    derandomize=True,
+)
+@given(
+    stack=filter_stacks(),
+    compressor=st.sampled_from(COMPRESSOR_CHOICES),
+    order=st.sampled_from(["C", "F"]),
+    fill=st.sampled_from([None, 0, 3]),
+    seed=st.integers(0, 2**16),
+)
+def test_filter_stacks(
+    stack: tuple[list[Any], str], compressor: Any, order: str, fill: Any, seed: int
+) -> None:
+    filters, dtype = stack
+    kind = "floats" if dtype[1] == "f" else "ints"
+    value = values_of(kind, dtype, SHAPE, seed)
+    stores, results = {}, {}
+    for label, config in (("fused", STRICT), ("zarr", ZARR)):
+        with zarr.config.set(config):
+            store = stores[label] = MemoryStore()
+            array = zarr.create_array(
+                store,
+                shape=SHAPE,
+                chunks=CHUNKS,
+                dtype=dtype,
+                zarr_format=2,
+                order=order,
+                filters=filters,
+                compressors=compressor(),
+                fill_value=fill,
+            )
+            array[...] = value
+            array[3:7, 2:9] = value[3:7, 2:9][::-1]
+            results[label] = array[1:, ::2]
+    ours, theirs = chunk_items(stores["fused"]), chunk_items(stores["zarr"])
+    if byte_identical([V2Codec(filters=tuple(filters), compressor=compressor())]):
+        assert ours == theirs
+    assert sorted(ours) == sorted(theirs)
+    assert_same_values(results["fused"], results["zarr"])
