@@ -12,7 +12,8 @@ uint16 cube (shards 128^3, inner chunks 32^3 by default) through
 * ``ts-one-by-one``: tensorstore, one read at a time,
 
 checks that every peer returns the same values, and prints the median of
-``--repeat`` rounds and the ratios to ``read_regions``. No chunk cache
+``--repeat`` rounds (the peers take turns within each) and the ratios to
+``read_regions``. No chunk cache
 anywhere (tensorstore's cache pool is its default, empty). Timings on a
 shared machine are noise: compare the ratios of one run. For the pinned
 figures run it under ``taskset -c 0``::
@@ -113,12 +114,17 @@ def timed(
     system time, every thread's, which a busy machine disturbs less than
     the wall clock) and the values read. The peers take turns, one read
     each per round, so that a change in the machine's load falls on all of
-    them alike rather than on whichever ran then."""
+    them alike rather than on whichever ran then. Each round starts one
+    peer further on: what a peer leaves behind (tensorstore's freed memory
+    makes the next peer's new pages slower to fault in) then falls on
+    every peer in turn, not always on the one after it."""
     values = {name: fn() for name, fn in fns.items()}  # warm: page cache, pools
     walls: dict[str, list[float]] = {name: [] for name in fns}
     cpus: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(repeat):
-        for name, fn in fns.items():
+    names = list(fns)
+    for k in range(repeat):
+        for name in names[k % len(names) :] + names[: k % len(names)]:
+            fn = fns[name]
             start, cpu = time.perf_counter(), time.process_time()
             fn()
             walls[name].append(time.perf_counter() - start)
