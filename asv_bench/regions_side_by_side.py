@@ -4,12 +4,16 @@ Reads ``--regions`` random unaligned ``--patch``^3 regions of a sharded zstd
 uint16 cube (shards 128^3, inner chunks 32^3 by default) through
 
 * ``read_regions``: `zarr_fused.read_regions`, all regions as one batch;
+* ``staging``: the same, with the fan-out read off (the blocks decoded into
+  a staging array through the pipeline, then copied out: the design the
+  fan-out replaced, for the ratio of the two in one run);
 * ``one-by-one``: one ``array[sel]`` per region through zarr_fused;
 * ``ts-batch``: tensorstore, every read issued inside one ``ts.Batch``;
 * ``ts-one-by-one``: tensorstore, one read at a time,
 
 checks that every peer returns the same values, and prints the median of
-``--repeat`` rounds and the ratios to ``read_regions``. No chunk cache
+``--repeat`` rounds (the peers take turns within each, see `timed`) and
+the ratios to ``read_regions``. No chunk cache
 anywhere (tensorstore's cache pool is its default, empty). Timings on a
 shared machine are noise: compare the ratios of one run. For the pinned
 figures run it under ``taskset -c 0``::
@@ -28,6 +32,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import numpy as np
 import zarr
@@ -35,6 +40,7 @@ from zarr.codecs import BytesCodec, ShardingCodec, ZstdCodec
 from zarr.storage import LocalStore
 
 import zarr_fused
+from zarr_fused import regions
 
 FUSED = {"codec_pipeline.path": "zarr_fused.FusedCodecPipeline"}
 
@@ -69,11 +75,19 @@ def selections(size: int, patch: int, n: int, seed: int) -> list[tuple[slice, ..
     return [tuple(slice(int(s), int(s) + patch) for s in start) for start in starts]
 
 
+def staging_read(arr: Any, sels: list[Any]) -> list[Any]:
+    """`read_regions` with the fan-out read off: every array then keeps
+    the staging design (a benchmark-only switch, through the private plan)."""
+    with mock.patch.object(regions._FanOut, "of", classmethod(lambda cls, geometry: None)):
+        return zarr_fused.read_regions(arr, sels)
+
+
 def peers(path: Path, sels: list[Any]) -> dict[str, Callable[[], list[Any]]]:
     with zarr.config.set(FUSED):
         arr = zarr.open_array(LocalStore(path), mode="r")
     out: dict[str, Callable[[], list[Any]]] = {
         "read_regions": lambda: zarr_fused.read_regions(arr, sels),
+        "staging": lambda: staging_read(arr, sels),
         "one-by-one": lambda: [arr[s] for s in sels],
     }
     try:
@@ -93,17 +107,35 @@ def peers(path: Path, sels: list[Any]) -> dict[str, Callable[[], list[Any]]]:
     return out
 
 
-def timed(fn: Callable[[], list[Any]], repeat: int) -> tuple[float, float, list[Any]]:
-    """Median wall and CPU seconds (the process' user + system time, every
-    thread's, which a busy machine disturbs less than the wall clock)."""
-    result = fn()  # warm: files in the page cache, pools started
-    walls, cpus = [], []
+def timed(
+    fns: dict[str, Callable[[], list[Any]]], repeat: int
+) -> dict[str, tuple[float, float, list[Any]]]:
+    """Per peer, the median wall and CPU seconds (the process' user +
+    system time, every thread's, which a busy machine disturbs less than
+    the wall clock) and the values read.
+
+    The peers take turns, so that a change in the machine's load falls on
+    all of them alike rather than on whichever ran then. Within its turn a
+    peer reads once untimed, then once timed: what the peer before it left
+    behind does not fall on it (after tensorstore's reads, the next peer's
+    new result pages fault in slower: read_regions took 0.73 s of CPU right
+    after a ``ts.Batch`` read, 0.45 s after itself), and each is measured as
+    a loop calling it again and again runs it.
+    """
+    values = {name: fn() for name, fn in fns.items()}  # warm: page cache, pools
+    walls: dict[str, list[float]] = {name: [] for name in fns}
+    cpus: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(repeat):
-        start, cpu = time.perf_counter(), time.process_time()
-        fn()
-        walls.append(time.perf_counter() - start)
-        cpus.append(time.process_time() - cpu)
-    return statistics.median(walls), statistics.median(cpus), result
+        for name, fn in fns.items():
+            fn()
+            start, cpu = time.perf_counter(), time.process_time()
+            fn()
+            walls[name].append(time.perf_counter() - start)
+            cpus[name].append(time.process_time() - cpu)
+    return {
+        name: (statistics.median(walls[name]), statistics.median(cpus[name]), values[name])
+        for name in fns
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -124,14 +156,12 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"{args.regions} regions of {args.patch}^3 in uint16 {args.size}^3 "
         f"(shards {args.shard}^3, inner {args.inner}^3, zstd), {cpus} CPU(s), "
-        f"median of {args.repeat}"
+        f"median of {args.repeat} rounds, the peers taking turns"
     )
     results: dict[str, tuple[float, float]] = {}
     reference: list[Any] | None = None
-    for name, fn in peers(path, sels).items():
-        if args.only and name not in args.only:
-            continue
-        wall, cpu, values = timed(fn, args.repeat)
+    fns = {n: fn for n, fn in peers(path, sels).items() if not args.only or n in args.only}
+    for name, (wall, cpu, values) in timed(fns, args.repeat).items():
         if reference is None:
             reference = values
         elif not all(np.array_equal(a, b) for a, b in zip(reference, values, strict=True)):

@@ -778,7 +778,6 @@ V2_NATIVE = [
     "fixedscaleoffset-f8-i2-zstd",
     "fixedscaleoffset-delta-zstd",
     "fixedscaleoffset-f8-i2-zstd-F",
-    "astype-f8-f4-uncompressed",
     "fixedscaleoffset-delta-astype-zstd",
     "astype-f8-f4-zstd",
     "astype-i4-u1-zstd",

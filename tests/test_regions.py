@@ -471,3 +471,237 @@ def test_regions_on_s3_equal_zarr(proxy: Any, kind: str, geometry: str) -> None:
     arr = _open(store, FUSED)
     selections = _random_selections(arr.shape, 20, seed=20)
     _assert_all(zarr_fused.read_regions(arr, selections), _expected(store, selections))
+
+
+# -- the fan-out read ------------------------------------------------------------------------
+
+
+def _no_staging(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make the staging design fail, so a test shows the fan-out read ran."""
+
+    def staging(*args: Any) -> None:
+        raise AssertionError("the staging read ran")
+
+    monkeypatch.setattr(regions_module, "_read_planned", staging)
+
+
+def _fan_out_array(store: Any, variant: str) -> Any:
+    """A sharded uint16 array of ``variant``: edge shards and edge inner
+    chunks on every axis."""
+    inner_codecs: list[Any] = [BytesCodec(), ZstdCodec(level=1)]
+    location = "end"
+    order = "C"
+    if variant == "crc32c":
+        inner_codecs.append(Crc32cCodec())
+    elif variant == "index-start":
+        location = "start"
+    elif variant == "fortran":
+        order = "F"
+    elif variant == "raw":
+        inner_codecs = [BytesCodec(endian="big")]
+    return zarr.create_array(
+        store,
+        shape=(37, 26, 19),
+        dtype="uint16",
+        chunks=(16, 12, 10),
+        serializer=ShardingCodec(
+            chunk_shape=(8, 4, 5),
+            codecs=inner_codecs,
+            index_codecs=[BytesCodec(), Crc32cCodec()],
+            index_location=location,
+        ),
+        compressors=None,
+        fill_value=11,
+        config={"order": order},
+    )
+
+
+FAN_OUT_VARIANTS = ["zstd", "crc32c", "index-start", "fortran", "raw"]
+
+
+def _fan_out_filled(store: Any, variant: str, seed: int) -> np.ndarray:
+    """The array of ``variant`` with holes: shards never written, and inner
+    chunks missing inside written shards (all fill value: not stored)."""
+    rng = np.random.default_rng(seed)
+    with with_pipeline(FUSED):
+        arr = _fan_out_array(store, variant)
+        data = rng.integers(0, 60000, size=arr.shape).astype(arr.dtype)
+        data[:8, :4, :5] = 11  # one inner chunk of fill value: not stored
+        arr[:32] = data[:32]  # the shards from row 32 on stay missing
+    return data
+
+
+def _shared_regions(shape: tuple[int, ...], n: int, seed: int) -> list[Any]:
+    """``n`` small unaligned boxes, many in the same few inner chunks, some
+    equal, some on the array's edge, some with a dropped axis or picks."""
+    rng = np.random.default_rng(seed)
+    out: list[Any] = []
+    for k in range(n):
+        sel: list[Any] = []
+        for d, size in enumerate(shape):
+            start = int(rng.integers(0, size))
+            if k % 6 == 5:
+                start = size - 1 - int(rng.integers(0, 3))  # at the edge
+            stop = min(size, start + int(rng.integers(1, 12)))
+            if k % 7 == 3 and d == 1:
+                sel.append(start)
+            elif k % 9 == 4 and d == 0:
+                sel.append(np.sort(rng.integers(0, size, int(rng.integers(1, 9)))))
+            else:
+                sel.append(slice(start, stop))
+        out.append(tuple(sel))
+    return out + out[:3]  # the same regions again
+
+
+@pytest.mark.parametrize("variant", [pytest.param(v, id=v) for v in FAN_OUT_VARIANTS])
+@pytest.mark.parametrize("kind", [pytest.param(k, id=k) for k in ("local", "memory")])
+def test_fan_out_equals_zarr(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, variant: str, kind: str
+) -> None:
+    store = make_store(kind, tmp_path)
+    _fan_out_filled(store, variant, seed=51)
+    arr = _open(store, FUSED)
+    selections = _shared_regions(arr.shape, 60, seed=52)
+    expected = _expected(store, selections)
+    _no_staging(monkeypatch)
+    _assert_all(zarr_fused.read_regions(arr, selections), expected)
+    out = [np.full(np.shape(e), 3, dtype=arr.dtype) for e in expected]
+    got = zarr_fused.read_regions(arr, selections, out=out)
+    assert all(g is o for g, o in zip(got, out, strict=True))
+    _assert_all(got, [np.asarray(e) for e in expected])
+
+
+def test_fan_out_into_strided_out_buffers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Buffers that are views with steps and reversed axes."""
+    store = make_store("memory", tmp_path)
+    _fan_out_filled(store, "zstd", seed=53)
+    arr = _open(store, FUSED)
+    selections = [(slice(3, 20), slice(2, 25), slice(0, 19)), (slice(30, 37), 5, slice(4, 9))]
+    expected = [np.asarray(e) for e in _expected(store, selections)]
+    parents = [np.zeros((2 * e.shape[0], *e.shape[1:]), arr.dtype) for e in expected]
+    out = [p[::2][..., ::-1] for p in parents]
+    _no_staging(monkeypatch)
+    zarr_fused.read_regions(arr, selections, out=out)
+    for o, e in zip(out, expected, strict=True):
+        assert_same_values(o[..., ::-1], e[..., ::-1])
+    assert not parents[0][1::2].any()  # nothing written between the rows
+
+
+def test_fan_out_missing_shard_raises_when_zarr_would(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = make_store("local", tmp_path)
+    _fan_out_filled(store, "zstd", seed=54)
+    _no_staging(monkeypatch)
+    with zarr.config.set({"array.read_missing_chunks": False}):
+        arr = _open(store, FUSED)
+        with pytest.raises(ChunkNotFoundError):
+            _open(store, BATCHED)[33:35]
+        with pytest.raises(ChunkNotFoundError, match="c/2/0/0"):
+            zarr_fused.read_regions(arr, [(slice(0, 3),), (slice(33, 35), 0)])
+        # a missing inner chunk in a stored shard reads as the fill value
+        _assert_all(
+            zarr_fused.read_regions(arr, [(slice(0, 8), slice(0, 4), slice(0, 5))]),
+            _expected(store, [(slice(0, 8), slice(0, 4), slice(0, 5))]),
+        )
+
+
+def test_fan_out_corrupt_inner_chunk_names_it(tmp_path: Path) -> None:
+    store = make_store("memory", tmp_path)
+    _fan_out_filled(store, "crc32c", seed=55)
+    key = "c/0/1/0"
+    raw = bytearray(store._store_dict[key].to_bytes())
+    raw[5] ^= 0xFF  # inside the first stored inner chunk
+    store._store_dict[key] = type(store._store_dict[key]).from_bytes(bytes(raw))
+    arr = _open(store, FUSED)
+    with pytest.raises(Exception, match=r"shard .*c/0/1/0"):
+        zarr_fused.read_regions(arr, [(slice(0, 16), slice(12, 24), slice(0, 19))])
+
+
+def test_fan_out_fetches_each_inner_chunk_once(tmp_path: Path) -> None:
+    """Overlapping regions over two shards: one index read per shard and
+    one request of the touched inner chunks each, every chunk in it once."""
+    memory = MemoryStore()
+    _fan_out_filled(memory, "zstd", seed=56)
+    arr = _open(_Counting(memory), FUSED)
+    counting = arr.async_array.store_path.store
+    selections = [
+        (slice(1 + i % 5, 10 + i % 7), slice(i % 3, 6 + i % 4), slice(7 + i % 2, 14))
+        for i in range(20)
+    ]
+    _assert_all(zarr_fused.read_regions(arr, selections), _expected(memory, selections))
+    assert sorted(key for key, _ in counting.gets) == ["c/0/0/0", "c/0/0/1"]
+    # rows 1..16 (2 inner chunks), columns 0..9 (3), depth 7..14 (2 per shard)
+    assert sorted(counting.ranges) == [("c/0/0/0", 6), ("c/0/0/1", 6)]
+
+
+def test_fan_out_inside_stats_keeps_the_counted_path(tmp_path: Path) -> None:
+    store = make_store("local", tmp_path)
+    _fan_out_filled(store, "zstd", seed=57)
+    arr = _open(store, FUSED)
+    selections = _shared_regions(arr.shape, 20, seed=58)
+    with zarr_fused.stats() as counters:
+        got = zarr_fused.read_regions(arr, selections)
+    _assert_all(got, _expected(store, selections))
+    assert counters.bytes_decoded > 0
+
+
+def test_fan_out_kernel_refuses_targets_outside(tmp_path: Path) -> None:
+    """`fan_out` checks every target against its chunk and destination."""
+    from zarr_fused._native import shard_kernels
+
+    store = make_store("memory", tmp_path)
+    _fan_out_filled(store, "zstd", seed=59)
+    arr = _open(store, FUSED)
+    chain = arr.async_array.codec_pipeline.plan.reader.chain
+    layout = chain.layout((8, 4, 5))
+    dst = np.zeros((4, 4, 4), np.uint16)
+    dests = shard_kernels.Destinations([dst], 3, 2)
+    units = np.array([0], np.intp)
+    starts = np.array([0, 1], np.intp)
+    for row in (
+        [0, 0, 0, 0, 0, 0, 0, 5, 4, 4],
+        [0, 6, 0, 0, 0, 0, 0, 3, 1, 1],
+        [1, 0, 0, 0, 0, 0, 0, 1, 1, 1],
+    ):
+        targets = np.array([row], np.intp)
+        with pytest.raises(ValueError, match="target 0"):
+            shard_kernels.fan_out(
+                chain.kernel, layout, None, None, units, starts, targets, dests, b"\0\0", "k", repr
+            )
+    ok = np.array([[0, 0, 0, 0, 1, 1, 1, 3, 3, 3]], np.intp)
+    shard_kernels.fan_out(
+        chain.kernel, layout, None, None, units, starts, ok, dests, b"\x01\x00", "k", repr
+    )
+    assert (dst[1:, 1:, 1:] == 1).all() and dst[0].sum() == 0
+
+
+@given(data=st.data())
+@settings(
+    max_examples=30,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+def test_fan_out_region_sets_hypothesis(tmp_path: Path, data: Any) -> None:
+    key = (str(tmp_path), "fan-out")
+    if key not in _STORES:
+        store = MemoryStore()
+        _fan_out_filled(store, "crc32c", seed=60)
+        _STORES[key] = store
+    store = _STORES[key]
+    arr = _open(store, FUSED)
+    boxes = st.tuples(
+        *(st.tuples(st.integers(0, n - 1), st.integers(1, 14)) for n in arr.shape)
+    ).map(lambda axes: tuple(slice(a, a + n) for a, n in axes))
+    selections = data.draw(st.lists(boxes | _selection(arr.shape), min_size=1, max_size=16))
+    _assert_all(zarr_fused.read_regions(arr, selections), _expected(store, selections))
+
+
+def test_zip_store_keeps_the_staging_read(tmp_path: Path) -> None:
+    """A ZipStore (no synchronous IO) reads through the pipeline's async path."""
+    store = make_store("zip", tmp_path)
+    _fan_out_filled(store, "zstd", seed=61)
+    store.close()
+    arr = _open(zarr.storage.ZipStore(tmp_path / "data.zip", mode="r"), FUSED)
+    selections = _shared_regions(arr.shape, 30, seed=62)
+    _assert_all(zarr_fused.read_regions(arr, selections), _expected(arr.store, selections))

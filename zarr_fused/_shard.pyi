@@ -1,12 +1,13 @@
 """Typed interface of the compiled `zarr_fused._shard` (see _shard.pyx)."""
 
-from collections.abc import Buffer
+from collections.abc import Buffer, Callable
 from typing import Any
 
 import numpy as np
 from typing_extensions import disjoint_base
 
 from zarr_fused._codec_batch import ChunkLayout, DecodeBatch, EncodeBatch
+from zarr_fused._codecs import ChainKernel
 
 @disjoint_base
 class ShardPlan:
@@ -46,3 +47,24 @@ def add_shard_encode(
     swap: bool,
     skip_fill: bool,
 ) -> np.ndarray[Any, np.dtype[np.intp]] | None: ...
+
+@disjoint_base
+class Destinations:
+    ndim: int
+    n: int
+    itemsize: int
+    def __init__(self, arrays: list[np.ndarray[Any, Any]], ndim: int, itemsize: int) -> None: ...
+
+def fan_out(
+    kernel: ChainKernel,
+    layout: ChunkLayout,
+    payload: Buffer | None,
+    entries: np.ndarray[Any, np.dtype[np.uint64]] | None,
+    units: np.ndarray[Any, np.dtype[np.intp]],
+    starts: np.ndarray[Any, np.dtype[np.intp]],
+    targets: np.ndarray[Any, np.dtype[np.intp]],
+    dst: Destinations,
+    fill: bytes,
+    key: Any,
+    describe: Callable[[Any], str],
+) -> None: ...

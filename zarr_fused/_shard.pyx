@@ -10,6 +10,11 @@ without a Python object per inner chunk. On the write side
 `add_shard_encode` queues the encodes of the inner chunks a write covers
 whole, straight from the value being written, into an `EncodeBatch`.
 
+`fan_out` serves many regions of an array at once (`zarr_fused.regions`):
+each inner chunk of a shard is decoded once into the running thread's
+scratch, which stays in cache, and copied from there into every region
+that overlaps it (`Destinations`), so no decoded shard is ever staged.
+
 The index format is `_shard_index`; reading a shard from a local file and
 decoding it in one nogil section is `_shard_local`.
 """
@@ -30,12 +35,22 @@ from zarr_fused._codec_batch cimport (
     as_selection_tuple,
     select_basic,
 )
-from zarr_fused._codecs cimport DecodeTask, c_strides
+from zarr_fused._codecs cimport (
+    ZF_OK,
+    ChainKernel,
+    DecodeTask,
+    Status,
+    Workspace,
+    c_strides,
+    status_error,
+    workspace,
+)
 from zarr_fused._ndindex cimport next_index
-from zarr_fused._scatter cimport ZF_MAX_DIMS
+from zarr_fused._scatter cimport ZF_MAX_DIMS, copy_strided, fill_strided
 from zarr_fused._shard_index cimport (
     CHUNK_MISSING,
     CHUNK_OUTSIDE,
+    CHUNK_PRESENT,
     ChunkPlace,
     chunk_place,
     outside_error,
@@ -436,3 +451,188 @@ def add_shard_encode(EncodeBatch batch, cnp.ndarray value, value_selection, Shar
         next_index(idx, plan.n_axis, plan.ndim)
     batch.refs.append(value)
     return np.array(queued, dtype=np.intp)
+
+
+# -- many regions: one decode, many copies ------------------------------------------------
+
+
+cdef class Destinations:
+    """The arrays `fan_out` writes into (the results of a `read_regions`
+    call, each with every axis of the array): their data pointers, shapes
+    and byte strides, read once, and the arrays themselves, kept alive."""
+
+    cdef readonly int ndim
+    cdef readonly Py_ssize_t n
+    cdef readonly Py_ssize_t itemsize
+    cdef char** data
+    cdef Py_ssize_t* shapes  # n rows of ndim
+    cdef Py_ssize_t* strides  # n rows of ndim
+    cdef list arrays
+
+    def __cinit__(self, list arrays, int ndim, Py_ssize_t itemsize):
+        cdef Py_ssize_t i, rows = len(arrays)
+        cdef int d
+        cdef cnp.ndarray a
+        self.data = NULL
+        self.shapes = NULL
+        self.strides = NULL
+        if ndim < 1 or ndim > ZF_MAX_DIMS or itemsize < 1:
+            raise ValueError("invalid destinations")
+        self.ndim = ndim
+        self.itemsize = itemsize
+        self.data = <char**>malloc(sizeof(char*) * (rows if rows else 1))
+        self.shapes = <Py_ssize_t*>malloc(sizeof(Py_ssize_t) * ndim * (rows if rows else 1))
+        self.strides = <Py_ssize_t*>malloc(sizeof(Py_ssize_t) * ndim * (rows if rows else 1))
+        if self.data == NULL or self.shapes == NULL or self.strides == NULL:
+            raise MemoryError()
+        for i in range(rows):
+            a = arrays[i]
+            if a.ndim != ndim or a.dtype.itemsize != itemsize or not a.flags.writeable:
+                raise ValueError(f"destination {i} does not fit: {a.dtype}, {a.ndim} axes")
+            self.data[i] = <char*>cnp.PyArray_DATA(a)
+            for d in range(ndim):
+                self.shapes[i * ndim + d] = cnp.PyArray_DIMS(a)[d]
+                self.strides[i * ndim + d] = cnp.PyArray_STRIDES(a)[d]
+        self.n = rows
+        self.arrays = arrays
+
+    def __dealloc__(self):
+        free(self.data)
+        free(self.shapes)
+        free(self.strides)
+
+
+cdef Py_ssize_t _bad_target(const Py_ssize_t[:, ::1] targets, Destinations dst,
+                            ChunkLayout layout) noexcept nogil:
+    """The first target that does not lie within its chunk and its
+    destination, or -1. A target row: destination, then per axis the first
+    element in the chunk, the first in the destination, the count."""
+    cdef Py_ssize_t k, r, n
+    cdef int d, nd = layout.ndim
+    for k in range(targets.shape[0]):
+        r = targets[k, 0]
+        if r < 0 or r >= dst.n:
+            return k
+        for d in range(nd):
+            n = targets[k, 1 + 2 * nd + d]
+            if (n < 0 or targets[k, 1 + d] < 0 or targets[k, 1 + nd + d] < 0
+                    or targets[k, 1 + d] > layout.shape[d] - n
+                    or targets[k, 1 + nd + d] > dst.shapes[r * nd + d] - n):
+                return k
+    return -1
+
+
+cdef void _copy_targets(const Py_ssize_t[:, ::1] targets, Py_ssize_t start, Py_ssize_t stop,
+                        Destinations dst, ChunkLayout layout, const char* chunk,
+                        const char* fill, Py_ssize_t swap_unit) noexcept nogil:
+    """Copy the decoded ``chunk`` into targets ``start:stop`` (checked by
+    `_bad_target`), or fill them when ``chunk`` is NULL."""
+    cdef Py_ssize_t k, r
+    cdef int d, nd = layout.ndim
+    cdef const char* src
+    cdef char* out
+    cdef const Py_ssize_t* shape
+    for k in range(start, stop):
+        r = targets[k, 0]
+        shape = &targets[k, 1 + 2 * nd]
+        out = dst.data[r]
+        src = chunk
+        for d in range(nd):
+            out += targets[k, 1 + nd + d] * dst.strides[r * nd + d]
+            if chunk != NULL:
+                src += targets[k, 1 + d] * layout.strides[d]
+        if chunk == NULL:
+            fill_strided(out, &dst.strides[r * nd], shape, nd, fill, dst.itemsize)
+        else:
+            copy_strided(src, layout.strides, out, &dst.strides[r * nd], shape, nd,
+                         dst.itemsize, swap_unit)
+
+
+cdef int _check_fan_out(ChainKernel kernel, ChunkLayout layout, cnp.ndarray entries,
+                        const Py_ssize_t[::1] units, const Py_ssize_t[::1] starts,
+                        const Py_ssize_t[:, ::1] targets, Destinations dst,
+                        bytes fill) except -1:
+    """Check `fan_out`'s arguments against each other: every unit an inner
+    chunk of the shard, every target within its chunk and destination."""
+    cdef Py_ssize_t u, bad, n_units = units.shape[0]
+    cdef int nd = layout.ndim
+    if (dst.ndim != nd or dst.itemsize != kernel.itemsize or fill is None
+            or len(fill) != kernel.itemsize):
+        raise ValueError("destinations, layout, kernel and fill do not agree")
+    if (starts.shape[0] != n_units + 1 or targets.shape[1] != 1 + 3 * nd
+            or (n_units and (starts[0] != 0 or starts[n_units] != targets.shape[0]))):
+        raise ValueError("starts must cut targets into one run per unit")
+    for u in range(n_units):
+        if starts[u] > starts[u + 1]:
+            raise ValueError("starts must cut targets into one run per unit")
+    if entries is not None and (
+        entries.dtype != np.uint64 or entries.ndim != 2 or entries.shape[1] != 2
+        or not entries.flags.c_contiguous
+    ):
+        raise ValueError("entries must be the shard's (n, 2) uint64 index")
+    for u in range(n_units):
+        if units[u] < 0 or (entries is not None and units[u] >= entries.shape[0]):
+            raise ValueError(f"unit {u} names no inner chunk of the shard")
+    with nogil:
+        bad = _bad_target(targets, dst, layout)
+    if bad >= 0:
+        raise ValueError(f"target {bad} lies outside its chunk or destination")
+    return 0
+
+
+def fan_out(ChainKernel kernel, ChunkLayout layout, payload, cnp.ndarray entries,
+            const Py_ssize_t[::1] units, const Py_ssize_t[::1] starts,
+            const Py_ssize_t[:, ::1] targets, Destinations dst, bytes fill, key, describe):
+    """Decode inner chunks ``units`` (linear indices) of one shard, each
+    once, into this thread's scratch, and copy each into all its targets,
+    ``targets[starts[u]:starts[u + 1]]`` for unit ``u``, with the GIL
+    released.
+
+    A target row is the destination (its position in ``dst``), then per
+    axis the first element in the chunk, the first in the destination and
+    the count. ``entries`` are the shard's checked (offset, nbytes) pairs,
+    relative to ``payload``; None when the shard is missing (every target
+    then gets the ``fill`` element, as a missing inner chunk's do).
+    ``describe`` names ``(key, linear index)`` in errors.
+    """
+    cdef Workspace ws = workspace()
+    cdef Py_ssize_t n_units = units.shape[0]
+    cdef Py_ssize_t u, lin, payload_len = 0, failed = -1
+    cdef const uint8_t* data = <const uint8_t*>b""
+    cdef const uint8_t[::1] view
+    cdef const uint64_t* ep = NULL
+    cdef const uint8_t* chunk
+    cdef uint64_t off = 0, size = 0
+    cdef ChunkPlace place = CHUNK_MISSING
+    cdef Status st
+    cdef const char* fill_c
+    _check_fan_out(kernel, layout, entries, units, starts, targets, dst, fill)
+    if entries is not None:
+        ep = <const uint64_t*>cnp.PyArray_DATA(entries)
+        view = memoryview(payload).cast("B")
+        payload_len = view.shape[0]
+        if payload_len:
+            data = &view[0]
+    fill_c = fill
+    memset(&st, 0, sizeof(Status))
+    with nogil:
+        for u in range(n_units):
+            lin = units[u]
+            chunk = NULL
+            if ep != NULL:
+                place = chunk_place(ep, lin, payload_len, &off, &size)
+                if place == CHUNK_OUTSIDE:
+                    failed = u
+                    break
+                if place == CHUNK_PRESENT and kernel.decode_payload(
+                    ws, data + off, <Py_ssize_t>size, layout.nbytes, NULL, &chunk, &st
+                ) < 0:
+                    failed = u
+                    break
+            _copy_targets(targets, starts[u], starts[u + 1], dst, layout,
+                          <const char*>chunk, fill_c, kernel.swap_unit)
+    if failed >= 0:
+        lin = units[failed]
+        if st.code == ZF_OK:
+            raise outside_error(key, lin, off, size, payload_len)
+        raise status_error(&st, describe((key, lin)))

@@ -22,6 +22,19 @@ overlaps it. `read_regions` plans all the regions together instead:
 4. each region is copied out of the staging array, block by block, on the
    pool (the copy kernel, GIL released).
 
+Where the array's pipeline reads shards natively with a native inner chain
+(`zarr_fused.shard.read.ShardReader`) from a store with synchronous IO, steps
+3 and 4 become one (`_FanOut`): every region is cut into *targets*, its
+parts within one inner chunk; each shard's touched inner chunks are fetched
+as a read of them would fetch them, and each is decoded once into the
+running thread's scratch (one 32^3 uint16 chunk is 64 KiB: it stays in
+cache) and copied from there into every target it holds
+(`zarr_fused._shard.fan_out`), one shard per task on the pool. No staging
+array exists, and the copies that fault in new results' pages run in
+parallel. Unsharded arrays, inner chains with filters and reads inside a
+`zarr_fused.stats` block (whose counters follow the pipeline's reads) keep
+the staging design.
+
 The staging array holds at most `STAGING_BYTES` at a time; more blocks go in
 waves of that size. Missing chunks and shards read as the fill value, as
 with ``array[sel]`` (and raise `zarr.errors.ChunkNotFoundError` when the
@@ -39,6 +52,7 @@ zarr's own ``IndexError`` that way).
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -50,11 +64,18 @@ from zarr.core.buffer import default_buffer_prototype
 from zarr.core.sync import sync
 from zarr.errors import ChunkNotFoundError
 
+from zarr_fused._chain import NativeChain
 from zarr_fused._cpus import resolve_max_workers
+from zarr_fused._dtypes import fill_pattern
+from zarr_fused._native import shard_kernels
 from zarr_fused._plan import PipelinePlan
 from zarr_fused._pool import run_parallel
 from zarr_fused._scatter_py import copy_into
-from zarr_fused._zarr_compat import array_chunk_grid
+from zarr_fused._zarr_compat import array_chunk_grid, inner_chunk_spec, store_supports_sync_io
+from zarr_fused.io.stores import with_local_files
+from zarr_fused.shard.index import inner_describer, inner_grid
+from zarr_fused.shard.read import ShardReader
+from zarr_fused.stats import active
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence
@@ -99,6 +120,11 @@ class _Region:
     #: the result's shape with every axis kept
     full_shape: tuple[int, ...]
     picks: _Picks | None = None
+
+    @property
+    def size(self) -> int:
+        """The result's number of elements."""
+        return math.prod(self.full_shape)
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -219,6 +245,8 @@ class _Geometry:
 
     array: Array[Any]
     pipeline: CodecPipeline
+    #: the pipeline's plan (its readers)
+    plan: PipelinePlan
     shape: tuple[int, ...]
     #: the chunk shape of the stored keys (shards of a sharded array)
     outer: tuple[int, ...]
@@ -238,7 +266,8 @@ class _Geometry:
         pipeline = array.async_array.codec_pipeline
         grid = array_chunk_grid(array)
         # zarr_fused's pipeline, evolved for this array (it carries a plan)
-        if not isinstance(getattr(pipeline, "plan", None), PipelinePlan) or not grid.is_regular:
+        plan = getattr(pipeline, "plan", None)
+        if not isinstance(plan, PipelinePlan) or not grid.is_regular:
             return None
         metadata = array.metadata
         dtype = metadata.dtype.to_native_dtype()
@@ -258,7 +287,9 @@ class _Geometry:
             prototype=default_buffer_prototype(),
         )
         read_missing = bool(getattr(config, "read_missing_chunks", True))
-        return cls(array, pipeline, array.shape, outer, inner, dtype, order, spec, read_missing)
+        return cls(
+            array, pipeline, plan, array.shape, outer, inner, dtype, order, spec, read_missing
+        )
 
 
 def _with_order(config: Any, order: Any) -> Any:
@@ -404,7 +435,14 @@ class _Wave:
         out: NDBuffer = geometry.spec.prototype.nd_buffer.from_ndarray_like(self.staging)
         results = sync(geometry.pipeline.read(items, out, drop_axes=()))
         if not geometry.read_missing:
-            _raise_missing(geometry, [b.coords for b in self.blocks], results)
+            _raise_missing(
+                geometry,
+                [
+                    b.coords
+                    for b, r in zip(self.blocks, results, strict=True)
+                    if r["status"] == "missing"
+                ],
+            )
 
     def copy(self, box: _Box, block: _Block, dst: np.ndarray) -> None:
         """Copy the part of ``box`` that ``block`` holds into ``dst`` (the
@@ -434,14 +472,11 @@ class _Wave:
         copy_into(dst[tuple(part)], self.staging[tuple(src)])
 
 
-def _raise_missing(geometry: _Geometry, coords: list[tuple[int, ...]], results: Any) -> None:
-    """zarr's error for missing chunks when ``read_missing_chunks`` is off."""
+def _raise_missing(geometry: _Geometry, coords: list[tuple[int, ...]]) -> None:
+    """zarr's error for the missing chunks at ``coords`` (if any), when
+    ``read_missing_chunks`` is off."""
     encode = geometry.array.metadata.encode_chunk_key
-    missing = [
-        f"  chunk '{encode(c)}' (grid position {c})"
-        for c, result in zip(coords, results, strict=True)
-        if result["status"] == "missing"
-    ]
+    missing = [f"  chunk '{encode(c)}' (grid position {c})" for c in coords]
     if missing:
         raise ChunkNotFoundError(
             f"{len(missing)} chunk(s) not found in store '{geometry.array.store_path}'.\n"
@@ -520,16 +555,7 @@ def read_regions(
         return _one_by_one(array, selections, buffers)
     regions = [_region(selection, geometry.shape) for selection in selections]
     results = _targets(geometry, regions, buffers)
-    boxes: list[_Box] = []
-    dsts: list[np.ndarray] = []
-    for region, result in zip(regions, results, strict=True):
-        if region is None:
-            continue
-        dst = np.expand_dims(result, region.dropped) if region.dropped else result
-        for box in region.boxes(geometry.inner):
-            boxes.append(box)
-            dsts.append(dst)
-    _read_planned(geometry, boxes, dsts)
+    _read_regions(geometry, regions, results)
     rest = [i for i, region in enumerate(regions) if region is None]
     if rest:
         values = _one_by_one(
@@ -540,6 +566,27 @@ def read_regions(
         for i, value in zip(rest, values, strict=True):
             results[i] = value
     return results
+
+
+def _read_regions(geometry: _Geometry, regions: list[_Region | None], results: list[Any]) -> None:
+    """Read the planned regions (not None) into their results: by the
+    fan-out read where it applies, else through a staging array."""
+    planned = [
+        (region, np.expand_dims(result, region.dropped) if region.dropped else result)
+        for region, result in zip(regions, results, strict=True)
+        if region is not None
+    ]
+    fan_out = _FanOut.of(geometry)
+    if fan_out is not None:
+        fan_out.read([r for r, _ in planned], [d for _, d in planned])
+        return
+    boxes: list[_Box] = []
+    dsts: list[np.ndarray] = []
+    for region, dst in planned:
+        for box in region.boxes(geometry.inner):
+            boxes.append(box)
+            dsts.append(dst)
+    _read_planned(geometry, boxes, dsts)
 
 
 def _targets(
@@ -566,7 +613,7 @@ def _new_results(
     most `RESULT_BLOCK_BYTES` (see there); a larger result is allocated on
     its own. Each starts on a 64-byte boundary of its allocation."""
     align = max(1, 64 // dtype.itemsize)
-    sizes = [int(np.prod(shape, dtype=np.int64)) for shape in shapes]
+    sizes = [math.prod(shape) for shape in shapes]
     cap = RESULT_BLOCK_BYTES // dtype.itemsize
     results: list[np.ndarray] = []
     start = 0
@@ -614,3 +661,189 @@ def _copy_part(
     """Copy ``pairs`` (a block and a box overlapping it) out of ``wave``."""
     for block, r in pairs:
         wave.copy(boxes[r], block, dsts[r])
+
+
+# -- the fan-out read ---------------------------------------------------------------------
+
+
+def _segments(
+    regions: Sequence[_Region], inner: tuple[int, ...]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The regions as boxes of the array each copied in one piece per
+    inner chunk: ``(lo, hi, at, dest)``, rows of ``[lo, hi)``, where the box
+    starts in its destination and which destination (the region's place in
+    ``regions``). A region with picks is one box per run of consecutive
+    indices (a repeat or a gap starts a new one)."""
+    ndim = len(inner)
+    plain = [r for r, region in enumerate(regions) if region.picks is None and region.size]
+    lo = [regions[r].lo for r in plain]
+    hi = [regions[r].hi for r in plain]
+    at = [(0,) * ndim] * len(plain)
+    dest = plain
+    for r, region in enumerate(regions):
+        if region.picks is None:
+            continue
+        axis = region.picks.axis
+        for box in region.boxes(inner):
+            assert box.picked is not None  # a region with picks has them in every box
+            index = region.picks.index[box.picked]
+            cuts = (np.flatnonzero(np.diff(index) != 1) + 1).tolist()
+            for a, b in zip([0, *cuts], [*cuts, len(index)], strict=True):
+                b_lo, b_hi, b_at = list(box.lo), list(box.hi), [0] * ndim
+                b_lo[axis], b_hi[axis] = int(index[a]), int(index[b - 1]) + 1
+                b_at[axis] = box.picked.start + a
+                lo.append(tuple(b_lo))
+                hi.append(tuple(b_hi))
+                at.append(tuple(b_at))
+                dest.append(r)
+    return (
+        np.array(lo, dtype=np.int64).reshape(-1, ndim),
+        np.array(hi, dtype=np.int64).reshape(-1, ndim),
+        np.array(at, dtype=np.int64).reshape(-1, ndim),
+        np.array(dest, dtype=np.intp),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _ShardJob:
+    """The fan-out of one shard: the inner chunks any region touches
+    (linear indices, ascending) and the targets of each, ``targets[
+    starts[u]:starts[u + 1]]`` for ``units[u]`` (see `zarr_fused._shard.fan_out`)."""
+
+    coords: tuple[int, ...]
+    getter: Any
+    units: np.ndarray
+    starts: np.ndarray
+    targets: np.ndarray
+
+
+@dataclass(frozen=True, slots=True)
+class _FanOut:
+    """The fan-out read of a sharded array (see the module docstring)."""
+
+    geometry: _Geometry
+    reader: ShardReader
+    kernel: Any
+    layout: Any
+    fill: bytes
+    describe: Any
+
+    @classmethod
+    def of(cls, geometry: _Geometry) -> _FanOut | None:
+        """The fan-out read of ``geometry``'s array, None when it keeps
+        the staging design."""
+        reader = geometry.plan.reader
+        if (
+            active() is not None
+            or shard_kernels is None
+            or not isinstance(reader, ShardReader)
+            or type(reader.chain) is not NativeChain
+        ):
+            return None
+        chain = reader.chain
+        spec = geometry.spec
+        if not chain.writes_into(np.empty(0, geometry.dtype), inner_chunk_spec(reader.codec, spec)):
+            return None
+        store = geometry.array.store_path.store
+        if not store_supports_sync_io(store):
+            return None
+        return cls(
+            geometry,
+            reader,
+            chain.kernel,
+            chain.layout(reader.inner_shape),
+            fill_pattern(spec, geometry.dtype),
+            inner_describer(inner_grid(spec, reader.inner_shape)),
+        )
+
+    def jobs(self, regions: Sequence[_Region]) -> list[_ShardJob]:
+        """One job per shard any region touches, in store order."""
+        geometry = self.geometry
+        inner = np.array(geometry.inner, dtype=np.int64)
+        per_shard = np.array(geometry.outer, dtype=np.int64) // inner
+        lo, hi, at, dest = _segments(regions, geometry.inner)
+        if not len(lo):
+            return []
+        rows, coords = _pairs(lo, hi, inner)
+        c_lo = np.maximum(lo[rows], coords * inner)
+        c_hi = np.minimum(hi[rows], (coords + 1) * inner)
+        grid = tuple(int(g) for g in -(-np.array(geometry.shape) // np.array(geometry.outer)))
+        shard = np.ravel_multi_index(tuple((coords // per_shard).T), grid)
+        lin = np.ravel_multi_index(tuple((coords % per_shard).T), tuple(per_shard.tolist()))
+        order = np.lexsort((lin, shard))
+        targets = np.ascontiguousarray(
+            np.concatenate(
+                [
+                    dest[rows][:, None],
+                    c_lo - coords * inner,
+                    at[rows] + c_lo - lo[rows],
+                    c_hi - c_lo,
+                ],
+                axis=1,
+            )[order],
+            dtype=np.intp,
+        )
+        shard, lin = shard[order], lin[order]
+        unit_key = shard * int(per_shard.prod()) + lin
+        unit_start = np.flatnonzero(np.diff(unit_key, prepend=-1))
+        unit_shard = shard[unit_start]
+        shard_start = np.flatnonzero(np.diff(unit_shard, prepend=-1))
+        bounds = [*shard_start.tolist(), len(unit_start)]
+        starts = np.append(unit_start, len(targets)).astype(np.intp)
+        keys = [tuple(np.unravel_index(int(unit_shard[u]), grid)) for u in shard_start.tolist()]
+        store_path = geometry.array.store_path
+        encode = geometry.array.metadata.encode_chunk_key
+        items = with_local_files(
+            [(store_path / encode(tuple(int(c) for c in key)),) for key in keys]
+        )
+        jobs = []
+        for (getter,), key, u0, u1 in zip(items, keys, bounds[:-1], bounds[1:], strict=True):
+            t0, t1 = int(starts[u0]), int(starts[u1])
+            jobs.append(
+                _ShardJob(
+                    tuple(int(c) for c in key),
+                    getter,
+                    np.ascontiguousarray(lin[unit_start[u0:u1]], dtype=np.intp),
+                    starts[u0 : u1 + 1] - t0,
+                    targets[t0:t1],
+                )
+            )
+        return jobs
+
+    def read(self, regions: Sequence[_Region], dsts: list[np.ndarray]) -> None:
+        """Read every region into its destination (the region's result with
+        every axis kept)."""
+        geometry = self.geometry
+        jobs = self.jobs(regions)
+        if not jobs:
+            return
+        destinations = shard_kernels.Destinations(
+            dsts, len(geometry.shape), geometry.dtype.itemsize
+        )
+        found = run_parallel(partial(self.one_shard, destinations), jobs, resolve_max_workers())
+        if not geometry.read_missing:
+            _raise_missing(
+                geometry, [j.coords for j, ok in zip(jobs, found, strict=True) if not ok]
+            )
+
+    def one_shard(self, destinations: Any, job: _ShardJob) -> bool:
+        """Fetch and fan out one shard; False when it is missing (its
+        targets then hold the fill value)."""
+        shard = self.reader.fetch_touched(job.getter, self.geometry.spec, job.units)
+        try:
+            shard_kernels.fan_out(
+                self.kernel,
+                self.layout,
+                None if shard.missing else shard.payload,
+                None if shard.missing else shard.entries,
+                job.units,
+                job.starts,
+                job.targets,
+                destinations,
+                self.fill,
+                job.getter,
+                self.describe,
+            )
+        finally:
+            shard.release()
+        return not shard.missing

@@ -279,6 +279,16 @@ class ShardReader(ShardSide):
             out.append(buf.as_numpy_array())
         return out
 
+    def fetch_touched(self, getter: Any, spec: ArraySpec, touched: np.ndarray) -> _Shard:
+        """The index and the ``touched`` inner chunks (linear indices,
+        ascending) of the shard at ``getter``, fetched as a read of them
+        would (one get when every chunk is touched). The caller reads
+        ``missing``, ``payload`` and ``entries``, then calls ``release``."""
+        grid = inner_grid(spec, self.inner_shape)
+        shard = _Shard(0, None)
+        self._fetch(getter, spec, None if len(touched) == math.prod(grid) else touched, grid, shard)
+        return shard
+
     # -- the batch ----------------------------------------------------------------------
 
     def read(self, batch: Sequence[ReadItem], request: ReadRequest) -> tuple[GetResult, ...]:
