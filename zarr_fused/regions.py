@@ -129,6 +129,8 @@ class _Region:
     @property
     def shape(self) -> tuple[int, ...]:
         """The result's shape (without the dropped axes)."""
+        if not self.dropped:
+            return self.full_shape
         return tuple(n for d, n in enumerate(self.full_shape) if d not in self.dropped)
 
     def boxes(self, inner: tuple[int, ...]) -> list[_Box]:
@@ -213,11 +215,33 @@ def _items(selection: Any, ndim: int) -> tuple[Any, ...] | None:
     return items + (slice(None),) * (ndim - len(items))
 
 
+def _slice_box(selection: Any, shape: tuple[int, ...]) -> _Region | None:
+    """The region of what a loader passes: a tuple of one slice per axis,
+    with integer bounds inside the axis and no step; None for anything else
+    (`_region` then reads it item by item). Thousands of selections a call
+    make the general path's per-item calls a large part of the planning."""
+    if type(selection) is not tuple or len(selection) != len(shape):
+        return None
+    lo, hi = [], []
+    for item, size in zip(selection, shape, strict=True):
+        if type(item) is not slice or item.step is not None:
+            return None
+        start, stop = item.start, item.stop
+        if type(start) is not int or type(stop) is not int or not 0 <= start <= stop <= size:
+            return None
+        lo.append(start)
+        hi.append(stop)
+    return _Region(tuple(lo), tuple(hi), (), tuple(b - a for a, b in zip(lo, hi, strict=True)))
+
+
 def _region(selection: Any, shape: tuple[int, ...]) -> _Region | None:
     """The box ``selection`` picks from an array of ``shape``, None when it
     is not integers and step-1 slices with at most one sorted integer array
     (which ``array[sel]`` reads as an orthogonal selection; with integers
     only beside it, as a coordinate selection of the same values)."""
+    region = _slice_box(selection, shape)
+    if region is not None:
+        return region
     items = _items(selection, len(shape))
     if items is None:
         return None
