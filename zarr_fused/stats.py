@@ -165,15 +165,14 @@ class Stats:
         ""); ``results``: a read's `GetResult` per key."""
         decoded = 0
         if results:
-            # the items of a batch share their dtype; chunk shapes repeat
+            # the items of a batch share their dtype, and mostly their spec
             itemsize = batch[0][1].dtype.to_native_dtype().itemsize
-            sizes: dict[tuple[int, ...], int] = {}
-            for (_, spec, *_), result in zip(batch, results, strict=False):
+            last_spec, size = None, 0
+            for item, result in zip(batch, results, strict=False):
                 if result["status"] == "present":
-                    shape = spec.shape
-                    size = sizes.get(shape)
-                    if size is None:
-                        size = sizes[shape] = math.prod(shape) * itemsize
+                    spec = item[1]
+                    if spec is not last_spec:
+                        last_spec, size = spec, math.prod(spec.shape) * itemsize
                     decoded += size
         unit = "shards" if sharded else "chunks"
         sink: Stats | None = self
@@ -463,10 +462,10 @@ def counted[Item: tuple[Any, ...]](batch: list[Item], sink: Stats | None) -> lis
         return batch
     store = first.store
     return [
-        (CountedPath(key, sink, kind), *rest)  # type: ignore[misc]
-        if type(key) is StorePath and key.store is store
-        else (key, *rest)
-        for key, *rest in batch
+        (CountedPath(item[0], sink, kind), *item[1:])  # type: ignore[misc]
+        if type(item[0]) is StorePath and item[0].store is store
+        else item
+        for item in batch
     ]
 
 
