@@ -75,6 +75,7 @@ EXTENSIONS: list[dict] = [
         "sources": ["zarr_fused/_codecs.pyx"],
         "depends": [
             "zarr_fused/_codecs.pxd",
+            "zarr_fused/_phase_times.pxd",
             "zarr_fused/_scatter.pxd",
             "zarr_fused/_localio.pxd",
             "zarr_fused/_zstd.pxd",
@@ -92,6 +93,7 @@ EXTENSIONS: list[dict] = [
         "sources": ["zarr_fused/_vlen.pyx"],
         "depends": [
             "zarr_fused/_codecs.pxd",
+            "zarr_fused/_phase_times.pxd",
             "zarr_fused/_zstd.pxd",
             "zarr_fused/_zlib.pxd",
             "zarr_fused/_le32.pxd",
@@ -104,6 +106,7 @@ EXTENSIONS: list[dict] = [
         "depends": [
             "zarr_fused/_codec_batch.pxd",
             "zarr_fused/_codecs.pxd",
+            "zarr_fused/_phase_times.pxd",
             "zarr_fused/_filters.pxd",
             "zarr_fused/_cast_value.pxd",
             "zarr_fused/_scatter.pxd",
@@ -128,6 +131,7 @@ EXTENSIONS: list[dict] = [
         "depends": [
             "zarr_fused/_codec_batch.pxd",
             "zarr_fused/_codecs.pxd",
+            "zarr_fused/_phase_times.pxd",
             "zarr_fused/_filters.pxd",
             "zarr_fused/_cast_value.pxd",
             "zarr_fused/_ndindex.pxd",
@@ -144,6 +148,7 @@ EXTENSIONS: list[dict] = [
         "depends": [
             "zarr_fused/_codec_batch.pxd",
             "zarr_fused/_codecs.pxd",
+            "zarr_fused/_phase_times.pxd",
             "zarr_fused/_filters.pxd",
             "zarr_fused/_cast_value.pxd",
             "zarr_fused/_localio.pxd",

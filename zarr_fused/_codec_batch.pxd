@@ -9,20 +9,9 @@ cimport numpy as cnp
 
 from zarr_fused._filters cimport FilterChain
 from zarr_fused._codecs cimport ChainKernel, DecodeTask, EncodeTask, Status, Workspace
+from zarr_fused._phase_times cimport PhaseTimes
 from zarr_fused._scatter cimport ZF_MAX_DIMS
 
-# What a batch's tasks spent in each phase while a `zarr_fused.stats` block
-# counts its call (`TaskBatch.timed`): nanoseconds summed over the threads
-# that ran them, and the chunks the kernels decoded or encoded.
-cdef struct PhaseTimes:
-    int64_t io_ns  # file reads inside the call (chunk files, a shard's preads)
-    int64_t decode_ns
-    int64_t scatter_ns  # into the output, fills of missing chunks included
-    int64_t encode_ns
-    int64_t write_ns  # file writes inside the call
-    int64_t chunks
-
-cdef int64_t now_ns() noexcept nogil
 cdef void add_times(PhaseTimes* into, const PhaseTimes* t) noexcept nogil
 
 cdef class ChunkLayout:

@@ -29,7 +29,6 @@ from cpython.slice cimport PySlice_GetIndicesEx
 from libc.stdint cimport int64_t, uint8_t, uintptr_t
 from libc.stdlib cimport calloc, free, malloc
 from libc.string cimport memcpy, memset
-from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
 
 cimport numpy as cnp
 
@@ -53,7 +52,8 @@ from zarr_fused._codecs cimport (
     workspace,
 )
 from zarr_fused._filters cimport FILTER_OK, FilterChain
-from zarr_fused._localio cimport FILE_ERROR, FILE_MISSING, read_file, write_file_atomic
+from zarr_fused._phase_times cimport PhaseTimes, now_ns
+from zarr_fused._localio cimport FILE_ERROR, write_file_atomic
 from zarr_fused._scatter cimport (
     ZF_MAX_DIMS,
     copy_strided,
@@ -80,12 +80,6 @@ cdef extern from *:
 # -- phase times (only while a stats block counts the call) -------------------------------
 
 
-cdef int64_t now_ns() noexcept nogil:
-    cdef timespec ts
-    clock_gettime(CLOCK_MONOTONIC, &ts)
-    return <int64_t>ts.tv_sec * 1000000000 + ts.tv_nsec
-
-
 cdef void add_times(PhaseTimes* into, const PhaseTimes* t) noexcept nogil:
     """Add ``t`` into a batch's ``times``: several threads may run ranges of
     one batch at once, each adding its sums when its range is done."""
@@ -95,47 +89,6 @@ cdef void add_times(PhaseTimes* into, const PhaseTimes* t) noexcept nogil:
     zf_add_i64(&into.encode_ns, t.encode_ns)
     zf_add_i64(&into.write_ns, t.write_ns)
     zf_add_i64(&into.chunks, t.chunks)
-
-
-cdef void _decode_timed(ChainKernel kernel, Workspace ws, DecodeTask* t, const char* fill,
-                        PhaseTimes* acc) noexcept nogil:
-    """`ChainKernel.run_decode` step by step, a clock read between the steps
-    (that kernel does them in one call): the file read, the payload
-    decoded, then the selection scattered or the fill written."""
-    cdef const uint8_t* data
-    cdef const uint8_t* src = t.src
-    cdef Py_ssize_t src_len = t.src_len
-    cdef int rc, err = 0
-    cdef int64_t t0 = now_ns(), t1
-    cdef int bad
-    if t.path != NULL and not t.missing:
-        rc = read_file(t.path, &ws.io_buf, &ws.io_cap, &src_len, &err)
-        t1 = now_ns()
-        acc.io_ns += t1 - t0
-        t0 = t1
-        if rc == FILE_MISSING:
-            t.was_missing = True
-        elif rc == FILE_ERROR:
-            t.status.code = ZF_ERR_IO
-            t.status.a = err
-            return
-        src = ws.io_buf
-    if t.missing or t.was_missing:
-        fill_strided(t.dst, t.dst_strides, t.shape, t.ndim, fill, kernel.itemsize)
-        acc.scatter_ns += now_ns() - t0
-        return
-    bad = kernel.decode_payload(ws, src, src_len, t.nbytes,
-                                <uint8_t*>t.dst if t.direct else NULL, &data, &t.status)
-    t1 = now_ns()
-    acc.decode_ns += t1 - t0
-    if bad < 0:
-        return
-    acc.chunks += 1
-    if data == <const uint8_t*>t.dst:
-        return
-    copy_strided(<const char*>data + t.src_offset, t.src_strides, t.dst, t.dst_strides,
-                 t.shape, t.ndim, kernel.itemsize, kernel.swap_unit)
-    acc.scatter_ns += now_ns() - t1
 
 
 cdef void _write_timed(EncodeTask* t, const char* path, PhaseTimes* acc) noexcept nogil:
@@ -918,7 +871,7 @@ cdef class DecodeBatch(TaskBatch):
         size[0] = _side_by_side(&self.tasks[i], stop - i, self.kernel.itemsize) if side else 1
         if size[0] > 1:
             return _decode_side_by_side(self.kernel, ws, &self.tasks[i], size[0])
-        self.kernel.run_decode(ws, &self.tasks[i], fill)
+        self.kernel.run_decode(ws, &self.tasks[i], fill, NULL)
         return -1 if self.tasks[i].status.code == ZF_OK else 0
 
     cdef Py_ssize_t run_group_timed(self, Workspace ws, Py_ssize_t i, Py_ssize_t stop,
@@ -929,7 +882,7 @@ cdef class DecodeBatch(TaskBatch):
         size[0] = _side_by_side(&self.tasks[i], stop - i, self.kernel.itemsize) if side else 1
         if size[0] > 1:
             return _decode_side_by_side(self.kernel, ws, &self.tasks[i], size[0], acc)
-        _decode_timed(self.kernel, ws, &self.tasks[i], fill, acc)
+        self.kernel.run_decode(ws, &self.tasks[i], fill, acc)
         return -1 if self.tasks[i].status.code == ZF_OK else 0
 
 

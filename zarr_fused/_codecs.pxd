@@ -6,6 +6,7 @@
 from libc.stdint cimport uint8_t
 
 from zarr_fused cimport _zlib as zl
+from zarr_fused._phase_times cimport PhaseTimes
 from zarr_fused cimport _zstd as zs
 
 cdef enum CompressorKind:
@@ -116,7 +117,8 @@ cdef class ChainKernel:
     cdef int decode_payload(self, Workspace ws, const uint8_t* src, Py_ssize_t n,
                             Py_ssize_t nbytes, uint8_t* direct_dst,
                             const uint8_t** out, Status* st) noexcept nogil
-    cdef void run_decode(self, Workspace ws, DecodeTask* task, const char* fill) noexcept nogil
+    cdef void run_decode(self, Workspace ws, DecodeTask* task, const char* fill,
+                         PhaseTimes* acc) noexcept nogil
     cdef void run_encode(self, Workspace ws, EncodeTask* task, const char* fill) noexcept nogil
     cdef int reserve_output(self, Workspace ws, EncodeTask* task) noexcept nogil
     cdef void finish_encode(self, Workspace ws, EncodeTask* task, uint8_t* data) noexcept nogil

@@ -27,7 +27,7 @@ exception (`zarr_fused.errors`) naming the chunk's key afterwards
 (`status_error`).
 """
 
-from libc.stdint cimport uint8_t, uint32_t
+from libc.stdint cimport int64_t, uint8_t, uint32_t
 from libc.stdlib cimport free, realloc
 from libc.string cimport memcpy, memset
 
@@ -41,6 +41,7 @@ from zarr_fused cimport _blosc as bl
 from zarr_fused cimport _lz4 as lz
 from zarr_fused._crc32c cimport zf_crc32c, zf_crc32c_init, zf_crc32c_name, zf_crc32c_with
 from zarr_fused._localio cimport FILE_ERROR, FILE_MISSING, read_file, write_file_atomic
+from zarr_fused._phase_times cimport PhaseTimes, lap, now_ns
 from zarr_fused cimport _zlib as zl
 from zarr_fused cimport _zstd as zs
 from zarr_fused._scatter cimport ZF_MAX_DIMS, copy_strided, equal_strided, fill_strided
@@ -838,13 +839,20 @@ cdef class ChainKernel:
         out[0] = data
         return 0
 
-    cdef void run_decode(self, Workspace ws, DecodeTask* t, const char* fill) noexcept nogil:
+    cdef void run_decode(self, Workspace ws, DecodeTask* t, const char* fill,
+                         PhaseTimes* acc) noexcept nogil:
+        """Read (a file task), decode and scatter one chunk, or fill it when
+        missing; with ``acc``, the time of each step is added there (the
+        clock is read only then)."""
         cdef const uint8_t* data
         cdef const uint8_t* src = t.src
         cdef Py_ssize_t src_len = t.src_len
         cdef int rc, err = 0
+        cdef int64_t mark = now_ns() if acc != NULL else 0
         if t.path != NULL and not t.missing:
             rc = read_file(t.path, &ws.io_buf, &ws.io_cap, &src_len, &err)
+            if acc != NULL:
+                mark = lap(&acc.io_ns, mark)
             if rc == FILE_MISSING:
                 t.was_missing = True
             elif rc == FILE_ERROR:
@@ -854,14 +862,23 @@ cdef class ChainKernel:
             src = ws.io_buf
         if t.missing or t.was_missing:
             fill_strided(t.dst, t.dst_strides, t.shape, t.ndim, fill, self.itemsize)
+            if acc != NULL:
+                lap(&acc.scatter_ns, mark)
             return
-        if self.decode_payload(ws, src, src_len, t.nbytes,
-                               <uint8_t*>t.dst if t.direct else NULL, &data, &t.status) < 0:
+        rc = self.decode_payload(ws, src, src_len, t.nbytes,
+                                 <uint8_t*>t.dst if t.direct else NULL, &data, &t.status)
+        if acc != NULL:
+            mark = lap(&acc.decode_ns, mark)
+        if rc < 0:
             return
+        if acc != NULL:
+            acc.chunks += 1
         if data == <const uint8_t*>t.dst:
             return
         copy_strided(<const char*>data + t.src_offset, t.src_strides, t.dst, t.dst_strides,
                      t.shape, t.ndim, self.itemsize, self.swap_unit)
+        if acc != NULL:
+            lap(&acc.scatter_ns, mark)
 
     cdef void run_encode(self, Workspace ws, EncodeTask* t, const char* fill) noexcept nogil:
         cdef Py_ssize_t cstr[ZF_MAX_DIMS]

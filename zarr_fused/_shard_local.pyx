@@ -21,7 +21,8 @@ import os
 
 import numpy as np
 
-from zarr_fused._codec_batch cimport DecodeBatch, PhaseTimes, add_times, now_ns
+from zarr_fused._codec_batch cimport DecodeBatch, add_times
+from zarr_fused._phase_times cimport PhaseTimes, now_ns
 from zarr_fused._codecs cimport DecodeTask, Workspace, workspace
 from zarr_fused._localio cimport (
     FILE_ERROR,
