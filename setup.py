@@ -49,13 +49,17 @@ EXTENSIONS: list[dict] = [
     {
         "name": "zarr_fused._cast_value",
         "sources": ["zarr_fused/_cast_value.pyx"],
-        "depends": ["zarr_fused/_cast_value.pxd"],
+        "depends": ["zarr_fused/_cast_value.pxd", "zarr_fused/_item_types.pxd"],
         "libraries": [],
     },
     {
         "name": "zarr_fused._filters",
         "sources": ["zarr_fused/_filters.pyx"],
-        "depends": ["zarr_fused/_filters.pxd", "zarr_fused/_cast_value.pxd"],
+        "depends": [
+            "zarr_fused/_filters.pxd",
+            "zarr_fused/_cast_value.pxd",
+            "zarr_fused/_item_types.pxd",
+        ],
         "libraries": [],
     },
     {

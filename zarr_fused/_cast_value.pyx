@@ -36,6 +36,15 @@ from libc.string cimport memcpy, memset
 
 cimport numpy as cnp
 
+from zarr_fused._item_types cimport (
+    float_a as fsrc_t,
+    float_b as fdst_t,
+    int_a as isrc_t,
+    int_b as idst_t,
+    item_a as src_t,
+    item_b as dst_t,
+)
+
 import numpy as np
 
 cnp.import_array()
@@ -65,64 +74,6 @@ ROUNDING_MODES = {
 }
 OUT_OF_RANGE_MODES = {None: OOR_NONE, "clamp": OOR_CLAMP, "wrap": OOR_WRAP}
 MAX_ENTRIES = CAST_MAX_ENTRIES
-
-
-ctypedef fused src_t:
-    int8_t
-    int16_t
-    int32_t
-    int64_t
-    uint8_t
-    uint16_t
-    uint32_t
-    uint64_t
-    float
-    double
-
-
-ctypedef fused dst_t:
-    int8_t
-    int16_t
-    int32_t
-    int64_t
-    uint8_t
-    uint16_t
-    uint32_t
-    uint64_t
-    float
-    double
-
-
-ctypedef fused fsrc_t:
-    float
-    double
-
-
-ctypedef fused fdst_t:
-    float
-    double
-
-
-ctypedef fused isrc_t:
-    int8_t
-    int16_t
-    int32_t
-    int64_t
-    uint8_t
-    uint16_t
-    uint32_t
-    uint64_t
-
-
-ctypedef fused idst_t:
-    int8_t
-    int16_t
-    int32_t
-    int64_t
-    uint8_t
-    uint16_t
-    uint32_t
-    uint64_t
 
 
 #: 2**64 and 2**63, exact as doubles

@@ -69,53 +69,16 @@ from libc.stdint cimport (
 cimport numpy as cnp
 
 from zarr_fused._cast_value cimport CAST_OK, CastSpec, cast_run
+from zarr_fused._item_types cimport (
+    float_a as float_t,
+    int_a as int_t,
+    item_a as in_t,
+    item_b as out_t,
+)
 
 import numpy as np
 
 cnp.import_array()
-
-
-ctypedef fused in_t:
-    int8_t
-    int16_t
-    int32_t
-    int64_t
-    uint8_t
-    uint16_t
-    uint32_t
-    uint64_t
-    float
-    double
-
-
-# the same types again: a function of (in_t, out_t) covers every pair
-ctypedef fused out_t:
-    int8_t
-    int16_t
-    int32_t
-    int64_t
-    uint8_t
-    uint16_t
-    uint32_t
-    uint64_t
-    float
-    double
-
-
-ctypedef fused int_t:
-    int8_t
-    int16_t
-    int32_t
-    int64_t
-    uint8_t
-    uint16_t
-    uint32_t
-    uint64_t
-
-
-ctypedef fused float_t:
-    float
-    double
 
 
 # the types delta computes in: integers as unsigned, whose wrap-around is defined
