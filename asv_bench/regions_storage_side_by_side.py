@@ -10,6 +10,9 @@ sharded zstd uint16 cube) where every file call or request is a round trip:
   process, as ``latency_side_by_side.py`` does: a Lustre/GPFS/NFS model);
 * ``--storage cold``: the page cache dropped before every timed read
   (root only), no added latency;
+* ``--storage hot``: a hot page cache, no added latency (the check that
+  the choice between the IO threads and the compute threads keeps the
+  fast path fast);
 * ``--storage s3``: moto's S3 server behind the latency proxy (``--latency-ms``
   per request), zarr through obstore's ``S3Store``, tensorstore through its
   ``s3`` kvstore (as ``s3_side_by_side.py`` sets them up). The servers run
@@ -36,7 +39,7 @@ printed with their ratios to ``read_regions``, wall and CPU (the process'
 user + system time over all threads). Compare ratios of one run only::
 
     python asv_bench/regions_storage_side_by_side.py --storage latency --latency-us 1000
-    python asv_bench/regions_storage_side_by_side.py --storage cold
+    python asv_bench/regions_storage_side_by_side.py --storage cold --size 512 --regions 256
     python asv_bench/regions_storage_side_by_side.py --storage s3 --latency-ms 20
 """
 
@@ -183,6 +186,7 @@ def child(args: argparse.Namespace) -> int:
     what = {
         "latency": f"{args.latency_us} us per file call",
         "cold": "cold page cache",
+        "hot": "hot page cache",
         "s3": f"S3 (moto), {args.latency_ms:g} ms per request",
     }[args.storage]
     title = (
@@ -245,7 +249,7 @@ def s3_servers(args: argparse.Namespace) -> Iterator[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--storage", choices=["latency", "cold", "s3"], default="latency")
+    parser.add_argument("--storage", choices=["latency", "cold", "hot", "s3"], default="latency")
     parser.add_argument("--latency-us", type=int, default=1000)
     parser.add_argument("--latency-ms", type=float, default=20.0)
     parser.add_argument("--size", type=int, default=256, help="cube edge (default 256)")
