@@ -37,7 +37,7 @@ from zarr_fused.io.probe import (
     per_file_latency,
     slow_direct,
 )
-from zarr_fused.stats import note_lengths
+from zarr_fused.stats import counted_key, note_lengths
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     from zarr_fused._chain import NativeChain
     from zarr_fused._items import ReadItem
     from zarr_fused.chunks.read import NativeChunkReader
+    from zarr_fused.stats import Stats
 
 __all__ = ["PipelinedChunkReader", "group_size"]
 
@@ -108,6 +109,10 @@ class PipelinedChunkReader:
     sends the reads of the next `SLOW_HOLD` seconds to the IO threads.
     """
 
+    #: see `zarr_fused.stats.counted`: the files are counted from the
+    #: request's sink (IO threads) and each group's first key (decoding)
+    local_native = True
+
     def __init__(self, chain: NativeChain, direct: NativeChunkReader) -> None:
         self.chain = chain
         #: the reader for everything the IO threads do not serve (the plan
@@ -132,7 +137,9 @@ class PipelinedChunkReader:
         if probe.direct():
             return self._read_direct_timed(batch, request)
         per_thread = REQUESTS_PER_THREAD if probe.seen_fast() else REQUESTS_PER_THREAD_SLOW
-        read = _PipelinedRead(self.chain, batch, target, prefix, io_concurrency, per_thread)
+        read = _PipelinedRead(
+            self.chain, batch, target, prefix, io_concurrency, per_thread, request.stats
+        )
         start = time.perf_counter()
         run_pipelined(
             read.groups,
@@ -173,9 +180,10 @@ class _PipelinedRead:
         prefix: bytes,
         io_concurrency: int,
         per_thread: int,
+        sink: Stats | None = None,
     ) -> None:
         self.chain = chain
-        self.batch = batch
+        self.sink = sink
         self.target = target
         self.statuses = target.statuses
         self.paths = [prefix + os.fsencode(getter.path) for getter, *_ in batch]
@@ -184,6 +192,13 @@ class _PipelinedRead:
         self.groups = [
             range(s, min(len(batch), s + self.size)) for s in range(0, len(batch), self.size)
         ]
+        if sink is not None:
+            # each group's decode run finds the sink to time into from its first key
+            batch = list(batch)
+            for g in self.groups:
+                first = batch[g.start]
+                batch[g.start] = (counted_key(first[0], sink), *first[1:])  # type: ignore[assignment]
+        self.batch = batch
         self.costs = [sum(self.bounds[i] for i in g) for g in self.groups]
         # Buffers of consumed requests are handed to the next ones: fresh
         # memory costs a page fault per page (large allocations are mmapped),
@@ -213,7 +228,7 @@ class _PipelinedRead:
         if done:
             stored = int(lengths[:done].clip(min=0).sum())
             self.fastest.note(per_file_latency(seconds, done, stored))
-        note_lengths(self.batch[group.start][0], lengths[:done], seconds)
+        note_lengths(self.sink, lengths[:done], seconds)
         oversize: dict[int, bytes] = {}
         for k in np.flatnonzero(lengths[:done] < -1).tolist():
             # larger than any chunk we would write: read it whole
