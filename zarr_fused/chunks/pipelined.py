@@ -197,7 +197,7 @@ class _PipelinedRead:
             batch = list(batch)
             for g in self.groups:
                 first = batch[g.start]
-                batch[g.start] = (counted_key(first[0], sink), *first[1:])  # type: ignore[assignment]
+                batch[g.start] = (counted_key(first[0], sink), *first[1:])
         self.batch = batch
         self.costs = [sum(self.bounds[i] for i in g) for g in self.groups]
         # Buffers of consumed requests are handed to the next ones: fresh

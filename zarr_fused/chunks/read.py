@@ -156,7 +156,9 @@ class _ChunkRead:
             key = getter if queued_items else counted_key(getter, sink)
             if self.prefix is not None:
                 path = self.prefix + os.fsencode(getter.path)
-                if group.add_file(path, layout, chunk_selection, dst, out_selection, drop_axes, key):
+                if group.add_file(
+                    path, layout, chunk_selection, dst, out_selection, drop_axes, key
+                ):
                     statuses[i] = PRESENT
                     queued_items.append(i)
                 else:
