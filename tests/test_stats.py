@@ -210,6 +210,7 @@ def test_native_local_read_wraps_a_key_per_group(
     assert s.requests == Counter({("local", "get"): 16})
     assert s.native == Counter({("read", "chunks"): len(_files(root))})
     assert s.thread_seconds["decode"] > 0
+    assert s.thread_seconds["read_io"] > 0
 
 
 def test_native_local_read_counts_what_the_kernels_decline(tmp_path: Path) -> None:

@@ -544,13 +544,11 @@ def _note_io(sink: Stats, op: str, seconds: float) -> None:
 _WRITE_OPS: Final = frozenset({"set", "write_files"})
 
 
-def note_lengths(sink: Stats | None, lengths: Any, seconds: float = 0.0) -> None:
-    """Local chunk files read natively in ``seconds`` for a call counted
-    into ``sink``, their lengths (-1: missing)."""
-    if sink is not None and len(lengths):
-        # a group holds a few files: plain Python beats NumPy's call overhead
-        stored = sum(n for n in lengths.tolist() if n > 0)
-        sink.request("local", "get", stored, n=len(lengths))
+def note_fetched(sink: Stats | None, n: int, nbytes: int, seconds: float) -> None:
+    """``n`` local chunk files (``nbytes`` stored) read natively in
+    ``seconds`` for a call counted into ``sink``."""
+    if sink is not None and n:
+        sink.request("local", "get", nbytes, n=n)
         if seconds:
             _note_io(sink, "get", seconds)
 

@@ -37,7 +37,7 @@ from zarr_fused.io.probe import (
     per_file_latency,
     slow_direct,
 )
-from zarr_fused.stats import counted_key, note_lengths
+from zarr_fused.stats import counted_key, note_fetched
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -141,14 +141,17 @@ class PipelinedChunkReader:
             self.chain, batch, target, prefix, io_concurrency, per_thread, request.stats
         )
         start = time.perf_counter()
-        run_pipelined(
-            read.groups,
-            read.costs,
-            read.fetch,
-            read.consume,
-            io_concurrency=io_concurrency,
-            max_workers=request.max_workers,
-        )
+        try:
+            run_pipelined(
+                read.groups,
+                read.costs,
+                read.fetch,
+                read.consume,
+                io_concurrency=io_concurrency,
+                max_workers=request.max_workers,
+            )
+        finally:
+            read.count_files()
         probe.note_pipelined(time.perf_counter() - start, read.fastest.seconds)
         return tuple(read.statuses)
 
@@ -207,12 +210,21 @@ class _PipelinedRead:
         self.lock = threading.Lock()
         #: the fastest group's seconds per file
         self.fastest = Fastest()
+        #: files fetched, their stored bytes and the seconds it took (for
+        #: the sink, handed over once per read: a count per group is a
+        #: lock and a few calls more, on every one of dozens of groups)
+        self.fetched = [0, 0, 0.0]
 
     def _arena(self, need: int) -> np.ndarray:
         with self.lock:
             if self.spare and self.spare[-1].shape[0] >= need:
                 return self.spare.pop()
         return np.empty(need, dtype=np.uint8)
+
+    def count_files(self) -> None:
+        """Hand the files fetched over to the sink, if any."""
+        files, stored, seconds = self.fetched
+        note_fetched(self.sink, int(files), int(stored), seconds)
 
     def fetch(self, group: range, state: Batch[range, _Fetched]) -> _Fetched:
         arena = self._arena(self.costs[group.start // self.size])
@@ -228,7 +240,12 @@ class _PipelinedRead:
         if done:
             stored = int(lengths[:done].clip(min=0).sum())
             self.fastest.note(per_file_latency(seconds, done, stored))
-        note_lengths(self.sink, lengths[:done], seconds)
+            if self.sink is not None:
+                with self.lock:
+                    fetched = self.fetched
+                    fetched[0] += done
+                    fetched[1] += stored
+                    fetched[2] += seconds
         oversize: dict[int, bytes] = {}
         for k in np.flatnonzero(lengths[:done] < -1).tolist():
             # larger than any chunk we would write: read it whole
