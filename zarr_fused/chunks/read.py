@@ -33,7 +33,7 @@ from zarr_fused._pool import partition, run_parallel
 from zarr_fused._scatter_py import fill_missing, scatter_chunk
 from zarr_fused._zarr_compat import decode_partial_sync
 from zarr_fused.io.local import local_files
-from zarr_fused.stats import note_files
+from zarr_fused.stats import counted, counted_key, note_files
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -43,6 +43,7 @@ if TYPE_CHECKING:
 
     from zarr_fused._chain import Chain, NativeChain
     from zarr_fused._items import ReadItem
+    from zarr_fused.stats import Stats
 
 __all__ = ["ChunkReader", "NativeChunkReader", "PartialDecodeReader"]
 
@@ -82,7 +83,15 @@ class ChunkReader(_EachChunk):
 
 
 class NativeChunkReader:
-    """Whole-chunk reads through a native chain, one nogil call per group."""
+    """Whole-chunk reads through a native chain, one nogil call per group.
+
+    Inside a `zarr_fused.stats` block it takes a batch of `LocalStore` keys
+    as they are (`zarr_fused.stats.counted`'s ``local_native``): the files
+    its kernels read are counted from the request's sink, and the keys it
+    makes requests through are wrapped one by one."""
+
+    #: see `zarr_fused.stats.counted`
+    local_native = True
 
     def __init__(self, chain: NativeChain) -> None:
         self.chain = chain
@@ -95,8 +104,8 @@ class NativeChunkReader:
     def read(self, batch: Sequence[ReadItem], request: ReadRequest) -> tuple[GetResult, ...]:
         target = ReadTarget.native(self.chain, batch, request)
         if target is None:
-            return self.generic.read(batch, request)
-        job = _ChunkRead(self.chain, batch, target)
+            return self.generic.read(counted(list(batch), request.stats), request)
+        job = _ChunkRead(self.chain, batch, target, request.stats)
         max_workers = request.max_workers
         run_parallel(job.read_group, partition(len(batch), max_workers), max_workers)
         self.fastest_file = job.fastest
@@ -108,10 +117,17 @@ class _ChunkRead:
     files of) a group's chunks, decode them into ``out`` in one nogil call;
     chunks the kernels do not take go through the chain one by one."""
 
-    def __init__(self, chain: NativeChain, batch: Sequence[ReadItem], target: ReadTarget) -> None:
+    def __init__(
+        self,
+        chain: NativeChain,
+        batch: Sequence[ReadItem],
+        target: ReadTarget,
+        sink: Stats | None = None,
+    ) -> None:
         self.chain = chain
         self.batch = batch
         self.target = target
+        self.sink = sink
         self.prefix = local_files(batch)
         self.fastest = float("inf")
 
@@ -123,11 +139,11 @@ class _ChunkRead:
         files = self._read_group(indices)
         # a race between two groups can only keep the slower figure
         self.fastest = min(self.fastest, group_seconds_per_file(before, _group_clock(), indices))
-        note_files(self.batch, files, self.prefix)  # after the clock: it stats the files
+        note_files(self.sink, self.batch, files, self.prefix)  # after the clock: it stats the files
 
     def _read_group(self, indices: range) -> list[int]:
         """Read the group; the items whose files the kernels read."""
-        chain, target = self.chain, self.target
+        chain, target, sink = self.chain, self.target, self.sink
         dst, drop_axes, statuses = target.dst, target.drop_axes, target.statuses
         group = chain.decode_batch(len(indices), target.ndim)
         group.set_fill(target.pattern)
@@ -136,19 +152,22 @@ class _ChunkRead:
         for i in indices:
             getter, spec, chunk_selection, out_selection, _ = self.batch[i]
             layout = chain.layout(spec.shape)
+            # the group's first key tells its native run the sink to time into
+            key = getter if queued_items else counted_key(getter, sink)
             if self.prefix is not None:
                 path = self.prefix + os.fsencode(getter.path)
                 if group.add_file(
-                    path, layout, chunk_selection, dst, out_selection, drop_axes, getter
+                    path, layout, chunk_selection, dst, out_selection, drop_axes, key
                 ):
                     statuses[i] = PRESENT
                     queued_items.append(i)
                 else:
-                    general.append((i, getter.get_sync(prototype=spec.prototype)))
+                    raw = counted_key(getter, sink).get_sync(prototype=spec.prototype)
+                    general.append((i, raw))
                 continue
-            raw = getter.get_sync(prototype=spec.prototype)
+            raw = counted_key(getter, sink).get_sync(prototype=spec.prototype)
             if raw is None:
-                queued = group.add_missing(dst, out_selection, getter)
+                queued = group.add_missing(dst, out_selection, key)
             else:
                 queued = group.add(
                     raw.as_numpy_array(),
@@ -157,7 +176,7 @@ class _ChunkRead:
                     dst,
                     out_selection,
                     drop_axes,
-                    getter,
+                    key,
                 )
             if queued:
                 statuses[i] = PRESENT if raw is not None else MISSING
