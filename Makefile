@@ -25,7 +25,9 @@ demo: bootstrap
 # file's servers and clusters start once); every step prints its duration
 # ("ci step NAME: N s"), so a slow CI log shows where the time went.
 CI_ASAN_TESTS := tests/test_codecs.py tests/test_scatter.py tests/test_localio.py \
-	tests/test_native_chain.py tests/test_shard_read.py tests/fuzz
+	tests/test_native_chain.py tests/test_shard_read.py tests/fuzz \
+	tests/test_vlen.py tests/test_sharded_vlen.py tests/test_lz4_shuffle.py \
+	tests/test_v2_filters.py tests/test_sharded_filters.py tests/test_cast_value.py
 PYTEST_WORKERS ?= 2
 PYTEST_PARALLEL := -n $(PYTEST_WORKERS) --dist loadfile
 STEP := bash tools/timed.sh
@@ -88,9 +90,10 @@ fuzz-ci: bootstrap
 
 # the kernel, shard and fuzz-corpus tests on extensions built with
 # AddressSanitizer and UndefinedBehaviorSanitizer under build/asan (the
-# checkout's own extensions are not touched)
+# checkout's own extensions are not touched): CI's selection and the slow
+# shard-write suite
 test-asan: bootstrap
-	PY=$(PY) bash tests/fuzz/test_asan.sh
+	ASAN_TESTS="$(CI_ASAN_TESTS) tests/test_shard_write.py" PY=$(PY) bash tests/fuzz/test_asan.sh
 
 sdist: bootstrap
 	$(PY) -m build --sdist --no-isolation --outdir dist

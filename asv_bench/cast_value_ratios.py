@@ -8,18 +8,24 @@ Interleaved rounds (the order alternating) of a whole-array read and a
 whole-array write; prints the medians of wall time and of process CPU time
 (all threads) and the ratio Batched / zarr_fused of each:
 
-    .venv/bin/python asv_bench/cast_value_ratios.py /tmp/cast-data 9
-    taskset -c 0 .venv/bin/python asv_bench/cast_value_ratios.py /tmp/cast-data 9
+    .venv/bin/python asv_bench/cast_value_ratios.py /tmp/cast-data 9 --pin both
+
+(``--pin``: see ``_side_by_side_cli``.)
 """
 
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import zarr
 from zarr.codecs import BytesCodec, ShardingCodec, ZstdCodec
 from zarr.codecs.cast_value import CastValue
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _side_by_side_cli
 
 PIPELINES = {
     "batched": "zarr.core.codec_pipeline.BatchedCodecPipeline",
@@ -53,8 +59,7 @@ def timed(run, *args) -> tuple[float, float]:
     return time.perf_counter() - w0, time.process_time() - c0
 
 
-def main() -> None:
-    root, rounds = sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 9
+def measure(root: str, rounds: int) -> None:
     rng = np.random.default_rng(0)
     data = (rng.standard_normal(SHAPE) * 3000).astype("float32")
     data.flat[::97] = np.nan
@@ -82,7 +87,10 @@ def main() -> None:
                     res.setdefault((layout, "write", who), []).append(
                         timed(array.__setitem__, ..., data)
                     )
-    print(f"# {rounds} rounds, {SHAPE} float32 -> int16 cast_value, zstd 1")
+    report(res)
+
+
+def report(res: dict) -> None:
     for layout in ("unsharded", "sharded"):
         for op in ("read", "write"):
             b = res[layout, op, "batched"]
@@ -96,5 +104,15 @@ def main() -> None:
             )
 
 
+def main(argv: list[str] | None = None) -> int:
+    options = _side_by_side_cli.parser(__doc__, repeat=None)
+    options.add_argument("root", help="the folder the arrays are written to")
+    options.add_argument("repeat", type=int, nargs="?", default=9, metavar="rounds")
+    title = f"{SHAPE} float32 -> int16 cast_value, zstd 1"
+    return _side_by_side_cli.main(
+        __file__, options, argv, title, lambda args: measure(args.root, args.repeat)
+    )
+
+
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -13,8 +13,6 @@ than timed on zarr's code. Every peer's result is checked first.
 from __future__ import annotations
 
 import argparse
-import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -31,6 +29,7 @@ from zarr.storage import LocalStore
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+import _side_by_side_cli
 from side_by_side import rounds, table
 
 PEERS = {
@@ -186,27 +185,13 @@ def run(repeat: int, only: str = "") -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeat", type=int, default=7)
-    parser.add_argument("--pin", choices=["off", "on", "both"], default="off")
-    parser.add_argument("--only", default="", help="only the chains whose name has this")
-    args = parser.parse_args(argv)
-    if args.pin == "both":
-        for pin in ("off", "on"):
-            cmd = [sys.executable, __file__, "--repeat", str(args.repeat), "--pin", pin]
-            cmd += ["--only", args.only]
-            if subprocess.run(cmd, check=False).returncode:
-                return 1
-        return 0
-    if args.pin == "on":
-        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
-    cpus = sorted(os.sched_getaffinity(0))
-    pinned = "pinned" if args.pin == "on" else "unpinned"
-    load = ", ".join(f"{v:.2f}" for v in os.getloadavg())
-    print(f"# filter chains, local store, CPUs {cpus} ({pinned}), {args.repeat} rounds")
-    print(f"# load average at the start: {load}")
-    print("\n".join(run(args.repeat, args.only)), flush=True)
-    return 0
+    options = _side_by_side_cli.parser(__doc__)
+    options.add_argument("--only", default="", help="only the chains whose name has this")
+
+    def body(args: argparse.Namespace) -> None:
+        print("\n".join(run(args.repeat, args.only)), flush=True)
+
+    return _side_by_side_cli.main(__file__, options, argv, "filter chains, local store", body)
 
 
 if __name__ == "__main__":

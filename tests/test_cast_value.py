@@ -17,7 +17,7 @@ import pytest
 import zarr
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from zarr.codecs import BytesCodec, Crc32cCodec, ShardingCodec, ZstdCodec
+from zarr.codecs import Crc32cCodec, ZstdCodec
 from zarr.codecs.cast_value import CastValue
 from zarr.storage import MemoryStore
 
@@ -25,12 +25,12 @@ from zarr_fused._filter_stages import NativeCastValue, native_stage
 from zarr_fused._hybrid import FilteredChain, HybridChain
 from zarr_fused.errors import UnsupportedError
 
-from helpers import BATCHED, FUSED, assert_same_values, chunk_items, make_store
+from helpers import BATCHED, FUSED, assert_same_values, chunk_items, filter_data, make_store
+from helpers.filter_data import STRICT, assert_reads_as_zarr, filter_array
 
 cast_value_rs = pytest.importorskip("cast_value_rs")
 cast_kernels = pytest.importorskip("zarr_fused._cast_value")
 
-STRICT = {"codec_pipeline.path": FUSED, "codec_pipeline.strict": True}
 LENIENT = {"codec_pipeline.path": FUSED, "codec_pipeline.strict": False}
 
 INTS = ["int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"]
@@ -307,27 +307,8 @@ def values_of(kind: str, dtype: str, seed: int) -> np.ndarray:
 
 def create(store: Any, name: str, sharded: bool, compressors: list[Any]) -> Any:
     dtype, codec, _, fill = CHAINS[name]
-    if sharded:
-        serializer = ShardingCodec(chunk_shape=INNER, codecs=[codec(), BytesCodec(), *compressors])
-        return zarr.create_array(
-            store,
-            shape=SHAPE,
-            chunks=CHUNKS,
-            dtype=dtype,
-            fill_value=fill,
-            serializer=serializer,
-            compressors=None,
-            filters=None,
-        )
-    return zarr.create_array(
-        store,
-        shape=SHAPE,
-        chunks=CHUNKS,
-        dtype=dtype,
-        fill_value=fill,
-        filters=[codec()],
-        compressors=compressors,
-    )
+    inner = INNER if sharded else None
+    return filter_array(store, SHAPE, CHUNKS, dtype, fill, [codec()], compressors, inner)
 
 
 def write_both(tmp_path: Path, name: str, store_kind: str, sharded: bool) -> dict[str, Any]:
@@ -335,35 +316,30 @@ def write_both(tmp_path: Path, name: str, store_kind: str, sharded: bool) -> dic
     array, a patch into existing chunks, a region of fill value."""
     dtype, _, kind, fill = CHAINS[name]
     value, patch = values_of(kind, dtype, 0), values_of(kind, dtype, 1)[3:10, 2:20]
-    stores = {}
-    for who, config in (("fused", STRICT), ("zarr", {"codec_pipeline.path": BATCHED})):
-        with zarr.config.set(config):
-            store = make_store(store_kind, tmp_path, who)
-            array = create(store, name, sharded, [ZstdCodec(level=1), Crc32cCodec()])
-            array[:] = value
-            array[3:10, 2:20] = patch
-            array[20:, 14:] = fill
-            stores[who] = store
-    return stores
+
+    def make(who: str) -> Any:
+        store = make_store(store_kind, tmp_path, who)
+        return create(store, name, sharded, [ZstdCodec(level=1), Crc32cCodec()])
+
+    def write(array: Any) -> None:
+        array[:] = value
+        array[3:10, 2:20] = patch
+        array[20:, 14:] = fill
+
+    return filter_data.write_both(make, write)
 
 
 def assert_same(stores: dict[str, Any], sharded: bool) -> None:
+    def native(array: Any) -> None:
+        plan = array._async_array.codec_pipeline.plan
+        assert plan.read_fallback == plan.write_fallback == ""
+        if sharded:
+            assert isinstance(plan.reader.chain, FilteredChain)
+        else:
+            assert isinstance(plan.chain, HybridChain) and plan.chain.native
+
     assert chunk_items(stores["fused"]) == chunk_items(stores["zarr"])
-    selection = (slice(2, 30, 3), slice(5, None))
-    for store in stores.values():
-        with zarr.config.set({"codec_pipeline.path": BATCHED}):
-            expected = zarr.open_array(store, mode="r")
-            expected_all, expected_part = expected[:], expected[selection]
-        with zarr.config.set(STRICT):
-            array = zarr.open_array(store, mode="r")
-            plan = array._async_array.codec_pipeline.plan
-            assert plan.read_fallback == plan.write_fallback == ""
-            if sharded:
-                assert isinstance(plan.reader.chain, FilteredChain)
-            else:
-                assert isinstance(plan.chain, HybridChain) and plan.chain.native
-            assert_same_values(array[:], expected_all)
-            assert_same_values(array[selection], expected_part)
+    assert_reads_as_zarr(stores, (slice(2, 30, 3), slice(5, None)), native)
 
 
 @pytest.mark.parametrize("store_kind", ["memory", "local"])
@@ -398,12 +374,10 @@ def test_unset_out_of_range_raises_zarrs_error(sharded: bool) -> None:
     errors = {}
     for who, config in (("fused", STRICT), ("zarr", {"codec_pipeline.path": BATCHED})):
         with zarr.config.set(config):
-            kwargs: dict[str, Any] = {"filters": [codec], "compressors": [ZstdCodec()]}
-            if sharded:
-                inner = ShardingCodec(chunk_shape=INNER, codecs=[codec, BytesCodec()])
-                kwargs = {"serializer": inner, "filters": None, "compressors": None}
-            array = zarr.create_array(
-                MemoryStore(), shape=SHAPE, chunks=CHUNKS, dtype="float32", fill_value=0, **kwargs
+            compressors = [] if sharded else [ZstdCodec()]
+            inner = INNER if sharded else None
+            array = filter_array(
+                MemoryStore(), SHAPE, CHUNKS, "float32", 0, [codec], compressors, inner
             )
             with pytest.raises(ValueError, match="out of range") as caught:
                 array[:] = value

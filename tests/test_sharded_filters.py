@@ -8,6 +8,8 @@ oracle for the values read and for the stored shards, byte for byte.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +18,7 @@ import pytest
 import zarr
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from zarr.codecs import BytesCodec, Crc32cCodec, ShardingCodec, ZstdCodec
+from zarr.codecs import Crc32cCodec, ZstdCodec
 from zarr.codecs import numcodecs as znc
 from zarr.codecs.scale_offset import ScaleOffset
 from zarr.storage import MemoryStore
@@ -24,10 +26,14 @@ from zarr.storage import MemoryStore
 from zarr_fused._hybrid import FilteredChain
 from zarr_fused.errors import UnsupportedError
 
-from helpers import BATCHED, FUSED, assert_same_values, chunk_items, make_store
-from helpers.filter_data import values_of
+from helpers import FUSED, assert_same_values, chunk_items, filter_data, make_store
+from helpers.filter_data import STRICT, assert_reads_as_zarr, filter_array, values_of
 
-STRICT = {"codec_pipeline.path": FUSED, "codec_pipeline.strict": True}
+
+def astype(encoded: str, decoded: str, kind: str, fill: Any) -> tuple[Any, str, str, Any]:
+    """The entry of an AsType chain: arrays of ``decoded`` stored as ``encoded``."""
+    return (lambda: [znc.AsType(encode_dtype=encoded, decode_dtype=decoded)], decoded, kind, fill)
+
 
 #: filters, dtype, how values are drawn, fill value
 CHAINS: dict[str, tuple[Any, str, str, Any]] = {
@@ -62,28 +68,13 @@ CHAINS: dict[str, tuple[Any, str, str, Any]] = {
         "temperatures",
         np.nan,
     ),
-    "astype-f8-f4": (
-        lambda: [znc.AsType(encode_dtype="<f4", decode_dtype="<f8")],
-        "<f8",
-        "floats",
-        0,
-    ),
+    "astype-f8-f4": astype("<f4", "<f8", "floats", 0),
     # integer scale_offset whose decoding takes every stored value (scale 1 or
     # -1 and a range that holds, or int64, which zarr wraps)
     "scale_offset-i8": (lambda: [ScaleOffset(offset=1000, scale=-1)], "<i8", "ints", 5),
     "scale_offset-i2-negate": (lambda: [ScaleOffset(offset=-1, scale=-1)], "<i2", "ints", -2),
-    "astype-i4-i2": (
-        lambda: [znc.AsType(encode_dtype="<i2", decode_dtype="<i4")],
-        "<i4",
-        "ints",
-        -3,
-    ),
-    "astype-f8-i4": (
-        lambda: [znc.AsType(encode_dtype="<i4", decode_dtype="<f8")],
-        "<f8",
-        "small",
-        0,
-    ),
+    "astype-i4-i2": astype("<i2", "<i4", "ints", -3),
+    "astype-f8-i4": astype("<i4", "<f8", "small", 0),
     "delta-i8-astype-i2": (
         lambda: [znc.Delta(dtype="<i8", astype="<i2")],
         "<i8",
@@ -137,20 +128,8 @@ def create(
     index_location: str = "end",
 ) -> Any:
     shape, shard, inner = GEOMETRIES[geometry]
-    codec = ShardingCodec(
-        chunk_shape=inner,
-        codecs=[*filters, BytesCodec(), *compressors],
-        index_location=index_location,
-    )
-    return zarr.create_array(
-        store,
-        shape=shape,
-        chunks=shard,
-        dtype=dtype,
-        fill_value=fill,
-        serializer=codec,
-        compressors=None,
-        filters=None,
+    return filter_array(
+        store, shape, shard, dtype, fill, filters, compressors, inner, index_location
     )
 
 
@@ -171,18 +150,18 @@ def write_both(
     patch_region = tuple(slice(1, max(2, n // 2)) for n in shape)
     patch = values_of(kind, dtype, value[patch_region].shape, 1)
     fill_region = tuple(slice(n // 2, None) for n in shape)
-    stores = {}
-    for who, config in (("fused", STRICT), ("zarr", {"codec_pipeline.path": BATCHED})):
-        with zarr.config.set(config):
-            store = make_store(store_kind, tmp_path, who)
-            array = create(
-                store, filters(), dtype, fill, COMPRESSORS[compressor](), geometry, index_location
-            )
-            array[:] = value
-            array[patch_region] = patch
-            array[fill_region] = fill
-            stores[who] = store
-    return stores
+
+    def make(who: str) -> Any:
+        store = make_store(store_kind, tmp_path, who)
+        compressors = COMPRESSORS[compressor]()
+        return create(store, filters(), dtype, fill, compressors, geometry, index_location)
+
+    def write(array: Any) -> None:
+        array[:] = value
+        array[patch_region] = patch
+        array[fill_region] = fill
+
+    return filter_data.write_both(make, write)
 
 
 def plan_of(array: Any) -> Any:
@@ -193,14 +172,27 @@ def assert_same(stores: dict[str, Any], selection: Any = ...) -> None:
     """The same stored shards, and the same values read by both pipelines
     from each store (zarr_fused in strict mode)."""
     assert chunk_items(stores["fused"]) == chunk_items(stores["zarr"])
-    for store in stores.values():
-        with zarr.config.set({"codec_pipeline.path": BATCHED}):
-            expected = zarr.open_array(store, mode="r")
-            expected_all, expected_part = expected[:], expected[selection]
-        with zarr.config.set(STRICT):
-            array = zarr.open_array(store, mode="r")
-            assert_same_values(array[:], expected_all)
-            assert_same_values(array[selection], expected_part)
+    assert_reads_as_zarr(stores, selection)
+
+
+def write_whole(
+    chain: tuple[Any, str, str, Any],
+    value: Any,
+    new_store: Callable[[str], Any],
+    fused: dict[str, Any] = STRICT,
+) -> dict[str, Any]:
+    """``value`` written whole through both pipelines into arrays of
+    ``chain`` (an entry of CHAINS or DECLINED; 2d, zstd), each in
+    ``new_store(who)``."""
+    filters, dtype, _, fill = chain
+
+    def make(who: str) -> Any:
+        return create(new_store(who), filters(), dtype, fill, [ZstdCodec()])
+
+    def write(array: Any) -> None:
+        array[:] = value
+
+    return filter_data.write_both(make, write, fused)
 
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered in cast:RuntimeWarning")
@@ -229,14 +221,11 @@ def test_sharded_filters_geometry(
 def test_sharded_filters_zip_store(tmp_path: Path, name: str) -> None:
     """One write per shard (a zip file is not rewritten in place), with a
     region of fill value: its inner chunks are left out of the shards."""
-    filters, dtype, kind, fill = CHAINS[name]
+    _, dtype, kind, fill = CHAINS[name]
     value = values_of(kind, dtype, GEOMETRIES["2d"][0], 2)
     value[16:, 12:] = fill
-    for who, config in (("fused", STRICT), ("zarr", {"codec_pipeline.path": BATCHED})):
-        with zarr.config.set(config):
-            store = make_store("zip", tmp_path, who)
-            create(store, filters(), dtype, fill, [ZstdCodec()])[:] = value
-            store.close()
+    for store in write_whole(CHAINS[name], value, partial(make_store, "zip", tmp_path)).values():
+        store.close()
     reopened = {
         who: zarr.storage.ZipStore(tmp_path / f"{who}.zip", mode="r") for who in ("fused", "zarr")
     }
@@ -274,18 +263,8 @@ def test_strict_rejects_filter_without_kernel_sharded() -> None:
 DECLINED: dict[str, tuple[Any, str, str, Any]] = {
     "scale_offset-i2-scale": (lambda: [ScaleOffset(offset=100, scale=3)], "<i2", "ints", -1),
     "scale_offset-i2-offset": (lambda: [ScaleOffset(offset=5, scale=1)], "<i2", "ints", 9),
-    "astype-i2-f4": (
-        lambda: [znc.AsType(encode_dtype="<f4", decode_dtype="<i2")],
-        "<i2",
-        "ints",
-        1,
-    ),
-    "astype-u1-f8": (
-        lambda: [znc.AsType(encode_dtype="<f8", decode_dtype="|u1")],
-        "|u1",
-        "ints",
-        9,
-    ),
+    "astype-i2-f4": astype("<f4", "<i2", "ints", 1),
+    "astype-u1-f8": astype("<f8", "|u1", "ints", 9),
 }
 
 
@@ -300,14 +279,10 @@ def test_declined_filters_strict_rejects(name: str) -> None:
 
 @pytest.mark.parametrize("name", list(DECLINED))
 def test_declined_filters_match_zarr(name: str) -> None:
-    filters, dtype, kind, fill = DECLINED[name]
+    _, dtype, kind, _ = DECLINED[name]
     value = values_of(kind, dtype, GEOMETRIES["2d"][0], 5)
-    stores = {}
     lenient = {"codec_pipeline.path": FUSED, "codec_pipeline.strict": False}
-    for who, config in (("fused", lenient), ("zarr", {"codec_pipeline.path": BATCHED})):
-        with zarr.config.set(config):
-            stores[who] = MemoryStore()
-            create(stores[who], filters(), dtype, fill, [ZstdCodec()])[:] = value
+    stores = write_whole(DECLINED[name], value, lambda _: MemoryStore(), lenient)
     assert chunk_items(stores["fused"]) == chunk_items(stores["zarr"])
     with zarr.config.set(lenient):
         got = zarr.open_array(stores["fused"], mode="r")[:]
@@ -319,14 +294,11 @@ def test_declined_filters_match_zarr(name: str) -> None:
 def test_astype_unfit_inner_chunk(tmp_path: Path, bad: float) -> None:
     """An inner chunk astype cannot cast natively (a float int32 cannot
     hold) is encoded by numcodecs' code; the shard's bytes are zarr's."""
-    filters, dtype, kind, fill = CHAINS["astype-f8-i4"]
+    _, dtype, kind, _ = CHAINS["astype-f8-i4"]
     value = values_of(kind, dtype, GEOMETRIES["2d"][0], 3)
     value[9, 7] = bad
-    stores = {}
-    for who, config in (("fused", STRICT), ("zarr", {"codec_pipeline.path": BATCHED})):
-        with zarr.config.set(config):
-            stores[who] = make_store("local", tmp_path, who)
-            create(stores[who], filters(), dtype, fill, [ZstdCodec()])[:] = value
+    local = partial(make_store, "local", tmp_path)
+    stores = write_whole(CHAINS["astype-f8-i4"], value, local)
     assert_same(stores, (slice(5, 20), slice(3, 12)))
 
 
@@ -336,14 +308,11 @@ def test_fixedscaleoffset_unfit_inner_chunk(tmp_path: Path, bad: float) -> None:
     """An inner chunk fixedscaleoffset's type cannot hold is encoded by
     numcodecs' code (its cast is platform-defined); the others natively;
     the shard's bytes are zarr's either way."""
-    filters, dtype, kind, fill = CHAINS["fixedscaleoffset-f8-i2"]
+    _, dtype, kind, _ = CHAINS["fixedscaleoffset-f8-i2"]
     value = values_of(kind, dtype, GEOMETRIES["2d"][0], 3)
     value[9, 7] = bad
-    stores = {}
-    for who, config in (("fused", STRICT), ("zarr", {"codec_pipeline.path": BATCHED})):
-        with zarr.config.set(config):
-            stores[who] = make_store("local", tmp_path, who)
-            create(stores[who], filters(), dtype, fill, [ZstdCodec()])[:] = value
+    local = partial(make_store, "local", tmp_path)
+    stores = write_whole(CHAINS["fixedscaleoffset-f8-i2"], value, local)
     assert_same(stores, (slice(5, 20), slice(3, 12)))
 
 
@@ -398,12 +367,14 @@ def test_sharded_filter_parameters_property(case: tuple[list[Any], str, Any, int
         value = rng.integers(0, 100, size=shape).astype(dtype)
     else:
         value = rng.uniform(-50, 120, size=shape).round(1).astype(dtype)
-    stores = {}
+
+    def make(_: str) -> Any:
+        return create(MemoryStore(), filters, dtype, fill, [ZstdCodec(level=1)])
+
+    def write(array: Any) -> None:
+        array[:] = value
+        array[4:11, 2:19] = value[:7, :17][::-1]
+
     with np.errstate(all="ignore"):
-        for who, config in (("fused", STRICT), ("zarr", {"codec_pipeline.path": BATCHED})):
-            with zarr.config.set(config):
-                stores[who] = MemoryStore()
-                array = create(stores[who], filters, dtype, fill, [ZstdCodec(level=1)])
-                array[:] = value
-                array[4:11, 2:19] = value[:7, :17][::-1]
+        stores = filter_data.write_both(make, write)
         assert_same(stores, (slice(1, 30, 4), slice(2, 27)))

@@ -27,12 +27,10 @@ from zarr_fused._v2 import V2Shuffle
 from zarr_fused.cli.identity import byte_identical
 from zarr_fused.errors import CorruptChunkError, UnsupportedError
 
-from helpers import BATCHED, FUSED, assert_same_values, chunk_items, make_store
-from helpers.filter_data import values_of
+from helpers import FUSED, assert_same_values, chunk_items, filter_data, make_store
+from helpers.filter_data import STRICT, assert_reads_as_zarr, values_of
 
-STRICT = {"codec_pipeline.path": FUSED, "codec_pipeline.strict": True}
 LENIENT = {"codec_pipeline.path": FUSED, "codec_pipeline.strict": False}
-ZARR = {"codec_pipeline.path": BATCHED}
 SHAPE, CHUNKS = (13, 11), (4, 5)  # edge chunks on both axes
 
 #: name -> (filters, compressor, dtype, kind of values): every filter has a
@@ -130,8 +128,10 @@ def plan_of(array: Any) -> Any:
     return array._async_array.codec_pipeline.plan
 
 
-def create(store: Any, name: str, order: str, fill_value: Any = 0, separator: str = ".") -> Any:
-    filters, compressor, dtype, _ = CHAINS[name]
+def create_v2(
+    store: Any, filters: list[Any], compressor: Any, dtype: str, order: str, **options: Any
+) -> Any:
+    """A format-2 array of SHAPE in CHUNKS; ``options`` go to create_array."""
     return zarr.create_array(
         store,
         shape=SHAPE,
@@ -139,8 +139,20 @@ def create(store: Any, name: str, order: str, fill_value: Any = 0, separator: st
         dtype=dtype,
         zarr_format=2,
         order=order,
-        filters=filters(),
-        compressors=compressor(),
+        filters=filters,
+        compressors=compressor,
+        **options,
+    )
+
+
+def create(store: Any, name: str, order: str, fill_value: Any = 0, separator: str = ".") -> Any:
+    filters, compressor, dtype, _ = CHAINS[name]
+    return create_v2(
+        store,
+        filters(),
+        compressor(),
+        dtype,
+        order,
         fill_value=fill_value,
         chunk_key_encoding={"name": "v2", "separator": separator},
     )
@@ -153,18 +165,19 @@ def write_both(
     array, a part across chunk edges, then a region of fill values (its
     chunks deleted); zarr_fused's chain is native."""
     value = values_of(CHAINS[name][3], CHAINS[name][2], SHAPE, 7)
-    stores = {}
-    for label, config in (("fused", STRICT), ("zarr", ZARR)):
-        with zarr.config.set(config):
-            store = make_store(store_kind, tmp_path, label)
-            array = create(store, name, order, fill_value, separator)
-            if label == "fused":  # a lone Shuffle(1) is a plain native chain
-                assert plan_of(array).chain.native, plan_of(array).fallback
-            array[...] = value
-            array[2:9, 3:8] = value[:7, :5] // 2
-            array[8:12, :5] = 0 if fill_value is None else fill_value
-            stores[label] = store
-    return stores
+
+    def make(who: str) -> Any:
+        array = create(make_store(store_kind, tmp_path, who), name, order, fill_value, separator)
+        if who == "fused":  # a lone Shuffle(1) is a plain native chain
+            assert plan_of(array).chain.native, plan_of(array).fallback
+        return array
+
+    def write(array: Any) -> None:
+        array[...] = value
+        array[2:9, 3:8] = value[:7, :5] // 2
+        array[8:12, :5] = 0 if fill_value is None else fill_value
+
+    return filter_data.write_both(make, write)
 
 
 def assert_same_chunks(stores: dict[str, Any], name: str) -> None:
@@ -182,13 +195,7 @@ def assert_same_chunks(stores: dict[str, Any], name: str) -> None:
 def assert_reads_alike(stores: dict[str, Any], selection: Any = (slice(1, 12, 2), slice(2, None))):
     """Each store read whole and in part by zarr_fused (strict) as zarr
     reads it."""
-    for store in stores.values():
-        with zarr.config.set(ZARR):
-            expected = zarr.open_array(store, mode="r")[...]
-        with zarr.config.set(STRICT):
-            array = zarr.open_array(store, mode="r")
-            assert_same_values(array[...], expected)
-            assert_same_values(array[selection], expected[selection])
+    assert_reads_as_zarr(stores, selection)
 
 
 @pytest.mark.parametrize("store_kind", ["memory", "local"])
@@ -293,23 +300,17 @@ def test_filter_without_kernel(filters: list[Any], names: str, order: str) -> No
     """A filter without a native stage: zarr's code runs the filters (the
     compressor stays native), the values are zarr's, strict mode refuses."""
     value = values_of("ints", ">i4", SHAPE, 3)
-    stores = {}
-    for label, config in (("fused", LENIENT), ("zarr", ZARR)):
-        with zarr.config.set(config):
-            store = stores[label] = MemoryStore()
-            array = zarr.create_array(
-                store,
-                shape=SHAPE,
-                chunks=CHUNKS,
-                dtype=">i4",
-                zarr_format=2,
-                order=order,
-                filters=filters,
-                compressors=numcodecs.Zstd(1),
-            )
-            if label == "fused":
-                assert f"filters ({names}) run zarr's code" in plan_of(array).fallback
-            array[...] = value
+
+    def make(who: str) -> Any:
+        array = create_v2(MemoryStore(), filters, numcodecs.Zstd(1), ">i4", order)
+        if who == "fused":
+            assert f"filters ({names}) run zarr's code" in plan_of(array).fallback
+        return array
+
+    def write(array: Any) -> None:
+        array[...] = value
+
+    stores = filter_data.write_both(make, write, LENIENT)
     assert chunk_items(stores["fused"]) == chunk_items(stores["zarr"])
     with zarr.config.set(LENIENT):
         assert_same_values(zarr.open_array(stores["fused"], mode="r")[...], value)
@@ -324,28 +325,25 @@ def test_bitround_before_flattening(order: str) -> None:
     in order F zarr's code runs the filters, and zarr_fused reads and
     writes what zarr does; in order C the chain is native."""
     value = values_of("floats", "<f8", SHAPE, 5)
-    stores, results = {}, {}
-    for label, config in (("fused", LENIENT), ("zarr", ZARR)):
-        with zarr.config.set(config):
-            store = stores[label] = MemoryStore()
-            array = zarr.create_array(
-                store,
-                shape=SHAPE,
-                chunks=CHUNKS,
-                dtype="<f8",
-                zarr_format=2,
-                order=order,
-                filters=[numcodecs.BitRound(12), numcodecs.Shuffle(8)],
-                compressors=numcodecs.Zstd(1),
-            )
-            if label == "fused":
-                plan = plan_of(array)
-                assert plan.chain.native == (order == "C"), plan.fallback
-            array[...] = value
-            array[1:6, 2:9] = value[1:6, 2:9] * 3
-            results[label] = array[...]
+    plans, reads = [], []  # fused, then zarr (write_both's order)
+
+    def make(who: str) -> Any:
+        filters = [numcodecs.BitRound(12), numcodecs.Shuffle(8)]
+        array = create_v2(MemoryStore(), filters, numcodecs.Zstd(1), "<f8", order)
+        if who == "fused":
+            plans.append(plan_of(array))
+        return array
+
+    def write(array: Any) -> None:
+        array[...] = value
+        array[1:6, 2:9] = value[1:6, 2:9] * 3
+        reads.append(array[...])
+
+    stores = filter_data.write_both(make, write, LENIENT)
+    (plan,) = plans
+    assert plan.chain.native == (order == "C"), plan.fallback
     assert chunk_items(stores["fused"]) == chunk_items(stores["zarr"])
-    assert_same_values(results["fused"], results["zarr"])
+    assert_same_values(*reads)
     if order == "F":
         assert "bitround stores an order-F chunk in C order" in plan.fallback
         with zarr.config.set(STRICT), pytest.raises(UnsupportedError, match="natively"):
@@ -436,26 +434,19 @@ def test_filter_stacks(
     filters, dtype = stack
     kind = "floats" if dtype[1] == "f" else "ints"
     value = values_of(kind, dtype, SHAPE, seed)
-    stores, results = {}, {}
-    for label, config in (("fused", STRICT), ("zarr", ZARR)):
-        with zarr.config.set(config):
-            store = stores[label] = MemoryStore()
-            array = zarr.create_array(
-                store,
-                shape=SHAPE,
-                chunks=CHUNKS,
-                dtype=dtype,
-                zarr_format=2,
-                order=order,
-                filters=filters,
-                compressors=compressor(),
-                fill_value=fill,
-            )
-            array[...] = value
-            array[3:7, 2:9] = value[3:7, 2:9][::-1]
-            results[label] = array[1:, ::2]
+    reads = []  # fused, then zarr (write_both's order)
+
+    def make(_: str) -> Any:
+        return create_v2(MemoryStore(), filters, compressor(), dtype, order, fill_value=fill)
+
+    def write(array: Any) -> None:
+        array[...] = value
+        array[3:7, 2:9] = value[3:7, 2:9][::-1]
+        reads.append(array[1:, ::2])
+
+    stores = filter_data.write_both(make, write)
     ours, theirs = chunk_items(stores["fused"]), chunk_items(stores["zarr"])
     if byte_identical([V2Codec(filters=tuple(filters), compressor=compressor())]):
         assert ours == theirs
     assert sorted(ours) == sorted(theirs)
-    assert_same_values(results["fused"], results["zarr"])
+    assert_same_values(*reads)

@@ -1,9 +1,21 @@
-"""Values that look like what filter chains are used for, shared by the
-filter tests (unsharded and sharded)."""
+"""Values that look like what filter chains are used for, and the set-up
+the filter tests share (unsharded, sharded, format 2, cast_value): the same
+writes through zarr_fused and through zarr's `BatchedCodecPipeline`, then
+each store read by both."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+from typing import Any
+
 import numpy as np
+import zarr
+from zarr.codecs import BytesCodec, ShardingCodec
+
+from helpers import BATCHED, FUSED, assert_same_values
+
+STRICT = {"codec_pipeline.path": FUSED, "codec_pipeline.strict": True}
+ZARR = {"codec_pipeline.path": BATCHED}
 
 
 def values_of(kind: str, dtype: str, shape: tuple[int, ...], seed: int) -> np.ndarray:
@@ -22,3 +34,69 @@ def values_of(kind: str, dtype: str, shape: tuple[int, ...], seed: int) -> np.nd
     else:
         value = 1000 * rng.standard_normal(shape)
     return value.astype(dtype)
+
+
+def filter_array(
+    store: Any,
+    shape: tuple[int, ...],
+    chunks: tuple[int, ...],
+    dtype: str,
+    fill_value: Any,
+    filters: list[Any],
+    compressors: list[Any],
+    inner: tuple[int, ...] | None = None,
+    index_location: str = "end",
+) -> Any:
+    """A format-3 array whose chain is ``filters``, bytes, ``compressors``:
+    in chunks of ``chunks``, or, given ``inner``, in shards of ``chunks``
+    whose inner chunks of ``inner`` carry the whole chain."""
+    if inner is None:
+        codecs: dict[str, Any] = {"filters": filters, "compressors": compressors}
+    else:
+        serializer = ShardingCodec(
+            chunk_shape=inner,
+            codecs=[*filters, BytesCodec(), *compressors],
+            index_location=index_location,
+        )
+        codecs = {"serializer": serializer, "filters": None, "compressors": None}
+    return zarr.create_array(
+        store, shape=shape, chunks=chunks, dtype=dtype, fill_value=fill_value, **codecs
+    )
+
+
+def write_both(
+    make: Callable[[str], Any],
+    write: Callable[[Any], None],
+    fused: Mapping[str, Any] = STRICT,
+) -> dict[str, Any]:
+    """``make(who)`` creates an array in a fresh store and ``write(array)``
+    writes into it, once with zarr_fused configured (``fused``: strict
+    unless told otherwise; ``who`` is "fused") and once with zarr's
+    `BatchedCodecPipeline` ("zarr"). Returns the two stores by ``who``."""
+    stores = {}
+    for who, config in (("fused", fused), ("zarr", ZARR)):
+        with zarr.config.set(dict(config)):
+            array = make(who)
+            write(array)
+            stores[who] = array.store
+    return stores
+
+
+def assert_reads_as_zarr(
+    stores: dict[str, Any],
+    selection: Any,
+    check: Callable[[Any], None] | None = None,
+) -> None:
+    """Each store read whole and at ``selection`` by zarr_fused (strict)
+    gives what zarr reads from it; ``check`` sees each array zarr_fused
+    opened (its plan, say) before the reads."""
+    for store in stores.values():
+        with zarr.config.set(ZARR):
+            expected = zarr.open_array(store, mode="r")
+            expected_all, expected_part = expected[...], expected[selection]
+        with zarr.config.set(STRICT):
+            array = zarr.open_array(store, mode="r")
+            if check is not None:
+                check(array)
+            assert_same_values(array[...], expected_all)
+            assert_same_values(array[selection], expected_part)
