@@ -904,3 +904,16 @@ def test_plain_region_sets_hypothesis(
         _no_staging(patch)
         _no_region_parse(patch)
         _assert_all(zarr_fused.read_regions(arr, selections), expected)
+
+
+def test_plain_selections_in_a_missing_shard_raise_when_zarr_would(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = make_store("local", tmp_path)
+    _fan_out_filled(store, "zstd", seed=74)
+    _no_region_parse(monkeypatch)
+    with zarr.config.set({"array.read_missing_chunks": False}):
+        arr = _open(store, FUSED)
+        plain = [(slice(0, 3), slice(0, 26), slice(0, 19)), (33, slice(0, 2), 0)]
+        with pytest.raises(ChunkNotFoundError, match="c/2/0/0"):
+            zarr_fused.read_regions(arr, plain)
