@@ -120,6 +120,12 @@ EXTENSIONS: list[dict] = [
         "libraries": [],
     },
     {
+        "name": "zarr_fused._region_plan",
+        "sources": ["zarr_fused/_region_plan.pyx"],
+        "depends": [],
+        "libraries": [],
+    },
+    {
         "name": "zarr_fused._shard_index",
         "sources": ["zarr_fused/_shard_index.pyx"],
         "depends": [

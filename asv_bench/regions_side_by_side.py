@@ -4,6 +4,9 @@ Reads ``--regions`` random unaligned ``--patch``^3 regions of a sharded zstd
 uint16 cube (shards 128^3, inner chunks 32^3 by default) through
 
 * ``read_regions``: `zarr_fused.read_regions`, all regions as one batch;
+* ``per-region``: the same, with every selection parsed into a region
+  object and its result allocated alone (the plan before plain selections
+  were planned natively, for the ratio in one run);
 * ``staging``: the same, with the fan-out read off (the blocks decoded into
   a staging array through the pipeline, then copied out: the design the
   fan-out replaced, for the ratio of the two in one run);
@@ -82,11 +85,19 @@ def staging_read(arr: Any, sels: list[Any]) -> list[Any]:
         return zarr_fused.read_regions(arr, sels)
 
 
+def per_region_read(arr: Any, sels: list[Any]) -> list[Any]:
+    """`read_regions` with the native plan of plain selections off (a
+    benchmark-only switch, through the private plan)."""
+    with mock.patch.object(regions, "_read_plain", lambda geometry, selections: None):
+        return zarr_fused.read_regions(arr, sels)
+
+
 def peers(path: Path, sels: list[Any]) -> dict[str, Callable[[], list[Any]]]:
     with zarr.config.set(FUSED):
         arr = zarr.open_array(LocalStore(path), mode="r")
     out: dict[str, Callable[[], list[Any]]] = {
         "read_regions": lambda: zarr_fused.read_regions(arr, sels),
+        "per-region": lambda: per_region_read(arr, sels),
         "staging": lambda: staging_read(arr, sels),
         "one-by-one": lambda: [arr[s] for s in sels],
     }

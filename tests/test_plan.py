@@ -162,6 +162,7 @@ def test_native_info_reports_codecs() -> None:
         "zarr_fused._cast_value": True,
         "zarr_fused._filters": True,
         "zarr_fused._vlen": True,
+        "zarr_fused._region_plan": True,
     }
     assert set(info["codecs"]) == {
         "bytes",
@@ -385,6 +386,7 @@ _EXTENSIONS = (
     "_shard_local",
     "_filters",
     "_cast_value",
+    "_region_plan",
 )
 
 

@@ -705,3 +705,215 @@ def test_zip_store_keeps_the_staging_read(tmp_path: Path) -> None:
     arr = _open(zarr.storage.ZipStore(tmp_path / "data.zip", mode="r"), FUSED)
     selections = _shared_regions(arr.shape, 30, seed=62)
     _assert_all(zarr_fused.read_regions(arr, selections), _expected(arr.store, selections))
+
+
+# -- the native plan of plain selections --------------------------------------------------
+
+
+def _no_region_parse(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make the per-region parse fail, so a test shows the native plan ran."""
+
+    def parse(*args: Any) -> None:
+        raise AssertionError("the per-region plan ran")
+
+    monkeypatch.setattr(regions_module, "_region", parse)
+
+
+PLAIN_CASES = {
+    # inner chunks 8x4x5 in shards 16x12x10 of a 37x26x19 array
+    "edge-chunks": [(slice(30, 37), slice(20, 26), slice(15, 19)), (slice(36, 37), 25, 18)],
+    "across-shards": [(slice(10, 20), slice(8, 16), slice(6, 14)), (slice(0, 37),) * 3],
+    "ints-drop-axes": [(3, slice(2, 9), slice(0, 4)), (slice(1, 5), -1, 2), (0, 5, slice(9, 11))],
+    "negative-none-bounds": [
+        (slice(-5, None), slice(None, -20), slice(-100, 100)),
+        (slice(None), slice(-3, -1), slice(None, 4)),
+    ],
+    "empty": [(slice(5, 5), slice(0, 3), slice(0, 3)), (slice(9, 2), 1, slice(30, 40))],
+    "missing-shards": [(slice(32, 37), slice(0, 26), slice(3, 8)), (33, 1, 1)],
+    "numpy-integers": [(np.int64(4), slice(np.int32(1), np.uint8(9)), slice(2, 3))],
+    "one-all-integers": [(1, 2, 3), (slice(0, 2), slice(0, 2), slice(0, 2))],
+}
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, id=c) for c in PLAIN_CASES])
+def test_plain_selections_take_the_native_plan(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case: str
+) -> None:
+    store = make_store("memory", tmp_path)
+    _fan_out_filled(store, "crc32c", seed=71)
+    arr = _open(store, FUSED)
+    selections = PLAIN_CASES[case]
+    expected = _expected(store, selections)
+    _no_staging(monkeypatch)
+    _no_region_parse(monkeypatch)
+    _assert_all(zarr_fused.read_regions(arr, selections), expected)
+
+
+def test_one_selection_outside_the_native_plan_plans_all_by_region(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A list, a step, an Ellipsis or a short tuple among plain selections:
+    all of them go the per-region way, with the same values."""
+    store = make_store("local", tmp_path)
+    _fan_out_filled(store, "zstd", seed=72)
+    arr = _open(store, FUSED)
+    plain = [(slice(0, 9), slice(3, 7), 4), (slice(20, 30), slice(0, 26), slice(0, 19))]
+    for odd in ((slice(0, 9, 2), 1, 1), (Ellipsis, 3), (slice(1, 3),), ([1, 2], 0, 0)):
+        selections = [*plain, odd]
+        _assert_all(zarr_fused.read_regions(arr, selections), _expected(store, selections))
+
+
+def _parsed(selection: Any, shape: tuple[int, ...]) -> Any:
+    """What the per-region parse makes of ``selection``: (lo, hi, dropped)."""
+    region = regions_module._region(selection, shape)
+    if region is None or region.picks is not None:
+        return None
+    dropped = [d in region.dropped for d in range(len(shape))]
+    return list(region.lo), list(region.hi), dropped
+
+
+@given(data=st.data())
+@settings(max_examples=200, deadline=None)
+def test_plain_boxes_agree_with_the_per_region_parse(data: Any) -> None:
+    from zarr_fused._native import region_kernels
+
+    assert region_kernels is not None
+    shape = data.draw(st.lists(st.integers(0, 9), min_size=1, max_size=4).map(tuple))
+    axis = st.one_of(
+        _axis(max(shape) + 1),
+        st.builds(slice, st.integers(-12, 12), st.integers(-12, 12), st.sampled_from([1, 2])),
+        st.just(Ellipsis),
+    )
+    selections = data.draw(
+        st.lists(st.lists(axis, min_size=len(shape), max_size=len(shape)).map(tuple), max_size=4)
+    )
+    boxes = region_kernels.plain_boxes(selections, shape)
+    parsed = [_parsed(sel, shape) for sel in selections]
+    if boxes is None:
+        assert any(
+            p is None or any(item is Ellipsis for item in sel)
+            for p, sel in zip(parsed, selections, strict=True)
+        )
+        return
+    lo, hi, dropped = boxes
+    assert parsed == [
+        (a.tolist(), b.tolist(), c.tolist()) for a, b, c in zip(lo, hi, dropped, strict=True)
+    ]
+
+
+def _targets_by_unit(lo: Any, hi: Any, shape: Any, outer: Any, inner: Any) -> dict[Any, Any]:
+    """Reference plan: per (shard, inner chunk), the sorted target rows."""
+    per_shard = tuple(o // i for o, i in zip(outer, inner, strict=True))
+    out: dict[Any, list[list[int]]] = {}
+    for r, (a, b) in enumerate(zip(lo.tolist(), hi.tolist(), strict=True)):
+        if any(x >= y for x, y in zip(a, b, strict=True)):
+            continue
+        spans = [range(x // n, (y - 1) // n + 1) for x, y, n in zip(a, b, inner, strict=True)]
+        for c in itertools.product(*spans):
+            c_lo = [max(x, k * n) for x, k, n in zip(a, c, inner, strict=True)]
+            c_hi = [min(y, (k + 1) * n) for y, k, n in zip(b, c, inner, strict=True)]
+            shard = tuple(k // p for k, p in zip(c, per_shard, strict=True))
+            lin = int(
+                np.ravel_multi_index([k % p for k, p in zip(c, per_shard, strict=True)], per_shard)
+            )
+            row = [r, *(x - k * n for x, k, n in zip(c_lo, c, inner, strict=True))]
+            row += [x - s for x, s in zip(c_lo, a, strict=True)]
+            row += [y - x for x, y in zip(c_lo, c_hi, strict=True)]
+            out.setdefault((shard, lin), []).append(row)
+    return {k: sorted(v) for k, v in out.items()}
+
+
+@given(data=st.data())
+@settings(max_examples=100, deadline=None)
+def test_fan_out_targets_match_a_reference_plan(data: Any) -> None:
+    from zarr_fused._native import region_kernels
+
+    assert region_kernels is not None
+    nd = data.draw(st.integers(1, 3))
+    inner = tuple(data.draw(st.integers(1, 4)) for _ in range(nd))
+    outer = tuple(i * data.draw(st.integers(1, 3)) for i in inner)
+    shape = tuple(data.draw(st.integers(1, 20)) for _ in range(nd))
+    box = st.tuples(*(st.tuples(st.integers(0, n), st.integers(0, n)) for n in shape))
+    boxes = data.draw(st.lists(box, max_size=8))
+    lo = np.array([[min(a, b) for a, b in bx] for bx in boxes], np.int64).reshape(-1, nd)
+    hi = np.array([[max(a, b) for a, b in bx] for bx in boxes], np.int64).reshape(-1, nd)
+    targets, units, starts, shards, shard_units = region_kernels.fan_out_targets(
+        lo, hi, None, None, shape, outer, inner
+    )
+    grid = tuple(-(-n // o) for n, o in zip(shape, outer, strict=True))
+    got: dict[Any, Any] = {}
+    assert list(shards) == sorted(set(shards.tolist()))  # store order, each once
+    for s, shard in enumerate(shards.tolist()):
+        coords = tuple(int(c) for c in np.unravel_index(shard, grid))
+        run = units[shard_units[s] : shard_units[s + 1]].tolist()
+        assert run == sorted(set(run))
+        for u in range(shard_units[s], shard_units[s + 1]):
+            rows = targets[starts[u] : starts[u + 1]].tolist()
+            got[(coords, int(units[u]))] = sorted(rows)
+    assert got == _targets_by_unit(lo, hi, shape, outer, inner)
+
+
+@pytest.mark.parametrize(
+    "lo, hi, message",
+    [
+        pytest.param([[-1, 0]], [[2, 2]], "outside", id="negative"),
+        pytest.param([[0, 0]], [[11, 2]], "outside", id="past-the-end"),
+        pytest.param([[0, 0, 0]], [[1, 1, 1]], "lo and hi", id="axes"),
+    ],
+)
+def test_fan_out_targets_refuses_boxes_outside(lo: Any, hi: Any, message: str) -> None:
+    from zarr_fused._native import region_kernels
+
+    assert region_kernels is not None
+    with pytest.raises(ValueError, match=message):
+        region_kernels.fan_out_targets(
+            np.array(lo, np.int64), np.array(hi, np.int64), None, None, (10, 10), (4, 4), (2, 2)
+        )
+
+
+def test_fan_out_targets_refuses_a_grid_that_does_not_tile() -> None:
+    from zarr_fused._native import region_kernels
+
+    assert region_kernels is not None
+    box = np.zeros((1, 2), np.int64)
+    with pytest.raises(ValueError, match="do not tile"):
+        region_kernels.fan_out_targets(box, box, None, None, (10, 10), (4, 5), (2, 2))
+
+
+@given(data=st.data())
+@settings(
+    max_examples=30,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+def test_plain_region_sets_hypothesis(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, data: Any
+) -> None:
+    key = (str(tmp_path), "plain")
+    if key not in _STORES:
+        store = MemoryStore()
+        _fan_out_filled(store, "zstd", seed=73)
+        _STORES[key] = store
+    store = _STORES[key]
+    arr = _open(store, FUSED)
+    selections = data.draw(
+        st.lists(st.tuples(*(_axis(n) for n in arr.shape)), min_size=0, max_size=16)
+    )
+    expected = _expected(store, selections)
+    with monkeypatch.context() as patch:
+        _no_staging(patch)
+        _no_region_parse(patch)
+        _assert_all(zarr_fused.read_regions(arr, selections), expected)
+
+
+def test_plain_selections_in_a_missing_shard_raise_when_zarr_would(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = make_store("local", tmp_path)
+    _fan_out_filled(store, "zstd", seed=74)
+    _no_region_parse(monkeypatch)
+    with zarr.config.set({"array.read_missing_chunks": False}):
+        arr = _open(store, FUSED)
+        plain = [(slice(0, 3), slice(0, 26), slice(0, 19)), (33, slice(0, 2), 0)]
+        with pytest.raises(ChunkNotFoundError, match="c/2/0/0"):
+            zarr_fused.read_regions(arr, plain)

@@ -27,6 +27,7 @@ _EXTENSIONS = (
     "_cast_value",
     "_filters",
     "_vlen",
+    "_region_plan",
 )
 
 _modules: dict[str, ModuleType] = {}
@@ -52,6 +53,7 @@ if TYPE_CHECKING:
     from zarr_fused import _fileio as fileio_kernels
     from zarr_fused import _filters as filter_kernels
     from zarr_fused import _localio as io_kernels
+    from zarr_fused import _region_plan as region_kernels
     from zarr_fused import _scatter as scatter_kernels
     from zarr_fused import _shard as shard_kernels
     from zarr_fused import _shard_index as index_kernels
@@ -69,6 +71,7 @@ else:
     filter_kernels = _usable.get("_filters")
     cast_kernels = _usable.get("_cast_value")
     vlen_kernels = _usable.get("_vlen")
+    region_kernels = _usable.get("_region_plan")
 
 
 def missing_message() -> str:

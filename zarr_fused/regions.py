@@ -35,6 +35,14 @@ parallel. Unsharded arrays, inner chains with filters and reads inside a
 `zarr_fused.stats` block (whose counters follow the pipeline's reads) keep
 the staging design.
 
+The fan-out's targets are planned in native code
+(`zarr_fused._region_plan`). When every selection is a tuple of one slice
+(step 1) or integer per axis and no ``out`` is given, the common case of a
+loader, no object per region is made either (`_read_plain`): the selections
+become ``lo``/``hi`` arrays in one native pass and the new results are the
+rows of a few blocks; otherwise each selection is parsed into a `_Region`
+first.
+
 The staging array holds at most `STAGING_BYTES` at a time; more blocks go in
 waves of that size. Missing chunks and shards read as the fill value, as
 with ``array[sel]`` (and raise `zarr.errors.ChunkNotFoundError` when the
@@ -67,7 +75,7 @@ from zarr.errors import ChunkNotFoundError
 from zarr_fused._chain import NativeChain
 from zarr_fused._cpus import resolve_max_workers
 from zarr_fused._dtypes import fill_pattern
-from zarr_fused._native import shard_kernels
+from zarr_fused._native import region_kernels, shard_kernels
 from zarr_fused._plan import PipelinePlan
 from zarr_fused._pool import run_parallel
 from zarr_fused._scatter_py import copy_into
@@ -577,6 +585,10 @@ def read_regions(
     geometry = _Geometry.of(array)
     if geometry is None:
         return _one_by_one(array, selections, buffers)
+    if buffers is None:
+        plain = _read_plain(geometry, selections)
+        if plain is not None:
+            return plain
     regions = [_region(selection, geometry.shape) for selection in selections]
     results = _targets(geometry, regions, buffers)
     _read_regions(geometry, regions, results)
@@ -590,6 +602,63 @@ def read_regions(
         for i, value in zip(rest, values, strict=True):
             results[i] = value
     return results
+
+
+def _read_plain(geometry: _Geometry, selections: list[Any]) -> list[Any] | None:
+    """The results of ``selections`` read by the fan-out read, planned in
+    native code (`zarr_fused._region_plan`) with no object per region;
+    None unless the fan-out read applies and every selection is a tuple of
+    one slice of step 1 or one integer within the axis per axis (what a
+    loader passes), the other cases being planned region by region."""
+    fan_out = _FanOut.of(geometry)
+    if fan_out is None or region_kernels is None:
+        return None
+    boxes = region_kernels.plain_boxes(selections, geometry.shape)
+    if boxes is None:
+        return None
+    lo, hi, dropped = boxes
+    results, dsts = _plain_results(hi - lo, dropped, geometry.dtype, geometry.order)
+    fan_out.read_boxes(lo, hi, None, None, dsts)
+    return results
+
+
+def _plain_results(
+    full: np.ndarray, dropped: np.ndarray, dtype: np.dtype[Any], order: Any
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """New results of the shapes ``full`` without their ``dropped`` axes,
+    and the same arrays with every axis kept (the fan-out's destinations).
+    When they are all alike (C order, one shape, the same axes dropped, not
+    all of them) they are the rows of blocks of `RESULT_BLOCK_BYTES`, one
+    NumPy call a block; else `_new_results` cuts them one by one."""
+    align = max(1, 64 // dtype.itemsize)
+    n = len(full)
+    if (
+        n
+        and order == "C"
+        and (full == full[0]).all()
+        and (dropped == dropped[0]).all()
+        and not dropped[0].all()
+        and math.prod(full[0].tolist()) % align == 0
+    ):
+        shape = tuple(full[0].tolist())
+        kept = tuple(
+            size for size, gone in zip(shape, dropped[0].tolist(), strict=True) if not gone
+        )
+        per_block = max(1, RESULT_BLOCK_BYTES // dtype.itemsize // max(1, math.prod(shape)))
+        results: list[np.ndarray] = []
+        dsts: list[np.ndarray] = []
+        for start in range(0, n, per_block):
+            block = np.empty((min(per_block, n - start), *shape), dtype=dtype)
+            dsts.extend(block)
+            results.extend(block.reshape(len(block), *kept) if len(kept) < len(shape) else block)
+        return results, dsts
+    axes = [tuple(np.flatnonzero(row).tolist()) for row in dropped]
+    shapes = [
+        tuple(size for size, gone in zip(row.tolist(), gones.tolist(), strict=True) if not gone)
+        for row, gones in zip(full, dropped, strict=True)
+    ]
+    results = _new_results(shapes, dtype, order)
+    return results, [np.expand_dims(r, a) if a else r for r, a in zip(results, axes, strict=True)]
 
 
 def _read_regions(geometry: _Geometry, regions: list[_Region | None], results: list[Any]) -> None:
@@ -760,6 +829,7 @@ class _FanOut:
         if (
             active() is not None
             or shard_kernels is None
+            or region_kernels is None
             or not isinstance(reader, ShardReader)
             or type(reader.chain) is not NativeChain
         ):
@@ -780,56 +850,32 @@ class _FanOut:
             inner_describer(inner_grid(spec, reader.inner_shape)),
         )
 
-    def jobs(self, regions: Sequence[_Region]) -> list[_ShardJob]:
-        """One job per shard any region touches, in store order."""
+    def jobs(
+        self, lo: np.ndarray, hi: np.ndarray, at: np.ndarray | None, dest: np.ndarray | None
+    ) -> list[_ShardJob]:
+        """One job per shard any box touches, in store order (the boxes
+        and their places as `zarr_fused._region_plan.fan_out_targets` takes
+        them)."""
         geometry = self.geometry
-        inner = np.array(geometry.inner, dtype=np.int64)
-        per_shard = np.array(geometry.outer, dtype=np.int64) // inner
-        lo, hi, at, dest = _segments(regions, geometry.inner)
-        if not len(lo):
-            return []
-        rows, coords = _pairs(lo, hi, inner)
-        c_lo = np.maximum(lo[rows], coords * inner)
-        c_hi = np.minimum(hi[rows], (coords + 1) * inner)
-        grid = tuple(int(g) for g in -(-np.array(geometry.shape) // np.array(geometry.outer)))
-        shard = np.ravel_multi_index(tuple((coords // per_shard).T), grid)
-        lin = np.ravel_multi_index(tuple((coords % per_shard).T), tuple(per_shard.tolist()))
-        order = np.lexsort((lin, shard))
-        targets = np.ascontiguousarray(
-            np.concatenate(
-                [
-                    dest[rows][:, None],
-                    c_lo - coords * inner,
-                    at[rows] + c_lo - lo[rows],
-                    c_hi - c_lo,
-                ],
-                axis=1,
-            )[order],
-            dtype=np.intp,
+        assert region_kernels is not None  # `of` checked it
+        targets, units, starts, shards, shard_units = region_kernels.fan_out_targets(
+            lo, hi, at, dest, geometry.shape, geometry.outer, geometry.inner
         )
-        shard, lin = shard[order], lin[order]
-        unit_key = shard * int(per_shard.prod()) + lin
-        unit_start = np.flatnonzero(np.diff(unit_key, prepend=-1))
-        unit_shard = shard[unit_start]
-        shard_start = np.flatnonzero(np.diff(unit_shard, prepend=-1))
-        bounds = [*shard_start.tolist(), len(unit_start)]
-        starts = np.append(unit_start, len(targets)).astype(np.intp)
-        keys = [tuple(np.unravel_index(int(unit_shard[u]), grid)) for u in shard_start.tolist()]
+        if not len(shards):
+            return []
+        grid = tuple(-(-n // o) for n, o in zip(geometry.shape, geometry.outer, strict=True))
+        keys = np.stack(np.unravel_index(shards, grid), axis=1).tolist()
         store_path = geometry.array.store_path
         encode = geometry.array.metadata.encode_chunk_key
-        items = with_local_files(
-            [(store_path / encode(tuple(int(c) for c in key)),) for key in keys]
-        )
+        items = with_local_files([(store_path / encode(tuple(key)),) for key in keys])
+        bounds = shard_units.tolist()
+        cuts = starts.tolist()
         jobs = []
         for (getter,), key, u0, u1 in zip(items, keys, bounds[:-1], bounds[1:], strict=True):
-            t0, t1 = int(starts[u0]), int(starts[u1])
+            t0, t1 = cuts[u0], cuts[u1]
             jobs.append(
                 _ShardJob(
-                    tuple(int(c) for c in key),
-                    getter,
-                    np.ascontiguousarray(lin[unit_start[u0:u1]], dtype=np.intp),
-                    starts[u0 : u1 + 1] - t0,
-                    targets[t0:t1],
+                    tuple(key), getter, units[u0:u1], starts[u0 : u1 + 1] - t0, targets[t0:t1]
                 )
             )
         return jobs
@@ -837,8 +883,20 @@ class _FanOut:
     def read(self, regions: Sequence[_Region], dsts: list[np.ndarray]) -> None:
         """Read every region into its destination (the region's result with
         every axis kept)."""
+        self.read_boxes(*_segments(regions, self.geometry.inner), dsts)
+
+    def read_boxes(
+        self,
+        lo: np.ndarray,
+        hi: np.ndarray,
+        at: np.ndarray | None,
+        dest: np.ndarray | None,
+        dsts: list[np.ndarray],
+    ) -> None:
+        """Read boxes ``[lo, hi)`` into ``dsts`` (``at``, ``dest``: where
+        each goes, see `jobs`)."""
         geometry = self.geometry
-        jobs = self.jobs(regions)
+        jobs = self.jobs(lo, hi, at, dest)
         if not jobs:
             return
         destinations = shard_kernels.Destinations(
