@@ -226,17 +226,21 @@ def test_out_of_range_raises_zarrs_error() -> None:
     assert str(ours).endswith(str(theirs))
 
 
-def test_good_inner_chunks_around_a_bad_one_read() -> None:
+@pytest.mark.parametrize(
+    "selection",
+    [(slice(0, 8), slice(12, 24)), (slice(8, 16), slice(18, 24)), (slice(16, 37),)],
+    ids=["rows-above", "columns-beside", "other-shards"],
+)
+def test_good_inner_chunks_around_a_bad_one_read(selection: Any) -> None:
     """Selections that do not touch the refused inner chunk read zarr's
     values, in the refused chunk's own shard too."""
     store, value = _bad_store([ScaleOffset(offset=0, scale=1)], "<i4", [ScaleOffset(scale=2)])
-    for selection in [(slice(0, 8), slice(12, 24)), (slice(8, 16), slice(18, 24)), (slice(16, 37),)]:
-        with zarr.config.set(ORACLE):
-            expected = zarr.open_array(store, mode="r")[selection]
-        with zarr.config.set(STRICT):
-            got = zarr.open_array(store, mode="r")[selection]
-        assert_same_values(got, expected)
-        assert_same_values(got, value[selection] // 2)
+    with zarr.config.set(ORACLE):
+        expected = zarr.open_array(store, mode="r")[selection]
+    with zarr.config.set(STRICT):
+        got = zarr.open_array(store, mode="r")[selection]
+    assert_same_values(got, expected)
+    assert_same_values(got, value[selection] // 2)
 
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered in cast:RuntimeWarning")
@@ -337,7 +341,9 @@ def test_scale_offset_parameters_property(case: tuple[str, int, int, int]) -> No
         with zarr.config.set(config):
             stores[who] = MemoryStore()
             # the fill value is encoded too: the offset encodes to 0
-            array = create(stores[who], [ScaleOffset(offset=offset, scale=scale)], dtype, offset, [])
+            array = create(
+                stores[who], [ScaleOffset(offset=offset, scale=scale)], dtype, offset, []
+            )
             try:
                 array[:] = value
                 outcome[who] = array[:]

@@ -412,7 +412,7 @@ class FilteredChain(NativeOrFallback):
         self.zdtype = spec.dtype
         self.dtype: np.dtype[Any] = spec.dtype.to_native_dtype()
         self.stored = self.dtype
-        self.order = tail.order  # a transpose after the filters (see _plan)
+        self.order = self.transpose = tail.order  # after the filters (see _plan)
         self.tail = tail
         self.fallback = fallback
         self.filters = filter_kernels.FilterChain(steps, refusing=True)

@@ -37,7 +37,7 @@ class NativeOrFallback(ABC):
     #: and the transpose of the stored items (None: none)
     spec: ArraySpec
     dtype: np.dtype[Any]
-    order: tuple[int, ...] | None = None
+    transpose: tuple[int, ...] | None = None
 
     def handles(self, spec: ArraySpec) -> bool:
         """Whether ``spec`` is the one the kernels were built for: the
@@ -63,21 +63,21 @@ class NativeOrFallback(ABC):
                 raise exc from None
             raise named from exc
         values = decoded.as_numpy_array().astype(self.dtype, copy=False)
-        if self.order is not None:
-            values = values.transpose(self.order)
+        if self.transpose is not None:
+            values = values.transpose(self.transpose)
         return np.ascontiguousarray(values)
 
     def encode_refused(self, values: np.ndarray[Any, Any]) -> np.ndarray[Any, Any] | None:
         """zarr's encoding (``fallback``) of a chunk of the kernels' spec
         that a native filter refused (a value an integer type cannot
         hold): ``values`` are its items in stored order (transposed by
-        ``order``), as bytes; None to store nothing."""
+        ``transpose``), as bytes; None to store nothing."""
         shape = self.spec.shape
-        if self.order is None:
+        if self.transpose is None:
             chunk = values.view(self.dtype).reshape(shape)
         else:
-            stored = values.view(self.dtype).reshape([shape[i] for i in self.order])
-            chunk = stored.transpose(np.argsort(self.order))
+            stored = values.view(self.dtype).reshape([shape[i] for i in self.transpose])
+            chunk = stored.transpose(np.argsort(self.transpose))
         nd_buffer = self.spec.prototype.nd_buffer.from_ndarray_like(chunk)
         encoded = self.fallback.encode(nd_buffer, self.spec)
         return None if encoded is None else encoded.as_numpy_array()

@@ -189,9 +189,9 @@ def _transposes_last(codecs: tuple[Codec, ...]) -> tuple[Codec, ...]:
     filters = [c for c in codecs[:lead] if type(c) is not TransposeCodec]
     if not transposes or not filters or not all(isinstance(c, _ELEMENTWISE) for c in filters):
         return codecs
-    order = tuple(range(len(cast(TransposeCodec, transposes[0]).order)))
+    order = tuple(range(len(transposes[0].order)))
     for transpose in transposes:
-        order = tuple(order[i] for i in cast(TransposeCodec, transpose).order)
+        order = tuple(order[i] for i in transpose.order)
     return (*filters, TransposeCodec(order=order), *codecs[lead:])
 
 
@@ -212,9 +212,7 @@ def shard_chain_reason(codec: Any, spec: ArraySpec) -> tuple[str, InnerChain | N
     fallback = TransformChain(ChunkTransform(codecs=inner_codecs), "")
     if reason:
         # leading filters with kernels run inside the batch kernels
-        filtered = filtered_chain(
-            _transposes_last(inner_codecs), inner_spec, fallback, native_tail
-        )
+        filtered = filtered_chain(_transposes_last(inner_codecs), inner_spec, fallback, native_tail)
         if filtered is not None:
             return "", filtered
         vlen = build_chain(inner_codecs, inner_spec, ChunkTransform(codecs=inner_codecs))
