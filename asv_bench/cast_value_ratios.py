@@ -10,6 +10,13 @@ whole-array write; prints the medians of wall time and of process CPU time
 
     .venv/bin/python asv_bench/cast_value_ratios.py /tmp/cast-data 9
     taskset -c 0 .venv/bin/python asv_bench/cast_value_ratios.py /tmp/cast-data 9
+
+With a third argument ``f4-i4``: int32 values stored as float32 by
+``cast_value`` (rounding nearest-even, no ``out_of_range``), whose decoding
+can fail on a stored value (NaN, out of range), so that a shard's inner
+chunk may be refused:
+
+    .venv/bin/python asv_bench/cast_value_ratios.py /tmp/cast-data 9 f4-i4
 """
 
 import statistics
@@ -28,7 +35,14 @@ PIPELINES = {
 SHAPE, CHUNK, SHARD = (2048, 2048), (256, 256), (1024, 1024)
 
 
+#: "f4-i2" (float32 values stored as int16) or "f4-i4" (int32 values stored as float32)
+CHAIN = sys.argv[3] if len(sys.argv) > 3 else "f4-i2"
+DTYPE = "int32" if CHAIN == "f4-i4" else "float32"
+
+
 def codec() -> CastValue:
+    if CHAIN == "f4-i4":
+        return CastValue(data_type="float32")
     return CastValue(
         data_type="int16",
         out_of_range="clamp",
@@ -43,7 +57,12 @@ def create(path: str, sharded: bool) -> zarr.Array:
     else:
         kw = {"chunks": CHUNK, "filters": [codec()], "compressors": [ZstdCodec(level=1)]}
     return zarr.create_array(
-        path, shape=SHAPE, dtype="float32", fill_value=np.nan, overwrite=True, **kw
+        path,
+        shape=SHAPE,
+        dtype=DTYPE,
+        fill_value=0 if CHAIN == "f4-i4" else np.nan,
+        overwrite=True,
+        **kw,
     )
 
 
@@ -58,6 +77,8 @@ def main() -> None:
     rng = np.random.default_rng(0)
     data = (rng.standard_normal(SHAPE) * 3000).astype("float32")
     data.flat[::97] = np.nan
+    if CHAIN == "f4-i4":  # integers float32 holds exactly
+        data = np.nan_to_num(data).astype(DTYPE)
     expected = None
     res: dict = {}
     for layout in ("unsharded", "sharded"):
@@ -82,7 +103,7 @@ def main() -> None:
                     res.setdefault((layout, "write", who), []).append(
                         timed(array.__setitem__, ..., data)
                     )
-    print(f"# {rounds} rounds, {SHAPE} float32 -> int16 cast_value, zstd 1")
+    print(f"# {rounds} rounds, {SHAPE} {DTYPE} cast_value {CHAIN}, zstd 1")
     for layout in ("unsharded", "sharded"):
         for op in ("read", "write"):
             b = res[layout, op, "batched"]
