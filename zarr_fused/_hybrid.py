@@ -27,7 +27,8 @@ bytes, and the tail is the native chain that already matches zarr's.
 The shard engine queues a shard's inner chunks as C tasks and decodes
 them in one nogil section, with no Python call per chunk, so a hybrid
 chain's per-chunk stages do not fit it. A `FilteredChain` does: when
-every stage has a kernel (and there is no transpose), it hands the
+every stage has a kernel (a transpose only after them: see
+`zarr_fused._plan`), it hands the
 stages to the batches as one `zarr_fused._filters.FilterChain`, which
 the batch kernels run on each chunk between decompression and scatter
 (`zarr_fused._codec_batch`).
