@@ -12,6 +12,7 @@ import pytest
 import zarr
 from zarr.storage import LocalStore
 
+import zarr_fused
 from zarr_fused.chunks import read as chunk_read
 from zarr_fused.chunks.pipelined import PipelinedChunkReader
 from zarr_fused.io.probe import FAST_FILE, PROBE_INTERVAL, PROBE_READS, per_file_latency
@@ -98,3 +99,73 @@ def test_reads_after_the_probe_interval_stay_direct_for_probe_reads(
             assert_same_values(arr[...], data)
             direct_counts.append(reader.probe.direct_reads)
     assert direct_counts == [*range(1, PROBE_READS + 1), 0]
+
+
+@pytest.fixture
+def delta_chunked(tmp_path: Path) -> Path:
+    """A 64 x 64 int32 array in 16 x 16 delta -> zstd chunk files (a chain
+    the `ChunkReader` reads); the chunk at (1, 1) never written."""
+    data = np.cumsum(np.random.default_rng(5).integers(-3, 4, size=(64, 64)), axis=1)
+    data = data.astype("<i4")
+    data[16:32, 16:32] = 7  # the fill value: the chunk is not stored
+    with with_pipeline(BATCHED):
+        arr = zarr.create_array(
+            LocalStore(tmp_path / "a"),
+            shape=data.shape,
+            chunks=(16, 16),
+            dtype="<i4",
+            fill_value=7,
+            filters=[zarr.codecs.numcodecs.Delta(dtype="<i4")],
+            compressors=zarr.codecs.ZstdCodec(level=1),
+        )
+        arr[...] = data
+    return tmp_path / "a"
+
+
+def _reads(root: Path) -> tuple[np.ndarray, np.ndarray]:
+    """(zarr's read, ours) of the whole array, through the `ChunkReader`."""
+    with with_pipeline(BATCHED):
+        expected = zarr.open_array(LocalStore(root), mode="r")[...]
+    with with_pipeline(FUSED):
+        arr = zarr.open_array(LocalStore(root), mode="r")
+        assert type(arr._async_array.codec_pipeline.plan.reader) is chunk_read.ChunkReader
+        return expected, arr[...]
+
+
+def test_chunk_reader_reads_local_files_itself(
+    delta_chunked: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    files: list[bytes] = []
+    read_file = chunk_read._read_file
+
+    def spy(path: bytes, prototype: object) -> object:
+        files.append(path)
+        return read_file(path, prototype)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(chunk_read, "_read_file", spy)
+    expected, got = _reads(delta_chunked)
+    assert_same_values(got, expected)
+    assert len(files) == 16  # the missing chunk's file asked for too
+    assert not (delta_chunked / "c" / "1" / "1").exists()
+
+
+def test_chunk_reader_treats_a_directory_at_a_chunk_key_as_missing(delta_chunked: Path) -> None:
+    # LocalStore.get_sync returns None for it; so do we (fill value)
+    (delta_chunked / "c" / "1" / "1").mkdir(parents=True)
+    expected, got = _reads(delta_chunked)
+    assert_same_values(got, expected)
+    assert (got[16:32, 16:32] == 7).all()
+
+
+def test_chunk_reader_leaves_counted_keys_to_their_store(
+    delta_chunked: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def fail(path: bytes, prototype: object) -> object:
+        raise AssertionError("a counted key read around its counter")
+
+    expected, _ = _reads(delta_chunked)
+    monkeypatch.setattr(chunk_read, "_read_file", fail)
+    with with_pipeline(FUSED), zarr_fused.stats() as block:
+        got = zarr.open_array(LocalStore(delta_chunked), mode="r")[...]
+    assert_same_values(got, expected)
+    assert block.requests["local", "get"] == 16

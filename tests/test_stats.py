@@ -184,6 +184,52 @@ def test_native_local_read_counts_the_files(
     )
 
 
+@pytest.mark.parametrize("io_concurrency", [1, 4], ids=["direct", "pipelined"])
+def test_native_local_read_wraps_a_key_per_group(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, io_concurrency: int
+) -> None:
+    """An unsharded `LocalStore` read natively keeps zarr's keys: only the
+    first key of each group of files is wrapped (its native run finds the
+    sink from it), and the files and the time split are counted all the
+    same."""
+    root = tmp_path / "a"
+    _create(LocalStore(root), sharded=False)
+    arr = _open(LocalStore(root))
+    wrapped: list[str] = []
+    init = CountedPath.__init__
+
+    def counting_init(self: CountedPath, key: Any, sink: Stats, kind: str) -> None:
+        wrapped.append(key.path)
+        init(self, key, sink, kind)
+
+    monkeypatch.setattr(CountedPath, "__init__", counting_init)
+    config = {"codec_pipeline.max_workers": 2, "codec_pipeline.io_concurrency": io_concurrency}
+    with with_pipeline(FUSED), zarr.config.set(config), zarr_fused.stats() as s:
+        np.testing.assert_array_equal(arr[...], _data())
+    assert 1 <= len(wrapped) < 16
+    assert s.requests == Counter({("local", "get"): 16})
+    assert s.native == Counter({("read", "chunks"): len(_files(root))})
+    assert s.thread_seconds["decode"] > 0
+    assert s.thread_seconds["read_io"] > 0
+
+
+def test_native_local_read_counts_what_the_kernels_decline(tmp_path: Path) -> None:
+    """Chunks whose selection the kernels do not take (an integer array)
+    are fetched through their keys inside a native local read: each of
+    those requests is counted, with its bytes."""
+    root = tmp_path / "a"
+    _create(LocalStore(root), sharded=False)
+    arr = _open(LocalStore(root))
+    files = _files(root)
+    rows = [1, 13]  # chunk rows 0 and 2: 8 chunks, chunk (0, 0) not stored
+    with with_pipeline(FUSED), zarr_fused.stats() as s:
+        np.testing.assert_array_equal(arr.oindex[rows, :], _data()[rows, :])
+    touched = [f"c/{r}/{c}" for r in (0, 2) for c in range(4)]
+    assert s.requests == Counter({("local", "get"): 8})
+    assert s.bytes[("local", "get")] == sum(files.get(k, 0) for k in touched)
+    assert not s.unsized
+
+
 def test_native_local_partial_shard_read_counts_each_shard(tmp_path: Path) -> None:
     root = tmp_path / "a"
     _create(LocalStore(root), sharded=True)

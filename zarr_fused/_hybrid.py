@@ -36,6 +36,7 @@ the batch kernels run on each chunk between decompression and scatter
 
 from __future__ import annotations
 
+import math
 import threading
 from typing import TYPE_CHECKING, Any
 
@@ -119,13 +120,21 @@ def _spec_key(spec: ArraySpec) -> tuple[Any, ...] | None:
 class _SpecCache:
     """Per chunk spec, what a hybrid chain derives from it: resolving a
     spec through zarr's codecs and data type registry costs more than
-    decoding a small chunk, and every chunk of an array has the same."""
+    decoding a small chunk, and every chunk of an array has the same.
+
+    zarr hands every chunk of a batch one spec object, frozen: the last
+    one seen answers before its key is built (which costs more than the
+    lookup)."""
 
     def __init__(self, derive: Callable[[ArraySpec], Any]) -> None:
         self.derive = derive
         self.cache: dict[tuple[Any, ...], Any] = {}
+        self.last: tuple[ArraySpec, Any] | None = None
 
     def __call__(self, spec: ArraySpec) -> Any:
+        last = self.last  # one read: another thread may replace it
+        if last is not None and last[0] is spec:
+            return last[1]
         key = _spec_key(spec)
         if key is None:
             return self.derive(spec)
@@ -133,6 +142,7 @@ class _SpecCache:
         if found is self:
             # two threads may both derive it: the same value, set twice
             found = self.cache[key] = self.derive(spec)
+        self.last = (spec, found)
         return found
 
 
@@ -188,7 +198,7 @@ class HybridChain(DecodeThenScatter):
         assert chunk is not None
         inner = specs[-1]
         data = chunk.as_ndarray_like()
-        if data.shape != inner.shape and data.size == int(np.prod(inner.shape)):
+        if data.shape != inner.shape and data.size == math.prod(inner.shape):
             # numcodecs filters return flat arrays; the bytes codec stores
             # them in C order, which is this reshape's order
             chunk = inner.prototype.nd_buffer.from_ndarray_like(data.reshape(inner.shape))
@@ -250,7 +260,7 @@ class V2HybridChain(DecodeThenScatter):
             if data is None:
                 return None
         dtype = spec.dtype.to_native_dtype()
-        if data.nbytes != dtype.itemsize * int(np.prod(spec.shape)):
+        if data.nbytes != dtype.itemsize * math.prod(spec.shape):
             return None
         return data.view(dtype).reshape(spec.shape, order=spec.order)
 

@@ -243,7 +243,7 @@ class FusedCodecPipeline(_zarr_pipeline.FusedCodecPipeline):
         sink = active()
         if sink is None:
             return reader.read(batch, ReadRequest(out, drop_axes, max_workers))
-        batch = counted(batch, sink)
+        batch = counted(batch, sink, local_native=getattr(reader, "local_native", False))
         start = time.perf_counter()
         results = reader.read(batch, ReadRequest(out, drop_axes, max_workers, sink))
         self._count(sink, "read", batch, start, results)

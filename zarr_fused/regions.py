@@ -844,30 +844,38 @@ class _FanOut:
         destinations = shard_kernels.Destinations(
             dsts, len(geometry.shape), geometry.dtype.itemsize
         )
-        found = run_parallel(partial(self.one_shard, destinations), jobs, resolve_max_workers())
+        found = [True] * len(jobs)
+        self.reader.read_touched(
+            geometry.spec,
+            [(job.getter, job.units) for job in jobs],
+            partial(self.one_shard, destinations, jobs, found),
+            resolve_max_workers(),
+        )
         if not geometry.read_missing:
             _raise_missing(
                 geometry, [j.coords for j, ok in zip(jobs, found, strict=True) if not ok]
             )
 
-    def one_shard(self, destinations: Any, job: _ShardJob) -> bool:
-        """Fetch and fan out one shard; False when it is missing (its
-        targets then hold the fill value)."""
-        shard = self.reader.fetch_touched(job.getter, self.geometry.spec, job.units)
-        try:
-            shard_kernels.fan_out(
-                self.kernel,
-                self.layout,
-                None if shard.missing else shard.payload,
-                None if shard.missing else shard.entries,
-                job.units,
-                job.starts,
-                job.targets,
-                destinations,
-                self.fill,
-                job.getter,
-                self.describe,
-            )
-        finally:
-            shard.release()
-        return not shard.missing
+    def one_shard(
+        self, destinations: Any, jobs: list[_ShardJob], found: list[bool], i: int, shard: Any
+    ) -> None:
+        """Fan out ``jobs[i]``'s fetched shard (its bytes released by the
+        caller); a missing one marks ``found[i]`` False, its targets then
+        hold the fill value. The shards are fetched by the reader's IO
+        (`zarr_fused.shard.read.ShardReader.read_touched`): on slow files
+        many at once, each fanned out as soon as it is in."""
+        job = jobs[i]
+        found[i] = not shard.missing
+        shard_kernels.fan_out(
+            self.kernel,
+            self.layout,
+            None if shard.missing else shard.payload,
+            None if shard.missing else shard.entries,
+            job.units,
+            job.starts,
+            job.targets,
+            destinations,
+            self.fill,
+            job.getter,
+            self.describe,
+        )

@@ -17,9 +17,15 @@ elsewhere do not count into it, and a task started inside the block (which
 copies the context) does. zarr_fused's own pool and IO threads do not see
 the caller's context, so `zarr_fused.pipeline` looks the sink up once per
 call and, when there is one, hands the batch's store keys over as
-`CountedPath` (a `zarr.storage.StorePath` that counts its own requests);
-the paths that read local files natively count each group of files from
-the first key of the group (`sink_of`). Object stores keep their keys (the
+`CountedPath` (a `zarr.storage.StorePath` that counts its own requests)
+and the sink in the request. The unsharded readers of `LocalStore` chunk
+files, which read the files inside their kernels, keep zarr's keys
+(wrapping each costs more than the rest of a block on a hot read of many
+small chunks): they count the files from the request's sink, wrap the
+first key of each group of files (its native run finds the sink from it)
+and each key they make a request through (`counted_key`). The other
+native local paths count each group of files from its first key
+(`sink_of`). Object stores keep their keys (the
 async path recognises an `ObjectStore` key by its exact type) and are
 counted by `zarr_fused.io.requests`, where their requests are made.
 
@@ -65,7 +71,7 @@ if TYPE_CHECKING:
     from zarr.abc.store import ByteRequest
     from zarr.core.buffer import Buffer, BufferPrototype
 
-__all__ = ["CountedPath", "Stats", "active", "sink_of", "stats", "store_kind"]
+__all__ = ["CountedPath", "Stats", "active", "counted_key", "sink_of", "stats", "store_kind"]
 
 _active: Final[contextvars.ContextVar[Stats | None]] = contextvars.ContextVar(
     "zarr_fused_stats", default=None
@@ -450,15 +456,23 @@ class CountedPath(StorePath):
         self._count("delete", None, start)
 
 
-def counted[Item: tuple[Any, ...]](batch: list[Item], sink: Stats | None) -> list[Item]:
+def counted[Item: tuple[Any, ...]](
+    batch: list[Item], sink: Stats | None, *, local_native: bool = False
+) -> list[Item]:
     """``batch`` with its keys as `CountedPath` (``batch`` itself without
     a sink, or when its keys are not plain `StorePath` or are keys of an
-    `ObjectStore`, which `zarr_fused.io.requests` counts)."""
+    `ObjectStore`, which `zarr_fused.io.requests` counts).
+
+    With ``local_native`` (a reader that reads the files of a `LocalStore`
+    in its kernels and counts them from the request's sink, wrapping the
+    few keys it makes requests through with `counted_key`), a batch of
+    `LocalStore` keys is not wrapped either: wrapping each key is most of
+    what a block costs a hot read of many small chunks."""
     if sink is None:
         return batch
     first, *_ = batch[0]
     kind = store_kind(first.store) if type(first) is StorePath else "object"
-    if kind == "object":
+    if kind == "object" or (local_native and kind == "local"):
         return batch
     store = first.store
     return [
@@ -467,6 +481,16 @@ def counted[Item: tuple[Any, ...]](batch: list[Item], sink: Stats | None) -> lis
         else item
         for item in batch
     ]
+
+
+def counted_key(key: Any, sink: Stats | None) -> Any:
+    """``key`` as a `CountedPath` into ``sink`` (``key`` itself without a
+    sink, or when it is not a plain `StorePath` or is the key of an
+    `ObjectStore`): one key of a batch `counted` left unwrapped."""
+    if sink is None or type(key) is not StorePath:
+        return key
+    kind = store_kind(key.store)
+    return key if kind == "object" else CountedPath(key, sink, kind)
 
 
 def note_ranges(key: Any, ranges: Sequence[Any], config: Any, coalesce_ranges: Any) -> None:
@@ -520,23 +544,22 @@ def _note_io(sink: Stats, op: str, seconds: float) -> None:
 _WRITE_OPS: Final = frozenset({"set", "write_files"})
 
 
-def note_lengths(key: Any, lengths: Any, seconds: float = 0.0) -> None:
-    """Local chunk files read natively in ``seconds``, their lengths (-1:
-    missing)."""
-    sink = sink_of(key)
-    if sink is not None and len(lengths):
-        # a group holds a few files: plain Python beats NumPy's call overhead
-        stored = sum(n for n in lengths.tolist() if n > 0)
-        sink.request("local", "get", stored, n=len(lengths))
+def note_fetched(sink: Stats | None, n: int, nbytes: int, seconds: float) -> None:
+    """``n`` local chunk files (``nbytes`` stored) read natively in
+    ``seconds`` for a call counted into ``sink``."""
+    if sink is not None and n:
+        sink.request("local", "get", nbytes, n=n)
         if seconds:
             _note_io(sink, "get", seconds)
 
 
-def note_files(batch: Sequence[Any], indices: Sequence[int], prefix: bytes | None) -> None:
+def note_files(
+    sink: Stats | None, batch: Sequence[Any], indices: Sequence[int], prefix: bytes | None
+) -> None:
     """The local files of ``batch[indices]`` (under ``prefix``), read
-    whole inside a native call that does not report their sizes: their
-    sizes now with ``file_sizes`` (one ``stat`` each), else unsized."""
-    sink = sink_of(batch[0][0]) if batch else None
+    whole inside a native call counted into ``sink`` that does not report
+    their sizes: their sizes now with ``file_sizes`` (one ``stat`` each),
+    else unsized."""
     if sink is None or prefix is None or not indices:
         return
     if not sink.file_sizes:

@@ -37,7 +37,7 @@ from zarr_fused.io.probe import (
     per_file_latency,
     slow_direct,
 )
-from zarr_fused.stats import note_lengths
+from zarr_fused.stats import counted_key, note_fetched
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     from zarr_fused._chain import NativeChain
     from zarr_fused._items import ReadItem
     from zarr_fused.chunks.read import NativeChunkReader
+    from zarr_fused.stats import Stats
 
 __all__ = ["PipelinedChunkReader", "group_size"]
 
@@ -108,6 +109,10 @@ class PipelinedChunkReader:
     sends the reads of the next `SLOW_HOLD` seconds to the IO threads.
     """
 
+    #: see `zarr_fused.stats.counted`: the files are counted from the
+    #: request's sink (IO threads) and each group's first key (decoding)
+    local_native = True
+
     def __init__(self, chain: NativeChain, direct: NativeChunkReader) -> None:
         self.chain = chain
         #: the reader for everything the IO threads do not serve (the plan
@@ -132,16 +137,21 @@ class PipelinedChunkReader:
         if probe.direct():
             return self._read_direct_timed(batch, request)
         per_thread = REQUESTS_PER_THREAD if probe.seen_fast() else REQUESTS_PER_THREAD_SLOW
-        read = _PipelinedRead(self.chain, batch, target, prefix, io_concurrency, per_thread)
-        start = time.perf_counter()
-        run_pipelined(
-            read.groups,
-            read.costs,
-            read.fetch,
-            read.consume,
-            io_concurrency=io_concurrency,
-            max_workers=request.max_workers,
+        read = _PipelinedRead(
+            self.chain, batch, target, prefix, io_concurrency, per_thread, request.stats
         )
+        start = time.perf_counter()
+        try:
+            run_pipelined(
+                read.groups,
+                read.costs,
+                read.fetch,
+                read.consume,
+                io_concurrency=io_concurrency,
+                max_workers=request.max_workers,
+            )
+        finally:
+            read.count_files()
         probe.note_pipelined(time.perf_counter() - start, read.fastest.seconds)
         return tuple(read.statuses)
 
@@ -173,9 +183,10 @@ class _PipelinedRead:
         prefix: bytes,
         io_concurrency: int,
         per_thread: int,
+        sink: Stats | None = None,
     ) -> None:
         self.chain = chain
-        self.batch = batch
+        self.sink = sink
         self.target = target
         self.statuses = target.statuses
         self.paths = [prefix + os.fsencode(getter.path) for getter, *_ in batch]
@@ -184,6 +195,13 @@ class _PipelinedRead:
         self.groups = [
             range(s, min(len(batch), s + self.size)) for s in range(0, len(batch), self.size)
         ]
+        if sink is not None:
+            # each group's decode run finds the sink to time into from its first key
+            batch = list(batch)
+            for g in self.groups:
+                first = batch[g.start]
+                batch[g.start] = (counted_key(first[0], sink), *first[1:])
+        self.batch = batch
         self.costs = [sum(self.bounds[i] for i in g) for g in self.groups]
         # Buffers of consumed requests are handed to the next ones: fresh
         # memory costs a page fault per page (large allocations are mmapped),
@@ -192,12 +210,21 @@ class _PipelinedRead:
         self.lock = threading.Lock()
         #: the fastest group's seconds per file
         self.fastest = Fastest()
+        #: files fetched, their stored bytes and the seconds it took (for
+        #: the sink, handed over once per read: a count per group is a
+        #: lock and a few calls more, on every one of dozens of groups)
+        self.fetched = [0, 0, 0.0]
 
     def _arena(self, need: int) -> np.ndarray:
         with self.lock:
             if self.spare and self.spare[-1].shape[0] >= need:
                 return self.spare.pop()
         return np.empty(need, dtype=np.uint8)
+
+    def count_files(self) -> None:
+        """Hand the files fetched over to the sink, if any."""
+        files, stored, seconds = self.fetched
+        note_fetched(self.sink, int(files), int(stored), seconds)
 
     def fetch(self, group: range, state: Batch[range, _Fetched]) -> _Fetched:
         arena = self._arena(self.costs[group.start // self.size])
@@ -213,7 +240,12 @@ class _PipelinedRead:
         if done:
             stored = int(lengths[:done].clip(min=0).sum())
             self.fastest.note(per_file_latency(seconds, done, stored))
-        note_lengths(self.batch[group.start][0], lengths[:done], seconds)
+            if self.sink is not None:
+                with self.lock:
+                    fetched = self.fetched
+                    fetched[0] += done
+                    fetched[1] += stored
+                    fetched[2] += seconds
         oversize: dict[int, bytes] = {}
         for k in np.flatnonzero(lengths[:done] < -1).tolist():
             # larger than any chunk we would write: read it whole

@@ -27,62 +27,120 @@ try:
 except ImportError:  # not Unix
     resource = None  # type: ignore[assignment]
 
+from zarr.storage import StorePath
+
 from zarr_fused._batch import ReadRequest, ReadTarget
 from zarr_fused._items import MISSING, PRESENT
 from zarr_fused._pool import partition, run_parallel
 from zarr_fused._scatter_py import fill_missing, scatter_chunk
 from zarr_fused._zarr_compat import decode_partial_sync
 from zarr_fused.io.local import local_files
-from zarr_fused.stats import note_files
+from zarr_fused.stats import counted, counted_key, note_files
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
 
     from zarr.abc.codec import ArrayBytesCodec, GetResult
-    from zarr.core.buffer import Buffer
+    from zarr.core.buffer import Buffer, BufferPrototype
 
     from zarr_fused._chain import Chain, NativeChain
     from zarr_fused._items import ReadItem
+    from zarr_fused.stats import Stats
 
 __all__ = ["ChunkReader", "NativeChunkReader", "PartialDecodeReader"]
+
+
+def _read_each(
+    batch: Sequence[ReadItem], request: ReadRequest, read_into: Callable[[ReadItem], bool]
+) -> tuple[GetResult, ...]:
+    """``read_into`` each item on the pool threads (it says whether the
+    chunk was stored); a chunk that was not gets its fill value here."""
+
+    def read_one(item: ReadItem) -> GetResult:
+        if read_into(item):
+            return PRESENT
+        _, spec, _, out_selection, _ = item
+        fill_missing(request.out, out_selection, spec)
+        return MISSING
+
+    return tuple(run_parallel(read_one, batch, request.max_workers))
 
 
 class _EachChunk(ABC):
     """A read path that reads each chunk on its own, on the pool threads:
     `read_into` reads one into the request's ``out`` and says whether it
-    was stored; a chunk that was not gets its fill value here."""
+    was stored."""
 
     @abstractmethod
     def read_into(self, item: ReadItem, request: ReadRequest) -> bool: ...
 
     def read(self, batch: Sequence[ReadItem], request: ReadRequest) -> tuple[GetResult, ...]:
-        def read_one(item: ReadItem) -> GetResult:
-            if self.read_into(item, request):
-                return PRESENT
-            _, spec, _, out_selection, _ = item
-            fill_missing(request.out, out_selection, spec)
-            return MISSING
-
-        return tuple(run_parallel(read_one, batch, request.max_workers))
+        return _read_each(batch, request, lambda item: self.read_into(item, request))
 
 
 class ChunkReader(_EachChunk):
-    """Whole-chunk reads through a chain."""
+    """Whole-chunk reads through a chain.
+
+    The files of a plain `zarr.storage.LocalStore` (`local_files`) are read
+    here, as ``LocalStore.get_sync`` reads them: its path arithmetic costs
+    more per call than reading a small chunk file. Counted keys (a stats
+    block) keep their own ``get_sync``, which counts the request.
+    """
 
     def __init__(self, chain: Chain) -> None:
         self.chain = chain
 
+    def read(self, batch: Sequence[ReadItem], request: ReadRequest) -> tuple[GetResult, ...]:
+        prefix = _plain_local_prefix(batch)
+        if prefix is None:
+            return super().read(batch, request)
+
+        def read_into(item: ReadItem) -> bool:
+            getter, spec, _, _, _ = item
+            raw = _read_file(prefix + os.fsencode(getter.path), spec.prototype)
+            return self._decode_into(raw, item, request)
+
+        return _read_each(batch, request, read_into)
+
     def read_into(self, item: ReadItem, request: ReadRequest) -> bool:
         getter, spec, _, _, _ = item
-        raw = getter.get_sync(prototype=spec.prototype)
+        return self._decode_into(getter.get_sync(prototype=spec.prototype), item, request)
+
+    def _decode_into(self, raw: Buffer | None, item: ReadItem, request: ReadRequest) -> bool:
         if raw is None:
             return False
         self.chain.decode_into(raw, item, request.out, request.drop_axes)
         return True
 
 
+def _plain_local_prefix(batch: Sequence[ReadItem]) -> bytes | None:
+    """`local_files` of a batch whose keys are all plain `StorePath`s."""
+    for getter, *_ in batch:
+        if type(getter) is not StorePath:
+            return None
+    return local_files(batch)
+
+
+def _read_file(path: bytes, prototype: BufferPrototype) -> Buffer | None:
+    """A whole chunk file, or None when there is none (``LocalStore.get_sync``)."""
+    try:
+        with open(path, "rb", buffering=0) as file:
+            data = file.readall()
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        return None
+    return prototype.buffer.from_bytes(data)
+
+
 class NativeChunkReader:
-    """Whole-chunk reads through a native chain, one nogil call per group."""
+    """Whole-chunk reads through a native chain, one nogil call per group.
+
+    Inside a `zarr_fused.stats` block it takes a batch of `LocalStore` keys
+    as they are (`zarr_fused.stats.counted`'s ``local_native``): the files
+    its kernels read are counted from the request's sink, and the keys it
+    makes requests through are wrapped one by one."""
+
+    #: see `zarr_fused.stats.counted`
+    local_native = True
 
     def __init__(self, chain: NativeChain) -> None:
         self.chain = chain
@@ -95,8 +153,8 @@ class NativeChunkReader:
     def read(self, batch: Sequence[ReadItem], request: ReadRequest) -> tuple[GetResult, ...]:
         target = ReadTarget.native(self.chain, batch, request)
         if target is None:
-            return self.generic.read(batch, request)
-        job = _ChunkRead(self.chain, batch, target)
+            return self.generic.read(counted(list(batch), request.stats), request)
+        job = _ChunkRead(self.chain, batch, target, request.stats)
         max_workers = request.max_workers
         run_parallel(job.read_group, partition(len(batch), max_workers), max_workers)
         self.fastest_file = job.fastest
@@ -108,10 +166,17 @@ class _ChunkRead:
     files of) a group's chunks, decode them into ``out`` in one nogil call;
     chunks the kernels do not take go through the chain one by one."""
 
-    def __init__(self, chain: NativeChain, batch: Sequence[ReadItem], target: ReadTarget) -> None:
+    def __init__(
+        self,
+        chain: NativeChain,
+        batch: Sequence[ReadItem],
+        target: ReadTarget,
+        sink: Stats | None = None,
+    ) -> None:
         self.chain = chain
         self.batch = batch
         self.target = target
+        self.sink = sink
         self.prefix = local_files(batch)
         self.fastest = float("inf")
 
@@ -123,11 +188,11 @@ class _ChunkRead:
         files = self._read_group(indices)
         # a race between two groups can only keep the slower figure
         self.fastest = min(self.fastest, group_seconds_per_file(before, _group_clock(), indices))
-        note_files(self.batch, files, self.prefix)  # after the clock: it stats the files
+        note_files(self.sink, self.batch, files, self.prefix)  # after the clock: it stats the files
 
     def _read_group(self, indices: range) -> list[int]:
         """Read the group; the items whose files the kernels read."""
-        chain, target = self.chain, self.target
+        chain, target, sink = self.chain, self.target, self.sink
         dst, drop_axes, statuses = target.dst, target.drop_axes, target.statuses
         group = chain.decode_batch(len(indices), target.ndim)
         group.set_fill(target.pattern)
@@ -136,19 +201,22 @@ class _ChunkRead:
         for i in indices:
             getter, spec, chunk_selection, out_selection, _ = self.batch[i]
             layout = chain.layout(spec.shape)
+            # the group's first key tells its native run the sink to time into
+            key = getter if queued_items else counted_key(getter, sink)
             if self.prefix is not None:
                 path = self.prefix + os.fsencode(getter.path)
                 if group.add_file(
-                    path, layout, chunk_selection, dst, out_selection, drop_axes, getter
+                    path, layout, chunk_selection, dst, out_selection, drop_axes, key
                 ):
                     statuses[i] = PRESENT
                     queued_items.append(i)
                 else:
-                    general.append((i, getter.get_sync(prototype=spec.prototype)))
+                    raw = counted_key(getter, sink).get_sync(prototype=spec.prototype)
+                    general.append((i, raw))
                 continue
-            raw = getter.get_sync(prototype=spec.prototype)
+            raw = counted_key(getter, sink).get_sync(prototype=spec.prototype)
             if raw is None:
-                queued = group.add_missing(dst, out_selection, getter)
+                queued = group.add_missing(dst, out_selection, key)
             else:
                 queued = group.add(
                     raw.as_numpy_array(),
@@ -157,7 +225,7 @@ class _ChunkRead:
                     dst,
                     out_selection,
                     drop_axes,
-                    getter,
+                    key,
                 )
             if queued:
                 statuses[i] = PRESENT if raw is not None else MISSING

@@ -53,7 +53,7 @@ from zarr_fused.shard.index import (
 from zarr_fused.stats import note_local, note_ranges
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
 
     from zarr.abc.codec import GetResult
     from zarr.codecs.sharding import ShardingCodec
@@ -279,15 +279,40 @@ class ShardReader(ShardSide):
             out.append(buf.as_numpy_array())
         return out
 
-    def fetch_touched(self, getter: Any, spec: ArraySpec, touched: np.ndarray) -> _Shard:
-        """The index and the ``touched`` inner chunks (linear indices,
-        ascending) of the shard at ``getter``, fetched as a read of them
-        would (one get when every chunk is touched). The caller reads
-        ``missing``, ``payload`` and ``entries``, then calls ``release``."""
-        grid = inner_grid(spec, self.inner_shape)
-        shard = _Shard(0, None)
-        self._fetch(getter, spec, None if len(touched) == math.prod(grid) else touched, grid, shard)
-        return shard
+    def read_touched(
+        self,
+        spec: ArraySpec,
+        shards: Sequence[tuple[Any, np.ndarray]],
+        consume: Callable[[int, _Shard], None],
+        max_workers: int,
+    ) -> None:
+        """Fetch the index and the touched inner chunks of every shard in
+        ``shards`` (its getter, and the touched chunks' linear indices,
+        ascending), as a read of them would (one get when every chunk is
+        touched), and hand each to ``consume(i, shard)`` on a compute
+        thread: it reads the shard's ``missing``, ``payload`` and
+        ``entries``, whose bytes are released when it returns.
+
+        The IO goes as the batches of `read` go: on a LocalStore whose
+        files answer slowly (a network filesystem, a cold page cache), up
+        to ``io_concurrency`` shards are fetched at once on the IO threads
+        and each is consumed as soon as it is in
+        (`zarr_fused.shard.pipelined.ShardIO`); otherwise each compute
+        thread fetches, then consumes, its shards.
+        """
+        read = _TouchedBatch(self, spec, shards, consume)
+        io = self.io
+        if io is None or not shards:
+            read.run(max_workers)
+            return
+        local = local_files([(getter,) for getter, _ in shards], shard_io=True) is not None
+        io_concurrency = io.applies(len(shards), max_workers, local)
+        if io_concurrency:
+            io.run(read, io_concurrency, max_workers)
+            return
+        start = time.perf_counter()
+        read.run(max_workers)
+        io.note_direct(time.perf_counter() - start)
 
     # -- the batch ----------------------------------------------------------------------
 
@@ -616,6 +641,80 @@ class _ReadBatch:
         group = None  # its views into the shards go before the shards do
         for shard in wave:
             shard.release()
+
+
+class _TouchedBatch:
+    """The shards of one `ShardReader.read_touched` call, as the pipelined
+    read takes a batch (`zarr_fused.shard.pipelined.ShardBatch`): one IO
+    request per shard (none has a plan, so none is split), consumed by the
+    caller's function."""
+
+    def __init__(
+        self,
+        reader: ShardReader,
+        spec: ArraySpec,
+        parts: Sequence[tuple[Any, np.ndarray]],
+        consume: Callable[[int, _Shard], None],
+    ) -> None:
+        self.reader = reader
+        self.spec = spec
+        self.parts = parts
+        self.consume = consume
+        self.grid = inner_grid(spec, reader.inner_shape)
+        self.n_chunks = math.prod(self.grid)
+        self.shards = [_Shard(i, None) for i in range(len(parts))]
+        #: whether fetches ask the kernel for a shard's ranges up front
+        #: (set by the pipelined path)
+        self.prefetch = False
+
+    def _touched(self, shard: _Shard) -> np.ndarray | None:
+        """The touched chunks of ``shard``, None when that is all of them."""
+        touched = self.parts[shard.index][1]
+        return None if len(touched) == self.n_chunks else touched
+
+    def run(self, max_workers: int) -> None:
+        """The direct path: each compute thread fetches, then consumes, a
+        shard at a time."""
+        run_parallel(self.one_shard, self.shards, max_workers)
+
+    def one_shard(self, shard: _Shard) -> None:
+        self.decode_fetched(self.fetch(shard))
+
+    def fetch(self, shard: _Shard) -> _Shard:
+        getter = self.parts[shard.index][0]
+        self.reader._fetch(getter, self.spec, self._touched(shard), self.grid, shard, self.prefetch)
+        return shard
+
+    def decode_fetched(self, shard: _Shard) -> None:
+        try:
+            self.consume(shard.index, shard)
+        finally:
+            shard.release()
+
+    def cost(self, shard: _Shard) -> int:
+        """The most bytes the fetch of ``shard`` should hold (see
+        `_ReadBatch.cost`)."""
+        touched = self._touched(shard)
+        n_touched = self.n_chunks if touched is None else len(touched)
+        getter = self.parts[shard.index][0]
+        settings = self.reader._shard_part_settings(getter, self.spec, self.grid, n_touched)
+        return int(settings["size_hint"]) + self.reader.fmt.size(self.n_chunks)
+
+    def fetched_io(self, shard: _Shard) -> tuple[int, int]:
+        """About the file calls the fetch made and the bytes it holds (see
+        `_ReadBatch.fetched_io`)."""
+        if shard.missing:
+            return 1, 0
+        return 2 + shard.n_ranges, int(getattr(shard.payload, "nbytes", 0))
+
+    def fetch_part(self, shard: _Shard, touched: np.ndarray) -> _Shard:
+        raise AssertionError("a shard without a plan is never split")
+
+    def deferred_group(self, shard: _Shard) -> None:
+        return None
+
+    def mark_missing(self, shard: _Shard) -> None:
+        """Nothing to do: ``consume`` saw the shard missing."""
 
 
 def _pack(fetched: list[np.ndarray], lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
