@@ -10,7 +10,12 @@ whole-array write; prints the medians of wall time and of process CPU time
 
     .venv/bin/python asv_bench/cast_value_ratios.py /tmp/cast-data 9 --pin both
 
-(``--pin``: see ``_side_by_side_cli``.)
+(``--pin``: see ``_side_by_side_cli``.) With ``--chain f4-i4``: int32 values
+stored as float32 by ``cast_value`` (rounding nearest-even, no
+``out_of_range``), whose decoding can fail on a stored value (NaN, out of
+range), so that a shard's inner chunk may be refused:
+
+    .venv/bin/python asv_bench/cast_value_ratios.py /tmp/cast-data 9 --chain f4-i4
 """
 
 import statistics
@@ -34,7 +39,14 @@ PIPELINES = {
 SHAPE, CHUNK, SHARD = (2048, 2048), (256, 256), (1024, 1024)
 
 
-def codec() -> CastValue:
+#: the value type of each chain: "f4-i2" (float32 values stored as int16),
+#: "f4-i4" (int32 values stored as float32)
+DTYPES = {"f4-i2": "float32", "f4-i4": "int32"}
+
+
+def codec(chain: str) -> CastValue:
+    if chain == "f4-i4":
+        return CastValue(data_type="float32")
     return CastValue(
         data_type="int16",
         out_of_range="clamp",
@@ -42,14 +54,18 @@ def codec() -> CastValue:
     )
 
 
-def create(path: str, sharded: bool) -> zarr.Array:
+def create(path: str, sharded: bool, chain: str) -> zarr.Array:
+    filters = [codec(chain)]
     if sharded:
-        inner = ShardingCodec(chunk_shape=CHUNK, codecs=[codec(), BytesCodec(), ZstdCodec(level=1)])
+        inner = ShardingCodec(
+            chunk_shape=CHUNK, codecs=[*filters, BytesCodec(), ZstdCodec(level=1)]
+        )
         kw = {"chunks": SHARD, "serializer": inner, "filters": None, "compressors": None}
     else:
-        kw = {"chunks": CHUNK, "filters": [codec()], "compressors": [ZstdCodec(level=1)]}
+        kw = {"chunks": CHUNK, "filters": filters, "compressors": [ZstdCodec(level=1)]}
+    fill = 0 if chain == "f4-i4" else np.nan
     return zarr.create_array(
-        path, shape=SHAPE, dtype="float32", fill_value=np.nan, overwrite=True, **kw
+        path, shape=SHAPE, dtype=DTYPES[chain], fill_value=fill, overwrite=True, **kw
     )
 
 
@@ -59,10 +75,12 @@ def timed(run, *args) -> tuple[float, float]:
     return time.perf_counter() - w0, time.process_time() - c0
 
 
-def measure(root: str, rounds: int) -> None:
+def measure(root: str, rounds: int, chain: str) -> None:
     rng = np.random.default_rng(0)
     data = (rng.standard_normal(SHAPE) * 3000).astype("float32")
     data.flat[::97] = np.nan
+    if chain == "f4-i4":  # integers float32 holds exactly
+        data = np.nan_to_num(data).astype(DTYPES[chain])
     expected = None
     res: dict = {}
     for layout in ("unsharded", "sharded"):
@@ -70,7 +88,7 @@ def measure(root: str, rounds: int) -> None:
             with zarr.config.set(
                 {"codec_pipeline.path": path, "codec_pipeline.strict": who == "fused"}
             ):
-                create(f"{root}/{layout}-{who}", layout == "sharded")[:] = data
+                create(f"{root}/{layout}-{who}", layout == "sharded", chain)[:] = data
         for who, path in PIPELINES.items():
             with zarr.config.set({"codec_pipeline.path": path}):
                 got = zarr.open_array(f"{root}/{layout}-{who}", mode="r")[:]
@@ -108,9 +126,11 @@ def main(argv: list[str] | None = None) -> int:
     options = _side_by_side_cli.parser(__doc__, repeat=None)
     options.add_argument("root", help="the folder the arrays are written to")
     options.add_argument("repeat", type=int, nargs="?", default=9, metavar="rounds")
-    title = f"{SHAPE} float32 -> int16 cast_value, zstd 1"
+    options.add_argument("--chain", choices=list(DTYPES), default="f4-i2")
+    args, _ = options.parse_known_args(argv)
+    title = f"{SHAPE} {DTYPES[args.chain]} cast_value {args.chain}, zstd 1"
     return _side_by_side_cli.main(
-        __file__, options, argv, title, lambda args: measure(args.root, args.repeat)
+        __file__, options, argv, title, lambda args: measure(args.root, args.repeat, args.chain)
     )
 
 

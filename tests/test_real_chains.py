@@ -224,11 +224,6 @@ NOT_NATIVE: dict[tuple[str, bool], str] = {
         ("quantize-f8-astype-f4-zstd", sharded): "zarr 3.4.2 cannot read it back either (no kernel)"
         for sharded in (False, True)
     },
-    ("scale_offset-i4-zstd", True): (
-        "the shard engine's decode cannot refuse an inner chunk (a remainder or an out-of-range"
-        " value, which zarr raises on), so it declines this integer scale_offset"
-    ),
-    ("transpose-quantize-f8-zstd", True): "no transpose in the shard engine's inner chain",
 }
 
 

@@ -8,8 +8,6 @@ oracle for the values read and for the stored shards, byte for byte.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +16,7 @@ import pytest
 import zarr
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from zarr.codecs import Crc32cCodec, ZstdCodec
+from zarr.codecs import BytesCodec, Crc32cCodec, ShardingCodec, ZstdCodec
 from zarr.codecs import numcodecs as znc
 from zarr.codecs.scale_offset import ScaleOffset
 from zarr.storage import MemoryStore
@@ -26,14 +24,10 @@ from zarr.storage import MemoryStore
 from zarr_fused._hybrid import FilteredChain
 from zarr_fused.errors import UnsupportedError
 
-from helpers import FUSED, assert_same_values, chunk_items, filter_data, make_store
-from helpers.filter_data import STRICT, assert_reads_as_zarr, filter_array, values_of
+from helpers import BATCHED, FUSED, assert_same_values, chunk_items, make_store
+from helpers.filter_data import values_of
 
-
-def astype(encoded: str, decoded: str, kind: str, fill: Any) -> tuple[Any, str, str, Any]:
-    """The entry of an AsType chain: arrays of ``decoded`` stored as ``encoded``."""
-    return (lambda: [znc.AsType(encode_dtype=encoded, decode_dtype=decoded)], decoded, kind, fill)
-
+STRICT = {"codec_pipeline.path": FUSED, "codec_pipeline.strict": True}
 
 #: filters, dtype, how values are drawn, fill value
 CHAINS: dict[str, tuple[Any, str, str, Any]] = {
@@ -68,13 +62,28 @@ CHAINS: dict[str, tuple[Any, str, str, Any]] = {
         "temperatures",
         np.nan,
     ),
-    "astype-f8-f4": astype("<f4", "<f8", "floats", 0),
+    "astype-f8-f4": (
+        lambda: [znc.AsType(encode_dtype="<f4", decode_dtype="<f8")],
+        "<f8",
+        "floats",
+        0,
+    ),
     # integer scale_offset whose decoding takes every stored value (scale 1 or
     # -1 and a range that holds, or int64, which zarr wraps)
     "scale_offset-i8": (lambda: [ScaleOffset(offset=1000, scale=-1)], "<i8", "ints", 5),
     "scale_offset-i2-negate": (lambda: [ScaleOffset(offset=-1, scale=-1)], "<i2", "ints", -2),
-    "astype-i4-i2": astype("<i2", "<i4", "ints", -3),
-    "astype-f8-i4": astype("<i4", "<f8", "small", 0),
+    "astype-i4-i2": (
+        lambda: [znc.AsType(encode_dtype="<i2", decode_dtype="<i4")],
+        "<i4",
+        "ints",
+        -3,
+    ),
+    "astype-f8-i4": (
+        lambda: [znc.AsType(encode_dtype="<i4", decode_dtype="<f8")],
+        "<f8",
+        "small",
+        0,
+    ),
     "delta-i8-astype-i2": (
         lambda: [znc.Delta(dtype="<i8", astype="<i2")],
         "<i8",
@@ -128,8 +137,20 @@ def create(
     index_location: str = "end",
 ) -> Any:
     shape, shard, inner = GEOMETRIES[geometry]
-    return filter_array(
-        store, shape, shard, dtype, fill, filters, compressors, inner, index_location
+    codec = ShardingCodec(
+        chunk_shape=inner,
+        codecs=[*filters, BytesCodec(), *compressors],
+        index_location=index_location,
+    )
+    return zarr.create_array(
+        store,
+        shape=shape,
+        chunks=shard,
+        dtype=dtype,
+        fill_value=fill,
+        serializer=codec,
+        compressors=None,
+        filters=None,
     )
 
 
@@ -150,18 +171,18 @@ def write_both(
     patch_region = tuple(slice(1, max(2, n // 2)) for n in shape)
     patch = values_of(kind, dtype, value[patch_region].shape, 1)
     fill_region = tuple(slice(n // 2, None) for n in shape)
-
-    def make(who: str) -> Any:
-        store = make_store(store_kind, tmp_path, who)
-        compressors = COMPRESSORS[compressor]()
-        return create(store, filters(), dtype, fill, compressors, geometry, index_location)
-
-    def write(array: Any) -> None:
-        array[:] = value
-        array[patch_region] = patch
-        array[fill_region] = fill
-
-    return filter_data.write_both(make, write)
+    stores = {}
+    for who, config in (("fused", STRICT), ("zarr", {"codec_pipeline.path": BATCHED})):
+        with zarr.config.set(config):
+            store = make_store(store_kind, tmp_path, who)
+            array = create(
+                store, filters(), dtype, fill, COMPRESSORS[compressor](), geometry, index_location
+            )
+            array[:] = value
+            array[patch_region] = patch
+            array[fill_region] = fill
+            stores[who] = store
+    return stores
 
 
 def plan_of(array: Any) -> Any:
@@ -172,27 +193,14 @@ def assert_same(stores: dict[str, Any], selection: Any = ...) -> None:
     """The same stored shards, and the same values read by both pipelines
     from each store (zarr_fused in strict mode)."""
     assert chunk_items(stores["fused"]) == chunk_items(stores["zarr"])
-    assert_reads_as_zarr(stores, selection)
-
-
-def write_whole(
-    chain: tuple[Any, str, str, Any],
-    value: Any,
-    new_store: Callable[[str], Any],
-    fused: dict[str, Any] = STRICT,
-) -> dict[str, Any]:
-    """``value`` written whole through both pipelines into arrays of
-    ``chain`` (an entry of CHAINS or DECLINED; 2d, zstd), each in
-    ``new_store(who)``."""
-    filters, dtype, _, fill = chain
-
-    def make(who: str) -> Any:
-        return create(new_store(who), filters(), dtype, fill, [ZstdCodec()])
-
-    def write(array: Any) -> None:
-        array[:] = value
-
-    return filter_data.write_both(make, write, fused)
+    for store in stores.values():
+        with zarr.config.set({"codec_pipeline.path": BATCHED}):
+            expected = zarr.open_array(store, mode="r")
+            expected_all, expected_part = expected[:], expected[selection]
+        with zarr.config.set(STRICT):
+            array = zarr.open_array(store, mode="r")
+            assert_same_values(array[:], expected_all)
+            assert_same_values(array[selection], expected_part)
 
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered in cast:RuntimeWarning")
@@ -221,11 +229,14 @@ def test_sharded_filters_geometry(
 def test_sharded_filters_zip_store(tmp_path: Path, name: str) -> None:
     """One write per shard (a zip file is not rewritten in place), with a
     region of fill value: its inner chunks are left out of the shards."""
-    _, dtype, kind, fill = CHAINS[name]
+    filters, dtype, kind, fill = CHAINS[name]
     value = values_of(kind, dtype, GEOMETRIES["2d"][0], 2)
     value[16:, 12:] = fill
-    for store in write_whole(CHAINS[name], value, partial(make_store, "zip", tmp_path)).values():
-        store.close()
+    for who, config in (("fused", STRICT), ("zarr", {"codec_pipeline.path": BATCHED})):
+        with zarr.config.set(config):
+            store = make_store("zip", tmp_path, who)
+            create(store, filters(), dtype, fill, [ZstdCodec()])[:] = value
+            store.close()
     reopened = {
         who: zarr.storage.ZipStore(tmp_path / f"{who}.zip", mode="r") for who in ("fused", "zarr")
     }
@@ -258,47 +269,19 @@ def test_strict_rejects_filter_without_kernel_sharded() -> None:
             array[:]
 
 
-#: chains whose decoding may refuse a stored value: the shard engine has no
-#: way to refuse an inner chunk, so they run zarr's code
-DECLINED: dict[str, tuple[Any, str, str, Any]] = {
-    "scale_offset-i2-scale": (lambda: [ScaleOffset(offset=100, scale=3)], "<i2", "ints", -1),
-    "scale_offset-i2-offset": (lambda: [ScaleOffset(offset=5, scale=1)], "<i2", "ints", 9),
-    "astype-i2-f4": astype("<f4", "<i2", "ints", 1),
-    "astype-u1-f8": astype("<f8", "|u1", "ints", 9),
-}
-
-
-@pytest.mark.parametrize("name", list(DECLINED))
-def test_declined_filters_strict_rejects(name: str) -> None:
-    filters, dtype, _, fill = DECLINED[name]
-    with zarr.config.set(STRICT):
-        array = create(MemoryStore(), filters(), dtype, fill, [ZstdCodec()])
-        with pytest.raises(UnsupportedError, match="inner chunks"):
-            array[:]
-
-
-@pytest.mark.parametrize("name", list(DECLINED))
-def test_declined_filters_match_zarr(name: str) -> None:
-    _, dtype, kind, _ = DECLINED[name]
-    value = values_of(kind, dtype, GEOMETRIES["2d"][0], 5)
-    lenient = {"codec_pipeline.path": FUSED, "codec_pipeline.strict": False}
-    stores = write_whole(DECLINED[name], value, lambda _: MemoryStore(), lenient)
-    assert chunk_items(stores["fused"]) == chunk_items(stores["zarr"])
-    with zarr.config.set(lenient):
-        got = zarr.open_array(stores["fused"], mode="r")[:]
-    assert_same_values(got, value)
-
-
 @pytest.mark.filterwarnings("ignore:invalid value encountered in cast:RuntimeWarning")
 @pytest.mark.parametrize("bad", [np.nan, 3e9, -np.inf], ids=["nan", "large", "-inf"])
 def test_astype_unfit_inner_chunk(tmp_path: Path, bad: float) -> None:
     """An inner chunk astype cannot cast natively (a float int32 cannot
     hold) is encoded by numcodecs' code; the shard's bytes are zarr's."""
-    _, dtype, kind, _ = CHAINS["astype-f8-i4"]
+    filters, dtype, kind, fill = CHAINS["astype-f8-i4"]
     value = values_of(kind, dtype, GEOMETRIES["2d"][0], 3)
     value[9, 7] = bad
-    local = partial(make_store, "local", tmp_path)
-    stores = write_whole(CHAINS["astype-f8-i4"], value, local)
+    stores = {}
+    for who, config in (("fused", STRICT), ("zarr", {"codec_pipeline.path": BATCHED})):
+        with zarr.config.set(config):
+            stores[who] = make_store("local", tmp_path, who)
+            create(stores[who], filters(), dtype, fill, [ZstdCodec()])[:] = value
     assert_same(stores, (slice(5, 20), slice(3, 12)))
 
 
@@ -308,11 +291,14 @@ def test_fixedscaleoffset_unfit_inner_chunk(tmp_path: Path, bad: float) -> None:
     """An inner chunk fixedscaleoffset's type cannot hold is encoded by
     numcodecs' code (its cast is platform-defined); the others natively;
     the shard's bytes are zarr's either way."""
-    _, dtype, kind, _ = CHAINS["fixedscaleoffset-f8-i2"]
+    filters, dtype, kind, fill = CHAINS["fixedscaleoffset-f8-i2"]
     value = values_of(kind, dtype, GEOMETRIES["2d"][0], 3)
     value[9, 7] = bad
-    local = partial(make_store, "local", tmp_path)
-    stores = write_whole(CHAINS["fixedscaleoffset-f8-i2"], value, local)
+    stores = {}
+    for who, config in (("fused", STRICT), ("zarr", {"codec_pipeline.path": BATCHED})):
+        with zarr.config.set(config):
+            stores[who] = make_store("local", tmp_path, who)
+            create(stores[who], filters(), dtype, fill, [ZstdCodec()])[:] = value
     assert_same(stores, (slice(5, 20), slice(3, 12)))
 
 
@@ -335,8 +321,6 @@ def filter_cases(draw: Any) -> tuple[list[Any], str, Any, int]:
     elif kind == "astype":
         types = ["|i1", "|u1", "<i2", "<u2", "<i4", "<u4", "<i8", "<u8", "<f4", "<f8"]
         dtype, encoded = draw(st.sampled_from(types)), draw(st.sampled_from(types))
-        if np.dtype(dtype).kind in "iu" and np.dtype(encoded).kind == "f":
-            encoded = "<i4"  # decoding floats to integers may refuse: not for the shard engine
         filters = [znc.AsType(encode_dtype=encoded, decode_dtype=dtype)]
     elif kind == "delta":
         dtype = draw(st.sampled_from(["<i1", "<i2", "<u4", "<i8", "<f4", "<f8"]))
@@ -367,14 +351,12 @@ def test_sharded_filter_parameters_property(case: tuple[list[Any], str, Any, int
         value = rng.integers(0, 100, size=shape).astype(dtype)
     else:
         value = rng.uniform(-50, 120, size=shape).round(1).astype(dtype)
-
-    def make(_: str) -> Any:
-        return create(MemoryStore(), filters, dtype, fill, [ZstdCodec(level=1)])
-
-    def write(array: Any) -> None:
-        array[:] = value
-        array[4:11, 2:19] = value[:7, :17][::-1]
-
+    stores = {}
     with np.errstate(all="ignore"):
-        stores = filter_data.write_both(make, write)
+        for who, config in (("fused", STRICT), ("zarr", {"codec_pipeline.path": BATCHED})):
+            with zarr.config.set(config):
+                stores[who] = MemoryStore()
+                array = create(stores[who], filters, dtype, fill, [ZstdCodec(level=1)])
+                array[:] = value
+                array[4:11, 2:19] = value[:7, :17][::-1]
         assert_same(stores, (slice(1, 30, 4), slice(2, 27)))

@@ -76,6 +76,7 @@ cdef class DecodeBatch(TaskBatch):
                      Py_ssize_t* shape) except -2
     cdef object _add(self, payload, bytes path, ChunkLayout layout, chunk_selection,
                      cnp.ndarray out, out_selection, tuple drop_axes, key)
+    cdef object finish_refused(self, Py_ssize_t start, Py_ssize_t stop)
 
 cdef class EncodeBatch(TaskBatch):
     cdef EncodeTask* tasks

@@ -30,10 +30,7 @@ class TaskBatch:
     def set_filters(
         self,
         filters: FilterChain,
-        refuse: Callable[
-            [np.ndarray[Any, np.dtype[np.uint8]]], np.ndarray[Any, np.dtype[np.uint8]] | None
-        ]
-        | None = None,
+        refuse: Callable[..., np.ndarray[Any, Any] | None] | None = None,
     ) -> None: ...
 
 @disjoint_base

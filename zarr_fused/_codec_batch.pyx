@@ -472,7 +472,12 @@ cdef class TaskBatch:
         kernel's items. An encode the filters refuse (a value
         fixedscaleoffset's type cannot hold) is handed to ``refuse``: it
         gets the chunk's values in C order (uint8) and returns its encoded
-        bytes (uint8), or None to store nothing. Before any task and fill."""
+        bytes (uint8), or None to store nothing. A decode the filters refuse
+        (``filters.may_refuse``: a remainder of an integer scale_offset...)
+        is handed to ``refuse`` too, after the run: it gets the chunk's
+        payload (uint8) and the chunk's description and returns the decoded
+        chunk's values in C order (uint8), or raises zarr's error for them.
+        Before any task and fill."""
         if self.n or self.fill is not None:
             raise ValueError("set_filters() before adding tasks and setting the fill")
         if filters.encoded_itemsize != self.kernel.itemsize:
@@ -744,7 +749,7 @@ cdef class DecodeBatch(TaskBatch):
         cdef Py_ssize_t offset = 0
         cdef int nd_src, nd_dst, i, k
         cdef const uint8_t[::1] view
-        if out.dtype.itemsize != self.itemsize or (self.filters is not None and layout.transposed):
+        if out.dtype.itemsize != self.itemsize:
             return False
         nd_dst = self._target(t, out, out_selection, dst_shape)
         if nd_dst < 0:
@@ -819,6 +824,7 @@ cdef class DecodeBatch(TaskBatch):
             file was missing (`add_file`); their regions hold the fill value.
         """
         stop = self.run_clamped(start, stop)
+        self.finish_refused(start, stop)
         return [i for i in range(max(start, 0), stop) if self.tasks[i].was_missing]
 
     def run(self):
@@ -827,6 +833,38 @@ cdef class DecodeBatch(TaskBatch):
 
     cdef Status* status_of(self, Py_ssize_t i) noexcept nogil:
         return &self.tasks[i].status
+
+    cdef object finish_refused(self, Py_ssize_t start, Py_ssize_t stop):
+        """Hand the chunks ``start:stop`` (a run range) whose decoding the
+        filters refused to ``refuse`` (zarr's code), in order: the first
+        that zarr refuses too raises its error; the values of one it
+        decodes go where the task's selection goes."""
+        cdef DecodeTask* t
+        cdef cnp.ndarray values
+        cdef Py_ssize_t i
+        if self.refused == NULL or self.filters is None or not self.filters.may_refuse:
+            return None
+        for i in range(max(start, 0), min(stop, self.n)):
+            if not self.refused[i]:
+                continue
+            self.refused[i] = 0
+            t = &self.tasks[i]
+            where = self.describe(self.keys[i])
+            if self.refuse is None:
+                raise ValueError(
+                    f"{where}: the filters refused the chunk's values and the batch has no "
+                    "refuse hook")
+            payload = np.frombuffer(
+                (<const char*>t.src)[:t.src_len] if t.src_len else b"", dtype=np.uint8)
+            values = np.ascontiguousarray(self.refuse(payload, where)).view(np.uint8).reshape(-1)
+            # the hook's bytes are checked before the copy reads them
+            if values.shape[0] != t.nbytes:
+                raise ValueError(
+                    f"{where}: the refused chunk decoded to {values.shape[0]} bytes, "
+                    f"not {t.nbytes}")
+            copy_strided(<const char*>cnp.PyArray_DATA(values) + t.src_offset, t.src_strides,
+                         t.dst, t.dst_strides, t.shape, t.ndim, self.itemsize, 0)
+        return None
 
     cdef Py_ssize_t task_nbytes(self, Py_ssize_t i) noexcept nogil:
         return 0 if self.tasks[i].missing else self.tasks[i].nbytes
@@ -857,7 +895,11 @@ cdef class DecodeBatch(TaskBatch):
             # an uncompressed payload at an odd offset of its shard
             memcpy(a, data, <size_t>(count * ki))
             data = a
-        values = self.filters.decode(data, a, b, count)
+        if not self.filters.may_refuse:
+            values = self.filters.decode(data, a, b, count)
+        elif self.filters.decode_checked(data, a, b, count, &values) != FILTER_OK:
+            self.refused[i] = 1  # zarr's code decodes it, or raises, after the run
+            return 0
         copy_strided(<const char*>values + t.src_offset, t.src_strides, t.dst, t.dst_strides,
                      t.shape, t.ndim, self.itemsize, 0)
         return 0
@@ -929,8 +971,6 @@ cdef class EncodeBatch(TaskBatch):
             raise IndexError("encode batch is full")
         if layout.ndim > self.max_ndim:
             raise ValueError("the chunk has more dimensions than the batch has room for")
-        if self.filters is not None and layout.transposed:
-            raise ValueError("a batch with filters encodes untransposed chunks only")
         t = &self.tasks[self.n]
         memset(t, 0, sizeof(EncodeTask))
         t.shape = self.task_dims(self.n)

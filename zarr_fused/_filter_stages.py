@@ -406,8 +406,8 @@ class NativeCastValue(_NativeStage):
 
     def kernel_step(self, dtype: np.dtype[Any]) -> tuple[Any, ...] | None:
         encode, decode = self.spec(dtype, "encode"), self.spec(dtype, "decode")
-        if encode is None or decode is None or decode.can_fail:
-            return None  # the batches' decoding cannot report a failed value
+        if encode is None or decode is None:
+            return None
         return ("cast_value", dtype, encode, decode)
 
 

@@ -61,7 +61,10 @@ cdef class FilterChain:
     cdef readonly Py_ssize_t itemsize
     cdef readonly Py_ssize_t encoded_itemsize
     cdef readonly Py_ssize_t max_itemsize
+    cdef readonly bint may_refuse  # a step's decoding may refuse a stored value
     cdef const void* decode(self, const void* src, void* a, void* b,
                             Py_ssize_t count) noexcept nogil
+    cdef int decode_checked(self, const void* src, void* a, void* b, Py_ssize_t count,
+                            const void** out) noexcept nogil
     cdef int encode(self, void* a, void* b, Py_ssize_t count,
                     const void** out) noexcept nogil

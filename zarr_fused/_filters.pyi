@@ -31,7 +31,8 @@ class FilterChain:
     itemsize: int
     encoded_itemsize: int
     max_itemsize: int
-    def __init__(self, steps: Sequence[tuple[Any, ...]]) -> None: ...
+    may_refuse: bool
+    def __init__(self, steps: Sequence[tuple[Any, ...]], *, refusing: bool = False) -> None: ...
 
 def scale_offset(
     src: np.ndarray[Any, Any], out: np.ndarray[Any, Any], offset: float, scale: float, encode: bool

@@ -649,14 +649,16 @@ cdef class FilterChain:
     ``("bitround", dtype, maskbits)``, ``("scale_offset", dtype, offset,
     scale)``, ``("astype", dtype, encoded)``, ``("cast_value", dtype,
     encode, decode)`` (two `zarr_fused._cast_value.CastSpec`), every
-    ``dtype`` the item type before its step (native byte order). Decoding has no way to refuse a
-    chunk, so a step whose decoding could refuse a stored value (an
-    integer scale_offset that may meet a remainder or leave the range, an
-    astype from floats to integers, a cast_value that can fail) is refused
-    here (ValueError).
+    ``dtype`` the item type before its step (native byte order). `decode`
+    has no way to refuse a chunk, so a step whose decoding could refuse a
+    stored value (an integer scale_offset that may meet a remainder or
+    leave the range, an astype from floats to integers, a cast_value that
+    can fail) is refused here (ValueError), unless ``refusing`` is set:
+    such a chain (``may_refuse``) decodes with `decode_checked`, which
+    reports the chunk it refuses.
     """
 
-    def __init__(self, steps):
+    def __init__(self, steps, *, bint refusing=False):
         steps = list(steps)
         if not 0 < len(steps) <= FILTER_MAX_STEPS:
             raise ValueError(f"a filter chain has 1 to {FILTER_MAX_STEPS} steps")
@@ -666,7 +668,9 @@ cdef class FilterChain:
             step = tuple(step)
             _set_step(&self.steps[self.n], step)
             if not _decodes_everything(step):
-                raise ValueError(f"{step[0]}: its decoding may refuse a stored value")
+                if not refusing:
+                    raise ValueError(f"{step[0]}: its decoding may refuse a stored value")
+                self.may_refuse = True
             if self.n and self.steps[self.n].itemsize != self.steps[self.n - 1].encoded_itemsize:
                 raise ValueError("a step's input is not the step before's output")
             self.max_itemsize = max(self.max_itemsize, self.steps[self.n].itemsize,
@@ -691,6 +695,27 @@ cdef class FilterChain:
             _run(&self.steps[i], False, cur, dst, count)
             cur = dst
         return cur
+
+    cdef int decode_checked(self, const void* src, void* a, void* b, Py_ssize_t count,
+                            const void** out) noexcept nogil:
+        """`decode` for a chain that may refuse a stored value: ``out[0]`` is
+        where the decoded items are. Returns `FILTER_OUT_OF_RANGE` when a
+        step refuses one (an integer scale_offset's remainder or range, a
+        float astype or cast_value into integers; the caller then runs
+        zarr's code on the chunk, which raises or decodes it), else
+        `FILTER_OK`."""
+        cdef const void* cur = src
+        cdef void* dst
+        cdef int i
+        for i in range(self.n - 1, -1, -1):
+            if self.steps[i].kind == FK_QUANTIZE or self.steps[i].kind == FK_BITROUND:
+                continue
+            dst = b if cur == <const void*>a else a
+            if _run(&self.steps[i], False, cur, dst, count) != FILTER_OK:
+                return FILTER_OUT_OF_RANGE
+            cur = dst
+        out[0] = cur
+        return FILTER_OK
 
     cdef int encode(self, void* a, void* b, Py_ssize_t count,
                     const void** out) noexcept nogil:

@@ -27,7 +27,8 @@ bytes, and the tail is the native chain that already matches zarr's.
 The shard engine queues a shard's inner chunks as C tasks and decodes
 them in one nogil section, with no Python call per chunk, so a hybrid
 chain's per-chunk stages do not fit it. A `FilteredChain` does: when
-every stage has a kernel (and there is no transpose), it hands the
+every stage has a kernel (a transpose only after them: see
+`zarr_fused._plan`), it hands the
 stages to the batches as one `zarr_fused._filters.FilterChain`, which
 the batch kernels run on each chunk between decompression and scatter
 (`zarr_fused._codec_batch`).
@@ -422,10 +423,10 @@ class FilteredChain(NativeOrFallback):
         self.zdtype = spec.dtype
         self.dtype: np.dtype[Any] = spec.dtype.to_native_dtype()
         self.stored = self.dtype
-        self.order = None
+        self.order = self.transpose = tail.order  # after the filters (see _plan)
         self.tail = tail
         self.fallback = fallback
-        self.filters = filter_kernels.FilterChain(steps)
+        self.filters = filter_kernels.FilterChain(steps, refusing=True)
         self._layouts: dict[tuple[int, ...], Any] = {}
         self._lock = threading.Lock()
 
@@ -435,14 +436,14 @@ class FilteredChain(NativeOrFallback):
     def layout(self, shape: tuple[int, ...]) -> Any:
         layout = self._layouts.get(shape)
         if layout is None:
-            layout = batch_kernels.ChunkLayout(shape, self.dtype.itemsize)
+            layout = batch_kernels.ChunkLayout(shape, self.dtype.itemsize, self.order)
             with self._lock:
                 self._layouts[shape] = layout
         return layout
 
     def kernel_batch(self, capacity: int, ndim: int, describe: Any = describe_chunk) -> Any:
         batch = batch_kernels.DecodeBatch(self.tail.kernel, capacity, ndim, describe)
-        batch.set_filters(self.filters)
+        batch.set_filters(self.filters, self.decode_refused)
         return batch
 
     def encode_batch(
@@ -453,7 +454,7 @@ class FilteredChain(NativeOrFallback):
         arena: np.ndarray[Any, Any] | None = None,
     ) -> Any:
         batch = batch_kernels.EncodeBatch(self.tail.kernel, capacity, ndim, describe, arena)
-        batch.set_filters(self.filters, self._encode_refused)
+        batch.set_filters(self.filters, self.encode_refused)
         return batch
 
     def encode_bound(self, nbytes: int) -> int:
@@ -465,13 +466,6 @@ class FilteredChain(NativeOrFallback):
         """False for values of the chain's type (the batch swaps the
         filtered items itself); None for any other type."""
         return False if array.dtype == self.dtype else None
-
-    def _encode_refused(self, values: np.ndarray[Any, Any]) -> np.ndarray[Any, Any] | None:
-        """zarr's encoding of a chunk (its values in C order, as bytes)."""
-        chunk = values.view(self.dtype).reshape(self.spec.shape)
-        nd_buffer = self.spec.prototype.nd_buffer.from_ndarray_like(chunk)
-        encoded = self.fallback.encode(nd_buffer, self.spec)
-        return None if encoded is None else encoded.as_numpy_array()
 
     def decode_array(self, raw: StoredBytes, spec: ArraySpec, key: Any = None) -> np.ndarray:
         """The whole chunk as a new NumPy array of the value type."""
@@ -512,19 +506,21 @@ def _kernel_steps(stages: tuple[Codec, ...], spec: ArraySpec) -> tuple[Any, ...]
 def filtered_chain(
     codecs: tuple[Codec, ...], spec: ArraySpec, fallback: TransformChain, native_tail: NativeTail
 ) -> FilteredChain | None:
-    """A `FilteredChain` for ``codecs`` (leading filters with kernels, no
-    transpose, then a chain the native tail covers), else None."""
+    """A `FilteredChain` for ``codecs`` (leading filters with kernels, then
+    a chain the native tail covers, with a transpose only after filters
+    that keep no order), else None."""
     split = split_python_stages(codecs)
     if split == 0 or filter_kernels is None or batch_kernels is None:
         return None
-    if any(type(c) is TransposeCodec for c in codecs):
+    if any(type(c) is TransposeCodec for c in codecs[:split]):
         return None
     stages, rest = codecs[:split], codecs[split:]
     steps = _kernel_steps(stages, spec)
     if steps is None:
         return None
     tail = native_tail(rest, _stage_specs(stages, spec)[-1], "native chain declined this chunk")
-    if tail is None or tail.order is not None:
+    # a transpose after the filters: delta's running sum follows the items' order
+    if tail is None or (tail.order is not None and any(s[0] == "delta" for s in steps)):
         return None
     try:
         return FilteredChain(spec, steps, tail, fallback)

@@ -14,10 +14,10 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 from zarr.core.buffer import cpu
 
 if TYPE_CHECKING:
-    import numpy as np
     from zarr.core.array_spec import ArraySpec
     from zarr.core.buffer import Buffer, NDBuffer
 
@@ -33,6 +33,11 @@ class NativeOrFallback(ABC):
 
     fallback: Any
     zdtype: Any
+    #: the chunk spec and the NumPy value type the kernels were built for,
+    #: and the transpose of the stored items (None: none)
+    spec: ArraySpec
+    dtype: np.dtype[Any]
+    transpose: tuple[int, ...] | None = None
 
     def handles(self, spec: ArraySpec) -> bool:
         """Whether ``spec`` is the one the kernels were built for: the
@@ -40,6 +45,42 @@ class NativeOrFallback(ABC):
         return (spec.dtype is self.zdtype or spec.dtype == self.zdtype) and issubclass(
             spec.prototype.nd_buffer, cpu.NDBuffer
         )
+
+    def decode_refused(self, payload: np.ndarray[Any, Any], where: str) -> np.ndarray[Any, Any]:
+        """zarr's decoding (``fallback``) of a chunk of the kernels' spec
+        whose stored values a native filter refused (an integer
+        scale_offset's remainder, a float cast into integers): its values
+        in C order, or zarr's own error for them, of zarr's type, its
+        message led by ``where`` (the chunk, as the batches name it)."""
+        raw = self.spec.prototype.buffer.from_array_like(payload)
+        try:
+            decoded = self.fallback.decode(raw, self.spec)
+        except Exception as exc:
+            try:
+                named = type(exc)(f"{where}: {exc}")
+            except Exception:  # an error type made otherwise: zarr's own, with a note
+                exc.add_note(where)
+                raise exc from None
+            raise named from exc
+        values = decoded.as_numpy_array().astype(self.dtype, copy=False)
+        if self.transpose is not None:
+            values = values.transpose(self.transpose)
+        return np.ascontiguousarray(values)
+
+    def encode_refused(self, values: np.ndarray[Any, Any]) -> np.ndarray[Any, Any] | None:
+        """zarr's encoding (``fallback``) of a chunk of the kernels' spec
+        that a native filter refused (a value an integer type cannot
+        hold): ``values`` are its items in stored order (transposed by
+        ``transpose``), as bytes; None to store nothing."""
+        shape = self.spec.shape
+        if self.transpose is None:
+            chunk = values.view(self.dtype).reshape(shape)
+        else:
+            stored = values.view(self.dtype).reshape([shape[i] for i in self.transpose])
+            chunk = stored.transpose(np.argsort(self.transpose))
+        nd_buffer = self.spec.prototype.nd_buffer.from_ndarray_like(chunk)
+        encoded = self.fallback.encode(nd_buffer, self.spec)
+        return None if encoded is None else encoded.as_numpy_array()
 
     @abstractmethod
     def decode_array(self, raw: Any, spec: ArraySpec, key: Any = None) -> np.ndarray: ...

@@ -15,8 +15,12 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
-from zarr.abc.codec import ArrayBytesCodec
+from zarr.abc.codec import ArrayArrayCodec, ArrayBytesCodec
+from zarr.codecs.cast_value import CastValue
+from zarr.codecs.numcodecs import AsType, BitRound, FixedScaleOffset, Quantize
+from zarr.codecs.scale_offset import ScaleOffset
 from zarr.codecs.sharding import ShardingCodec
+from zarr.codecs.transpose import TransposeCodec
 
 from zarr_fused._chain import (
     NativeChain,
@@ -167,6 +171,30 @@ def _pin_inner_pipeline(
     return tuple(pinned)
 
 
+#: filters that map each value on its own, whatever the items' order (not
+#: delta, whose running sum follows it)
+_ELEMENTWISE = (AsType, BitRound, CastValue, FixedScaleOffset, Quantize, ScaleOffset)
+
+
+def _transposes_last(codecs: tuple[Codec, ...]) -> tuple[Codec, ...]:
+    """``codecs`` with the transposes among their leading array->array
+    codecs composed into one after the filters, when every filter is
+    elementwise: a transpose then commutes with them, so the stored bytes
+    are the same and the batch kernels filter the stored items in their
+    order. Else ``codecs`` as they are."""
+    lead = 0
+    while lead < len(codecs) and isinstance(codecs[lead], ArrayArrayCodec):
+        lead += 1
+    transposes = [c for c in codecs[:lead] if type(c) is TransposeCodec]
+    filters = [c for c in codecs[:lead] if type(c) is not TransposeCodec]
+    if not transposes or not filters or not all(isinstance(c, _ELEMENTWISE) for c in filters):
+        return codecs
+    order = tuple(range(len(transposes[0].order)))
+    for transpose in transposes:
+        order = tuple(order[i] for i in transpose.order)
+    return (*filters, TransposeCodec(order=order), *codecs[lead:])
+
+
 def shard_chain_reason(codec: Any, spec: ArraySpec) -> tuple[str, InnerChain | None]:
     """("", inner chain) when the shard engine (`ShardReader`,
     `ShardWriter`) can read and write ``codec``'s shards, else (why not,
@@ -184,7 +212,7 @@ def shard_chain_reason(codec: Any, spec: ArraySpec) -> tuple[str, InnerChain | N
     fallback = TransformChain(ChunkTransform(codecs=inner_codecs), "")
     if reason:
         # leading filters with kernels run inside the batch kernels
-        filtered = filtered_chain(inner_codecs, inner_spec, fallback, native_tail)
+        filtered = filtered_chain(_transposes_last(inner_codecs), inner_spec, fallback, native_tail)
         if filtered is not None:
             return "", filtered
         vlen = build_chain(inner_codecs, inner_spec, ChunkTransform(codecs=inner_codecs))

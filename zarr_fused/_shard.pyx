@@ -367,8 +367,7 @@ def add_shard(DecodeBatch batch, payload, cnp.ndarray entries, ShardPlan plan,
     cdef const uint64_t* ep = NULL
     cdef char* out_data
     if (layout.ndim != plan.ndim or not out.flags.writeable
-            or out.dtype.itemsize != batch.itemsize
-            or (batch.filters is not None and layout.transposed)):
+            or out.dtype.itemsize != batch.itemsize):
         return False
     nd = _plan_region(plan, out, out_selection, &base, region_strides)
     if nd < 0 or nd > batch.max_ndim:

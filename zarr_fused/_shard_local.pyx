@@ -312,6 +312,7 @@ cdef cnp.ndarray _fetch(PartialFetch* f, bytes path, cnp.ndarray entries, take, 
             return None
         if decode:
             _raise_for(batch, entries, f.total, outside, failed)
+            batch.finish_refused(first, stop)  # while ``buf`` holds their payloads
         return buf
     finally:
         if sink is not None:
