@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import time
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 try:
     import resource
@@ -98,7 +98,8 @@ class ChunkReader(_EachChunk):
         if prefix is None:
             return super().read(batch, request)
         if self.grouped is not None:
-            target = ReadTarget.native(self.grouped, batch, request)
+            # `writes_into`, the one method `native` calls, is a FilteredChain's too
+            target = ReadTarget.native(cast("NativeChain", self.grouped), batch, request)
             if target is not None:
                 job = _FilteredRead(self.grouped, batch, target, prefix)
                 max_workers = request.max_workers
