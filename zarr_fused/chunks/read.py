@@ -10,7 +10,9 @@ disjoint output selections, so workers write into ``out`` without locks.
 worker fetches a group of chunks, then decodes the whole group straight
 into ``out`` in one ``nogil`` call. `ChunkReader` fetches each chunk whole
 and decodes it through the plan's chain (zarr's code for chains without a
-kernel). `PartialDecodeReader` lets the array->bytes codec (sharding) fetch
+kernel); local files of a chain whose every filter has a kernel go in
+groups through that chain's batch kernels instead (`_FilteredRead`).
+`PartialDecodeReader` lets the array->bytes codec (sharding) fetch
 only the byte ranges a selection needs, through its own synchronous
 partial decode.
 """
