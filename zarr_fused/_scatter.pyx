@@ -69,10 +69,14 @@ cdef extern from *:
 # the current one, so those reads overlap instead of queueing (the gain is
 # in docs/performance.md, "Design measurements"). Rows longer than
 # ``_PREFETCH_MAX_SPAN`` bytes are left to the hardware prefetchers, which
-# follow them well.
+# follow them well; so are rows that start fewer than ``_PREFETCH_MIN_STEP``
+# bytes apart (a 32^3 region's rows, 64 bytes apart, cut by a chunk edge):
+# the hardware sees them as one stream, and walking a second row index and
+# issuing the prefetches cost more than they save.
 cdef enum:
     _PREFETCH_ROWS = 4
     _PREFETCH_MAX_SPAN = 1024
+    _PREFETCH_MIN_STEP = 256
     # rows up to this many bytes are copied inline rather than by libc's memcpy
     _SHORT_ROW = 512
 
@@ -215,14 +219,28 @@ cdef inline void _swap_element(
 
 
 cdef inline void _copy_short(char* d, const char* s, Py_ssize_t n) noexcept nogil:
-    """memcpy for short runs, inlined (16-byte moves), no libc call."""
-    while n >= 16:
-        memcpy(d, s, 16)
-        d += 16
-        s += 16
-        n -= 16
-    if n:
-        memcpy(d, s, <size_t>n)
+    """memcpy for short runs, inlined, no libc call: fixed-size moves only,
+    the last one overlapping the one before (a run of 2-62 bytes, a region
+    row cut by a chunk edge, would otherwise end in a libc call for its
+    odd tail)."""
+    if n >= 16:
+        while n > 16:
+            memcpy(d, s, 16)
+            d += 16
+            s += 16
+            n -= 16
+        memcpy(d + n - 16, s + n - 16, 16)
+    elif n >= 8:
+        memcpy(d, s, 8)
+        memcpy(d + n - 8, s + n - 8, 8)
+    elif n >= 4:
+        memcpy(d, s, 4)
+        memcpy(d + n - 4, s + n - 4, 4)
+    elif n >= 2:
+        memcpy(d, s, 2)
+        memcpy(d + n - 2, s + n - 2, 2)
+    elif n == 1:
+        d[0] = s[0]
 
 
 cdef inline void _copy_row(
@@ -415,9 +433,9 @@ cdef void _copy_rows(const char* src, char* dst, const _Dims* b, Py_ssize_t item
     if inner >= 1:
         dspan = _row_span(n, ds, itemsize)
         sspan = _row_span(n, ss, itemsize)
-        if b.s2[inner - 1] <= dspan:
+        if b.s2[inner - 1] <= dspan or b.s2[inner - 1] < _PREFETCH_MIN_STEP:
             dspan = 0
-        if b.s1[inner - 1] <= sspan:
+        if b.s1[inner - 1] <= sspan or b.s1[inner - 1] < _PREFETCH_MIN_STEP:
             sspan = 0
     carry_steps(b.shape, b.s1, inner, sstep)
     carry_steps(b.shape, b.s2, inner, dstep)
