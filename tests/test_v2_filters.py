@@ -207,6 +207,29 @@ def test_chain_matches_zarr(tmp_path: Path, name: str, order: str, store_kind: s
     assert_reads_alike(stores)
 
 
+#: the chains with a filter before the compressor's kernel that has no
+#: kernel step (a Shuffle elsewhere than last, or without a compressor)
+UNFUSED = {"shuffle-uncompressed", "shuffle1-uncompressed", "shuffle-delta-zstd"}
+UNFUSED |= {"delta-shuffle-uncompressed"}
+
+
+@pytest.mark.parametrize("order", ["C", "F"])
+@pytest.mark.parametrize("name", [pytest.param(n, id=n) for n in CHAINS])
+def test_filters_run_in_the_batch_kernel(tmp_path: Path, name: str, order: str) -> None:
+    """A chain whose native stages all have kernel steps decodes a chunk
+    in one batch kernel call, straight into the output (in order F its
+    stored items scattered transposed), and reads as zarr does."""
+    stores = write_both(tmp_path, name, order, "local", fill_value=0)
+
+    def check(array: Any) -> None:
+        fused = getattr(plan_of(array).chain, "fused", None)
+        assert (fused is not None) == (name not in UNFUSED)
+        if fused is not None:
+            assert fused.order == ((1, 0) if order == "F" else None)
+
+    assert_reads_as_zarr(stores, (slice(1, 12, 2), slice(2, None)), check)
+
+
 FILL_CASES = [
     pytest.param("astype-shuffle-lz4", None, id="astype-none"),
     pytest.param("astype-blosc", np.nan, id="astype-nan"),
