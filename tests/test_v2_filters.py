@@ -11,6 +11,7 @@ its header's time stamp only: compared decompressed).
 from __future__ import annotations
 
 import gzip
+import math
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ import zarr
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from zarr.codecs._v2 import V2Codec
+from zarr.core.buffer import cpu
 from zarr.storage import LocalStore, MemoryStore
 
 from zarr_fused._v2 import V2Shuffle
@@ -228,6 +230,26 @@ def test_filters_run_in_the_batch_kernel(tmp_path: Path, name: str, order: str) 
             assert fused.order == ((1, 0) if order == "F" else None)
 
     assert_reads_as_zarr(stores, (slice(1, 12, 2), slice(2, None)), check)
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+@pytest.mark.parametrize("order", ["C", "F"])
+def test_batch_kernel_refused_chunk_reads_as_zarr(order: str) -> None:
+    """A stored chunk the batch kernel's astype refuses (NaN and a value
+    int16 cannot hold, as float32) is decoded by zarr's code, whole and
+    in part, beside chunks the kernel decodes."""
+    store = MemoryStore()
+    with zarr.config.set(filter_data.ZARR):
+        array = create_v2(store, [numcodecs.AsType("<f4", "<i2")], numcodecs.Zstd(1), "<i2", order)
+        array[...] = values_of("ints", "<i2", SHAPE, 3)
+    bad = np.full(math.prod(CHUNKS), np.nan, dtype="<f4")
+    bad[1] = 1e9
+    store._store_dict["0.1"] = cpu.Buffer.from_bytes(numcodecs.Zstd(1).encode(bad.tobytes()))
+
+    def check(array: Any) -> None:
+        assert plan_of(array).chain.fused is not None
+
+    assert_reads_as_zarr({"zarr": store}, (slice(1, 12, 2), slice(2, None)), check)
 
 
 FILL_CASES = [
