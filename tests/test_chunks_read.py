@@ -136,13 +136,13 @@ def test_chunk_reader_reads_local_files_itself(
     delta_chunked: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     files: list[bytes] = []
-    read_file = chunk_read._read_file
+    read_bytes = chunk_read._read_bytes
 
-    def spy(path: bytes, prototype: object) -> object:
+    def spy(path: bytes) -> bytes | None:
         files.append(path)
-        return read_file(path, prototype)  # type: ignore[arg-type]
+        return read_bytes(path)
 
-    monkeypatch.setattr(chunk_read, "_read_file", spy)
+    monkeypatch.setattr(chunk_read, "_read_bytes", spy)
     expected, got = _reads(delta_chunked)
     assert_same_values(got, expected)
     assert len(files) == 16  # the missing chunk's file asked for too
@@ -160,12 +160,65 @@ def test_chunk_reader_treats_a_directory_at_a_chunk_key_as_missing(delta_chunked
 def test_chunk_reader_leaves_counted_keys_to_their_store(
     delta_chunked: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def fail(path: bytes, prototype: object) -> object:
+    def fail(path: bytes) -> bytes | None:
         raise AssertionError("a counted key read around its counter")
 
     expected, _ = _reads(delta_chunked)
-    monkeypatch.setattr(chunk_read, "_read_file", fail)
+    monkeypatch.setattr(chunk_read, "_read_bytes", fail)
     with with_pipeline(FUSED), zarr_fused.stats() as block:
         got = zarr.open_array(LocalStore(delta_chunked), mode="r")[...]
     assert_same_values(got, expected)
     assert block.requests["local", "get"] == 16
+
+
+def test_native_filters_read_local_files_in_groups(
+    delta_chunked: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every filter has a kernel: the batch kernels decode each group of
+    files in one call, never the hybrid chain's per-chunk decode."""
+    groups: list[range] = []
+    read_group = chunk_read._FilteredRead.read_group
+
+    def spy(self: chunk_read._FilteredRead, indices: range) -> None:
+        groups.append(indices)
+        read_group(self, indices)
+
+    def per_chunk(*args: object) -> bool:
+        raise AssertionError("a chunk decoded on its own")
+
+    monkeypatch.setattr(chunk_read._FilteredRead, "read_group", spy)
+    monkeypatch.setattr(chunk_read.ChunkReader, "_decode_into", per_chunk)
+    expected, got = _reads(delta_chunked)
+    assert_same_values(got, expected)
+    assert sorted(i for g in groups for i in g) == list(range(16))
+    with with_pipeline(BATCHED):
+        part = zarr.open_array(LocalStore(delta_chunked), mode="r")[3:50:5, 10:]
+    with with_pipeline(FUSED):
+        assert_same_values(zarr.open_array(LocalStore(delta_chunked), mode="r")[3:50:5, 10:], part)
+
+
+def test_native_filters_in_groups_refuse_as_zarr(tmp_path: Path) -> None:
+    """A stored value the scale does not divide (written with another
+    scale): the kernels refuse the chunk and zarr's code raises its error."""
+    root = tmp_path / "s"
+    with with_pipeline(BATCHED):
+        for name, scale in (("a", 1), ("b", 3)):
+            arr = zarr.create_array(
+                LocalStore(root / name),
+                shape=(32,),
+                chunks=(8,),
+                dtype="<i4",
+                filters=[zarr.codecs.scale_offset.ScaleOffset(scale=scale)],
+            )
+            arr[:] = np.arange(32, dtype="<i4")
+    (root / "b" / "c" / "2").write_bytes((root / "a" / "c" / "2").read_bytes())
+    for pipeline in (BATCHED, FUSED):
+        with with_pipeline(pipeline), pytest.raises(ValueError, match="non-zero remainder"):
+            zarr.open_array(LocalStore(root / "b"), mode="r")[:]
+
+
+def test_native_filters_in_groups_name_a_cut_chunk(delta_chunked: Path) -> None:
+    chunk = delta_chunked / "c" / "2" / "3"
+    chunk.write_bytes(chunk.read_bytes()[:-5])
+    with with_pipeline(FUSED), pytest.raises(Exception, match="c/2/3"):
+        zarr.open_array(LocalStore(delta_chunked), mode="r")[:]

@@ -422,7 +422,7 @@ def test_scale_offset_matches_zarr(dtype: str, offset: float, scale: float, enco
 
 # integers: zarr computes in int64 (which wraps) and checks the type's
 # range; uint64 exactly; decoding first checks the division is exact
-INT_SCALE_OFFSETS = [(0, 1), (3, 2), (-5, -3), (1, -1), (100, 7), (-1, -1)]
+INT_SCALE_OFFSETS = [(0, 1), (7, 1), (3, 2), (-5, -3), (1, -1), (100, 7), (-1, -1)]
 
 
 def zarr_scale_offset(value: np.ndarray, offset: int, scale: int, encode: bool) -> Any:
@@ -479,6 +479,20 @@ def test_scale_offset_int_matches_zarr(dtype: str, offset: int, scale: int, enco
     assert (
         _filters.scale_offset(value, out, offset, scale, encode) == _filters.FilterStatus.FILTER_OK
     )
+    assert out.tobytes() == expected.tobytes()
+
+
+@pytest.mark.parametrize("offset", [2**62, -(2**63), 2**63 - 1])
+def test_scale_offset_int64_offset_only_wraps_as_zarr(offset: int) -> None:
+    """Decoding int64 with scale 1 (its own loop): the sums wrap as zarr's
+    int64 arithmetic does."""
+    info = np.iinfo("<i8")
+    edges = [info.min, info.min + 1, -1, 0, 1, info.max - 1, info.max]
+    drawn = np.random.default_rng(62).integers(info.min, info.max, 4099, dtype="<i8")
+    value = np.concatenate([np.array(edges, dtype="<i8"), drawn])
+    expected = zarr_scale_offset(value, offset, 1, False)
+    out = np.empty_like(value)
+    assert _filters.scale_offset(value, out, offset, 1, False) == _filters.FilterStatus.FILTER_OK
     assert out.tobytes() == expected.tobytes()
 
 

@@ -186,6 +186,12 @@ cdef FilterStatus _scale_offset_int(const int_t* src, int_t* dst, Py_ssize_t n, 
     if int_t is not int64_t:
         _int_bounds(dst, &flo, &fhi)
         lo, hi = <int64_t>flo, <int64_t>fhi - 1
+    elif scale == 1 and not encode:
+        # an offset alone: no quotient to check, and int64 holds every
+        # sum, so the loop needs no integer division and vectorizes
+        for i in range(n):
+            dst[i] = <int64_t>(<uint64_t>src[i] + <uint64_t>offset)
+        return FILTER_OK
     for i in range(n):
         w = <int64_t>src[i]
         if encode:

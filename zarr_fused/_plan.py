@@ -29,7 +29,7 @@ from zarr_fused._chain import (
     native_chain_params,
     native_tail,
 )
-from zarr_fused._hybrid import FilteredChain, filtered_chain, hybrid_chain
+from zarr_fused._hybrid import FilteredChain, HybridChain, filtered_chain, hybrid_chain
 from zarr_fused._native import shard_kernels
 from zarr_fused._vlen_chain import VlenChain
 from zarr_fused._zarr_compat import (
@@ -258,6 +258,10 @@ def build_plan(
         decodes = partial_decode and has_partial_decode(array_bytes_codec)
         encodes = partial_encode and has_partial_encode(array_bytes_codec)
         reader, read_fallback = _path(_READERS, chain, array_bytes_codec, spec, decodes)
+        if type(reader) is ChunkReader and isinstance(chain, HybridChain) and chain.native:
+            # every filter has a kernel: local chunk files read in groups
+            grouped = filtered_chain(codecs, spec, chain.fallback, native_tail)
+            reader = ChunkReader(chain, grouped)
         writer, write_fallback = _path(_WRITERS, chain, array_bytes_codec, spec, encodes)
     sharded = isinstance(async_array_bytes_codec, ShardingCodec)
     return PipelinePlan(

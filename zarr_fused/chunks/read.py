@@ -10,7 +10,9 @@ disjoint output selections, so workers write into ``out`` without locks.
 worker fetches a group of chunks, then decodes the whole group straight
 into ``out`` in one ``nogil`` call. `ChunkReader` fetches each chunk whole
 and decodes it through the plan's chain (zarr's code for chains without a
-kernel). `PartialDecodeReader` lets the array->bytes codec (sharding) fetch
+kernel); local files of a chain whose every filter has a kernel go in
+groups through that chain's batch kernels instead (`_FilteredRead`).
+`PartialDecodeReader` lets the array->bytes codec (sharding) fetch
 only the byte ranges a selection needs, through its own synchronous
 partial decode.
 """
@@ -20,13 +22,14 @@ from __future__ import annotations
 import os
 import time
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 try:
     import resource
 except ImportError:  # not Unix
     resource = None  # type: ignore[assignment]
 
+import numpy as np
 from zarr.storage import StorePath
 
 from zarr_fused._batch import ReadRequest, ReadTarget
@@ -44,6 +47,7 @@ if TYPE_CHECKING:
     from zarr.core.buffer import Buffer, BufferPrototype
 
     from zarr_fused._chain import Chain, NativeChain
+    from zarr_fused._hybrid import FilteredChain
     from zarr_fused._items import ReadItem
     from zarr_fused.stats import Stats
 
@@ -87,13 +91,22 @@ class ChunkReader(_EachChunk):
     block) keep their own ``get_sync``, which counts the request.
     """
 
-    def __init__(self, chain: Chain) -> None:
+    def __init__(self, chain: Chain, grouped: FilteredChain | None = None) -> None:
         self.chain = chain
+        self.grouped = grouped
 
     def read(self, batch: Sequence[ReadItem], request: ReadRequest) -> tuple[GetResult, ...]:
         prefix = _plain_local_prefix(batch)
         if prefix is None:
             return super().read(batch, request)
+        if self.grouped is not None:
+            # `writes_into`, the one method `native` calls, is a FilteredChain's too
+            target = ReadTarget.native(cast("NativeChain", self.grouped), batch, request)
+            if target is not None:
+                job = _FilteredRead(self.grouped, batch, target, prefix)
+                max_workers = request.max_workers
+                run_parallel(job.read_group, partition(len(batch), max_workers), max_workers)
+                return tuple(target.statuses)
 
         def read_into(item: ReadItem) -> bool:
             getter, spec, _, _, _ = item
@@ -123,12 +136,72 @@ def _plain_local_prefix(batch: Sequence[ReadItem]) -> bytes | None:
 
 def _read_file(path: bytes, prototype: BufferPrototype) -> Buffer | None:
     """A whole chunk file, or None when there is none (``LocalStore.get_sync``)."""
+    data = _read_bytes(path)
+    return None if data is None else prototype.buffer.from_bytes(data)
+
+
+def _read_bytes(path: bytes) -> bytes | None:
     try:
         with open(path, "rb", buffering=0) as file:
-            data = file.readall()
+            return file.readall()
     except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
         return None
-    return prototype.buffer.from_bytes(data)
+
+
+class _FilteredRead:
+    """One `ChunkReader.read` of plain local chunk files through the batch
+    kernels of a chain with native filters, group by group.
+
+    A chain of filters run chunk by chunk (the hybrid chain) drops and
+    retakes the GIL around every step of every chunk (file read, tail
+    decode, filter, scatter), and a cheap chunk's steps are short: two
+    threads then take turns more than they overlap. Here a group's files
+    are read, then decompressed, filtered and scattered into ``out`` in
+    one nogil call, as the shard engine runs inner chunks. The batches
+    decode payloads in memory only, so the files are read in Python."""
+
+    def __init__(
+        self,
+        chain: FilteredChain,
+        batch: Sequence[ReadItem],
+        target: ReadTarget,
+        prefix: bytes,
+    ) -> None:
+        self.chain = chain
+        self.batch = batch
+        self.target = target
+        self.prefix = prefix
+
+    def read_group(self, indices: range) -> None:
+        chain, target = self.chain, self.target
+        dst, drop_axes, statuses = target.dst, target.drop_axes, target.statuses
+        group = chain.kernel_batch(len(indices), target.ndim)
+        group.set_fill(target.pattern)
+        general: list[tuple[int, bytes | None]] = []
+        for i in indices:
+            getter, spec, chunk_selection, out_selection, _ = self.batch[i]
+            data = _read_bytes(self.prefix + os.fsencode(getter.path))
+            if data is None:
+                queued = group.add_missing(dst, out_selection, getter)
+            else:
+                payload = np.frombuffer(data, dtype=np.uint8)
+                layout = chain.layout(spec.shape)
+                queued = group.add(
+                    payload, layout, chunk_selection, dst, out_selection, drop_axes, getter
+                )
+            if queued:
+                statuses[i] = MISSING if data is None else PRESENT
+            else:
+                general.append((i, data))
+        group.run()
+        for i, data in general:
+            _, spec, _, out_selection, _ = self.batch[i]
+            if data is None:
+                fill_missing(target.out, out_selection, spec)
+            else:
+                statuses[i] = PRESENT
+                raw = spec.prototype.buffer.from_bytes(data)
+                self.chain.decode_into(raw, self.batch[i], target.out, drop_axes)
 
 
 class NativeChunkReader:
