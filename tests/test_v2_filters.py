@@ -226,6 +226,8 @@ def test_filters_run_in_the_batch_kernel(tmp_path: Path, name: str, order: str) 
     def check(array: Any) -> None:
         fused = getattr(plan_of(array).chain, "fused", None)
         assert (fused is not None) == (name not in UNFUSED)
+        # local chunk files: a group of them per nogil call
+        assert getattr(plan_of(array).reader, "grouped", None) is fused
         if fused is not None:
             assert fused.order == ((1, 0) if order == "F" else None)
 
@@ -233,18 +235,25 @@ def test_filters_run_in_the_batch_kernel(tmp_path: Path, name: str, order: str) 
 
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+@pytest.mark.parametrize("store_kind", ["memory", "local"])
 @pytest.mark.parametrize("order", ["C", "F"])
-def test_batch_kernel_refused_chunk_reads_as_zarr(order: str) -> None:
+def test_batch_kernel_refused_chunk_reads_as_zarr(
+    tmp_path: Path, order: str, store_kind: str
+) -> None:
     """A stored chunk the batch kernel's astype refuses (NaN and a value
     int16 cannot hold, as float32) is decoded by zarr's code, whole and
-    in part, beside chunks the kernel decodes."""
-    store = MemoryStore()
+    in part, beside chunks the kernel decodes (local files: in groups)."""
+    store = MemoryStore() if store_kind == "memory" else LocalStore(tmp_path)
     with zarr.config.set(filter_data.ZARR):
         array = create_v2(store, [numcodecs.AsType("<f4", "<i2")], numcodecs.Zstd(1), "<i2", order)
         array[...] = values_of("ints", "<i2", SHAPE, 3)
     bad = np.full(math.prod(CHUNKS), np.nan, dtype="<f4")
     bad[1] = 1e9
-    store._store_dict["0.1"] = cpu.Buffer.from_bytes(numcodecs.Zstd(1).encode(bad.tobytes()))
+    encoded = numcodecs.Zstd(1).encode(bad.tobytes())
+    if store_kind == "memory":
+        store._store_dict["0.1"] = cpu.Buffer.from_bytes(encoded)
+    else:
+        (tmp_path / "0.1").write_bytes(encoded)
 
     def check(array: Any) -> None:
         assert plan_of(array).chain.fused is not None
