@@ -107,17 +107,20 @@ def _peers() -> list[str]:
 
 
 #: zarr_fused with its per-chunk path for format-2 filters (``--per-chunk``):
-#: the chain's one-call batch kernel path switched off on the opened array
+#: the chain's one-call batch kernel path and the reader's groups switched
+#: off on the opened array
 PER_CHUNK = "per-chunk"
 
 
 def _read_per_chunk(path: Path) -> Any:
     with zarr.config.set(PEERS["zarr_fused"]):
         array = zarr.open_array(LocalStore(path), mode="r")
-        chain = array._async_array.codec_pipeline.plan.chain
-        if getattr(chain, "fused", None) is None:
+        plan = array._async_array.codec_pipeline.plan
+        if getattr(plan.chain, "fused", None) is None:
             raise TypeError("no one-call path to switch off")
-        chain.fused = None
+        plan.chain.fused = None
+        if getattr(plan.reader, "grouped", None) is not None:  # local files in groups
+            plan.reader.grouped = None
         return array[:]
 
 
