@@ -106,11 +106,33 @@ def _peers() -> list[str]:
     return [*found, "zarrs"]
 
 
-def _read_cases(path: Path, expected: np.ndarray) -> tuple[dict[str, Any], list[str]]:
+#: zarr_fused with its per-chunk path for format-2 filters (``--per-chunk``):
+#: the chain's one-call batch kernel path and the reader's groups switched
+#: off on the opened array
+PER_CHUNK = "per-chunk"
+
+
+def _read_per_chunk(path: Path) -> Any:
+    with zarr.config.set(PEERS["zarr_fused"]):
+        array = zarr.open_array(LocalStore(path), mode="r")
+        plan = array._async_array.codec_pipeline.plan
+        if getattr(plan.chain, "fused", None) is None:
+            raise TypeError("no one-call path to switch off")
+        plan.chain.fused = None
+        if getattr(plan.reader, "grouped", None) is not None:  # local files in groups
+            plan.reader.grouped = None
+        return array[:]
+
+
+def _read_cases(
+    path: Path, expected: np.ndarray, per_chunk: bool = False
+) -> tuple[dict[str, Any], list[str]]:
     cases, skipped = {}, []
-    for peer in _peers():
+    for peer in [*_peers(), *([PER_CHUNK] if per_chunk else [])]:
 
         def read(peer: str = peer) -> Any:
+            if peer == PER_CHUNK:
+                return _read_per_chunk(path)
             with zarr.config.set(PEERS[peer]):
                 return zarr.open_array(LocalStore(path), mode="r")[:]
 
@@ -151,7 +173,7 @@ def _write_cases(
     return cases, skipped
 
 
-def run(repeat: int, only: str = "") -> list[str]:
+def run(repeat: int, only: str = "", per_chunk: bool = False) -> list[str]:
     out: list[str] = []
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
@@ -165,7 +187,7 @@ def run(repeat: int, only: str = "") -> list[str]:
                 array[:] = data
                 expected = np.asarray(array[:])
             for kind, (cases, skipped) in (
-                ("read", _read_cases(path, expected)),
+                ("read", _read_cases(path, expected, per_chunk)),
                 ("write", _write_cases(tmp, chain, data, expected)),
             ):
                 unit = ("GB/s", float(data.nbytes))
@@ -178,9 +200,14 @@ def run(repeat: int, only: str = "") -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     options = _side_by_side_cli.parser(__doc__)
     options.add_argument("--only", default="", help="only the chains whose name has this")
+    options.add_argument(
+        "--per-chunk",
+        action="store_true",
+        help="also read with zarr_fused's per-chunk path (its one-call path off)",
+    )
 
     def body(args: argparse.Namespace) -> None:
-        print("\n".join(run(args.repeat, args.only)), flush=True)
+        print("\n".join(run(args.repeat, args.only, args.per_chunk)), flush=True)
 
     return _side_by_side_cli.main(
         __file__, options, argv, "zarr format 2 filter chains, local store", body

@@ -11,6 +11,7 @@ its header's time stamp only: compared decompressed).
 from __future__ import annotations
 
 import gzip
+import math
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ import zarr
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from zarr.codecs._v2 import V2Codec
+from zarr.core.buffer import cpu
 from zarr.storage import LocalStore, MemoryStore
 
 from zarr_fused._v2 import V2Shuffle
@@ -205,6 +207,58 @@ def test_chain_matches_zarr(tmp_path: Path, name: str, order: str, store_kind: s
     stores = write_both(tmp_path, name, order, store_kind, fill_value=0)
     assert_same_chunks(stores, name)
     assert_reads_alike(stores)
+
+
+#: the chains with a filter before the compressor's kernel that has no
+#: kernel step (a Shuffle elsewhere than last, or without a compressor)
+UNFUSED = {"shuffle-uncompressed", "shuffle1-uncompressed", "shuffle-delta-zstd"}
+UNFUSED |= {"delta-shuffle-uncompressed"}
+
+
+@pytest.mark.parametrize("order", ["C", "F"])
+@pytest.mark.parametrize("name", [pytest.param(n, id=n) for n in CHAINS])
+def test_filters_run_in_the_batch_kernel(tmp_path: Path, name: str, order: str) -> None:
+    """A chain whose native stages all have kernel steps decodes a chunk
+    in one batch kernel call, straight into the output (in order F its
+    stored items scattered transposed), and reads as zarr does."""
+    stores = write_both(tmp_path, name, order, "local", fill_value=0)
+
+    def check(array: Any) -> None:
+        fused = getattr(plan_of(array).chain, "fused", None)
+        assert (fused is not None) == (name not in UNFUSED)
+        # local chunk files: a group of them per nogil call
+        assert getattr(plan_of(array).reader, "grouped", None) is fused
+        if fused is not None:
+            assert fused.order == ((1, 0) if order == "F" else None)
+
+    assert_reads_as_zarr(stores, (slice(1, 12, 2), slice(2, None)), check)
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+@pytest.mark.parametrize("store_kind", ["memory", "local"])
+@pytest.mark.parametrize("order", ["C", "F"])
+def test_batch_kernel_refused_chunk_reads_as_zarr(
+    tmp_path: Path, order: str, store_kind: str
+) -> None:
+    """A stored chunk the batch kernel's astype refuses (NaN and a value
+    int16 cannot hold, as float32) is decoded by zarr's code, whole and
+    in part, beside chunks the kernel decodes (local files: in groups)."""
+    store = MemoryStore() if store_kind == "memory" else LocalStore(tmp_path)
+    with zarr.config.set(filter_data.ZARR):
+        array = create_v2(store, [numcodecs.AsType("<f4", "<i2")], numcodecs.Zstd(1), "<i2", order)
+        array[...] = values_of("ints", "<i2", SHAPE, 3)
+    bad = np.full(math.prod(CHUNKS), np.nan, dtype="<f4")
+    bad[1] = 1e9
+    encoded = numcodecs.Zstd(1).encode(bad.tobytes())
+    if store_kind == "memory":
+        store._store_dict["0.1"] = cpu.Buffer.from_bytes(encoded)
+    else:
+        (tmp_path / "0.1").write_bytes(encoded)
+
+    def check(array: Any) -> None:
+        assert plan_of(array).chain.fused is not None
+
+    assert_reads_as_zarr({"zarr": store}, (slice(1, 12, 2), slice(2, None)), check)
 
 
 FILL_CASES = [

@@ -69,6 +69,7 @@ if TYPE_CHECKING:
     from zarr.core.buffer import Buffer, NDBuffer
 
     from zarr_fused._chain import NativeChain, StoredBytes, TransformChain
+    from zarr_fused._items import ReadItem
 
     #: `zarr_fused._chain.native_tail`: the native chain for codecs that run
     #: after the Python stages, on a chunk of the given spec, or None
@@ -81,6 +82,7 @@ __all__ = [
     "filtered_chain",
     "hybrid_chain",
     "split_python_stages",
+    "v2_fused",
 ]
 
 
@@ -231,7 +233,9 @@ class V2HybridChain(DecodeThenScatter):
     numcodecs filters see the chunk flattened in the array's order (zarr's
     `V2Codec` casts it to that order and numcodecs flattens with ``"A"``):
     the native stages take the items in that order, and an F-order chunk
-    comes back as an F-order view of the decoded items."""
+    comes back as an F-order view of the decoded items. When every native
+    stage has a kernel step, ``fused`` (a `FilteredChain`, `v2_fused`)
+    reads a chunk into the output in one batch kernel call instead."""
 
     def __init__(
         self,
@@ -250,6 +254,20 @@ class V2HybridChain(DecodeThenScatter):
         self.reason = reason
         self.native = not reason
         self._tail_spec = _SpecCache(self._derive_tail_spec)
+        #: the native stages and the tail in one batch kernel, straight into
+        #: the output (`v2_fused`), or None
+        self.fused: FilteredChain | None = None
+
+    def decode_into(
+        self, raw: Buffer, item: ReadItem, out: NDBuffer, drop_axes: tuple[int, ...]
+    ) -> None:
+        # one nogil call decompresses, filters and scatters the chunk: no
+        # chunk-sized arrays in between, no Python per stage
+        fused, spec = self.fused, item[1]
+        if fused is not None and fused.handles(spec) and self._tail_spec(spec) is not None:
+            fused.decode_handled_into(raw, item, out, drop_axes)
+            return
+        super().decode_into(raw, item, out, drop_axes)
 
     def _decode_native(self, filtered: np.ndarray[Any, Any], spec: ArraySpec) -> Any:
         """The chunk's items through the native stages, or None when a
@@ -331,6 +349,55 @@ def v2_stages(filters: tuple[Any, ...]) -> tuple[Any, ...] | None:
     return tuple(stages)
 
 
+def _v2_fused_tail(
+    codec: V2Codec, chain: V2HybridChain, spec: ArraySpec, native_tail: NativeTail
+) -> NativeChain | None:
+    """The chain's tail over items of the size its native stages encode
+    to: a tail that unshuffles a last ``Shuffle`` takes bytes, the batch
+    kernels take the stages' items (the same bytes, unshuffled in the
+    kernel by their size)."""
+    head = chain.filters.filters or ()
+    why_not, count, itemsize = v2_filtered_layout(tuple(head), spec)
+    if why_not:
+        return None
+    if itemsize == chain.tail.dtype.itemsize:
+        return chain.tail
+    rest = V2Codec(filters=chain.all_filters[len(head) :], compressor=codec.compressor)
+    flat = _flat_spec(spec, count, itemsize)
+    return native_tail((rest,), flat, "native chain declined this chunk")
+
+
+def v2_fused(
+    codec: V2Codec, chain: V2HybridChain, spec: ArraySpec, native_tail: NativeTail
+) -> FilteredChain | None:
+    """The native stages of a format-2 chain as the filters of a
+    `FilteredChain` over its tail, or None when a stage has no kernel step.
+    numcodecs filters a chunk's items in the array's order, which is the
+    stored order: an F-order chunk's items are scattered transposed."""
+    stages = chain.stages
+    if not stages or filter_kernels is None or batch_kernels is None:
+        return None
+    tail = _v2_fused_tail(codec, chain, spec, native_tail)
+    if tail is None:
+        return None
+    steps = []
+    dtype = spec.dtype.to_native_dtype()
+    for stage_ in stages:
+        kernel_step = getattr(stage_, "kernel_step", None)  # a V2Shuffle has none
+        step = None if kernel_step is None else kernel_step(dtype)
+        if step is None:
+            return None
+        steps.append(step)
+        dtype = stage_.encoded or dtype
+    ndim = len(spec.shape)
+    order = tuple(range(ndim - 1, -1, -1)) if spec.order == "F" and ndim > 1 else None
+    try:
+        fused = FilteredChain(spec, tuple(steps), tail, chain.fallback, order=order)
+    except (TypeError, ValueError):  # a step the kernels refuse
+        return None
+    return fused if fused.filters.encoded_itemsize == tail.dtype.itemsize else None
+
+
 def _v2_tail(
     codec: V2Codec, flat: ArraySpec, reason: str, native_tail: NativeTail
 ) -> tuple[tuple[Any, ...], NativeChain] | None:
@@ -368,7 +435,10 @@ def _v2_hybrid(
     found = _v2_tail(codec, flat, reason or "native chain declined this chunk", native_tail)
     if found is None:
         return None
-    return V2HybridChain(codec, found[0], found[1], fallback, reason)
+    chain = V2HybridChain(codec, found[0], found[1], fallback, reason)
+    if chain.stages is not None:
+        chain.fused = v2_fused(codec, chain, spec, native_tail)
+    return chain
 
 
 def _names(codecs: tuple[Codec, ...]) -> str:
@@ -416,14 +486,21 @@ class FilteredChain(NativeOrFallback):
     reason = ""
 
     def __init__(
-        self, spec: ArraySpec, steps: tuple[Any, ...], tail: NativeChain, fallback: TransformChain
+        self,
+        spec: ArraySpec,
+        steps: tuple[Any, ...],
+        tail: NativeChain,
+        fallback: TransformChain,
+        order: tuple[int, ...] | None = None,
     ) -> None:
         assert filter_kernels is not None
         self.spec = spec
         self.zdtype = spec.dtype
         self.dtype: np.dtype[Any] = spec.dtype.to_native_dtype()
         self.stored = self.dtype
-        self.order = self.transpose = tail.order  # after the filters (see _plan)
+        # the tail's transpose comes after the filters (see _plan); a
+        # format-2 tail is flat, and ``order`` is its chunks' memory order
+        self.order = self.transpose = tail.order if order is None else order
         self.tail = tail
         self.fallback = fallback
         self.filters = filter_kernels.FilterChain(steps, refusing=True)
@@ -474,6 +551,20 @@ class FilteredChain(NativeOrFallback):
         batch.add(raw.as_numpy_array(), self.layout(spec.shape), (), array, (), (), key)
         batch.run()
         return array
+
+    def decode_handled_into(
+        self, raw: Buffer, item: ReadItem, out: NDBuffer, drop_axes: tuple[int, ...]
+    ) -> None:
+        key, spec, chunk_selection, out_selection, _ = item
+        dst = out.as_ndarray_like()
+        if type(dst) is np.ndarray and dst.dtype == self.dtype:
+            batch = self.kernel_batch(1, max(dst.ndim, len(spec.shape)))
+            layout = self.layout(spec.shape)
+            raw_items = raw.as_numpy_array()
+            if batch.add(raw_items, layout, chunk_selection, dst, out_selection, drop_axes, key):
+                batch.run()
+                return
+        super().decode_handled_into(raw, item, out, drop_axes)
 
     def encode(self, array: NDBuffer, spec: ArraySpec, key: Any = None) -> Buffer | None:
         data = array.as_ndarray_like()

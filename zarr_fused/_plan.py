@@ -29,7 +29,13 @@ from zarr_fused._chain import (
     native_chain_params,
     native_tail,
 )
-from zarr_fused._hybrid import FilteredChain, HybridChain, filtered_chain, hybrid_chain
+from zarr_fused._hybrid import (
+    FilteredChain,
+    HybridChain,
+    V2HybridChain,
+    filtered_chain,
+    hybrid_chain,
+)
 from zarr_fused._native import shard_kernels
 from zarr_fused._vlen_chain import VlenChain
 from zarr_fused._zarr_compat import (
@@ -262,6 +268,8 @@ def build_plan(
             # every filter has a kernel: local chunk files read in groups
             grouped = filtered_chain(codecs, spec, chain.fallback, native_tail)
             reader = ChunkReader(chain, grouped)
+        elif type(reader) is ChunkReader and isinstance(chain, V2HybridChain) and chain.fused:
+            reader = ChunkReader(chain, chain.fused)  # format 2: the same groups
         writer, write_fallback = _path(_WRITERS, chain, array_bytes_codec, spec, encodes)
     sharded = isinstance(async_array_bytes_codec, ShardingCodec)
     return PipelinePlan(
