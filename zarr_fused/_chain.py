@@ -46,11 +46,10 @@ from zarr.core.buffer import cpu
 from zarr.core.dtype.common import HasEndianness
 from zarr.core.dtype.npy.structured import Struct
 
-from zarr_fused._dtypes import empty
+from zarr_fused._batch_chain import BatchChain, StoredBytes
 from zarr_fused._items import describe_chunk
 from zarr_fused._native import batch_kernels, codec_kernels, scatter_kernels
-from zarr_fused._native_gate import NativeOrFallback
-from zarr_fused._scatter_py import DecodeThenScatter, fill_missing, scatter_array
+from zarr_fused._scatter_py import DecodeThenScatter, fill_missing
 from zarr_fused._v2 import V2Codec, v2_chain_params, v2_vlen_params
 from zarr_fused._vlen_chain import vlen_chain
 from zarr_fused._zarr_compat import ChunkTransform, numcodec_inside
@@ -76,13 +75,6 @@ __all__ = [
 
 # dtype kinds the native chain stores: fixed-size, no Python objects
 NATIVE_KINDS = frozenset("biufcmMSUV")
-
-
-class StoredBytes(Protocol):
-    """Stored bytes as `NativeChain.decode_array` reads them: a zarr
-    `Buffer`, or any view with the same method (the shard reader's)."""
-
-    def as_numpy_array(self) -> np.ndarray: ...
 
 
 class Chain(Protocol):
@@ -117,7 +109,7 @@ class TransformChain(DecodeThenScatter):
         return self.transform.encode_chunk(array, spec)
 
 
-class NativeChain(NativeOrFallback):
+class NativeChain(BatchChain):
     """A codec chain run by `zarr_fused._codecs.ChainKernel`."""
 
     native = True
@@ -133,25 +125,10 @@ class NativeChain(NativeOrFallback):
         self._layouts: dict[tuple[int, ...], Any] = {}
         self._lock = threading.Lock()
 
-    def writes_into(self, out: Any, spec: ArraySpec) -> bool:
-        """Whether the kernels can decode chunks of ``spec`` straight into
-        ``out`` (a NumPy array of the chain's own dtype)."""
-        return type(out) is np.ndarray and out.dtype == self.dtype and self.handles(spec)
-
-    def layout(self, shape: tuple[int, ...]) -> Any:
-        """The element layout of a chunk of ``shape`` (cached per shape)."""
-        layout = self._layouts.get(shape)
-        if layout is None:
-            layout = batch_kernels.ChunkLayout(shape, self.dtype.itemsize, self.order)
-            with self._lock:
-                self._layouts[shape] = layout
-        return layout
-
     def decode_batch(self, capacity: int, ndim: int) -> Any:
-        return batch_kernels.DecodeBatch(self.kernel, capacity, ndim, describe_chunk)
+        return self.kernel_batch(capacity, ndim)
 
-    def kernel_batch(self, capacity: int, ndim: int, describe: Any) -> Any:
-        """A `DecodeBatch` whose errors name chunks with ``describe``."""
+    def kernel_batch(self, capacity: int, ndim: int, describe: Any = describe_chunk) -> Any:
         return batch_kernels.DecodeBatch(self.kernel, capacity, ndim, describe)
 
     def encode_batch(
@@ -167,36 +144,6 @@ class NativeChain(NativeOrFallback):
     def encode_bound(self, nbytes: int) -> int:
         """The most bytes a chunk of ``nbytes`` can encode to."""
         return self.kernel.max_encoded_size(nbytes)
-
-    def decode_array(self, raw: StoredBytes, spec: ArraySpec, key: Any = None) -> np.ndarray:
-        """The whole chunk as a new NumPy array of the array's data type."""
-        array = empty(spec.shape, self.dtype)
-        batch = self.decode_batch(1, array.ndim)
-        batch.add(raw.as_numpy_array(), self.layout(spec.shape), (), array, (), (), key)
-        batch.run()
-        return array
-
-    def decode_handled_into(
-        self, raw: Buffer, item: ReadItem, out: NDBuffer, drop_axes: tuple[int, ...]
-    ) -> None:
-        key, spec, chunk_selection, out_selection, _ = item
-        dst = out.as_ndarray_like()
-        if type(dst) is np.ndarray and dst.dtype == self.dtype:
-            batch = self.decode_batch(1, max(dst.ndim, len(spec.shape)))
-            if batch.add(
-                raw.as_numpy_array(),
-                self.layout(spec.shape),
-                chunk_selection,
-                dst,
-                out_selection,
-                drop_axes,
-                key,
-            ):
-                batch.run()
-                return
-        # advanced selections: decode natively, select and assign with NumPy
-        chunk = self.decode_array(raw, spec, key)
-        scatter_array(out, out_selection, np.asarray(chunk[chunk_selection]), drop_axes)
 
     def decode_group(
         self,

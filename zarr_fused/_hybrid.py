@@ -47,11 +47,10 @@ from zarr.codecs.transpose import TransposeCodec
 from zarr.core.array_spec import ArrayConfig, ArraySpec
 from zarr.core.dtype import get_data_type_from_native_dtype
 
-from zarr_fused._dtypes import empty
+from zarr_fused._batch_chain import BatchChain
 from zarr_fused._filter_stages import PythonStage, native_stage, stage, v2_native_stages
 from zarr_fused._items import describe_chunk
 from zarr_fused._native import batch_kernels, filter_kernels
-from zarr_fused._native_gate import NativeOrFallback
 from zarr_fused._scatter_py import DecodeThenScatter
 from zarr_fused._v2 import (
     V2Codec,
@@ -68,7 +67,7 @@ if TYPE_CHECKING:
     from zarr.abc.codec import Codec
     from zarr.core.buffer import Buffer, NDBuffer
 
-    from zarr_fused._chain import NativeChain, StoredBytes, TransformChain
+    from zarr_fused._chain import NativeChain, TransformChain
     from zarr_fused._items import ReadItem
 
     #: `zarr_fused._chain.native_tail`: the native chain for codecs that run
@@ -473,7 +472,7 @@ def hybrid_chain(
     return None if tail is None else HybridChain(run, tail, fallback, reason)
 
 
-class FilteredChain(NativeOrFallback):
+class FilteredChain(BatchChain):
     """Native filters over a native tail, run by the batch kernels (see the
     module): what the shard engine needs of a chain (`NativeChain`'s
     batches, layouts and whole-chunk codec), for chunks of the value type.
@@ -507,17 +506,6 @@ class FilteredChain(NativeOrFallback):
         self._layouts: dict[tuple[int, ...], Any] = {}
         self._lock = threading.Lock()
 
-    def writes_into(self, out: Any, spec: ArraySpec) -> bool:
-        return type(out) is np.ndarray and out.dtype == self.dtype and self.handles(spec)
-
-    def layout(self, shape: tuple[int, ...]) -> Any:
-        layout = self._layouts.get(shape)
-        if layout is None:
-            layout = batch_kernels.ChunkLayout(shape, self.dtype.itemsize, self.order)
-            with self._lock:
-                self._layouts[shape] = layout
-        return layout
-
     def kernel_batch(self, capacity: int, ndim: int, describe: Any = describe_chunk) -> Any:
         batch = batch_kernels.DecodeBatch(self.tail.kernel, capacity, ndim, describe)
         batch.set_filters(self.filters, self.decode_refused)
@@ -543,28 +531,6 @@ class FilteredChain(NativeOrFallback):
         """False for values of the chain's type (the batch swaps the
         filtered items itself); None for any other type."""
         return False if array.dtype == self.dtype else None
-
-    def decode_array(self, raw: StoredBytes, spec: ArraySpec, key: Any = None) -> np.ndarray:
-        """The whole chunk as a new NumPy array of the value type."""
-        array = empty(spec.shape, self.dtype)
-        batch = self.kernel_batch(1, array.ndim)
-        batch.add(raw.as_numpy_array(), self.layout(spec.shape), (), array, (), (), key)
-        batch.run()
-        return array
-
-    def decode_handled_into(
-        self, raw: Buffer, item: ReadItem, out: NDBuffer, drop_axes: tuple[int, ...]
-    ) -> None:
-        key, spec, chunk_selection, out_selection, _ = item
-        dst = out.as_ndarray_like()
-        if type(dst) is np.ndarray and dst.dtype == self.dtype:
-            batch = self.kernel_batch(1, max(dst.ndim, len(spec.shape)))
-            layout = self.layout(spec.shape)
-            raw_items = raw.as_numpy_array()
-            if batch.add(raw_items, layout, chunk_selection, dst, out_selection, drop_axes, key):
-                batch.run()
-                return
-        super().decode_handled_into(raw, item, out, drop_axes)
 
     def encode(self, array: NDBuffer, spec: ArraySpec, key: Any = None) -> Buffer | None:
         data = array.as_ndarray_like()
