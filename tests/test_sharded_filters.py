@@ -16,7 +16,7 @@ import pytest
 import zarr
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from zarr.codecs import BytesCodec, Crc32cCodec, ShardingCodec, ZstdCodec
+from zarr.codecs import Crc32cCodec, ZstdCodec
 from zarr.codecs import numcodecs as znc
 from zarr.codecs.scale_offset import ScaleOffset
 from zarr.storage import MemoryStore
@@ -25,7 +25,7 @@ from zarr_fused._hybrid import FilteredChain
 from zarr_fused.errors import UnsupportedError
 
 from helpers import BATCHED, FUSED, assert_same_values, chunk_items, make_store
-from helpers.filter_data import values_of
+from helpers.filter_data import filter_array, values_of
 
 STRICT = {"codec_pipeline.path": FUSED, "codec_pipeline.strict": True}
 
@@ -137,20 +137,8 @@ def create(
     index_location: str = "end",
 ) -> Any:
     shape, shard, inner = GEOMETRIES[geometry]
-    codec = ShardingCodec(
-        chunk_shape=inner,
-        codecs=[*filters, BytesCodec(), *compressors],
-        index_location=index_location,
-    )
-    return zarr.create_array(
-        store,
-        shape=shape,
-        chunks=shard,
-        dtype=dtype,
-        fill_value=fill,
-        serializer=codec,
-        compressors=None,
-        filters=None,
+    return filter_array(
+        store, shape, shard, dtype, fill, filters, compressors, inner, index_location
     )
 
 

@@ -31,7 +31,11 @@ every stage has a kernel (a transpose only after them: see
 `zarr_fused._plan`), it hands the
 stages to the batches as one `zarr_fused._filters.FilterChain`, which
 the batch kernels run on each chunk between decompression and scatter
-(`zarr_fused._codec_batch`).
+(`zarr_fused._codec_batch`). The same `FilteredChain` reads an unsharded
+array's chunk files from a plain `zarr.storage.LocalStore` in groups
+(`zarr_fused.chunks.read.ChunkReader`), format-2 chains included
+(`V2HybridChain`), so a hybrid chain's per-chunk stages remain for the
+other stores and for chains with a Python stage.
 """
 
 from __future__ import annotations

@@ -46,6 +46,7 @@ def filter_array(
     compressors: list[Any],
     inner: tuple[int, ...] | None = None,
     index_location: str = "end",
+    overwrite: bool = False,
 ) -> Any:
     """A format-3 array whose chain is ``filters``, bytes, ``compressors``:
     in chunks of ``chunks``, or, given ``inner``, in shards of ``chunks``
@@ -60,7 +61,13 @@ def filter_array(
         )
         codecs = {"serializer": serializer, "filters": None, "compressors": None}
     return zarr.create_array(
-        store, shape=shape, chunks=chunks, dtype=dtype, fill_value=fill_value, **codecs
+        store,
+        shape=shape,
+        chunks=chunks,
+        dtype=dtype,
+        fill_value=fill_value,
+        overwrite=overwrite,
+        **codecs,
     )
 
 
