@@ -689,18 +689,13 @@ cdef class FilterChain:
                             Py_ssize_t count) noexcept nogil:
         """Undo the steps on ``count`` encoded items at ``src`` (which may be
         ``a`` or ``b``); returns where the decoded items are (``src`` when
-        every step's decoding leaves the items as they are)."""
-        cdef const void* cur = src
-        cdef void* dst
-        cdef int i
-        for i in range(self.n - 1, -1, -1):
-            # quantize and bitround decode to the items as they are
-            if self.steps[i].kind == FK_QUANTIZE or self.steps[i].kind == FK_BITROUND:
-                continue
-            dst = b if cur == <const void*>a else a
-            _run(&self.steps[i], False, cur, dst, count)
-            cur = dst
-        return cur
+        every step's decoding leaves the items as they are). For a chain
+        built without ``refusing``, whose decoding cannot refuse; a chain
+        that may refuse decodes with `decode_checked`, as this would return
+        a refused chunk's items half decoded."""
+        cdef const void* out
+        self.decode_checked(src, a, b, count, &out)
+        return out
 
     cdef int decode_checked(self, const void* src, void* a, void* b, Py_ssize_t count,
                             const void** out) noexcept nogil:
@@ -709,15 +704,19 @@ cdef class FilterChain:
         step refuses one (an integer scale_offset's remainder or range, a
         float astype or cast_value into integers; the caller then runs
         zarr's code on the chunk, which raises or decodes it), else
-        `FILTER_OK`."""
+        `FILTER_OK`. A refused chunk's ``out[0]`` is the scratch buffer the
+        refusing step was writing, partly written: meaningless items, but
+        ``count * max_itemsize`` bytes a caller may read."""
         cdef const void* cur = src
         cdef void* dst
         cdef int i
         for i in range(self.n - 1, -1, -1):
+            # quantize and bitround decode to the items as they are
             if self.steps[i].kind == FK_QUANTIZE or self.steps[i].kind == FK_BITROUND:
                 continue
             dst = b if cur == <const void*>a else a
             if _run(&self.steps[i], False, cur, dst, count) != FILTER_OK:
+                out[0] = dst
                 return FILTER_OUT_OF_RANGE
             cur = dst
         out[0] = cur
