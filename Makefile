@@ -24,17 +24,12 @@ demo: bootstrap
 # Our tests run on 2 pytest-xdist workers, a test file each at a time (a
 # file's servers and clusters start once); every step prints its duration
 # ("ci step NAME: N s"), so a slow CI log shows where the time went.
-CI_ASAN_TESTS := tests/test_codecs.py tests/test_scatter.py tests/test_localio.py \
-	tests/test_native_chain.py tests/test_shard_read.py tests/fuzz \
-	tests/test_vlen.py tests/test_sharded_vlen.py tests/test_lz4_shuffle.py \
-	tests/test_v2_filters.py tests/test_sharded_filters.py tests/test_cast_value.py
 PYTEST_WORKERS ?= 2
 PYTEST_PARALLEL := -n $(PYTEST_WORKERS) --dist loadfile
 STEP := bash tools/timed.sh
 test: bootstrap lint
 	$(STEP) pytest $(PY) -m pytest $(PYTEST_PARALLEL) tests
-	$(STEP) asan env ASAN_TESTS="$(CI_ASAN_TESTS)" ASAN_PYTEST_ARGS="$(PYTEST_PARALLEL)" \
-		PY=$(PY) bash tests/fuzz/test_asan.sh
+	$(STEP) asan env ASAN_PYTEST_ARGS="$(PYTEST_PARALLEL)" PY=$(PY) bash tests/fuzz/test_asan.sh
 	$(STEP) fuzz env FUZZ_SECONDS=10 FUZZ_SEED=1 FUZZ_TARGET=all PY=$(PY) bash tests/fuzz/fuzz.sh
 	$(STEP) conformance $(PY) tests/conformance/run.py
 	$(STEP) asv-quick bash tools/asv_quick.sh
@@ -93,7 +88,7 @@ fuzz-ci: bootstrap
 # checkout's own extensions are not touched): CI's selection and the slow
 # shard-write suite
 test-asan: bootstrap
-	ASAN_TESTS="$(CI_ASAN_TESTS) tests/test_shard_write.py" PY=$(PY) bash tests/fuzz/test_asan.sh
+	ASAN_EXTRA_TESTS=tests/test_shard_write.py PY=$(PY) bash tests/fuzz/test_asan.sh
 
 sdist: bootstrap
 	$(PY) -m build --sdist --no-isolation --outdir dist

@@ -2,14 +2,15 @@
 # make test-asan: build zarr_fused with AddressSanitizer and
 # UndefinedBehaviorSanitizer under build/asan (tests/fuzz/build.sh asan) and
 # run the kernel, shard and fuzz-corpus tests on it. Any sanitizer report
-# ends the run with an error. ASAN_TESTS overrides the test selection;
-# ASAN_PYTEST_ARGS adds pytest options (make test: two xdist workers).
+# ends the run with an error. The tests are those tests/fuzz/asan_tests.txt
+# lists (CI's selection) and ASAN_EXTRA_TESTS (make test-asan: the slow
+# shard-write suite); ASAN_TESTS replaces the list. ASAN_PYTEST_ARGS adds
+# pytest options (make test: two xdist workers).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=${PY:-${VENV:-.venv}/bin/python}
 CC=${CC:-gcc}
-ASAN_TESTS=${ASAN_TESTS:-tests/test_codecs.py tests/test_scatter.py tests/test_localio.py \
-tests/test_native_chain.py tests/test_shard_read.py tests/test_shard_write.py tests/fuzz}
+ASAN_TESTS=${ASAN_TESTS:-$(sed -e 's/#.*//' tests/fuzz/asan_tests.txt)}
 
 build=$(CC=$CC PY="$PY" bash tests/fuzz/build.sh asan)
 libasan=$($CC -print-file-name=libasan.so)
@@ -29,4 +30,4 @@ PYTHONPATH="$PWD/$build" PYTHONSAFEPATH=1 ZARR_FUSED_EXPECT_BUILD="$PWD/$build" 
   LD_PRELOAD="$libasan $libubsan" PYTHONMALLOC=malloc \
   ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0:abort_on_error=1:allocator_may_return_null=1} \
   UBSAN_OPTIONS=${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1} \
-  "$PY" -P -m pytest -q --capture=sys ${ASAN_PYTEST_ARGS:-} $ASAN_TESTS
+  "$PY" -P -m pytest -q --capture=sys ${ASAN_PYTEST_ARGS:-} $ASAN_TESTS ${ASAN_EXTRA_TESTS:-}
