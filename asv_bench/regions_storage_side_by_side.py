@@ -34,7 +34,7 @@ The peers:
 
 Every peer's values are checked against the others' before anything is
 timed; rounds take turns between the peers, each reading once untimed and
-once timed (see ``regions_side_by_side.timed``), and the medians are
+once timed (see ``_regions_peers.timed``), and the medians are
 printed with their ratios to ``read_regions``, wall and CPU (the process'
 user + system time over all threads). Compare ratios of one run only::
 
@@ -48,104 +48,53 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
-from unittest import mock
+
+import zarr
+
+import zarr_fused
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-import numpy as np
+from _regions_peers import (
+    FUSED,
+    check,
+    selections,
+    staging_read,
+    tensorstore_peers,
+    timed,
+    write_cube,
+)
 from benchmarks._latency import build_shim, drop_page_cache, shim_env
-from regions_side_by_side import selections, write_cube
 
 PEERS = ["read_regions", "fan-out-io1", "staging", "one-by-one", "ts-batch", "ts-one-by-one"]
-FUSED = {"codec_pipeline.path": "zarr_fused.FusedCodecPipeline"}
 BUCKET = "zarr-fused-regions"
 
 
-def _fused(arr: Any, sels: list[Any], io1: bool = False, staging: bool = False) -> list[Any]:
-    import zarr
-
-    import zarr_fused
-    from zarr_fused import regions
-
-    with contextlib.ExitStack() as stack:
-        if io1:
-            stack.enter_context(zarr.config.set({"codec_pipeline.io_concurrency": 1}))
-        if staging:  # a benchmark-only switch, through the private plan
-            stack.enter_context(
-                mock.patch.object(regions._FanOut, "of", classmethod(lambda cls, geometry: None))
-            )
+def _io1_read(arr: Any, sels: list[Any]) -> list[Any]:
+    with zarr.config.set({"codec_pipeline.io_concurrency": 1}):
         return zarr_fused.read_regions(arr, sels)
 
 
 def peers(
-    store: Any, ts_spec: dict[str, Any] | None, sels: list[Any], local: bool
+    store: Any, ts_spec: dict[str, Any], sels: list[Any], local: bool
 ) -> dict[str, Callable[[], list[Any]]]:
-    import zarr
-
     with zarr.config.set(FUSED):
         arr = zarr.open_array(store, mode="r")
-    out: dict[str, Callable[[], list[Any]]] = {"read_regions": lambda: _fused(arr, sels)}
+    out: dict[str, Callable[[], list[Any]]] = {
+        "read_regions": lambda: zarr_fused.read_regions(arr, sels)
+    }
     if local:
-        out["fan-out-io1"] = lambda: _fused(arr, sels, io1=True)
-        out["staging"] = lambda: _fused(arr, sels, staging=True)
+        out["fan-out-io1"] = lambda: _io1_read(arr, sels)
+        out["staging"] = lambda: staging_read(arr, sels)
     out["one-by-one"] = lambda: [arr[s] for s in sels]
-    try:
-        import tensorstore as ts
-    except ImportError:
-        print("tensorstore not installed: its rows are left out")
-        return out
-    handle = ts.open(ts_spec).result()
-
-    def ts_batch() -> list[Any]:
-        with ts.Batch() as batch:
-            futures = [handle[s].read(batch=batch) for s in sels]
-        return [f.result() for f in futures]
-
-    out["ts-batch"] = ts_batch
-    out["ts-one-by-one"] = lambda: [handle[s].read().result() for s in sels]
-    return out
-
-
-def timed(
-    fns: dict[str, Callable[[], list[Any]]], repeat: int, prepare: Callable[[], Any] | None
-) -> dict[str, tuple[float, float]]:
-    """Per peer, the median wall and CPU seconds of ``repeat`` timed calls;
-    the peers take turns, each reading once untimed before its timed read
-    (``prepare``, the cache drop, runs before each read, untimed)."""
-    walls: dict[str, list[float]] = {name: [] for name in fns}
-    cpus: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(repeat):
-        for name, fn in fns.items():
-            if prepare is not None:
-                prepare()
-            fn()
-            if prepare is not None:
-                prepare()
-            start, cpu = time.perf_counter(), time.process_time()
-            fn()
-            walls[name].append(time.perf_counter() - start)
-            cpus[name].append(time.process_time() - cpu)
-    return {name: (statistics.median(walls[name]), statistics.median(cpus[name])) for name in fns}
-
-
-def check(fns: dict[str, Callable[[], list[Any]]]) -> None:
-    """Every peer reads the values the first one reads."""
-    reference = None
-    for name, fn in fns.items():
-        values = fn()
-        if reference is None:
-            reference = values
-        elif not all(np.array_equal(a, b) for a, b in zip(reference, values, strict=True)):
-            raise SystemExit(f"{name} read other values")
+    return out | tensorstore_peers(ts_spec, sels)
 
 
 def report(title: str, results: dict[str, tuple[float, float]]) -> None:
@@ -225,7 +174,6 @@ def s3_handles(endpoint: str) -> tuple[Any, dict[str, Any]]:
 def s3_servers(args: argparse.Namespace) -> Iterator[str]:
     """moto behind the latency proxy, the cube copied there (through zarr,
     without the latency); yields the proxy's endpoint."""
-    import zarr
     from zarr.storage import LocalStore, ObjectStore
     from zarr_fused_testing.s3 import LatencyProxy, MotoServer, obstore_s3
 
