@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -63,20 +64,27 @@ def test_missing_files_count_as_empty_ones() -> None:
     assert per_file_latency(6.4e-3, 64, 0) == pytest.approx(1e-4)
 
 
+def _stored(path: Path, data: np.ndarray, chunks: tuple[int, ...], **codecs: Any) -> Path:
+    """``data`` written by zarr's pipeline to a local array at ``path``, in
+    zstd chunk files of ``chunks`` (``codecs``: filters, a fill value)."""
+    with with_pipeline(BATCHED):
+        arr = zarr.create_array(
+            LocalStore(path),
+            shape=data.shape,
+            chunks=chunks,
+            dtype=data.dtype,
+            compressors=zarr.codecs.ZstdCodec(level=1),
+            **codecs,
+        )
+        arr[...] = data
+    return path
+
+
 @pytest.fixture
 def chunked(tmp_path: Path) -> tuple[Path, np.ndarray]:
     """A 64 x 64 float32 array in 8 x 8 zstd chunk files (64 files)."""
     data = np.random.default_rng(3).normal(size=(64, 64)).astype("<f4")
-    with with_pipeline(BATCHED):
-        arr = zarr.create_array(
-            LocalStore(tmp_path / "a"),
-            shape=data.shape,
-            chunks=(8, 8),
-            dtype="<f4",
-            compressors=zarr.codecs.ZstdCodec(level=1),
-        )
-        arr[...] = data
-    return tmp_path / "a", data
+    return _stored(tmp_path / "a", data, (8, 8)), data
 
 
 def test_reads_after_the_probe_interval_stay_direct_for_probe_reads(
@@ -108,18 +116,8 @@ def delta_chunked(tmp_path: Path) -> Path:
     data = np.cumsum(np.random.default_rng(5).integers(-3, 4, size=(64, 64)), axis=1)
     data = data.astype("<i4")
     data[16:32, 16:32] = 7  # the fill value: the chunk is not stored
-    with with_pipeline(BATCHED):
-        arr = zarr.create_array(
-            LocalStore(tmp_path / "a"),
-            shape=data.shape,
-            chunks=(16, 16),
-            dtype="<i4",
-            fill_value=7,
-            filters=[zarr.codecs.numcodecs.Delta(dtype="<i4")],
-            compressors=zarr.codecs.ZstdCodec(level=1),
-        )
-        arr[...] = data
-    return tmp_path / "a"
+    filters = [zarr.codecs.numcodecs.Delta(dtype="<i4")]
+    return _stored(tmp_path / "a", data, (16, 16), fill_value=7, filters=filters)
 
 
 def _reads(root: Path) -> tuple[np.ndarray, np.ndarray]:

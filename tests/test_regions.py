@@ -719,6 +719,17 @@ def _no_region_parse(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(regions_module, "_region", parse)
 
 
+def _assert_native_plan_reads(
+    monkeypatch: pytest.MonkeyPatch, store: Any, arr: Any, selections: list[Any]
+) -> None:
+    """``selections`` read by `read_regions` through the native plan alone
+    (no staging read, no per-region parse) give zarr's values."""
+    expected = _expected(store, selections)
+    _no_staging(monkeypatch)
+    _no_region_parse(monkeypatch)
+    _assert_all(zarr_fused.read_regions(arr, selections), expected)
+
+
 PLAIN_CASES = {
     # inner chunks 8x4x5 in shards 16x12x10 of a 37x26x19 array
     "edge-chunks": [(slice(30, 37), slice(20, 26), slice(15, 19)), (slice(36, 37), 25, 18)],
@@ -742,11 +753,7 @@ def test_plain_selections_take_the_native_plan(
     store = make_store("memory", tmp_path)
     _fan_out_filled(store, "crc32c", seed=71)
     arr = _open(store, FUSED)
-    selections = PLAIN_CASES[case]
-    expected = _expected(store, selections)
-    _no_staging(monkeypatch)
-    _no_region_parse(monkeypatch)
-    _assert_all(zarr_fused.read_regions(arr, selections), expected)
+    _assert_native_plan_reads(monkeypatch, store, arr, PLAIN_CASES[case])
 
 
 def test_one_selection_outside_the_native_plan_plans_all_by_region(
@@ -899,11 +906,8 @@ def test_plain_region_sets_hypothesis(
     selections = data.draw(
         st.lists(st.tuples(*(_axis(n) for n in arr.shape)), min_size=0, max_size=16)
     )
-    expected = _expected(store, selections)
     with monkeypatch.context() as patch:
-        _no_staging(patch)
-        _no_region_parse(patch)
-        _assert_all(zarr_fused.read_regions(arr, selections), expected)
+        _assert_native_plan_reads(patch, store, arr, selections)
 
 
 def test_plain_selections_in_a_missing_shard_raise_when_zarr_would(

@@ -25,7 +25,7 @@ from zarr_fused._hybrid import FilteredChain
 from zarr_fused.errors import UnsupportedError
 
 from helpers import BATCHED, FUSED, assert_same_values, chunk_items, make_store
-from helpers.filter_data import filter_array, values_of
+from helpers.filter_data import astype_chain, filter_array, values_of
 
 STRICT = {"codec_pipeline.path": FUSED, "codec_pipeline.strict": True}
 
@@ -62,28 +62,13 @@ CHAINS: dict[str, tuple[Any, str, str, Any]] = {
         "temperatures",
         np.nan,
     ),
-    "astype-f8-f4": (
-        lambda: [znc.AsType(encode_dtype="<f4", decode_dtype="<f8")],
-        "<f8",
-        "floats",
-        0,
-    ),
+    "astype-f8-f4": astype_chain("<f8", "<f4", "floats", 0),
     # integer scale_offset whose decoding takes every stored value (scale 1 or
     # -1 and a range that holds, or int64, which zarr wraps)
     "scale_offset-i8": (lambda: [ScaleOffset(offset=1000, scale=-1)], "<i8", "ints", 5),
     "scale_offset-i2-negate": (lambda: [ScaleOffset(offset=-1, scale=-1)], "<i2", "ints", -2),
-    "astype-i4-i2": (
-        lambda: [znc.AsType(encode_dtype="<i2", decode_dtype="<i4")],
-        "<i4",
-        "ints",
-        -3,
-    ),
-    "astype-f8-i4": (
-        lambda: [znc.AsType(encode_dtype="<i4", decode_dtype="<f8")],
-        "<f8",
-        "small",
-        0,
-    ),
+    "astype-i4-i2": astype_chain("<i4", "<i2", "ints", -3),
+    "astype-f8-i4": astype_chain("<f8", "<i4", "small", 0),
     "delta-i8-astype-i2": (
         lambda: [znc.Delta(dtype="<i8", astype="<i2")],
         "<i8",

@@ -29,7 +29,7 @@ from zarr.storage import MemoryStore
 from zarr_fused._hybrid import FilteredChain
 
 from helpers import BATCHED, FUSED, assert_same_values, chunk_items, make_store
-from helpers.filter_data import filter_array, values_of
+from helpers.filter_data import astype_chain, filter_array, values_of
 
 STRICT = {"codec_pipeline.path": FUSED, "codec_pipeline.strict": True}
 ORACLE = {"codec_pipeline.path": BATCHED}
@@ -51,18 +51,8 @@ CHAINS: dict[str, tuple[Any, str, str, Any]] = {
     "scale_offset-i2-offset": (lambda: [ScaleOffset(offset=5, scale=1)], "<i2", "ints", 9),
     "scale_offset-u2-scale": (lambda: [ScaleOffset(offset=0, scale=3)], "<u2", "ints", 7),
     "scale_offset-u8-scale": (lambda: [ScaleOffset(offset=0, scale=5)], "<u8", "ints", 3),
-    "astype-i2-f4": (
-        lambda: [znc.AsType(encode_dtype="<f4", decode_dtype="<i2")],
-        "<i2",
-        "ints",
-        1,
-    ),
-    "astype-u1-f8": (
-        lambda: [znc.AsType(encode_dtype="<f8", decode_dtype="|u1")],
-        "|u1",
-        "ints",
-        9,
-    ),
+    "astype-i2-f4": astype_chain("<i2", "<f4", "ints", 1),
+    "astype-u1-f8": astype_chain("|u1", "<f8", "ints", 9),
     "cast_value-i8-f4": (
         lambda: [_cast_value("float32", rounding="towards-negative")],
         "<i8",

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import zarr
 from zarr.codecs import BytesCodec, ShardingCodec
+from zarr.codecs import numcodecs as znc
 
 from helpers import BATCHED, FUSED, assert_same_values
 
@@ -34,6 +35,15 @@ def values_of(kind: str, dtype: str, shape: tuple[int, ...], seed: int) -> np.nd
     else:
         value = 1000 * rng.standard_normal(shape)
     return value.astype(dtype)
+
+
+def astype_chain(
+    decoded: str, encoded: str, values: str, fill: Any
+) -> tuple[Callable[[], list[Any]], str, str, Any]:
+    """An entry of the sharded filter tests' chain tables (filters, dtype,
+    how values are drawn, fill value): numcodecs' ``AsType`` storing the
+    ``decoded`` items as ``encoded``."""
+    return (lambda: [znc.AsType(encode_dtype=encoded, decode_dtype=decoded)], decoded, values, fill)
 
 
 def filter_array(
