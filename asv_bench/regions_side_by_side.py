@@ -43,16 +43,8 @@ from zarr_fused import regions
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+import _regions_peers
 import _side_by_side_cli
-from _regions_peers import (
-    FUSED,
-    check,
-    selections,
-    staging_read,
-    tensorstore_peers,
-    timed,
-    write_cube,
-)
 
 
 def per_region_read(arr: Any, sels: list[Any]) -> list[Any]:
@@ -63,30 +55,30 @@ def per_region_read(arr: Any, sels: list[Any]) -> list[Any]:
 
 
 def peers(path: Path, sels: list[Any]) -> dict[str, Callable[[], list[Any]]]:
-    with zarr.config.set(FUSED):
+    with zarr.config.set(_regions_peers.FUSED):
         arr = zarr.open_array(LocalStore(path), mode="r")
     out: dict[str, Callable[[], list[Any]]] = {
         "read_regions": lambda: zarr_fused.read_regions(arr, sels),
         "per-region": lambda: per_region_read(arr, sels),
-        "staging": lambda: staging_read(arr, sels),
+        "staging": lambda: _regions_peers.staging_read(arr, sels),
         "one-by-one": lambda: [arr[s] for s in sels],
     }
     spec = {"driver": "zarr3", "kvstore": {"driver": "file", "path": str(path)}}
-    return out | tensorstore_peers(spec, sels)
+    return out | _regions_peers.tensorstore_peers(spec, sels)
 
 
 def run(args: argparse.Namespace) -> None:
     path = args.dir / f"cube-{args.size}-{args.shard}-{args.inner}"
-    write_cube(path, args.size, args.shard, args.inner)
-    sels = selections(args.size, args.patch, args.regions, seed=1)
+    _regions_peers.write_cube(path, args.size, args.shard, args.inner)
+    sels = _regions_peers.selections(args.size, args.patch, args.regions, seed=1)
     print(
         f"{args.regions} regions of {args.patch}^3 in uint16 {args.size}^3 "
         f"(shards {args.shard}^3, inner {args.inner}^3, zstd), "
         f"median of {args.repeat} rounds, the peers taking turns"
     )
     fns = {n: fn for n, fn in peers(path, sels).items() if not args.only or n in args.only}
-    check(fns)
-    results = timed(fns, args.repeat)
+    _regions_peers.check(fns)
+    results = _regions_peers.timed(fns, args.repeat)
     base = results.get("read_regions")
     print(
         f"  {'':14s} {'wall s':>8s} {'ratio':>6s} {'CPU s':>8s} {'ratio':>6s}  (ratio: / read_regions)"

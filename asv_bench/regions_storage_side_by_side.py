@@ -62,15 +62,7 @@ import zarr_fused
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from _regions_peers import (
-    FUSED,
-    check,
-    selections,
-    staging_read,
-    tensorstore_peers,
-    timed,
-    write_cube,
-)
+import _regions_peers
 from benchmarks._latency import build_shim, drop_page_cache, shim_env
 
 PEERS = ["read_regions", "fan-out-io1", "staging", "one-by-one", "ts-batch", "ts-one-by-one"]
@@ -85,16 +77,16 @@ def _io1_read(arr: Any, sels: list[Any]) -> list[Any]:
 def peers(
     store: Any, ts_spec: dict[str, Any], sels: list[Any], local: bool
 ) -> dict[str, Callable[[], list[Any]]]:
-    with zarr.config.set(FUSED):
+    with zarr.config.set(_regions_peers.FUSED):
         arr = zarr.open_array(store, mode="r")
     out: dict[str, Callable[[], list[Any]]] = {
         "read_regions": lambda: zarr_fused.read_regions(arr, sels)
     }
     if local:
         out["fan-out-io1"] = lambda: _io1_read(arr, sels)
-        out["staging"] = lambda: staging_read(arr, sels)
+        out["staging"] = lambda: _regions_peers.staging_read(arr, sels)
     out["one-by-one"] = lambda: [arr[s] for s in sels]
-    return out | tensorstore_peers(ts_spec, sels)
+    return out | _regions_peers.tensorstore_peers(ts_spec, sels)
 
 
 def report(title: str, results: dict[str, tuple[float, float]]) -> None:
@@ -113,7 +105,7 @@ def child(args: argparse.Namespace) -> int:
     if args.pin == "on":
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
     cpus = sorted(os.sched_getaffinity(0))
-    sels = selections(args.size, args.patch, args.regions, seed=1)
+    sels = _regions_peers.selections(args.size, args.patch, args.regions, seed=1)
     local = args.storage != "s3"
     if local:
         from zarr.storage import LocalStore
@@ -124,7 +116,7 @@ def child(args: argparse.Namespace) -> int:
     else:
         store, ts_spec = s3_handles(args.endpoint)
     fns = {n: fn for n, fn in peers(store, ts_spec, sels, local).items() if n in args.peers}
-    check(fns)
+    _regions_peers.check(fns)
     prepare = None
     if args.storage == "cold":
         why = drop_page_cache()
@@ -143,7 +135,7 @@ def child(args: argparse.Namespace) -> int:
         f"{args.shard}^3, inner {args.inner}^3, zstd): {what}, CPUs {cpus} "
         f"({'pinned' if args.pin == 'on' else 'unpinned'}), median of {args.repeat}"
     )
-    report(title, timed(fns, args.repeat, prepare))
+    report(title, _regions_peers.timed(fns, args.repeat, prepare))
     return 0
 
 
@@ -179,7 +171,7 @@ def s3_servers(args: argparse.Namespace) -> Iterator[str]:
 
     with MotoServer() as moto, LatencyProxy(moto.endpoint) as proxy:
         moto.create_bucket(BUCKET)
-        with zarr.config.set(FUSED):
+        with zarr.config.set(_regions_peers.FUSED):
             src = zarr.open_array(LocalStore(cube_path(args)), mode="r")
             dst = zarr.create_array(
                 ObjectStore(obstore_s3(BUCKET, moto.endpoint, "cube")),
@@ -216,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
         args.peers.insert(0, "read_regions")
     if args.child:
         return child(args)
-    write_cube(cube_path(args), args.size, args.shard, args.inner)
+    _regions_peers.write_cube(cube_path(args), args.size, args.shard, args.inner)
     env = {k: v for k, v in os.environ.items() if not k.startswith("FAULTFS_")}
     env.pop("LD_PRELOAD", None)
     if args.storage == "latency":

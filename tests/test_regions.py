@@ -531,6 +531,17 @@ def _fan_out_filled(store: Any, variant: str, seed: int) -> np.ndarray:
     return data
 
 
+def _fan_out_hypothesis_store(tmp_path: Path, variant: str, seed: int) -> Any:
+    """One fan-out array of ``variant`` for all of a hypothesis test's
+    examples."""
+    key = (str(tmp_path), f"fan-out {variant}")
+    if key not in _STORES:
+        store = MemoryStore()
+        _fan_out_filled(store, variant, seed=seed)
+        _STORES[key] = store
+    return _STORES[key]
+
+
 def _shared_regions(shape: tuple[int, ...], n: int, seed: int) -> list[Any]:
     """``n`` small unaligned boxes, many in the same few inner chunks, some
     equal, some on the array's edge, some with a dropped axis or picks."""
@@ -585,25 +596,6 @@ def test_fan_out_into_strided_out_buffers(tmp_path: Path, monkeypatch: pytest.Mo
     for o, e in zip(out, expected, strict=True):
         assert_same_values(o[..., ::-1], e[..., ::-1])
     assert not parents[0][1::2].any()  # nothing written between the rows
-
-
-def test_fan_out_missing_shard_raises_when_zarr_would(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    store = make_store("local", tmp_path)
-    _fan_out_filled(store, "zstd", seed=54)
-    _no_staging(monkeypatch)
-    with zarr.config.set({"array.read_missing_chunks": False}):
-        arr = _open(store, FUSED)
-        with pytest.raises(ChunkNotFoundError):
-            _open(store, BATCHED)[33:35]
-        with pytest.raises(ChunkNotFoundError, match="c/2/0/0"):
-            zarr_fused.read_regions(arr, [(slice(0, 3),), (slice(33, 35), 0)])
-        # a missing inner chunk in a stored shard reads as the fill value
-        _assert_all(
-            zarr_fused.read_regions(arr, [(slice(0, 8), slice(0, 4), slice(0, 5))]),
-            _expected(store, [(slice(0, 8), slice(0, 4), slice(0, 5))]),
-        )
 
 
 def test_fan_out_corrupt_inner_chunk_names_it(tmp_path: Path) -> None:
@@ -683,12 +675,7 @@ def test_fan_out_kernel_refuses_targets_outside(tmp_path: Path) -> None:
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 def test_fan_out_region_sets_hypothesis(tmp_path: Path, data: Any) -> None:
-    key = (str(tmp_path), "fan-out")
-    if key not in _STORES:
-        store = MemoryStore()
-        _fan_out_filled(store, "crc32c", seed=60)
-        _STORES[key] = store
-    store = _STORES[key]
+    store = _fan_out_hypothesis_store(tmp_path, "crc32c", seed=60)
     arr = _open(store, FUSED)
     boxes = st.tuples(
         *(st.tuples(st.integers(0, n - 1), st.integers(1, 14)) for n in arr.shape)
@@ -896,12 +883,7 @@ def test_fan_out_targets_refuses_a_grid_that_does_not_tile() -> None:
 def test_plain_region_sets_hypothesis(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, data: Any
 ) -> None:
-    key = (str(tmp_path), "plain")
-    if key not in _STORES:
-        store = MemoryStore()
-        _fan_out_filled(store, "zstd", seed=73)
-        _STORES[key] = store
-    store = _STORES[key]
+    store = _fan_out_hypothesis_store(tmp_path, "zstd", seed=73)
     arr = _open(store, FUSED)
     selections = data.draw(
         st.lists(st.tuples(*(_axis(n) for n in arr.shape)), min_size=0, max_size=16)
@@ -910,14 +892,33 @@ def test_plain_region_sets_hypothesis(
         _assert_native_plan_reads(patch, store, arr, selections)
 
 
-def test_plain_selections_in_a_missing_shard_raise_when_zarr_would(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(
+    ("path_off", "selections"),
+    [
+        pytest.param(_no_staging, [(slice(0, 3),), (slice(33, 35), 0)], id="fan-out"),
+        pytest.param(
+            _no_region_parse,
+            [(slice(0, 3), slice(0, 26), slice(0, 19)), (33, slice(0, 2), 0)],
+            id="native-plan",
+        ),
+    ],
+)
+def test_missing_shard_raises_when_zarr_would(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, path_off: Any, selections: list[Any]
 ) -> None:
+    """A selection in a shard never written raises zarr's error without
+    ``array.read_missing_chunks``, on the fan-out read (the staging read
+    off) and on the native plan of plain selections (the per-region parse
+    off); an inner chunk missing in a stored shard reads as the fill value."""
     store = make_store("local", tmp_path)
-    _fan_out_filled(store, "zstd", seed=74)
-    _no_region_parse(monkeypatch)
+    _fan_out_filled(store, "zstd", seed=54)
+    path_off(monkeypatch)
     with zarr.config.set({"array.read_missing_chunks": False}):
         arr = _open(store, FUSED)
-        plain = [(slice(0, 3), slice(0, 26), slice(0, 19)), (33, slice(0, 2), 0)]
+        with pytest.raises(ChunkNotFoundError):
+            _open(store, BATCHED)[selections[-1]]
         with pytest.raises(ChunkNotFoundError, match="c/2/0/0"):
-            zarr_fused.read_regions(arr, plain)
+            zarr_fused.read_regions(arr, selections)
+        # a missing inner chunk in a stored shard reads as the fill value
+        inner = [(slice(0, 8), slice(0, 4), slice(0, 5))]
+        _assert_all(zarr_fused.read_regions(arr, inner), _expected(store, inner))
