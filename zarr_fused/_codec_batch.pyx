@@ -51,9 +51,9 @@ from zarr_fused._codecs cimport (
     status_error,
     workspace,
 )
-from zarr_fused._filters cimport FILTER_OK, FilterChain
+from zarr_fused._filters cimport FILTER_OK, FilterCarry, FilterChain
 from zarr_fused._phase_times cimport PhaseTimes, now_ns
-from zarr_fused._localio cimport FILE_ERROR, write_file_atomic
+from zarr_fused._localio cimport FILE_ERROR, FILE_MISSING, read_file, write_file_atomic
 from zarr_fused._scatter cimport (
     ZF_MAX_DIMS,
     copy_strided,
@@ -414,6 +414,58 @@ cdef Py_ssize_t _encode_group(ChainKernel kernel, Workspace ws, EncodeTask* task
 # -- batches ----------------------------------------------------------------------------
 
 
+cdef bint _whole_rows(const DecodeTask* t, Py_ssize_t count, Py_ssize_t itemsize) noexcept nogil:
+    """The task takes its whole chunk of ``count`` items in C order, into
+    rows of the output whose items are adjacent."""
+    cdef Py_ssize_t expect = itemsize
+    cdef int d
+    if t.src_offset != 0 or t.ndim < 1 or t.dst_strides[t.ndim - 1] != itemsize:
+        return False
+    for d in range(t.ndim - 1, -1, -1):
+        if t.shape[d] != 1 and t.src_strides[d] != expect:
+            return False
+        expect *= t.shape[d]
+    return expect == count * itemsize
+
+
+cdef void _decode_rows(FilterChain filters, const char* src, DecodeTask* t) noexcept nogil:
+    """The first filter's decoding of a `_whole_rows` task's items at
+    ``src`` (as that filter encoded them) straight into its rows of the
+    output, in order."""
+    cdef Py_ssize_t index[ZF_MAX_DIMS]
+    cdef FilterCarry carry
+    cdef int nd = t.ndim
+    cdef int d
+    cdef Py_ssize_t row = t.shape[nd - 1]
+    cdef Py_ssize_t row_bytes = row * filters.steps[0].encoded_itemsize
+    cdef char* dst = t.dst
+    memset(index, 0, sizeof(index))
+    memset(&carry, 0, sizeof(carry))
+    while True:
+        filters.decode_run(src, dst, row, &carry)
+        src += row_bytes
+        d = nd - 2
+        while d >= 0:
+            index[d] += 1
+            dst += t.dst_strides[d]
+            if index[d] < t.shape[d]:
+                break
+            dst -= t.dst_strides[d] * t.shape[d]
+            index[d] = 0
+            d -= 1
+        if d < 0:
+            return
+
+
+cdef bytes _payload_again(const DecodeTask* t):
+    """A task's payload for zarr's code: a file task's is read again (the
+    batch read it into a buffer that the next task reused)."""
+    if t.path == NULL:
+        return (<const char*>t.src)[:t.src_len] if t.src_len else b""
+    with open(<bytes>t.path, "rb", buffering=0) as file:
+        return file.readall()
+
+
 cdef class TaskBatch:
     """What `DecodeBatch` and `EncodeBatch` share: a fixed number of task
     slots allocated up front, each with room for ``max_ndim`` entries of
@@ -736,8 +788,6 @@ cdef class DecodeBatch(TaskBatch):
         reported by `run`."""
         if self.fill is None:
             raise ValueError("set_fill() first")
-        if self.filters is not None:
-            raise ValueError("a batch with filters decodes payloads in memory only")
         return self._add(None, path, layout, chunk_selection, out, out_selection, drop_axes, key)
 
     cdef object _add(self, payload, bytes path, ChunkLayout layout, chunk_selection,
@@ -854,8 +904,7 @@ cdef class DecodeBatch(TaskBatch):
                 raise ValueError(
                     f"{where}: the filters refused the chunk's values and the batch has no "
                     "refuse hook")
-            payload = np.frombuffer(
-                (<const char*>t.src)[:t.src_len] if t.src_len else b"", dtype=np.uint8)
+            payload = np.frombuffer(_payload_again(t), dtype=np.uint8)
             values = np.ascontiguousarray(self.refuse(payload, where)).view(np.uint8).reshape(-1)
             # the hook's bytes are checked before the copy reads them
             if values.shape[0] != t.nbytes:
@@ -871,18 +920,31 @@ cdef class DecodeBatch(TaskBatch):
 
     cdef int run_filtered(self, Workspace ws, Py_ssize_t i, const char* fill, uint8_t* a,
                           uint8_t* b) noexcept nogil:
-        """Task ``i`` with filters: decompress (and check), byte-swap into
-        ``a``, undo the filters, scatter the selected values."""
+        """Task ``i`` with filters: read its file, decompress (and check),
+        byte-swap into ``a``, undo the filters, scatter the selected values
+        (a whole chunk's last filter writes them in place, row by row)."""
         cdef DecodeTask* t = &self.tasks[i]
         cdef Py_ssize_t ki = self.kernel.itemsize
         cdef Py_ssize_t count
+        cdef const uint8_t* src = t.src
+        cdef Py_ssize_t src_len = t.src_len
         cdef const uint8_t* data
         cdef const void* values
-        if t.missing:
+        cdef int rc, err = 0
+        if t.path != NULL and not t.missing:
+            rc = read_file(t.path, &ws.io_buf, &ws.io_cap, &src_len, &err)
+            if rc == FILE_MISSING:
+                t.was_missing = True
+            elif rc == FILE_ERROR:
+                t.status.code = ZF_ERR_IO
+                t.status.a = err
+                return -1
+            src = ws.io_buf
+        if t.missing or t.was_missing:
             fill_strided(t.dst, t.dst_strides, t.shape, t.ndim, fill, self.itemsize)
             return 0
         count = t.nbytes // self.itemsize
-        if self.kernel.decode_payload(ws, t.src, t.src_len, count * ki, NULL, &data,
+        if self.kernel.decode_payload(ws, src, src_len, count * ki, NULL, &data,
                                       &t.status) < 0:
             return -1
         if count == 0:
@@ -895,6 +957,10 @@ cdef class DecodeBatch(TaskBatch):
             # an uncompressed payload at an odd offset of its shard
             memcpy(a, data, <size_t>(count * ki))
             data = a
+        if self.filters.decodes_in_runs and _whole_rows(t, count, self.itemsize):
+            values = self.filters.decode_head(data, a, b, count)
+            _decode_rows(self.filters, <const char*>values, t)
+            return 0
         if not self.filters.may_refuse:
             values = self.filters.decode(data, a, b, count)
         elif self.filters.decode_checked(data, a, b, count, &values) != FILTER_OK:

@@ -3,7 +3,7 @@
 # of array->array steps run on one chunk's items with the GIL released,
 # so the shard engine filters inner chunks inside its nogil sections.
 
-from libc.stdint cimport int64_t
+from libc.stdint cimport int64_t, uint64_t
 
 from zarr_fused._cast_value cimport CastPlan
 
@@ -55,6 +55,12 @@ cdef struct FilterStep:
     CastPlan cast_encode  # cast_value: its two directions (see _cast_value.pxd)
     CastPlan cast_decode
 
+# Where a chunk decoded in runs of its items stands between two runs
+# (`FilterChain.decode_run`): delta's running sum, the bytes of one item.
+cdef struct FilterCarry:
+    bint started
+    uint64_t acc
+
 cdef class FilterChain:
     cdef FilterStep steps[FILTER_MAX_STEPS]
     cdef readonly int n
@@ -62,9 +68,16 @@ cdef class FilterChain:
     cdef readonly Py_ssize_t encoded_itemsize
     cdef readonly Py_ssize_t max_itemsize
     cdef readonly bint may_refuse  # a step's decoding may refuse a stored value
+    cdef readonly bint decodes_in_runs  # `decode_run` takes the first step
     cdef const void* decode(self, const void* src, void* a, void* b,
                             Py_ssize_t count) noexcept nogil
     cdef int decode_checked(self, const void* src, void* a, void* b, Py_ssize_t count,
                             const void** out) noexcept nogil
     cdef int encode(self, void* a, void* b, Py_ssize_t count,
                     const void** out) noexcept nogil
+    cdef const void* decode_head(self, const void* src, void* a, void* b,
+                                 Py_ssize_t count) noexcept nogil
+    cdef void decode_run(self, const void* src, void* dst, Py_ssize_t n,
+                         FilterCarry* carry) noexcept nogil
+    cdef int _decode_down_to(self, int last, const void* src, void* a, void* b,
+                             Py_ssize_t count, const void** out) noexcept nogil

@@ -60,7 +60,7 @@ runs.
 """
 
 from libc.math cimport ldexp, rint, rintf, trunc
-from libc.string cimport memset
+from libc.string cimport memcpy, memset
 from libc.stdint cimport (
     INT64_MAX, INT64_MIN, UINT64_MAX,
     int8_t, int16_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t,
@@ -142,6 +142,25 @@ cdef void _delta_decode(const delta_t* src, delta_t* dst, Py_ssize_t n) noexcept
     for i in range(1, n):
         acc = <delta_t>(acc + src[i])
         dst[i] = acc
+
+
+cdef void _delta_decode_run(const delta_t* src, delta_t* dst, Py_ssize_t n,
+                            FilterCarry* carry) noexcept nogil:
+    """`_delta_decode` of the next ``n`` (> 0) items of a chunk, the sum
+    so far in ``carry``: a chunk's first item starts the sum as it is."""
+    cdef Py_ssize_t i, first = 0
+    cdef delta_t acc
+    if carry.started:
+        memcpy(&acc, &carry.acc, sizeof(delta_t))
+    else:
+        acc = src[0]
+        dst[0] = acc
+        first = 1
+        carry.started = True
+    for i in range(first, n):
+        acc = <delta_t>(acc + src[i])
+        dst[i] = acc
+    memcpy(&carry.acc, &acc, sizeof(delta_t))
 
 
 cdef void _bitround(const bits_t* src, bits_t* dst, Py_ssize_t n, int maskbits) noexcept nogil:
@@ -684,6 +703,11 @@ cdef class FilterChain:
             self.n += 1
         self.itemsize = self.steps[0].itemsize
         self.encoded_itemsize = self.steps[self.n - 1].encoded_itemsize
+        # delta into another type sums in a wider one; a refusing step
+        # would leave a chunk written in part
+        self.decodes_in_runs = not self.may_refuse and not (
+            self.steps[0].kind == FK_DELTA
+            and self.steps[0].code != self.steps[0].encoded_code)
 
     cdef const void* decode(self, const void* src, void* a, void* b,
                             Py_ssize_t count) noexcept nogil:
@@ -694,8 +718,40 @@ cdef class FilterChain:
         that may refuse decodes with `decode_checked`, as this would return
         a refused chunk's items half decoded."""
         cdef const void* out
-        self.decode_checked(src, a, b, count, &out)
+        self._decode_down_to(0, src, a, b, count, &out)
         return out
+
+    cdef const void* decode_head(self, const void* src, void* a, void* b,
+                                 Py_ssize_t count) noexcept nogil:
+        """`decode` without the first step, which `decode_run` then runs
+        (``src`` itself for a chain of one step)."""
+        cdef const void* out
+        self._decode_down_to(1, src, a, b, count, &out)
+        return out
+
+    cdef void decode_run(self, const void* src, void* dst, Py_ssize_t n,
+                         FilterCarry* carry) noexcept nogil:
+        """The first step's decoding of a chunk's next ``n`` (> 0) items
+        into ``dst``, for a chain that `decodes_in_runs`: the chunk's runs
+        in order, ``carry`` zeroed before the first, so each run can land in
+        its own place (a row of the output) with no copy in between."""
+        cdef const FilterStep* p = &self.steps[0]
+        if p.kind == FK_QUANTIZE or p.kind == FK_BITROUND:
+            memcpy(dst, src, <size_t>(n * p.itemsize))
+        elif p.kind != FK_DELTA:
+            _run(p, False, src, dst, n)
+        elif p.code == IT_U8:
+            _delta_decode_run(<const uint8_t*>src, <uint8_t*>dst, n, carry)
+        elif p.code == IT_U16:
+            _delta_decode_run(<const uint16_t*>src, <uint16_t*>dst, n, carry)
+        elif p.code == IT_U32:
+            _delta_decode_run(<const uint32_t*>src, <uint32_t*>dst, n, carry)
+        elif p.code == IT_U64:
+            _delta_decode_run(<const uint64_t*>src, <uint64_t*>dst, n, carry)
+        elif p.code == IT_F32:
+            _delta_decode_run(<const float*>src, <float*>dst, n, carry)
+        else:
+            _delta_decode_run(<const double*>src, <double*>dst, n, carry)
 
     cdef int decode_checked(self, const void* src, void* a, void* b, Py_ssize_t count,
                             const void** out) noexcept nogil:
@@ -707,10 +763,15 @@ cdef class FilterChain:
         `FILTER_OK`. A refused chunk's ``out[0]`` is the scratch buffer the
         refusing step was writing, partly written: meaningless items, but
         ``count * max_itemsize`` bytes a caller may read."""
+        return self._decode_down_to(0, src, a, b, count, out)
+
+    cdef int _decode_down_to(self, int last, const void* src, void* a, void* b,
+                             Py_ssize_t count, const void** out) noexcept nogil:
+        """Undo steps ``n - 1`` down to ``last`` as `decode_checked` does."""
         cdef const void* cur = src
         cdef void* dst
         cdef int i
-        for i in range(self.n - 1, -1, -1):
+        for i in range(self.n - 1, last - 1, -1):
             # quantize and bitround decode to the items as they are
             if self.steps[i].kind == FK_QUANTIZE or self.steps[i].kind == FK_BITROUND:
                 continue
