@@ -5,9 +5,9 @@ A `ChainKernel` runs one chain ``[transpose] -> bytes -> [shuffle] ->
 [compressor] -> [crc32c]`` (crc32c may also sit inside the compressor, when
 nothing shuffles) over one chunk, a `DecodeTask` or an `EncodeTask`. The
 compressor is zstd (libzstd), gzip or zlib (zlib; read with libdeflate),
-blosc (c-blosc) or lz4 (liblz4, in numcodecs' framing), linked from the system, or in a portable
-wheel built from source into the extension (``linkage`` in
-`library_versions`). The shuffle is numcodecs' byte shuffle
+blosc (c-blosc) or lz4 (liblz4, in numcodecs' framing), linked from the
+system, or in a portable wheel built from source into the extension
+(``linkage`` in `library_versions`). The shuffle is numcodecs' byte shuffle
 (``numcodecs.shuffle``, format 2's ``Shuffle`` filter).
 
 Decoding undoes the bytes->bytes codecs into a buffer of exactly the size
@@ -103,7 +103,8 @@ def library_versions():
     against; a complib it links dynamically, such as zstd on Debian, runs
     at the version the system has). ``linkage`` is ``"system"`` for the
     system's shared libraries, ``"bundled"`` for static libraries built into
-    the extension (a portable wheel).
+    the extension (a portable wheel). ``libdeflate`` is the version of the
+    header the build saw (libdeflate has no call that reports its own).
     """
     compressors = bl.blosc_list_compressors().decode().split(",")
     return {
@@ -328,9 +329,9 @@ cdef inline void _z_buffers(zl.z_stream* z, const uint8_t* src, Py_ssize_t n, ui
 
 
 # gzip streams (RFC 1952) and, with ``zlib_format``, zlib streams (RFC 1950:
-# numcodecs' Zlib, Python's zlib.compress). libdeflate reads a stream it
-# decodes whole, about twice as fast as zlib's inflate; anything else goes
-# to zlib, which decides how the read fails, so errors stay zlib's.
+# numcodecs' Zlib, Python's zlib.compress). libdeflate, much faster than
+# zlib's inflate, reads a stream it decodes whole; anything else goes to
+# zlib, which decides how the read fails, so errors stay zlib's.
 cdef Py_ssize_t _gzip_decompress(Workspace ws, const uint8_t* src, Py_ssize_t n,
                                  uint8_t* dst, Py_ssize_t cap, Status* st,
                                  bint zlib_format) noexcept nogil:
