@@ -14,7 +14,7 @@ nothing else: the sanitizer and fuzzing builds of ``tests/fuzz/build.sh`` pass
 ``-fsanitize=...`` this way, so the library checks below still link plain
 programs. They are for instrumentation, not for tuning to the build host.
 
-The C libraries (libzstd, zlib, c-blosc, liblz4) are linked from the system by
+The C libraries (libzstd, zlib, libdeflate, c-blosc, liblz4) are linked from the system by
 default: the developer path. ``ZARR_FUSED_BUNDLED_LIBS=PREFIX`` links the
 static archives under ``PREFIX/lib`` (headers in ``PREFIX/include``)
 into the extensions instead, their symbols kept out of the extensions'
@@ -79,6 +79,7 @@ EXTENSIONS: list[dict] = [
         "sources": ["zarr_fused/_codecs.pyx"],
         "depends": [
             "zarr_fused/_codecs.pxd",
+            "zarr_fused/_deflate.pxd",
             "zarr_fused/_phase_times.pxd",
             "zarr_fused/_scatter.pxd",
             "zarr_fused/_localio.pxd",
@@ -90,13 +91,14 @@ EXTENSIONS: list[dict] = [
             "zarr_fused/_crc32c.pxd",
             "zarr_fused/_crc32c.h",
         ],
-        "libraries": ["zstd", "z", "blosc", "lz4"],
+        "libraries": ["zstd", "z", "deflate", "blosc", "lz4"],
     },
     {
         "name": "zarr_fused._vlen",
         "sources": ["zarr_fused/_vlen.pyx"],
         "depends": [
             "zarr_fused/_codecs.pxd",
+            "zarr_fused/_deflate.pxd",
             "zarr_fused/_phase_times.pxd",
             "zarr_fused/_zstd.pxd",
             "zarr_fused/_zlib.pxd",
@@ -110,6 +112,7 @@ EXTENSIONS: list[dict] = [
         "depends": [
             "zarr_fused/_codec_batch.pxd",
             "zarr_fused/_codecs.pxd",
+            "zarr_fused/_deflate.pxd",
             "zarr_fused/_phase_times.pxd",
             "zarr_fused/_filters.pxd",
             "zarr_fused/_cast_value.pxd",
@@ -141,6 +144,7 @@ EXTENSIONS: list[dict] = [
         "depends": [
             "zarr_fused/_codec_batch.pxd",
             "zarr_fused/_codecs.pxd",
+            "zarr_fused/_deflate.pxd",
             "zarr_fused/_phase_times.pxd",
             "zarr_fused/_filters.pxd",
             "zarr_fused/_cast_value.pxd",
@@ -158,6 +162,7 @@ EXTENSIONS: list[dict] = [
         "depends": [
             "zarr_fused/_codec_batch.pxd",
             "zarr_fused/_codecs.pxd",
+            "zarr_fused/_deflate.pxd",
             "zarr_fused/_phase_times.pxd",
             "zarr_fused/_filters.pxd",
             "zarr_fused/_cast_value.pxd",
@@ -177,6 +182,11 @@ NUMPY_MACROS = [("NPY_NO_DEPRECATED_API", "NPY_2_0_API_VERSION")]
 SYSTEM_LIBRARIES = {
     "zstd": ("zstd.h", "ZSTD_versionNumber", "libzstd-dev (Debian/Ubuntu), zstd (conda)"),
     "z": ("zlib.h", "zlibVersion", "zlib1g-dev (Debian/Ubuntu), zlib (conda)"),
+    "deflate": (
+        "libdeflate.h",
+        "libdeflate_alloc_decompressor",
+        "libdeflate-dev (Debian/Ubuntu), libdeflate (conda)",
+    ),
     "blosc": (
         "blosc.h",
         "blosc_get_version_string",
@@ -188,7 +198,7 @@ SYSTEM_LIBRARIES = {
 
 # the static archives a bundled build links, in link order (c-blosc needs
 # lz4, zstd and zlib after it), for the extensions that link any library
-BUNDLED_ARCHIVES = ["libblosc.a", "liblz4.a", "libzstd.a", "libz.a"]
+BUNDLED_ARCHIVES = ["libblosc.a", "liblz4.a", "libzstd.a", "libz.a", "libdeflate.a"]
 
 
 def _bundled_prefix() -> Path | None:
@@ -198,7 +208,9 @@ def _bundled_prefix() -> Path | None:
     root = Path(prefix).resolve()
     missing = [a for a in BUNDLED_ARCHIVES if not (root / "lib" / a).is_file()]
     missing += [
-        f"include/{h}" for h in ("blosc.h", "lz4.h") if not (root / "include" / h).is_file()
+        f"include/{h}"
+        for h in ("blosc.h", "lz4.h", "libdeflate.h")
+        if not (root / "include" / h).is_file()
     ]
     if missing:
         sys.exit(

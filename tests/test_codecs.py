@@ -954,6 +954,187 @@ def test_gzip_reserved_header_flags(bit: int) -> None:
         native.ChainKernel(**_GZIP).decode(bytes(stream), len(PART_A))
 
 
+# -- inflate: libdeflate, and zlib where libdeflate does not decode ------------------
+#
+# libdeflate reads the streams it decodes whole; zlib's inflate decides the
+# rest (corrupt, truncated, too long, a gzip header crc), so the errors are
+# zlib's. `native.fast_inflate` is libdeflate's part alone: None hands over.
+
+ZLIB = {"compressor": "zlib", "level": 1}
+
+
+def _zlib_stream(data: bytes, level: int) -> bytes:
+    return zlib.compress(data, level)
+
+
+def _gzip_stream(data: bytes, level: int) -> bytes:
+    return gzip.compress(data, compresslevel=level, mtime=0)
+
+
+def _inflate_data(seed: int, size: int) -> bytes:
+    # shuffled small integers: compressible, as the chunks zlib reads are
+    rng = _rng(40, seed)
+    return (rng.integers(0, 7, size) * rng.integers(0, 2, size)).astype(np.uint8).tobytes()
+
+
+@settings(
+    max_examples=150,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+@given(
+    zlib_format=st.booleans(),
+    level=st.integers(0, 9),
+    sizes=st.lists(st.integers(0, 70_000), min_size=1, max_size=3),
+    padding=st.integers(0, 3),
+    seed=st.integers(0, 2**16),
+)
+def test_fast_inflate_reads_what_zlib_reads(
+    zlib_format: bool, level: int, sizes: list[int], padding: int, seed: int
+) -> None:
+    parts = [_inflate_data(seed + i, n) for i, n in enumerate(sizes)]
+    if zlib_format:  # one stream; bytes after it are ignored, as Python's zlib does
+        payload = _zlib_stream(parts[0], level) + bytes(padding) + b"tail" * (len(sizes) - 1)
+        expected = parts[0]
+        assert zlib.decompress(payload) == expected
+    else:  # members back to back, zero padding after each
+        payload = b"".join(_gzip_stream(p, level) + bytes(padding) for p in parts)
+        expected = b"".join(parts)
+        assert gzip.decompress(payload) == expected
+    assert native.fast_inflate(payload, len(expected), zlib_format=zlib_format) == expected
+    conf = ZLIB if zlib_format else _GZIP
+    assert native.ChainKernel(**conf).decode(payload, len(expected)).tobytes() == expected
+
+
+def _cut(stream: bytes) -> bytes:
+    return stream[: len(stream) // 2]
+
+
+def _flip(stream: bytes) -> bytes:
+    # a bit in the middle of the deflate data: zlib names what it found
+    out = bytearray(stream)
+    out[len(out) // 2] ^= 0x10
+    return bytes(out)
+
+
+def _lie_about_size(stream: bytes) -> bytes:
+    return stream  # the stream is fine, the chunk is one byte shorter
+
+
+def _garbage_member(stream: bytes) -> bytes:
+    return stream + b"\x00\x00junk"
+
+
+def _second_member(stream: bytes) -> bytes:
+    # a second member that does not fit: the first fills the chunk
+    return stream + _gzip_stream(b"more", 1)
+
+
+def _header_crc(stream: bytes, *, good: bool) -> bytes:
+    # FHCRC: the low 16 bits of the header's crc32 follow the 10-byte header
+    header = bytearray(stream[:10])
+    header[3] |= 0x02
+    crc = zlib.crc32(bytes(header)) & 0xFFFF
+    return bytes(header) + struct.pack("<H", crc if good else crc ^ 1) + stream[10:]
+
+
+HANDED_OVER = [
+    pytest.param(True, _cut, DecompressionError, "truncated zlib stream", 0, id="zlib-truncated"),
+    pytest.param(True, _flip, DecompressionError, "gzip: ", 0, id="zlib-corrupt"),
+    pytest.param(True, _lie_about_size, ChunkSizeError, "holds more than", 1, id="zlib-longer"),
+    pytest.param(True, lambda s: b"", DecompressionError, "zlib", 0, id="zlib-empty"),
+    pytest.param(True, lambda s: b"\x78\x9c\x03", DecompressionError, "zlib", 0, id="zlib-3B"),
+    pytest.param(False, _cut, DecompressionError, "truncated gzip stream", 0, id="gzip-truncated"),
+    pytest.param(False, _flip, DecompressionError, "gzip: ", 0, id="gzip-corrupt"),
+    pytest.param(False, _lie_about_size, ChunkSizeError, "holds more than", 1, id="gzip-longer"),
+    pytest.param(False, _garbage_member, DecompressionError, "incorrect header", 0, id="gzip-junk"),
+    pytest.param(False, _second_member, ChunkSizeError, "holds more than", 0, id="gzip-member"),
+    pytest.param(
+        False,
+        lambda s: _header_crc(s, good=False),
+        DecompressionError,
+        "header crc mismatch",
+        0,
+        id="gzip-bad-header-crc",
+    ),
+]
+
+
+@pytest.mark.parametrize(("zlib_format", "damage", "error", "message", "shorter"), HANDED_OVER)
+def test_inflate_errors_are_zlibs(
+    zlib_format: bool,
+    damage: Callable[[bytes], bytes],
+    error: type[CorruptChunkError],
+    message: str,
+    shorter: int,
+) -> None:
+    payload = damage((_zlib_stream if zlib_format else _gzip_stream)(PART_A, 6))
+    nbytes = len(PART_A) - shorter
+    assert native.fast_inflate(payload, nbytes, zlib_format=zlib_format) is None
+    kernel = native.ChainKernel(**(ZLIB if zlib_format else _GZIP))
+    with pytest.raises(error, match=re.escape(message)):
+        kernel.decode(payload, nbytes)
+
+
+@pytest.mark.parametrize(
+    "zlib_format", [pytest.param(True, id="zlib"), pytest.param(False, id="gzip")]
+)
+def test_inflate_corrupt_message_is_zlibs_own(zlib_format: bool) -> None:
+    # the message zlib gives Python for the same bytes (same zlib linked)
+    if chain_versions()["zlib"] != chain_versions()["python_zlib"]:
+        pytest.skip("Python's zlib is another version")
+    payload = _flip((_zlib_stream if zlib_format else _gzip_stream)(PART_A, 6))
+    with pytest.raises(zlib.error) as theirs:
+        zlib.decompressobj(15 if zlib_format else 31).decompress(payload)
+    reason = str(theirs.value).split(": ", 1)[1]
+    kernel = native.ChainKernel(**(ZLIB if zlib_format else _GZIP))
+    with pytest.raises(DecompressionError, match=re.escape(reason)):
+        kernel.decode(payload, len(PART_A))
+
+
+def test_gzip_header_crc_is_checked_by_zlib() -> None:
+    # libdeflate skips a header crc unchecked: such members go to zlib
+    payload = _header_crc(_gzip_stream(PART_A, 6), good=True)
+    assert gzip.decompress(payload) == PART_A
+    assert native.fast_inflate(payload, len(PART_A), zlib_format=False) is None
+    assert native.ChainKernel(**_GZIP).decode(payload, len(PART_A)).tobytes() == PART_A
+
+
+def _fixed_block_with_length_symbol_286() -> bytes:
+    """A zlib stream of one fixed-Huffman block: the literal "a", then a
+    match coded with length symbol 286 (RFC 1951 reserves it), distance 1,
+    then end of block; the adler32 of the 259 "a"s libdeflate decodes it to."""
+    bits: list[int] = [1, 1, 0]  # BFINAL, BTYPE 01 (fixed codes)
+
+    def code(value: int, nbits: int) -> None:  # Huffman codes go most significant bit first
+        bits.extend((value >> i) & 1 for i in reversed(range(nbits)))
+
+    code(0x30 + ord("a"), 8)  # literals 0-143: 8 bits from 00110000
+    code(0xC0 + 286 - 280, 8)  # symbols 280-287: 8 bits from 11000000
+    code(0, 5)  # distance code 0: distance 1
+    code(0, 7)  # end of block (256): 7 zero bits
+    bits += [0] * (-len(bits) % 8)
+    body = bytes(sum(b << i for i, b in enumerate(bits[k : k + 8])) for k in range(0, len(bits), 8))
+    return b"\x78\x01" + body + struct.pack(">I", zlib.adler32(b"a" * 259))
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="libdeflate decodes some streams RFC 1951 rules out and zlib refuses (length "
+    "symbols 286-287, distance codes 30-31, more than 286 or 30 code lengths, a code-length "
+    "code of one codeword) when the checksum matches what it makes of them: crafted streams "
+    "only, no encoder writes them",
+)
+def test_inflate_refuses_reserved_symbols_as_zlib_does() -> None:
+    payload = _fixed_block_with_length_symbol_286()
+    with pytest.raises(zlib.error, match="invalid literal/length code"):
+        zlib.decompress(payload)
+    with pytest.raises(DecompressionError, match="invalid literal/length code"):
+        native.ChainKernel(**ZLIB).decode(payload, 259)
+
+
 @pytest.mark.parametrize("delta", [pytest.param(d, id=f"{d:+d}") for d in (-1, 1, 256, 2**24)])
 def test_blosc_header_compressed_size_must_be_the_payloads(delta: int) -> None:
     # c-blosc 1.x decompresses without the payload's length, trusting the

@@ -26,11 +26,20 @@ import numcodecs
 import numpy as np
 import pytest
 import zarr
-from zarr.codecs import BytesCodec, Crc32cCodec, ShardingCodec, TransposeCodec, ZstdCodec
+from zarr.codecs import (
+    BytesCodec,
+    Crc32cCodec,
+    GzipCodec,
+    ShardingCodec,
+    TransposeCodec,
+    ZstdCodec,
+)
 from zarr.codecs import numcodecs as znc
 from zarr.codecs.scale_offset import ScaleOffset
 from zarr.codecs.vlen_utf8 import VLenBytesCodec, VLenUTF8Codec
 from zarr.core.dtype import VariableLengthBytes
+
+from zarr_fused.errors import CorruptChunkError
 
 from helpers import BATCHED, FUSED, assert_same_values, chunk_items, make_store
 from helpers.filter_data import values_of
@@ -136,6 +145,7 @@ CHAINS: dict[str, dict[str, Any]] = {
     "lz4-crc32c-i2": _v3(list, lambda: [znc.LZ4(), Crc32cCodec()], "<i2", "ints"),
     "zlib-i2": _v3(list, lambda: [znc.Zlib(level=1)], "<i2", "ints"),
     "gzip-f4": _v3(list, lambda: [znc.GZip(level=5)], "<f4", "floats"),
+    "zarr-gzip-u2": _v3(list, lambda: [GzipCodec(level=1)], "<u2", "ints"),
     "scale_offset-f4-zstd": _v3(
         lambda: [ScaleOffset(offset=10, scale=4)], _zstd, "<f4", "small", fill=np.nan
     ),
@@ -210,6 +220,18 @@ CHAINS: dict[str, dict[str, Any]] = {
         "small",
     ),
     "v2-lz4-f8": _v2(None, numcodecs.LZ4, "<f8", "floats"),
+    "v2-zlib-i2": _v2(None, lambda: numcodecs.Zlib(level=1), "<i2", "ints"),
+    "v2-gzip-f8-F": _v2(None, lambda: numcodecs.GZip(level=6), "<f8", "floats", order="F"),
+    "v2-fixedscaleoffset-shuffle-zlib-F": _v2(
+        lambda: [
+            numcodecs.FixedScaleOffset(offset=273.15, scale=100, dtype="<f8", astype="<i2"),
+            numcodecs.Shuffle(elementsize=2),
+        ],
+        lambda: numcodecs.Zlib(level=1),
+        "<f8",
+        "temperatures",
+        order="F",
+    ),
     "v2-vlen-utf8-zstd": _v2(
         lambda: [numcodecs.VLenUTF8()], lambda: numcodecs.Zstd(level=1), "str", "str", fill=""
     ),
@@ -322,3 +344,57 @@ def test_chain_strict_like_zarr(tmp_path: Path, name: str, sharded: bool, store_
     # zarr reads what zarr_fused wrote
     with zarr.config.set(ORACLE):
         assert_same_values(zarr.open_array(store, mode="r")[:], expected)
+
+
+# -- a damaged zlib or gzip chunk ------------------------------------------------
+#
+# libdeflate reads what it decodes whole and hands the rest to zlib, whose
+# error names the chunk (unsharded) or the shard (sharded) that holds it.
+
+#: chain -> the numcodecs codec that writes its streams
+DEFLATE_CHAINS = {
+    "zlib-i2": lambda: numcodecs.Zlib(level=1),
+    "gzip-f4": lambda: numcodecs.GZip(level=5),
+    "zarr-gzip-u2": lambda: numcodecs.GZip(level=1),
+    "v2-zlib-i2": lambda: numcodecs.Zlib(level=1),
+    "v2-gzip-f8-F": lambda: numcodecs.GZip(level=6),
+}
+
+
+def _damage(raw: bytes, how: str, name: str) -> bytes:
+    if how == "truncate":
+        return raw[: len(raw) // 2]
+    if how == "flip":  # the second quarter: stream bytes, before a shard's index
+        out = bytearray(raw)
+        for i in range(len(out) // 4, len(out) // 2):
+            out[i] ^= 0x5A
+        return bytes(out)
+    # a sound stream of one byte more than the chunk holds
+    size = int(np.prod(CHUNKS)) * np.dtype(CHAINS[name]["dtype"]).itemsize + 1
+    return bytes(DEFLATE_CHAINS[name]().encode(bytes(size)))
+
+
+def _deflate_params() -> list[Any]:
+    params = []
+    for name in DEFLATE_CHAINS:
+        shardings = (False, True) if CHAINS[name]["format"] == 3 else (False,)
+        for sharded in shardings:
+            for how in ("flip",) if sharded else ("truncate", "flip", "longer"):
+                label = f"{name}-{'sharded' if sharded else 'unsharded'}-{how}"
+                params.append(pytest.param(name, sharded, how, id=label))
+    return params
+
+
+@pytest.mark.parametrize(("name", "sharded", "how"), _deflate_params())
+def test_damaged_deflate_chunk_names_its_key(
+    tmp_path: Path, name: str, sharded: bool, how: str
+) -> None:
+    case = CHAINS[name]
+    store = make_store("local", tmp_path, "fused")
+    with zarr.config.set(STRICT):
+        _write(store, case, sharded)
+    stored = chunk_items(store)
+    key = min(stored)
+    (tmp_path / "fused" / key).write_bytes(_damage(stored[key], how, name))
+    with zarr.config.set(STRICT), pytest.raises(CorruptChunkError, match=re.escape(key)):
+        zarr.open_array(store, mode="r")[:]

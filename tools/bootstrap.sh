@@ -51,7 +51,8 @@ PY=$(find_python) || {
 # the codec kernels link (header -> Debian package).
 missing=()
 command -v cc >/dev/null 2>&1 || command -v gcc >/dev/null 2>&1 || missing+=(gcc libc6-dev)
-for pair in zstd.h:libzstd-dev zlib.h:zlib1g-dev blosc.h:libblosc-dev lz4.h:liblz4-dev; do
+for pair in zstd.h:libzstd-dev zlib.h:zlib1g-dev libdeflate.h:libdeflate-dev blosc.h:libblosc-dev \
+  lz4.h:liblz4-dev; do
   header=${pair%%:*}
   if ! printf '#include <%s>\n' "$header" | ${CC:-cc} -E -x c - >/dev/null 2>&1; then
     missing+=("${pair##*:}")

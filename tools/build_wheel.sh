@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `make wheel`: the sdist, then a portable binary wheel built from that sdist
-# with libzstd, zlib, c-blosc and lz4 (numcodecs' versions) linked in
+# with libzstd, zlib, c-blosc and lz4 (numcodecs' versions) and libdeflate linked in
 # statically, for glibc 2.17 (manylinux2014) on this machine's architecture,
 # for the Python of $PY. Results in dist/; downloads and builds cached under
 # .cache/wheel/ (gitignored). Needs no root, no system -dev package: the

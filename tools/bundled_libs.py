@@ -1,12 +1,15 @@
 """Build the C libraries a portable wheel links statically: libzstd, zlib,
-c-blosc and lz4, at exactly the versions numcodecs bundles.
+c-blosc and lz4, at exactly the versions numcodecs bundles, and libdeflate.
 
 zarr encodes with the libraries numcodecs vendors; linking the same
 versions makes zarr_fused's stored bytes equal to zarr's at every zstd and
 blosc level. Their sources come from the numcodecs sdist on PyPI (its
 ``c-blosc/`` folder: c-blosc with lz4, zlib and zstd in
-``internal-complibs/``), fetched with pip, checked against a pinned
-sha256 and cached under ``.cache/wheel/`` (never committed).
+``internal-complibs/``). libdeflate, which only reads (zlib and gzip
+streams; zlib writes them), comes from the sdist of ``deflate``, its Python
+binding, which vendors it in ``libdeflate/``: only its decompressors are
+compiled. Each sdist is fetched with pip, checked against a pinned sha256
+and cached under ``.cache/wheel/`` (never committed).
 
 Each library is compiled position-independent, without CPU-specific flags
 (c-blosc's SSE2 and AVX2 shuffles are compiled as separate files and
@@ -38,21 +41,42 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = ROOT / ".cache" / "wheel"
 
-#: the sdist the sources come from, and its sha256 (PyPI's)
-SDIST = ("numcodecs", "0.17.1", "5069dc01b0087c6135cbb3b043707aaf927c992fcd325248d15d907c51dd3747")
-#: the versions inside it, checked after the build (numcodecs 0.17.1 reports these)
-VERSIONS = {"c-blosc": "1.21.7.dev", "zstd": "1.5.6", "lz4": "1.10.0", "zlib": "1.3.1"}
+#: the sdists the sources come from: version, sha256 (PyPI's) and the
+#: folder of C sources inside
+SDISTS = {
+    "numcodecs": (
+        "0.17.1",
+        "5069dc01b0087c6135cbb3b043707aaf927c992fcd325248d15d907c51dd3747",
+        "c-blosc",
+    ),
+    "deflate": (
+        "0.9.0",
+        "962e0a6f1ea3a94b900a8ea0ce138fa92bfcbafda5b86367104a259ffcd3462b",
+        "libdeflate",
+    ),
+}
+#: the versions inside them (numcodecs 0.17.1 reports the first four;
+#: deflate 0.9.0's libdeflate.h says 1.26)
+VERSIONS = {
+    "c-blosc": "1.21.7.dev",
+    "zstd": "1.5.6",
+    "lz4": "1.10.0",
+    "zlib": "1.3.1",
+    "libdeflate": "1.26",
+}
 
 BASE_FLAGS = ["-O3", "-DNDEBUG", "-fPIC", "-std=gnu11", "-pthread"]
 
 
 @dataclass
 class Library:
-    """One static archive: its sources (relative to ``c-blosc/``), include
-    folders, defines, extra flags per source, and the headers it installs."""
+    """One static archive: its sources (relative to the source folder of
+    the sdist ``sdist``), include folders, defines, extra flags per source,
+    and the headers it installs."""
 
     archive: str
     sources: list[str]
+    sdist: str = "numcodecs"
     includes: list[str] = field(default_factory=list)
     defines: list[str] = field(default_factory=list)
     per_file: dict[str, list[str]] = field(default_factory=dict)
@@ -64,7 +88,8 @@ def _x86_64(target: str) -> bool:
 
 
 def libraries(src: Path, target: str) -> list[Library]:
-    """What to compile for ``target`` (an architecture-os-abi triple)."""
+    """What to compile for ``target`` (an architecture-os-abi triple);
+    ``src`` is numcodecs' source folder."""
     zstd = f"internal-complibs/zstd-{VERSIONS['zstd']}"
     lz4 = f"internal-complibs/lz4-{VERSIONS['lz4']}"
     zlib = f"internal-complibs/zlib-{VERSIONS['zlib']}"
@@ -138,6 +163,27 @@ def libraries(src: Path, target: str) -> list[Library]:
             per_file=per_file,
             headers=["blosc/blosc.h", "blosc/blosc-export.h"],
         ),
+        # the decompressors alone; libdeflate picks its x86 and arm kernels
+        # at run time (no CPU flags needed)
+        Library(
+            "libdeflate.a",
+            [
+                f"lib/{n}.c"
+                for n in [
+                    "utils",
+                    "x86/cpu_features",
+                    "arm/cpu_features",
+                    "deflate_decompress",
+                    "adler32",
+                    "zlib_decompress",
+                    "crc32",
+                    "gzip_decompress",
+                ]
+            ],
+            sdist="deflate",
+            includes=["."],
+            headers=["libdeflate.h"],
+        ),
     ]
 
 
@@ -145,10 +191,10 @@ def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def fetch_sources() -> Path:
-    """The ``c-blosc/`` folder of the pinned numcodecs sdist (fetched with
-    pip once, verified, unpacked under the cache)."""
-    name, version, sha = SDIST
+def fetch_sources(name: str) -> Path:
+    """The source folder of the pinned sdist ``name`` (fetched with pip
+    once, verified, unpacked under the cache)."""
+    version, sha, folder = SDISTS[name]
     downloads = CACHE / "downloads"
     archive = downloads / f"{name}-{version}.tar.gz"
     if not archive.is_file() or _sha256(archive) != sha:
@@ -164,12 +210,12 @@ def fetch_sources() -> Path:
     if got != sha:
         sys.exit(f"bundled_libs: {archive} has sha256 {got}, expected {sha}")
     unpacked = CACHE / "src" / f"{name}-{version}"
-    if not (unpacked / "c-blosc").is_dir():
+    if not (unpacked / folder).is_dir():
         unpacked.parent.mkdir(parents=True, exist_ok=True)
         with tarfile.open(archive) as tar:
-            members = [m for m in tar.getmembers() if "/c-blosc/" in m.name]
+            members = [m for m in tar.getmembers() if f"/{folder}/" in m.name]
             tar.extractall(unpacked.parent, members=members, filter="data")
-    return unpacked / "c-blosc"
+    return unpacked / folder
 
 
 def _compile(cc: list[str], src: Path, lib: Library, source: str, *, objdir: Path) -> Path:
@@ -180,12 +226,16 @@ def _compile(cc: list[str], src: Path, lib: Library, source: str, *, objdir: Pat
     return obj
 
 
-def build(src: Path, prefix: Path, cc: list[str], ar: list[str], target: str, jobs: int) -> None:
-    """Compile every library of ``target`` into ``prefix``."""
+def build(
+    srcs: dict[str, Path], prefix: Path, cc: list[str], ar: list[str], target: str, jobs: int
+) -> None:
+    """Compile every library of ``target`` into ``prefix``; ``srcs`` maps
+    each sdist to its source folder."""
     objroot = prefix / "obj"
     for d in (prefix / "lib", prefix / "include", objroot):
         d.mkdir(parents=True, exist_ok=True)
-    for lib in libraries(src, target):
+    for lib in libraries(srcs["numcodecs"], target):
+        src = srcs[lib.sdist]
         objdir = objroot / lib.archive
         objdir.mkdir(exist_ok=True)
         with ThreadPoolExecutor(jobs) as pool:
@@ -223,8 +273,8 @@ def main() -> None:
     if stamp.is_file() and stamp.read_text() == _stamp(args.target):
         print(f"bundled_libs: {prefix} is up to date")
         return
-    src = fetch_sources()
-    build(src, prefix, shlex.split(args.cc), shlex.split(args.ar), args.target, args.jobs)
+    srcs = {name: fetch_sources(name) for name in SDISTS}
+    build(srcs, prefix, shlex.split(args.cc), shlex.split(args.ar), args.target, args.jobs)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 ``make wheel-test``): it runs against the installed package, not a checkout.
 
 * ``zarr-fused info`` reports statically bundled libraries at numcodecs'
-  versions;
+  versions, and libdeflate at the version bundled_libs builds;
 * sharded zstd, blosc, gzip and crc32c arrays written through zarr_fused
   in strict mode (no fallback to zarr's code) read back with the values
   zarr's own pipeline reads, on a LocalStore and a MemoryStore;
@@ -48,6 +48,7 @@ def check_info() -> None:
         "linkage: bundled",
         f"zstd: {numcodecs.zstd.__version__}",
         f"blosc: {numcodecs.blosc.VERSION_STRING}",
+        "libdeflate: 1.26",  # tools/bundled_libs.py's, from the deflate sdist
     ]
     missing = [w for w in wanted if w not in out]
     assert not missing, f"zarr-fused info lacks {missing}:\n{out}"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `make wheel-test`: install the portable wheel from dist/ (`make wheel`) into
 # a fresh venv inside a minimal Debian root (debootstrap minbase: no
-# compiler, no -dev package, no system libzstd or libblosc) and run
+# compiler, no -dev package, no system libzstd, libdeflate or libblosc) and run
 # tools/wheel_smoke.py there: `zarr-fused info` reports the bundled
 # libraries, sharded zstd/blosc/gzip/crc32c arrays written in strict mode
 # read back with zarr's values, stored bytes equal zarr's at every zstd and
@@ -35,7 +35,7 @@ if [ ! -x "$ROOTFS/usr/bin/python3" ]; then
 fi
 
 # what the root must not have: a C compiler, compression -dev packages, a
-# system c-blosc (libzstd1 and zlib1g stay: dpkg and python3 need them; the
+# system c-blosc or libdeflate (libzstd1 and zlib1g stay: dpkg and python3 need them; the
 # wheel's extensions must not load them, checked with ldd below)
 for tool in cc gcc clang; do
     if chroot "$ROOTFS" sh -c "command -v $tool" >/dev/null; then
@@ -44,7 +44,8 @@ for tool in cc gcc clang; do
     fi
 done
 present=$(chroot "$ROOTFS" dpkg-query -W -f '${Package}\n' \
-    | grep -E '^(libzstd-dev|zlib1g-dev|libblosc-dev|libblosc1|liblz4-dev)$' || true)
+    | grep -E '^(libzstd-dev|zlib1g-dev|libblosc-dev|libblosc1|liblz4-dev|libdeflate-dev|libdeflate0)$' \
+    || true)
 if [ -n "$present" ]; then
     echo "wheel-test: the root has $present" >&2
     exit 1
@@ -66,7 +67,7 @@ in_root python3 -m venv /tmp/zf/venv
 in_root /tmp/zf/venv/bin/pip install --quiet --disable-pip-version-check \
     "/tmp/zf/$(basename "$wheel")"
 linked=$(chroot "$ROOTFS" sh -c 'ldd /tmp/zf/venv/lib/python3*/site-packages/zarr_fused/*.so' \
-    | grep -E 'libzstd|libblosc|liblz4|libz\.so' || true)
+    | grep -E 'libzstd|libblosc|liblz4|libdeflate|libz\.so' || true)
 if [ -n "$linked" ]; then
     echo "wheel-test: the extensions load system libraries: $linked" >&2
     exit 1

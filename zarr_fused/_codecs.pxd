@@ -5,6 +5,7 @@
 
 from libc.stdint cimport uint8_t
 
+from zarr_fused cimport _deflate as ld
 from zarr_fused cimport _zlib as zl
 from zarr_fused._phase_times cimport PhaseTimes
 from zarr_fused cimport _zstd as zs
@@ -82,6 +83,7 @@ cdef class Workspace:
     cdef zs.ZSTD_CCtx* cctx
     cdef zl.z_stream inflater
     cdef bint inflater_ready
+    cdef ld.libdeflate_decompressor* fast_inflater
     cdef zl.z_stream deflater
     cdef int deflater_level
     cdef int deflater_wbits

@@ -4,10 +4,10 @@
 A `ChainKernel` runs one chain ``[transpose] -> bytes -> [shuffle] ->
 [compressor] -> [crc32c]`` (crc32c may also sit inside the compressor, when
 nothing shuffles) over one chunk, a `DecodeTask` or an `EncodeTask`. The
-compressor is zstd (libzstd), gzip or zlib (zlib), blosc (c-blosc) or lz4
-(liblz4, in numcodecs' framing), linked from the system, or in a portable
-wheel built from source into the extension (``linkage`` in
-`library_versions`). The shuffle is numcodecs' byte shuffle
+compressor is zstd (libzstd), gzip or zlib (zlib; read with libdeflate),
+blosc (c-blosc) or lz4 (liblz4, in numcodecs' framing), linked from the
+system, or in a portable wheel built from source into the extension
+(``linkage`` in `library_versions`). The shuffle is numcodecs' byte shuffle
 (``numcodecs.shuffle``, format 2's ``Shuffle`` filter).
 
 Decoding undoes the bytes->bytes codecs into a buffer of exactly the size
@@ -38,6 +38,7 @@ import numpy as np
 
 from zarr_fused._le32 cimport load_le32, store_le32
 from zarr_fused cimport _blosc as bl
+from zarr_fused cimport _deflate as ld
 from zarr_fused cimport _lz4 as lz
 from zarr_fused._crc32c cimport zf_crc32c, zf_crc32c_init, zf_crc32c_name, zf_crc32c_with
 from zarr_fused._localio cimport FILE_ERROR, FILE_MISSING, read_file, write_file_atomic
@@ -102,13 +103,15 @@ def library_versions():
     against; a complib it links dynamically, such as zstd on Debian, runs
     at the version the system has). ``linkage`` is ``"system"`` for the
     system's shared libraries, ``"bundled"`` for static libraries built into
-    the extension (a portable wheel).
+    the extension (a portable wheel). ``libdeflate`` is the version of the
+    header the build saw (libdeflate has no call that reports its own).
     """
     compressors = bl.blosc_list_compressors().decode().split(",")
     return {
         "linkage": "bundled" if ZF_BUNDLED_LIBS else "system",
         "zstd": zs.ZSTD_versionString().decode(),
         "zlib": zl.zlibVersion().decode(),
+        "libdeflate": ld.LIBDEFLATE_VERSION_STRING.decode(),
         "blosc": bl.blosc_get_version_string().decode(),
         "lz4": lz.LZ4_versionString().decode(),
         "blosc_compressors": compressors,
@@ -172,6 +175,7 @@ cdef class Workspace:
         self.dctx = NULL
         self.cctx = NULL
         self.inflater_ready = False
+        self.fast_inflater = NULL
         self.deflater_ready = False
         self.deflater_level = -100
         self.deflater_wbits = 0
@@ -189,6 +193,8 @@ cdef class Workspace:
             zs.ZSTD_freeCCtx(self.cctx)
         if self.inflater_ready:
             zl.inflateEnd(&self.inflater)
+        if self.fast_inflater != NULL:
+            ld.libdeflate_free_decompressor(self.fast_inflater)
         if self.deflater_ready:
             zl.deflateEnd(&self.deflater)
         free(self.scratch)
@@ -323,18 +329,93 @@ cdef inline void _z_buffers(zl.z_stream* z, const uint8_t* src, Py_ssize_t n, ui
 
 
 # gzip streams (RFC 1952) and, with ``zlib_format``, zlib streams (RFC 1950:
-# numcodecs' Zlib, Python's zlib.compress). Both take the thread's one
-# inflater; inflateReset2 switches its format and keeps its window.
+# numcodecs' Zlib, Python's zlib.compress). libdeflate, much faster than
+# zlib's inflate, reads a stream it decodes whole; anything else goes to
+# zlib, which decides how the read fails, so errors stay zlib's.
 cdef Py_ssize_t _gzip_decompress(Workspace ws, const uint8_t* src, Py_ssize_t n,
                                  uint8_t* dst, Py_ssize_t cap, Status* st,
                                  bint zlib_format) noexcept nogil:
-    cdef int rc
-    cdef zl.z_stream* z = &ws.inflater
-    cdef int wbits = zl.MAX_WBITS if zlib_format else 16 + zl.MAX_WBITS
+    cdef Py_ssize_t produced
     if n > UINT_MAX or cap > UINT_MAX:
         st.code = ZF_ERR_TOO_LARGE
         st.msg = "gzip (over 4 GiB)"
         return -1
+    produced = _fast_inflate(ws, src, n, dst, cap, zlib_format)
+    if produced >= 0:
+        return produced
+    return _zlib_inflate(ws, src, n, dst, cap, st, zlib_format)
+
+
+cdef enum:
+    GZIP_FLAG_OFFSET = 3
+    GZIP_FHCRC = 0x02
+
+
+# What zlib's loop below does, for the streams libdeflate decodes: bytes
+# after a zlib stream ignored; gzip members back to back, zero padding after
+# each. -1 hands the stream to zlib: libdeflate failed (corrupt, truncated,
+# more than ``cap`` bytes, or no memory for its decompressor), or a gzip
+# header has a header crc, which zlib checks and libdeflate skips.
+cdef Py_ssize_t _fast_inflate(Workspace ws, const uint8_t* src, Py_ssize_t n,
+                              uint8_t* dst, Py_ssize_t cap, bint zlib_format) noexcept nogil:
+    cdef size_t used = 0
+    cdef size_t made = 0
+    cdef Py_ssize_t pos = 0
+    cdef Py_ssize_t produced = 0
+    cdef ld.libdeflate_result r
+    if ws.fast_inflater == NULL:
+        ws.fast_inflater = ld.libdeflate_alloc_decompressor()
+        if ws.fast_inflater == NULL:
+            return -1
+    if zlib_format:
+        r = ld.libdeflate_zlib_decompress_ex(ws.fast_inflater, src, <size_t>n, dst, <size_t>cap,
+                                             &used, &made)
+        return <Py_ssize_t>made if r == ld.LIBDEFLATE_SUCCESS else -1
+    while True:
+        if n - pos <= GZIP_FLAG_OFFSET or src[pos + GZIP_FLAG_OFFSET] & GZIP_FHCRC:
+            return -1
+        r = ld.libdeflate_gzip_decompress_ex(ws.fast_inflater, src + pos, <size_t>(n - pos),
+                                             dst + produced, <size_t>(cap - produced),
+                                             &used, &made)
+        if r != ld.LIBDEFLATE_SUCCESS:
+            return -1
+        pos += <Py_ssize_t>used
+        produced += <Py_ssize_t>made
+        while pos < n and src[pos] == 0:
+            pos += 1
+        if pos == n:
+            return produced
+
+
+def fast_inflate(data, Py_ssize_t nbytes, *, bint zlib_format):
+    """libdeflate's read of a gzip (or, ``zlib_format``, zlib) stream into
+    at most ``nbytes`` bytes, as the kernels take it: the bytes, or None
+    where zlib's inflate decides instead (for tests; decoding runs both)."""
+    cdef const uint8_t[::1] view = memoryview(data).cast("B")
+    cdef Py_ssize_t n = view.shape[0]
+    cdef const uint8_t* src = &view[0] if n else NULL
+    cdef Workspace ws = workspace()
+    cdef uint8_t[::1] out
+    cdef uint8_t* dst
+    cdef Py_ssize_t produced
+    if nbytes < 0 or nbytes > UINT_MAX or n > UINT_MAX:
+        raise ValueError("the stream and nbytes must be under 4 GiB")
+    out = np.empty(max(nbytes, 1), dtype=np.uint8)
+    dst = &out[0]
+    with nogil:
+        produced = _fast_inflate(ws, src, n, dst, nbytes, zlib_format)
+    return None if produced < 0 else bytes(out[:produced])
+
+
+# zlib's inflate, which decides every stream libdeflate does not decode.
+# Both formats take the thread's one inflater; inflateReset2 switches its
+# format and keeps its window.
+cdef Py_ssize_t _zlib_inflate(Workspace ws, const uint8_t* src, Py_ssize_t n,
+                              uint8_t* dst, Py_ssize_t cap, Status* st,
+                              bint zlib_format) noexcept nogil:
+    cdef int rc
+    cdef zl.z_stream* z = &ws.inflater
+    cdef int wbits = zl.MAX_WBITS if zlib_format else 16 + zl.MAX_WBITS
     if not ws.inflater_ready:
         memset(z, 0, sizeof(zl.z_stream))
         if zl.inflateInit2(z, wbits) != zl.Z_OK:
