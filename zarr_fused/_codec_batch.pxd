@@ -77,6 +77,7 @@ cdef class DecodeBatch(TaskBatch):
     cdef object _add(self, payload, bytes path, ChunkLayout layout, chunk_selection,
                      cnp.ndarray out, out_selection, tuple drop_axes, key)
     cdef object finish_refused(self, Py_ssize_t start, Py_ssize_t stop)
+    cdef bytes refused_payload(self, DecodeTask* t)
 
 cdef class EncodeBatch(TaskBatch):
     cdef EncodeTask* tasks

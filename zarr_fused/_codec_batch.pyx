@@ -53,7 +53,7 @@ from zarr_fused._codecs cimport (
 )
 from zarr_fused._filters cimport FILTER_OK, FilterChain
 from zarr_fused._phase_times cimport PhaseTimes, now_ns
-from zarr_fused._localio cimport FILE_ERROR, write_file_atomic
+from zarr_fused._localio cimport FILE_ERROR, FILE_MISSING, read_file, write_file_atomic
 from zarr_fused._scatter cimport (
     ZF_MAX_DIMS,
     copy_strided,
@@ -736,8 +736,6 @@ cdef class DecodeBatch(TaskBatch):
         reported by `run`."""
         if self.fill is None:
             raise ValueError("set_fill() first")
-        if self.filters is not None:
-            raise ValueError("a batch with filters decodes payloads in memory only")
         return self._add(None, path, layout, chunk_selection, out, out_selection, drop_axes, key)
 
     cdef object _add(self, payload, bytes path, ChunkLayout layout, chunk_selection,
@@ -854,8 +852,7 @@ cdef class DecodeBatch(TaskBatch):
                 raise ValueError(
                     f"{where}: the filters refused the chunk's values and the batch has no "
                     "refuse hook")
-            payload = np.frombuffer(
-                (<const char*>t.src)[:t.src_len] if t.src_len else b"", dtype=np.uint8)
+            payload = np.frombuffer(self.refused_payload(t), dtype=np.uint8)
             values = np.ascontiguousarray(self.refuse(payload, where)).view(np.uint8).reshape(-1)
             # the hook's bytes are checked before the copy reads them
             if values.shape[0] != t.nbytes:
@@ -866,23 +863,44 @@ cdef class DecodeBatch(TaskBatch):
                          t.dst, t.dst_strides, t.shape, t.ndim, self.itemsize, 0)
         return None
 
+    cdef bytes refused_payload(self, DecodeTask* t):
+        """The stored bytes of a refused task: its payload, or its file read
+        again (the run kept only its decoded values)."""
+        if t.path != NULL:
+            with open(<bytes>t.path, "rb") as file:
+                return file.read()
+        return (<const char*>t.src)[:t.src_len] if t.src_len else b""
+
     cdef Py_ssize_t task_nbytes(self, Py_ssize_t i) noexcept nogil:
         return 0 if self.tasks[i].missing else self.tasks[i].nbytes
 
     cdef int run_filtered(self, Workspace ws, Py_ssize_t i, const char* fill, uint8_t* a,
                           uint8_t* b) noexcept nogil:
-        """Task ``i`` with filters: decompress (and check), byte-swap into
-        ``a``, undo the filters, scatter the selected values."""
+        """Task ``i`` with filters: read its file (a file task), decompress
+        (and check), byte-swap into ``a``, undo the filters, scatter the
+        selected values."""
         cdef DecodeTask* t = &self.tasks[i]
         cdef Py_ssize_t ki = self.kernel.itemsize
         cdef Py_ssize_t count
+        cdef Py_ssize_t src_len = t.src_len
+        cdef const uint8_t* src = t.src
         cdef const uint8_t* data
         cdef const void* values
-        if t.missing:
+        cdef int rc, err = 0
+        if t.path != NULL and not t.missing:
+            rc = read_file(t.path, &ws.io_buf, &ws.io_cap, &src_len, &err)
+            if rc == FILE_MISSING:
+                t.was_missing = True
+            elif rc == FILE_ERROR:
+                t.status.code = ZF_ERR_IO
+                t.status.a = err
+                return -1
+            src = ws.io_buf
+        if t.missing or t.was_missing:
             fill_strided(t.dst, t.dst_strides, t.shape, t.ndim, fill, self.itemsize)
             return 0
         count = t.nbytes // self.itemsize
-        if self.kernel.decode_payload(ws, t.src, t.src_len, count * ki, NULL, &data,
+        if self.kernel.decode_payload(ws, src, src_len, count * ki, NULL, &data,
                                       &t.status) < 0:
             return -1
         if count == 0:

@@ -29,7 +29,6 @@ try:
 except ImportError:  # not Unix
     resource = None  # type: ignore[assignment]
 
-import numpy as np
 from zarr.storage import StorePath
 
 from zarr_fused._batch import ReadRequest, ReadTarget
@@ -156,9 +155,8 @@ class _FilteredRead:
     retakes the GIL around every step of every chunk (file read, tail
     decode, filter, scatter), and a cheap chunk's steps are short: two
     threads then take turns more than they overlap. Here a group's files
-    are read, then decompressed, filtered and scattered into ``out`` in
-    one nogil call, as the shard engine runs inner chunks. The batches
-    decode payloads in memory only, so the files are read in Python."""
+    are read, decompressed, filtered and scattered into ``out`` in one
+    nogil call, as `NativeChunkReader` reads a native chain's files."""
 
     def __init__(
         self,
@@ -177,25 +175,22 @@ class _FilteredRead:
         dst, drop_axes, statuses = target.dst, target.drop_axes, target.statuses
         group = chain.kernel_batch(len(indices), target.ndim)
         group.set_fill(target.pattern)
-        general: list[tuple[int, bytes | None]] = []
+        queued: list[int] = []
+        general: list[int] = []
         for i in indices:
             getter, spec, chunk_selection, out_selection, _ = self.batch[i]
+            path = self.prefix + os.fsencode(getter.path)
+            layout = chain.layout(spec.shape)
+            if group.add_file(path, layout, chunk_selection, dst, out_selection, drop_axes, getter):
+                statuses[i] = PRESENT
+                queued.append(i)
+            else:
+                general.append(i)
+        for position in group.run():  # the files that were missing
+            statuses[queued[position]] = MISSING
+        for i in general:
+            getter, spec, _, out_selection, _ = self.batch[i]
             data = _read_bytes(self.prefix + os.fsencode(getter.path))
-            if data is None:
-                queued = group.add_missing(dst, out_selection, getter)
-            else:
-                payload = np.frombuffer(data, dtype=np.uint8)
-                layout = chain.layout(spec.shape)
-                queued = group.add(
-                    payload, layout, chunk_selection, dst, out_selection, drop_axes, getter
-                )
-            if queued:
-                statuses[i] = MISSING if data is None else PRESENT
-            else:
-                general.append((i, data))
-        group.run()
-        for i, data in general:
-            _, spec, _, out_selection, _ = self.batch[i]
             if data is None:
                 fill_missing(target.out, out_selection, spec)
             else:
