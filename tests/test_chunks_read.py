@@ -272,3 +272,65 @@ def test_native_filters_in_groups_hand_a_refused_file_to_zarr(
         assert_same_values(arr[:], expected)
         assert_same_values(arr[5:30:3], expected[5:30:3])
     assert refused == [(root / "a" / "c" / "2").read_bytes()] * 2
+
+
+ROW_FILTERS = {
+    "scale_offset-i8-negate": (
+        "<i8",
+        lambda: [zarr.codecs.scale_offset.ScaleOffset(offset=1000, scale=-1)],
+    ),
+    "fixedscaleoffset-f8-i2": (
+        "<f8",
+        lambda: [
+            zarr.codecs.numcodecs.FixedScaleOffset(offset=280, scale=100, dtype="<f8", astype="<i2")
+        ],
+    ),
+}
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, id=n) for n in ROW_FILTERS])
+@pytest.mark.parametrize("sharded", [False, True], ids=["unsharded", "sharded"])
+@pytest.mark.parametrize(
+    "selection",
+    [
+        pytest.param((slice(None), slice(None)), id="all"),
+        pytest.param((slice(3, 17), slice(5, 140)), id="part"),
+        pytest.param((slice(None, None, 3), slice(10, None)), id="step"),
+    ],
+)
+def test_elementwise_filters_write_rows_in_place_as_zarr(
+    tmp_path: Path, name: str, sharded: bool, selection: tuple[slice, ...]
+) -> None:
+    """Chunk rows of 64 eight-byte values (the filter writes them straight
+    into the output), edge chunks on both axes: values as zarr reads them."""
+    dtype, filters = ROW_FILTERS[name]
+    rng = np.random.default_rng(21)
+    data = (280 + rng.standard_normal((20, 150))).astype(dtype)
+    chunks = (8, 64)
+    with with_pipeline(BATCHED):
+        if sharded:
+            arr = zarr.create_array(
+                LocalStore(tmp_path / "a"),
+                shape=data.shape,
+                chunks=(16, 128),
+                dtype=dtype,
+                serializer=zarr.codecs.ShardingCodec(
+                    chunk_shape=chunks,
+                    codecs=[*filters(), zarr.codecs.BytesCodec(), zarr.codecs.ZstdCodec()],
+                ),
+                compressors=None,
+            )
+        else:
+            arr = zarr.create_array(
+                LocalStore(tmp_path / "a"),
+                shape=data.shape,
+                chunks=chunks,
+                dtype=dtype,
+                filters=filters(),
+                compressors=zarr.codecs.ZstdCodec(),
+            )
+        arr[:] = data
+        expected = zarr.open_array(LocalStore(tmp_path / "a"), mode="r")[selection]
+    with with_pipeline(FUSED):
+        got = zarr.open_array(LocalStore(tmp_path / "a"), mode="r")[selection]
+    assert_same_values(got, expected)

@@ -660,6 +660,66 @@ cdef class TaskBatch:
         return stop
 
 
+# An elementwise filter writes a task's rows straight into the output
+# instead of into a scratch that is then scattered: one pass over the
+# chunk's values fewer. Rows shorter than this go the scratch way, where
+# one copy call moves them all (a call per short row costs more).
+cdef enum:
+    MIN_FILTERED_ROW = 256
+
+
+cdef bint _rows_in_place(const DecodeTask* t, Py_ssize_t itemsize,
+                         FilterChain filters) noexcept nogil:
+    """Whether `_filter_rows` takes task ``t``: the filters have one
+    elementwise step, the last axis is contiguous on both sides with rows
+    of at least `MIN_FILTERED_ROW` bytes, and the output is item-aligned."""
+    cdef int k, last = t.ndim - 1
+    if filters.elementwise_step < 0 or last < 0:
+        return False
+    if t.src_strides[last] != itemsize or t.dst_strides[last] != itemsize:
+        return False
+    if t.shape[last] * itemsize < MIN_FILTERED_ROW or <uintptr_t>t.dst % <uintptr_t>itemsize:
+        return False
+    for k in range(last):
+        if t.src_strides[k] % itemsize or t.dst_strides[k] % itemsize:
+            return False
+    return True
+
+
+cdef int _filter_rows(FilterChain filters, const uint8_t* data, const DecodeTask* t,
+                      Py_ssize_t itemsize) noexcept nogil:
+    """Decode task ``t``'s selected rows of encoded items at ``data`` into
+    its region of the output (`_rows_in_place` said yes); the encoded items
+    sit where the values would, scaled by the item sizes. `FILTER_OK`, or
+    what the step said of the first row it refused."""
+    cdef Py_ssize_t idx[ZF_MAX_DIMS]
+    cdef Py_ssize_t row = t.shape[t.ndim - 1], src = t.src_offset
+    cdef Py_ssize_t encoded = filters.encoded_itemsize
+    cdef char* dst = t.dst
+    cdef int k, rc
+    for k in range(t.ndim):
+        if t.shape[k] == 0:
+            return FILTER_OK
+        idx[k] = 0
+    while True:
+        rc = filters.decode_elementwise(data + src // itemsize * encoded, dst, row)
+        if rc != FILTER_OK:
+            return rc
+        k = t.ndim - 2
+        while k >= 0:
+            idx[k] += 1
+            src += t.src_strides[k]
+            dst += t.dst_strides[k]
+            if idx[k] < t.shape[k]:
+                break
+            src -= t.shape[k] * t.src_strides[k]
+            dst -= t.shape[k] * t.dst_strides[k]
+            idx[k] = 0
+            k -= 1
+        if k < 0:
+            return FILTER_OK
+
+
 cdef class DecodeBatch(TaskBatch):
     """The decode work of a group of chunks, as C tasks, run in one nogil call.
 
@@ -913,6 +973,10 @@ cdef class DecodeBatch(TaskBatch):
             # an uncompressed payload at an odd offset of its shard
             memcpy(a, data, <size_t>(count * ki))
             data = a
+        if _rows_in_place(t, self.itemsize, self.filters):
+            if _filter_rows(self.filters, data, t, self.itemsize) != FILTER_OK:
+                self.refused[i] = 1  # zarr's code decodes it, or raises, after the run
+            return 0
         if not self.filters.may_refuse:
             values = self.filters.decode(data, a, b, count)
         elif self.filters.decode_checked(data, a, b, count, &values) != FILTER_OK:

@@ -32,6 +32,7 @@ class FilterChain:
     encoded_itemsize: int
     max_itemsize: int
     may_refuse: bool
+    elementwise_step: int
     def __init__(self, steps: Sequence[tuple[Any, ...]], *, refusing: bool = False) -> None: ...
 
 def scale_offset(
