@@ -14,6 +14,7 @@ import zarr
 from zarr.storage import LocalStore
 
 import zarr_fused
+from zarr_fused._hybrid import FilteredChain
 from zarr_fused.chunks import read as chunk_read
 from zarr_fused.chunks.pipelined import PipelinedChunkReader
 from zarr_fused.io.probe import FAST_FILE, PROBE_INTERVAL, PROBE_READS, per_file_latency
@@ -146,6 +147,26 @@ def test_grouped_kernels_read_local_files_themselves(
     assert not (delta_chunked / "c" / "1" / "1").exists()
 
 
+def test_chunk_reader_reads_local_files_itself(
+    delta_chunked: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An output the batch kernels cannot write into: each chunk file is
+    read here, then decoded through the chain."""
+    files: list[bytes] = []
+    read_bytes = chunk_read._read_bytes
+
+    def spy(path: bytes) -> bytes | None:
+        files.append(path)
+        return read_bytes(path)
+
+    monkeypatch.setattr(chunk_read, "_read_bytes", spy)
+    monkeypatch.setattr(chunk_read.ReadTarget, "native", staticmethod(lambda *_: None))
+    expected, got = _reads(delta_chunked)
+    assert_same_values(got, expected)
+    assert len(files) == 16  # the missing chunk's file asked for too
+    assert not (delta_chunked / "c" / "1" / "1").exists()
+
+
 def test_chunk_reader_treats_a_directory_at_a_chunk_key_as_missing(delta_chunked: Path) -> None:
     # LocalStore.get_sync returns None for it; so do we (fill value)
     (delta_chunked / "c" / "1" / "1").mkdir(parents=True)
@@ -185,6 +206,8 @@ def test_native_filters_read_local_files_in_groups(
 
     monkeypatch.setattr(chunk_read._FilteredRead, "read_group", spy)
     monkeypatch.setattr(chunk_read.ChunkReader, "_decode_into", per_chunk)
+    # the kernels read the files, the missing one included
+    monkeypatch.setattr(chunk_read, "_read_bytes", per_chunk)
     expected, got = _reads(delta_chunked)
     assert_same_values(got, expected)
     assert sorted(i for g in groups for i in g) == list(range(16))
@@ -219,3 +242,109 @@ def test_native_filters_in_groups_name_a_cut_chunk(delta_chunked: Path) -> None:
     chunk.write_bytes(chunk.read_bytes()[:-5])
     with with_pipeline(FUSED), pytest.raises(Exception, match="c/2/3"):
         zarr.open_array(LocalStore(delta_chunked), mode="r")[:]
+
+
+# numcodecs' astype warns of the values int32 cannot hold, under both pipelines
+@pytest.mark.filterwarnings("ignore:invalid value encountered in cast:RuntimeWarning")
+def test_native_filters_in_groups_hand_a_refused_file_to_zarr(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stored float astype cannot turn into int32 (written by another
+    array): the kernels read the file and refuse the chunk, zarr's code
+    decodes the file's bytes, read again, as zarr reads them."""
+    refused: list[bytes] = []
+    decode_refused = FilteredChain.decode_refused
+
+    def spy(self: FilteredChain, payload: np.ndarray, where: str) -> np.ndarray:
+        refused.append(payload.tobytes())
+        return decode_refused(self, payload, where)
+
+    monkeypatch.setattr(FilteredChain, "decode_refused", spy)
+    root = tmp_path / "s"
+    with with_pipeline(BATCHED):
+        zarr.create_array(
+            LocalStore(root / "a"),
+            shape=(32,),
+            chunks=(8,),
+            dtype="<i4",
+            filters=[zarr.codecs.numcodecs.AsType(encode_dtype="<f8", decode_dtype="<i4")],
+            compressors=zarr.codecs.ZstdCodec(level=1),
+        )[:] = np.arange(32, dtype="<i4")
+        zarr.create_array(
+            LocalStore(root / "b"),
+            shape=(32,),
+            chunks=(8,),
+            dtype="<f8",
+            compressors=zarr.codecs.ZstdCodec(level=1),
+        )[:] = np.linspace(-1e10, 1e10, 32)
+    (root / "a" / "c" / "2").write_bytes((root / "b" / "c" / "2").read_bytes())
+    with with_pipeline(BATCHED):
+        expected = zarr.open_array(LocalStore(root / "a"), mode="r")[:]
+    with with_pipeline(FUSED):
+        arr = zarr.open_array(LocalStore(root / "a"), mode="r")
+        assert arr._async_array.codec_pipeline.plan.reader.grouped is not None
+        assert_same_values(arr[:], expected)
+        assert_same_values(arr[5:30:3], expected[5:30:3])
+    assert refused == [(root / "a" / "c" / "2").read_bytes()] * 2
+
+
+ROW_FILTERS = {
+    "scale_offset-i8-negate": (
+        "<i8",
+        lambda: [zarr.codecs.scale_offset.ScaleOffset(offset=1000, scale=-1)],
+    ),
+    "fixedscaleoffset-f8-i2": (
+        "<f8",
+        lambda: [
+            zarr.codecs.numcodecs.FixedScaleOffset(offset=280, scale=100, dtype="<f8", astype="<i2")
+        ],
+    ),
+}
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, id=n) for n in ROW_FILTERS])
+@pytest.mark.parametrize("sharded", [False, True], ids=["unsharded", "sharded"])
+@pytest.mark.parametrize(
+    "selection",
+    [
+        pytest.param((slice(None), slice(None)), id="all"),
+        pytest.param((slice(3, 17), slice(5, 140)), id="part"),
+        pytest.param((slice(None, None, 3), slice(10, None)), id="step"),
+    ],
+)
+def test_elementwise_filters_write_rows_in_place_as_zarr(
+    tmp_path: Path, name: str, sharded: bool, selection: tuple[slice, ...]
+) -> None:
+    """Chunk rows of 64 eight-byte values (the filter writes them straight
+    into the output), edge chunks on both axes: values as zarr reads them."""
+    dtype, filters = ROW_FILTERS[name]
+    rng = np.random.default_rng(21)
+    data = (280 + rng.standard_normal((20, 150))).astype(dtype)
+    chunks = (8, 64)
+    with with_pipeline(BATCHED):
+        if sharded:
+            arr = zarr.create_array(
+                LocalStore(tmp_path / "a"),
+                shape=data.shape,
+                chunks=(16, 128),
+                dtype=dtype,
+                serializer=zarr.codecs.ShardingCodec(
+                    chunk_shape=chunks,
+                    codecs=[*filters(), zarr.codecs.BytesCodec(), zarr.codecs.ZstdCodec()],
+                ),
+                compressors=None,
+            )
+        else:
+            arr = zarr.create_array(
+                LocalStore(tmp_path / "a"),
+                shape=data.shape,
+                chunks=chunks,
+                dtype=dtype,
+                filters=filters(),
+                compressors=zarr.codecs.ZstdCodec(),
+            )
+        arr[:] = data
+        expected = zarr.open_array(LocalStore(tmp_path / "a"), mode="r")[selection]
+    with with_pipeline(FUSED):
+        got = zarr.open_array(LocalStore(tmp_path / "a"), mode="r")[selection]
+    assert_same_values(got, expected)

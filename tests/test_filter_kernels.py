@@ -688,3 +688,115 @@ def test_batch_refused_chunk_without_hook_names_key() -> None:
     batch.add(np.array([1.0, np.nan]), ChunkLayout((2,), 8), False, "c/0")
     with pytest.raises(ValueError, match="'c/0': the filters refused"):
         batch.run()
+
+
+@pytest.mark.parametrize(
+    ("steps", "step"),
+    [
+        pytest.param([("scale_offset", "<i8", 1000, -1)], 0, id="scale-offset"),
+        pytest.param([("fixedscaleoffset", "<f8", "<i2", 280.0, 100.0)], 0, id="fso"),
+        pytest.param([("astype", "<f8", "<f4")], 0, id="astype"),
+        pytest.param([("bitround", "<f4", 10), ("astype", "<f4", "<f8")], 1, id="bitround-astype"),
+        pytest.param([("delta", "<i4")], -1, id="delta"),
+        pytest.param([("bitround", "<f4", 10)], -1, id="bitround-alone"),
+        pytest.param([("astype", "<f8", "<f4"), ("astype", "<f4", "<f8")], -1, id="two-steps"),
+    ],
+)
+def test_filter_chain_elementwise_step(steps: list[Any], step: int) -> None:
+    assert _filters.FilterChain(steps).elementwise_step == step
+
+
+FSO = ("fixedscaleoffset", "<f8", "<i2", 280.0, 100.0)
+FSO_CODEC = numcodecs.FixedScaleOffset(offset=280, scale=100, dtype="<f8", astype="<i2")
+
+
+def _batch_decode(
+    stored: np.ndarray,
+    chunk_selection: Any,
+    out: np.ndarray,
+    out_selection: Any,
+    refuse: Any = None,
+    steps: tuple[Any, ...] = (FSO,),
+) -> None:
+    """Decode the C-order chunk of encoded items ``stored`` (no compressor)
+    through a filtered `DecodeBatch` into ``out[out_selection]``."""
+    from zarr_fused._codec_batch import ChunkLayout, DecodeBatch
+    from zarr_fused._codecs import ChainKernel
+
+    filters = _filters.FilterChain(list(steps), refusing=refuse is not None)
+    kernel = ChainKernel(
+        compressor=None, outer_crcs=0, inner_crcs=0, itemsize=stored.itemsize, swap_unit=0
+    )
+    batch = DecodeBatch(kernel, 1, out.ndim)
+    batch.set_filters(filters, refuse)
+    layout = ChunkLayout(stored.shape, out.itemsize)
+    payload = np.ascontiguousarray(stored).view(np.uint8).reshape(-1)
+    assert batch.add(payload, layout, chunk_selection, out, out_selection, (), "c/0")
+    batch.run()
+
+
+# rows of 48 float64 (384 bytes) go straight into the output; a step along
+# the rows, rows under 256 bytes or an F-order output through the scratch
+ROW_CASES = [
+    pytest.param((slice(0, 5), slice(0, 48)), (slice(1, 6), slice(10, 58)), "C", id="whole"),
+    pytest.param((slice(1, 4), slice(3, 45)), (slice(0, 3), slice(0, 42)), "C", id="part"),
+    pytest.param((slice(0, 5, 2), slice(0, 48)), (slice(2, 8, 2), slice(1, 49)), "C", id="step"),
+    pytest.param((slice(0, 5), slice(0, 48, 2)), (slice(0, 5), slice(0, 24)), "C", id="row-step"),
+    pytest.param((slice(0, 5), slice(8, 28)), (slice(0, 5), slice(0, 20)), "C", id="short-rows"),
+    pytest.param((slice(0, 5), slice(0, 48)), (slice(1, 6), slice(10, 58)), "F", id="f-order"),
+]
+
+
+@pytest.mark.parametrize(("chunk_selection", "out_selection", "order"), ROW_CASES)
+def test_batch_filters_rows_into_place(
+    chunk_selection: tuple[slice, ...], out_selection: tuple[slice, ...], order: str
+) -> None:
+    rng = np.random.default_rng(11)
+    values = (280 + rng.standard_normal((5, 48))).astype("<f8")
+    stored = np.frombuffer(FSO_CODEC.encode(values), "<i2").reshape(values.shape)
+    out = np.full((8, 100), -7.0, order=order)
+    expected = out.copy()
+    expected[out_selection] = FSO_CODEC.decode(stored.tobytes()).reshape(5, 48)[chunk_selection]
+    _batch_decode(stored, chunk_selection, out, out_selection)
+    np.testing.assert_array_equal(out, expected)
+
+
+def test_batch_filters_rows_into_place_3d() -> None:
+    rng = np.random.default_rng(12)
+    values = (280 + rng.standard_normal((3, 4, 40))).astype("<f8")
+    stored = np.frombuffer(FSO_CODEC.encode(values), "<i2").reshape(values.shape)
+    out = np.zeros((4, 6, 50))
+    chunk_selection = (slice(1, 3), slice(0, 4), slice(2, 38))
+    out_selection = (slice(0, 2), slice(1, 5), slice(10, 46))
+    expected = out.copy()
+    expected[out_selection] = FSO_CODEC.decode(stored.tobytes()).reshape(3, 4, 40)[chunk_selection]
+    _batch_decode(stored, chunk_selection, out, out_selection)
+    np.testing.assert_array_equal(out, expected)
+
+
+def test_batch_row_refused_midway_takes_the_hooks_values() -> None:
+    """A row the step refuses after others went into the output (rows of
+    320 bytes go straight there): the region ends up holding the hook's
+    values, every row of it."""
+    stored = np.arange(5 * 80, dtype="<i4").reshape(5, 80) * 3
+    stored[3, 7] = 1  # scale 3 leaves a remainder: refused
+    hooked = np.arange(5 * 80, dtype="<i4").reshape(5, 80) + 10_000
+    calls: list[str] = []
+
+    def refuse(payload: np.ndarray, where: str) -> np.ndarray:
+        calls.append(where)
+        assert payload.tobytes() == stored.tobytes()
+        return hooked
+
+    out = np.zeros((5, 92), "<i4")
+    _batch_decode(
+        stored,
+        (slice(0, 5), slice(0, 80)),
+        out,
+        (slice(0, 5), slice(12, 92)),
+        refuse,
+        (("scale_offset", "<i4", 0, 3),),
+    )
+    assert calls == ["'c/0'"]
+    np.testing.assert_array_equal(out[:, 12:], hooked)
+    np.testing.assert_array_equal(out[:, :12], 0)

@@ -712,6 +712,66 @@ cdef class TaskBatch:
         return stop
 
 
+# An elementwise filter writes a task's rows straight into the output
+# instead of into a scratch that is then scattered: one pass over the
+# chunk's values fewer. Rows shorter than this go the scratch way, where
+# one copy call moves them all (a call per short row costs more).
+cdef enum:
+    MIN_FILTERED_ROW = 256
+
+
+cdef bint _rows_in_place(const DecodeTask* t, Py_ssize_t itemsize,
+                         FilterChain filters) noexcept nogil:
+    """Whether `_filter_rows` takes task ``t``: the filters have one
+    elementwise step, the last axis is contiguous on both sides with rows
+    of at least `MIN_FILTERED_ROW` bytes, and the output is item-aligned."""
+    cdef int k, last = t.ndim - 1
+    if filters.elementwise_step < 0 or last < 0:
+        return False
+    if t.src_strides[last] != itemsize or t.dst_strides[last] != itemsize:
+        return False
+    if t.shape[last] * itemsize < MIN_FILTERED_ROW or <uintptr_t>t.dst % <uintptr_t>itemsize:
+        return False
+    for k in range(last):
+        if t.src_strides[k] % itemsize or t.dst_strides[k] % itemsize:
+            return False
+    return True
+
+
+cdef int _filter_rows(FilterChain filters, const uint8_t* data, const DecodeTask* t,
+                      Py_ssize_t itemsize) noexcept nogil:
+    """Decode task ``t``'s selected rows of encoded items at ``data`` into
+    its region of the output (`_rows_in_place` said yes); the encoded items
+    sit where the values would, scaled by the item sizes. `FILTER_OK`, or
+    what the step said of the first row it refused."""
+    cdef Py_ssize_t idx[ZF_MAX_DIMS]
+    cdef Py_ssize_t row = t.shape[t.ndim - 1], src = t.src_offset
+    cdef Py_ssize_t encoded = filters.encoded_itemsize
+    cdef char* dst = t.dst
+    cdef int k, rc
+    for k in range(t.ndim):
+        if t.shape[k] == 0:
+            return FILTER_OK
+        idx[k] = 0
+    while True:
+        rc = filters.decode_elementwise(data + src // itemsize * encoded, dst, row)
+        if rc != FILTER_OK:
+            return rc
+        k = t.ndim - 2
+        while k >= 0:
+            idx[k] += 1
+            src += t.src_strides[k]
+            dst += t.dst_strides[k]
+            if idx[k] < t.shape[k]:
+                break
+            src -= t.shape[k] * t.src_strides[k]
+            dst -= t.shape[k] * t.dst_strides[k]
+            idx[k] = 0
+            k -= 1
+        if k < 0:
+            return FILTER_OK
+
+
 cdef class DecodeBatch(TaskBatch):
     """The decode work of a group of chunks, as C tasks, run in one nogil call.
 
@@ -920,9 +980,10 @@ cdef class DecodeBatch(TaskBatch):
 
     cdef int run_filtered(self, Workspace ws, Py_ssize_t i, const char* fill, uint8_t* a,
                           uint8_t* b) noexcept nogil:
-        """Task ``i`` with filters: read its file, decompress (and check),
-        byte-swap into ``a``, undo the filters, scatter the selected values
-        (a whole chunk's last filter writes them in place, row by row)."""
+        """Task ``i`` with filters: read its file (a file task), decompress
+        (and check), byte-swap into ``a``, undo the filters, scatter the
+        selected values (a whole chunk's last filter, or a lone elementwise
+        filter, writes them in place, row by row)."""
         cdef DecodeTask* t = &self.tasks[i]
         cdef Py_ssize_t ki = self.kernel.itemsize
         cdef Py_ssize_t count
@@ -960,6 +1021,10 @@ cdef class DecodeBatch(TaskBatch):
         if self.filters.decodes_in_runs and _whole_rows(t, count, self.itemsize):
             values = self.filters.decode_head(data, a, b, count)
             _decode_rows(self.filters, <const char*>values, t)
+            return 0
+        if _rows_in_place(t, self.itemsize, self.filters):
+            if _filter_rows(self.filters, data, t, self.itemsize) != FILTER_OK:
+                self.refused[i] = 1  # zarr's code decodes it, or raises, after the run
             return 0
         if not self.filters.may_refuse:
             values = self.filters.decode(data, a, b, count)

@@ -69,6 +69,10 @@ cdef class FilterChain:
     cdef readonly Py_ssize_t max_itemsize
     cdef readonly bint may_refuse  # a step's decoding may refuse a stored value
     cdef readonly bint decodes_in_runs  # `decode_run` takes the first step
+    # the one step whose decoding changes the items, item by item, or -1
+    cdef readonly int elementwise_step
+    cdef int decode_elementwise(self, const void* src, void* dst,
+                                Py_ssize_t count) noexcept nogil
     cdef const void* decode(self, const void* src, void* a, void* b,
                             Py_ssize_t count) noexcept nogil
     cdef int decode_checked(self, const void* src, void* a, void* b, Py_ssize_t count,

@@ -33,6 +33,7 @@ class FilterChain:
     max_itemsize: int
     may_refuse: bool
     decodes_in_runs: bool
+    elementwise_step: int
     def __init__(self, steps: Sequence[tuple[Any, ...]], *, refusing: bool = False) -> None: ...
 
 def scale_offset(

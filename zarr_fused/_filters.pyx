@@ -663,6 +663,22 @@ cdef bint _decodes_everything(tuple step) except -1:
     return info.min <= min(ends) and max(ends) <= info.max
 
 
+cdef int _elementwise_step(const FilterStep* steps, int n) noexcept:
+    """The one step of ``steps`` whose decoding changes the items, when it
+    maps each item to one value on its own (not delta's running sum), else
+    -1. Quantize and bitround decode to the items as they are."""
+    cdef int i, found = -1
+    for i in range(n):
+        if steps[i].kind == FK_QUANTIZE or steps[i].kind == FK_BITROUND:
+            continue
+        if found >= 0:
+            return -1
+        found = i
+    if found >= 0 and steps[found].kind in (FK_FIXEDSCALEOFFSET, FK_SCALE_OFFSET, FK_ASTYPE):
+        return found
+    return -1
+
+
 cdef class FilterChain:
     """numcodecs filters in their encode order, run on a chunk's items in
     C order by `decode` and `encode` (nogil, over two scratch buffers of
@@ -708,6 +724,16 @@ cdef class FilterChain:
         self.decodes_in_runs = not self.may_refuse and not (
             self.steps[0].kind == FK_DELTA
             and self.steps[0].code != self.steps[0].encoded_code)
+        self.elementwise_step = _elementwise_step(self.steps, self.n)
+
+    cdef int decode_elementwise(self, const void* src, void* dst,
+                                Py_ssize_t count) noexcept nogil:
+        """Decode ``count`` encoded items at ``src`` into ``dst`` (apart) with
+        the chain's `elementwise_step` alone: a chain that has one decodes any
+        run of items on its own, straight into its place in an output.
+        `FILTER_OUT_OF_RANGE` when the step refuses a value (``dst`` then
+        holds a part of the run), else `FILTER_OK`."""
+        return _run(&self.steps[self.elementwise_step], False, src, dst, count)
 
     cdef const void* decode(self, const void* src, void* a, void* b,
                             Py_ssize_t count) noexcept nogil:

@@ -461,8 +461,11 @@ def hybrid_chain(
     if split == 0:
         return None
     stages, rest = codecs[:split], codecs[split:]
-    inner_spec = _stage_specs(stages, spec)[-1]
-    run = tuple(stage(c, s) for c, s in zip(stages, _stage_specs(stages, spec), strict=False))
+    # resolved once: resolving a stage's spec is not free, and zarr builds
+    # the plan on every open_array
+    specs = _stage_specs(stages, spec)
+    inner_spec = specs[-1]
+    run = tuple(stage(c, s) for c, s in zip(stages, specs, strict=False))
     python = tuple(
         r.codec for r in run if type(r) is PythonStage and type(r.codec) is not TransposeCodec
     )
@@ -550,11 +553,12 @@ class FilteredChain(BatchChain):
         return spec.prototype.buffer.from_array_like(encoded)
 
 
-def _kernel_steps(stages: tuple[Codec, ...], spec: ArraySpec) -> tuple[Any, ...] | None:
-    """The `FilterChain` steps of ``stages`` on chunks of ``spec``, or None
-    when one of them has no kernel for the type it meets."""
+def _kernel_steps(stages: tuple[Codec, ...], specs: list[ArraySpec]) -> tuple[Any, ...] | None:
+    """The `FilterChain` steps of ``stages`` on chunks of ``specs`` (the
+    spec before each stage), or None when one of them has no kernel for the
+    type it meets."""
     steps = []
-    for codec, before in zip(stages, _stage_specs(stages, spec), strict=False):
+    for codec, before in zip(stages, specs, strict=False):
         found = native_stage(codec)
         dtype = before.dtype.to_native_dtype()
         step = None if found is None or not dtype.isnative else found.kernel_step(dtype)
@@ -576,10 +580,11 @@ def filtered_chain(
     if any(type(c) is TransposeCodec for c in codecs[:split]):
         return None
     stages, rest = codecs[:split], codecs[split:]
-    steps = _kernel_steps(stages, spec)
+    specs = _stage_specs(stages, spec)
+    steps = _kernel_steps(stages, specs)
     if steps is None:
         return None
-    tail = native_tail(rest, _stage_specs(stages, spec)[-1], "native chain declined this chunk")
+    tail = native_tail(rest, specs[-1], "native chain declined this chunk")
     # a transpose after the filters: delta's running sum follows the items' order
     if tail is None or (tail.order is not None and any(s[0] == "delta" for s in steps)):
         return None
