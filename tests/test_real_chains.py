@@ -13,7 +13,9 @@ becomes native fails here until it leaves the list.
 
 The detailed tests of each codec are in their own files (test_filters,
 test_sharded_filters, test_lz4_shuffle, test_vlen, test_v2): this file is
-the checklist, not the coverage.
+the checklist, not the coverage. The chains themselves, their values and
+their arrays are in `zarr_fused_testing.chains`, which
+asv_bench/real_chains_side_by_side.py times as well.
 """
 
 from __future__ import annotations
@@ -26,23 +28,17 @@ import numcodecs
 import numpy as np
 import pytest
 import zarr
-from zarr.codecs import (
-    BytesCodec,
-    Crc32cCodec,
-    GzipCodec,
-    ShardingCodec,
-    TransposeCodec,
-    ZstdCodec,
+from zarr_fused_testing.chains import (
+    CHAINS,
+    NOT_NATIVE,
+    chain_values,
+    create_chain_array,
+    shardings,
 )
-from zarr.codecs import numcodecs as znc
-from zarr.codecs.scale_offset import ScaleOffset
-from zarr.codecs.vlen_utf8 import VLenBytesCodec, VLenUTF8Codec
-from zarr.core.dtype import VariableLengthBytes
 
 from zarr_fused.errors import CorruptChunkError
 
 from helpers import BATCHED, FUSED, assert_same_values, chunk_items, make_store
-from helpers.filter_data import values_of
 
 STRICT = {"codec_pipeline.path": FUSED, "codec_pipeline.strict": True}
 ORACLE = {"codec_pipeline.path": BATCHED}
@@ -51,251 +47,18 @@ SHAPE = (37, 29)  # partial edge chunks on both axes
 CHUNKS = (16, 12)
 INNER = (8, 6)
 
-
-def _cast_value(data_type: str) -> Any:
-    pytest.importorskip("cast_value_rs")
-    from zarr.codecs.cast_value import CastValue
-
-    return CastValue(data_type=data_type, out_of_range="clamp")
-
-
-def _strings(shape: tuple[int, ...], seed: int) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    words = ["", "ice", "héllo", "日本語", "x" * 70]
-    picks = rng.integers(0, len(words), size=shape)
-    return np.array([words[i] + str(j) for j, i in enumerate(picks.flat)]).reshape(shape)
-
-
-def _bytes(shape: tuple[int, ...], seed: int) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    out = np.empty(int(np.prod(shape)), dtype=object)
-    out[:] = [rng.bytes(int(n)) for n in rng.integers(0, 30, size=out.size)]
-    return out.reshape(shape)
-
-
-def _values(case: dict[str, Any], shape: tuple[int, ...], seed: int) -> np.ndarray:
-    kind = case["values"]
-    if kind == "str":
-        return _strings(shape, seed)
-    if kind == "bytes":
-        return _bytes(shape, seed)
-    return values_of(kind, case["dtype"], shape, seed)
-
-
-def _v3(filters: Any, compressors: Any, dtype: str, values: str, fill: Any = 0) -> dict[str, Any]:
-    return {
-        "format": 3,
-        "filters": filters,
-        "compressors": compressors,
-        "dtype": dtype,
-        "values": values,
-        "fill": fill,
-    }
-
-
-def _v2(
-    filters: Any, compressor: Any, dtype: str, values: str, fill: Any = 0, order: str = "C"
-) -> dict[str, Any]:
-    return {
-        "format": 2,
-        "filters": filters,
-        "compressors": compressor,
-        "dtype": dtype,
-        "values": values,
-        "fill": fill,
-        "order": order,
-    }
-
-
-def _zstd() -> list[Any]:
-    return [ZstdCodec(level=3)]
-
-
 #: a gzip member's header up to its time (magic, deflate, any flags)
 _GZIP_HEADER = re.compile(rb"(\x1f\x8b\x08[\x00-\xff])[\x00-\xff]{4}", re.DOTALL)
-
-#: name -> chain; filters and compressors are factories (codecs are made
-#: fresh for each array)
-CHAINS: dict[str, dict[str, Any]] = {
-    # format 3
-    "bitround-f4-zstd": _v3(lambda: [znc.BitRound(keepbits=10)], _zstd, "<f4", "floats"),
-    "fixedscaleoffset-f8-i2-zstd": _v3(
-        lambda: [znc.FixedScaleOffset(offset=273.15, scale=100, dtype="<f8", astype="<i2")],
-        _zstd,
-        "<f8",
-        "temperatures",
-        fill=7,
-    ),
-    "delta-i4-zstd": _v3(lambda: [znc.Delta(dtype="<i4")], _zstd, "<i4", "ints", fill=-1),
-    "delta-f8-astype-f4-zstd": _v3(
-        lambda: [znc.Delta(dtype="<f8", astype="<f4")], _zstd, "<f8", "floats"
-    ),
-    "quantize-f4-zstd": _v3(lambda: [znc.Quantize(digits=3, dtype="<f4")], _zstd, "<f4", "floats"),
-    "quantize-f8-astype-f4-zstd": _v3(
-        lambda: [znc.Quantize(digits=2, dtype="<f8", astype="<f4")], _zstd, "<f8", "floats"
-    ),
-    "astype-f8-f4-zstd": _v3(
-        lambda: [znc.AsType(encode_dtype="<f4", decode_dtype="<f8")], _zstd, "<f8", "floats"
-    ),
-    "shuffle-zstd-f4": _v3(
-        list, lambda: [znc.Shuffle(elementsize=4), ZstdCodec(level=1)], "<f4", "floats"
-    ),
-    "shuffle-lz4-u2": _v3(list, lambda: [znc.Shuffle(), znc.LZ4()], "<u2", "ints"),
-    "lz4-u2": _v3(list, lambda: [znc.LZ4()], "<u2", "ints"),
-    "lz4-crc32c-i2": _v3(list, lambda: [znc.LZ4(), Crc32cCodec()], "<i2", "ints"),
-    "zlib-i2": _v3(list, lambda: [znc.Zlib(level=1)], "<i2", "ints"),
-    "gzip-f4": _v3(list, lambda: [znc.GZip(level=5)], "<f4", "floats"),
-    "zarr-gzip-u2": _v3(list, lambda: [GzipCodec(level=1)], "<u2", "ints"),
-    "scale_offset-f4-zstd": _v3(
-        lambda: [ScaleOffset(offset=10, scale=4)], _zstd, "<f4", "small", fill=np.nan
-    ),
-    "scale_offset-i4-zstd": _v3(
-        lambda: [ScaleOffset(offset=100, scale=2)], _zstd, "<i4", "ints", fill=0
-    ),
-    "cast_value-f8-i2-zstd": _v3(lambda: [_cast_value("int16")], _zstd, "<f8", "small", fill=7),
-    "scale_offset-cast_value-f4-u2-zstd": _v3(
-        lambda: [ScaleOffset(offset=-50, scale=100), _cast_value("uint16")],
-        _zstd,
-        "<f4",
-        "small",
-        fill=7,
-    ),
-    "transpose-quantize-f8-zstd": _v3(
-        lambda: [TransposeCodec(order=(1, 0)), znc.Quantize(digits=4, dtype="<f8")],
-        _zstd,
-        "<f8",
-        "floats",
-    ),
-    "vlen-utf8-zstd": _v3("vlen-utf8", _zstd, "str", "str", fill=""),
-    "vlen-bytes-zstd": _v3("vlen-bytes", _zstd, "bytes", "bytes", fill=b""),
-    # format 2
-    "v2-delta-i4-blosc": _v2(
-        lambda: [numcodecs.Delta(dtype="<i4")], lambda: numcodecs.Blosc("lz4", 5), "<i4", "ints"
-    ),
-    "v2-fixedscaleoffset-f8-i2-zstd": _v2(
-        lambda: [numcodecs.FixedScaleOffset(offset=273.15, scale=100, dtype="<f8", astype="<i2")],
-        lambda: numcodecs.Zstd(level=3),
-        "<f8",
-        "temperatures",
-    ),
-    "v2-fixedscaleoffset-f8-i2-zstd-F": _v2(
-        lambda: [numcodecs.FixedScaleOffset(offset=273.15, scale=100, dtype="<f8", astype="<i2")],
-        lambda: numcodecs.Zstd(level=3),
-        "<f8",
-        "temperatures",
-        order="F",
-    ),
-    "v2-quantize-f4-zlib": _v2(
-        lambda: [numcodecs.Quantize(digits=3, dtype="<f4")],
-        lambda: numcodecs.Zlib(level=1),
-        "<f4",
-        "floats",
-    ),
-    "v2-bitround-f4-blosc": _v2(
-        lambda: [numcodecs.BitRound(keepbits=10)],
-        lambda: numcodecs.Blosc("zstd", 3, 1),
-        "<f4",
-        "floats",
-    ),
-    "v2-shuffle-lz4": _v2(lambda: [numcodecs.Shuffle(elementsize=2)], numcodecs.LZ4, "<u2", "ints"),
-    "v2-delta-shuffle-zstd": _v2(
-        lambda: [numcodecs.Delta(dtype="<i4"), numcodecs.Shuffle(elementsize=4)],
-        lambda: numcodecs.Zstd(level=1),
-        "<i4",
-        "ints",
-    ),
-    "v2-astype-f8-f4-zstd": _v2(
-        lambda: [numcodecs.AsType(encode_dtype="<f4", decode_dtype="<f8")],
-        lambda: numcodecs.Zstd(level=1),
-        "<f8",
-        "floats",
-    ),
-    "v2-delta-astype-gzip": _v2(
-        lambda: [
-            numcodecs.FixedScaleOffset(offset=0, scale=10, dtype="<f8", astype="<i4"),
-            numcodecs.Delta(dtype="<i4", astype="<i2"),
-        ],
-        lambda: numcodecs.GZip(level=5),
-        "<f8",
-        "small",
-    ),
-    "v2-lz4-f8": _v2(None, numcodecs.LZ4, "<f8", "floats"),
-    "v2-zlib-i2": _v2(None, lambda: numcodecs.Zlib(level=1), "<i2", "ints"),
-    "v2-gzip-f8-F": _v2(None, lambda: numcodecs.GZip(level=6), "<f8", "floats", order="F"),
-    "v2-fixedscaleoffset-shuffle-zlib-F": _v2(
-        lambda: [
-            numcodecs.FixedScaleOffset(offset=273.15, scale=100, dtype="<f8", astype="<i2"),
-            numcodecs.Shuffle(elementsize=2),
-        ],
-        lambda: numcodecs.Zlib(level=1),
-        "<f8",
-        "temperatures",
-        order="F",
-    ),
-    "v2-vlen-utf8-zstd": _v2(
-        lambda: [numcodecs.VLenUTF8()], lambda: numcodecs.Zstd(level=1), "str", "str", fill=""
-    ),
-    "v2-vlen-bytes-zstd": _v2(
-        lambda: [numcodecs.VLenBytes()], lambda: numcodecs.Zstd(level=1), "bytes", "bytes", fill=b""
-    ),
-}
-
-#: (chain name, sharded) -> why zarr_fused still runs zarr's code for it
-NOT_NATIVE: dict[tuple[str, bool], str] = {
-    **{
-        ("quantize-f8-astype-f4-zstd", sharded): "zarr 3.4.2 cannot read it back either (no kernel)"
-        for sharded in (False, True)
-    },
-}
-
-
-def _dtype(case: dict[str, Any]) -> Any:
-    return {"str": str, "bytes": VariableLengthBytes()}.get(case["dtype"], case["dtype"])
-
-
-def _create(store: Any, case: dict[str, Any], sharded: bool) -> Any:
-    common: dict[str, Any] = {
-        "shape": SHAPE,
-        "chunks": CHUNKS,
-        "dtype": _dtype(case),
-        "fill_value": case["fill"],
-    }
-    if case["format"] == 2:
-        filters = case["filters"]
-        return zarr.create_array(
-            store,
-            zarr_format=2,
-            order=case["order"],
-            filters=filters() if filters else None,
-            compressors=case["compressors"](),
-            **common,
-        )
-    filters = case["filters"]
-    if isinstance(filters, str):  # a vlen serializer
-        serializer: Any = VLenUTF8Codec() if filters == "vlen-utf8" else VLenBytesCodec()
-        filter_codecs: list[Any] = []
-    else:
-        serializer, filter_codecs = BytesCodec(), filters()
-    if sharded:
-        inner = ShardingCodec(
-            chunk_shape=INNER, codecs=[*filter_codecs, serializer, *case["compressors"]()]
-        )
-        return zarr.create_array(store, serializer=inner, filters=None, compressors=None, **common)
-    return zarr.create_array(
-        store,
-        serializer=serializer,
-        filters=filter_codecs,
-        compressors=case["compressors"](),
-        **common,
-    )
 
 
 def _write(store: Any, case: dict[str, Any], sharded: bool) -> np.ndarray:
     """Whole, then a partial overwrite, then whole chunks of the fill value
     (not stored); the array read back whole."""
-    array = _create(store, case, sharded)
-    array[:] = _values(case, SHAPE, 0)
-    array[3:8, 6:23] = _values(case, (5, 17), 1)
+    if case["requires"]:
+        pytest.importorskip(case["requires"])
+    array = create_chain_array(store, case, SHAPE, CHUNKS, INNER if sharded else None)
+    array[:] = chain_values(case, SHAPE, 0)
+    array[3:8, 6:23] = chain_values(case, (5, 17), 1)
     array[CHUNKS[0] * 2 :, :] = case["fill"]
     return array[:]
 
@@ -316,7 +79,7 @@ def _same_stored(ours: dict[str, bytes], theirs: dict[str, bytes]) -> None:
 def _params() -> list[Any]:
     params = []
     for name, case in CHAINS.items():
-        for sharded in (False, True) if case["format"] == 3 else (False,):
+        for sharded in shardings(case):
             marks = []
             reason = NOT_NATIVE.get((name, sharded))
             if reason:
@@ -377,8 +140,7 @@ def _damage(raw: bytes, how: str, name: str) -> bytes:
 def _deflate_params() -> list[Any]:
     params = []
     for name in DEFLATE_CHAINS:
-        shardings = (False, True) if CHAINS[name]["format"] == 3 else (False,)
-        for sharded in shardings:
+        for sharded in shardings(CHAINS[name]):
             for how in ("flip",) if sharded else ("truncate", "flip", "longer"):
                 label = f"{name}-{'sharded' if sharded else 'unsharded'}-{how}"
                 params.append(pytest.param(name, sharded, how, id=label))

@@ -1,40 +1,23 @@
-"""Values that look like what filter chains are used for, and the set-up
-the filter tests share (unsharded, sharded, format 2, cast_value): the same
-writes through zarr_fused and through zarr's `BatchedCodecPipeline`, then
-each store read by both."""
+"""Values that look like what filter chains are used for (`values_of`, from
+`zarr_fused_testing.chains`), and the set-up the filter tests share
+(unsharded, sharded, format 2, cast_value): the same writes through
+zarr_fused and through zarr's `BatchedCodecPipeline`, then each store read
+by both."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import numpy as np
 import zarr
 from zarr.codecs import BytesCodec, ShardingCodec
 from zarr.codecs import numcodecs as znc
+from zarr_fused_testing.chains import values_of  # noqa: F401 (the filter tests import it here)
 
 from helpers import BATCHED, FUSED, assert_same_values
 
 STRICT = {"codec_pipeline.path": FUSED, "codec_pipeline.strict": True}
 ZARR = {"codec_pipeline.path": BATCHED}
-
-
-def values_of(kind: str, dtype: str, shape: tuple[int, ...], seed: int) -> np.ndarray:
-    """``kind``: ``ints`` (a random walk, what delta is for; non-negative for
-    unsigned types), ``temperatures`` (kelvin around 273), ``small`` (two
-    decimals in [0, 100), what fixedscaleoffset is for), else wide floats."""
-    rng = np.random.default_rng(seed)
-    if kind == "ints":
-        value = np.cumsum(rng.integers(-5, 6, size=shape), axis=-1)
-        if np.dtype(dtype).kind == "u":
-            value = np.abs(value)
-    elif kind == "temperatures":
-        value = 273.15 + 30 * rng.standard_normal(shape)
-    elif kind == "small":
-        value = rng.uniform(0, 100, size=shape).round(2)
-    else:
-        value = 1000 * rng.standard_normal(shape)
-    return value.astype(dtype)
 
 
 def astype_chain(
