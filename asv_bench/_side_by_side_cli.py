@@ -68,3 +68,23 @@ def main(
     print("\n".join(header(title, args.pin, args.repeat)), flush=True)
     body(args)
     return 0
+
+
+def chains_main(
+    script: str,
+    doc: str | None,
+    argv: Sequence[str] | None,
+    title: str,
+    run: Callable[[int, str], list[str]],
+    repeat: int = 7,
+) -> int:
+    """`main` for a script that times named codec chains: ``--only`` keeps
+    the chains whose name has that text; ``run(repeat, only)`` returns the
+    lines to print."""
+    options = parser(doc, repeat)
+    options.add_argument("--only", default="", help="only the chains whose name has this")
+
+    def body(args: argparse.Namespace) -> None:
+        print("\n".join(run(args.repeat, args.only)), flush=True)
+
+    return main(script, options, argv, title, body)

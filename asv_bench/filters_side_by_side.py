@@ -12,7 +12,6 @@ than timed on zarr's code. Every peer's result is checked first.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import tempfile
 from pathlib import Path
@@ -185,13 +184,7 @@ def run(repeat: int, only: str = "") -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    options = _side_by_side_cli.parser(__doc__)
-    options.add_argument("--only", default="", help="only the chains whose name has this")
-
-    def body(args: argparse.Namespace) -> None:
-        print("\n".join(run(args.repeat, args.only)), flush=True)
-
-    return _side_by_side_cli.main(__file__, options, argv, "filter chains, local store", body)
+    return _side_by_side_cli.chains_main(__file__, __doc__, argv, "filter chains, local store", run)
 
 
 if __name__ == "__main__":
