@@ -63,7 +63,7 @@ class Geometry:
     inner: tuple[int, int]  # the inner chunks' shape when sharded
 
 
-#: 2 to 16 MB of numbers; variable-length items (Python objects, a few tens
+#: 4 to 16 MB of numbers; variable-length items (Python objects, a few tens
 #: of bytes each) on a grid 16 times smaller, to keep zarr's reads short
 NUMBERS = Geometry((1024, 2048), (128, 256), (128, 256))
 NUMBERS_SHARDED = Geometry((1024, 2048), (512, 1024), (128, 256))
@@ -109,9 +109,10 @@ def _same(got: Any, expected: np.ndarray) -> bool:
     return bool(np.array_equal(got, expected, equal_nan=expected.dtype.kind in "fc"))
 
 
-def _checked(peer: str, read: Callable[[], Any], expected: np.ndarray) -> Callable[[], Any]:
+def _checked(path: Path, config: dict[str, Any], expected: np.ndarray) -> Callable[[], Any]:
+    read = _reader(config, path)
     if not _same(read(), expected):
-        raise SystemExit(f"{peer} read wrong data")
+        raise SystemExit(f"zarr_fused read wrong data from {path.name}")
     return read
 
 
@@ -119,9 +120,9 @@ def _ours(path: Path, expected: np.ndarray) -> tuple[Callable[[], Any], str]:
     """zarr_fused's reader and whether the chain is native: strict mode's,
     or, where strict mode rejects the chain, the fallback's."""
     try:
-        return _checked(OURS, _reader(CONFIGS[OURS], path), expected), "yes"
+        return _checked(path, CONFIGS[OURS], expected), "yes"
     except UnsupportedError:
-        return _checked(OURS, _reader(NOT_STRICT, path), expected), "no"
+        return _checked(path, NOT_STRICT, expected), "no"
 
 
 def _strict_verdict(path: Path) -> str:
