@@ -17,7 +17,14 @@ import zarr_fused
 from zarr_fused._hybrid import FilteredChain
 from zarr_fused.chunks import read as chunk_read
 from zarr_fused.chunks.pipelined import PipelinedChunkReader
-from zarr_fused.io.probe import FAST_FILE, PROBE_INTERVAL, PROBE_READS, per_file_latency
+from zarr_fused.io.local import local_files
+from zarr_fused.io.probe import (
+    FAST_FILE,
+    PROBE_INTERVAL,
+    PROBE_READS,
+    STORE_LATENCIES,
+    per_file_latency,
+)
 
 from helpers import BATCHED, FUSED, assert_same_values, with_pipeline
 
@@ -108,6 +115,39 @@ def test_reads_after_the_probe_interval_stay_direct_for_probe_reads(
             assert_same_values(arr[...], data)
             direct_counts.append(reader.probe.direct_reads)
     assert direct_counts == [*range(1, PROBE_READS + 1), 0]
+
+
+def _store_prefix(arr: Any) -> bytes:
+    getter = zarr.storage.StorePath(arr.store, "zarr.json")
+    prefix = local_files([(getter,)])
+    assert prefix is not None
+    return prefix
+
+
+@pytest.mark.parametrize("measured", [True, False], ids=["store-measured", "store-unknown"])
+def test_a_new_arrays_first_read_follows_its_stores_measurement(
+    chunked: tuple[Path, np.ndarray], measured: bool
+) -> None:
+    """An array just opened reads directly while its store's files were
+    measured fast within `PROBE_INTERVAL` (by another array's reader), and
+    pipelined (a measurement) otherwise."""
+    root, data = chunked
+    config = {"codec_pipeline.max_workers": 2, "codec_pipeline.io_concurrency": 4}
+    with with_pipeline(FUSED), zarr.config.set(config):
+        arr = zarr.open_array(LocalStore(root), mode="r")
+        reader = arr._async_array.codec_pipeline.plan.reader
+        assert isinstance(reader, PipelinedChunkReader)
+        prefix = _store_prefix(arr)
+        STORE_LATENCIES.forget(prefix)
+        if measured:
+            STORE_LATENCIES.seen[prefix] = (FAST_FILE / 2, time.monotonic())
+        assert_same_values(arr[...], data)
+    if measured:  # lent: its age alone decides, as after PROBE_READS direct reads
+        assert reader.probe.latency == FAST_FILE / 2
+        assert reader.probe.direct_reads == PROBE_READS + 1
+    else:  # pipelined: its own measurement, lent to the next array opened
+        assert reader.probe.direct_reads == 0
+        assert prefix in STORE_LATENCIES.seen
 
 
 @pytest.fixture

@@ -23,6 +23,7 @@ from zarr_fused.io.probe import (
     TOOK_DECAY,
     Fastest,
     LatencyProbe,
+    StoreLatencies,
     per_call_latency,
     per_file_latency,
     slow_direct,
@@ -235,6 +236,102 @@ def test_the_last_measurement_decides_the_request_count_however_old() -> None:
     clock.now += 100 * PROBE_INTERVAL
     assert probe.verdict() is None
     assert probe.seen_fast()
+
+
+# -- a store's measurement lent to a new reader's probe -----------------------------------
+
+ROOT = b"/data/store/"
+
+
+def measured_store(clock: Clock, latency: float) -> StoreLatencies:
+    """A store whose files a reader measured at ``latency`` just now."""
+    stores = StoreLatencies()
+    first = chunk_probe(clock)
+    first.note_pipelined(0.01, latency)
+    stores.note(ROOT, first)
+    return stores
+
+
+@pytest.mark.parametrize(
+    ("latency", "verdict"),
+    [
+        pytest.param(FAST_FILE / 2, True, id="fast"),
+        pytest.param(FAST_FILE * 2, False, id="slow"),
+    ],
+)
+def test_a_new_probe_takes_its_stores_measurement(latency: float, verdict: bool) -> None:
+    clock = Clock()
+    stores = measured_store(clock, latency)
+    probe = chunk_probe(clock)
+    stores.lend(ROOT, probe)
+    assert probe.verdict() is verdict
+
+
+@pytest.mark.parametrize(
+    ("age", "verdict"),
+    [
+        pytest.param(PROBE_INTERVAL * 0.5, True, id="standing"),
+        pytest.param(PROBE_INTERVAL, None, id="too-old-to-lend"),
+    ],
+)
+def test_a_lent_measurement_stands_for_its_age_alone(age: float, verdict: bool | None) -> None:
+    # lent at half its interval, it lapses with the interval: a new probe's
+    # count of direct reads does not keep an old measurement standing
+    clock = Clock()
+    stores = measured_store(clock, FAST_FILE / 2)
+    clock.now += age
+    probe = chunk_probe(clock)
+    stores.lend(ROOT, probe)
+    assert probe.verdict() is verdict
+    clock.now += PROBE_INTERVAL * 0.5
+    assert probe.verdict() is None
+
+
+def test_a_probe_keeps_its_own_measurement() -> None:
+    clock = Clock()
+    stores = measured_store(clock, FAST_FILE / 2)
+    probe = chunk_probe(clock)
+    probe.measured(FAST_FILE * 2)
+    stores.lend(ROOT, probe)
+    assert probe.verdict() is False
+
+
+def test_a_held_probe_takes_no_measurement() -> None:
+    clock = Clock()
+    stores = measured_store(clock, FAST_FILE / 2)
+    probe = chunk_probe(clock)
+    probe.found_slow(hold=SLOW_HOLD)
+    stores.lend(ROOT, probe)
+    assert probe.latency is None
+    assert not probe.direct()
+
+
+def test_other_roots_and_forgotten_roots_lend_nothing() -> None:
+    clock = Clock()
+    stores = measured_store(clock, FAST_FILE / 2)
+    other = chunk_probe(clock)
+    stores.lend(b"/data/other/", other)
+    assert other.verdict() is None
+    stores.forget(ROOT)
+    probe = chunk_probe(clock)
+    stores.lend(ROOT, probe)
+    assert probe.verdict() is None
+
+
+def test_a_probe_with_nothing_measured_notes_nothing() -> None:
+    stores = StoreLatencies()
+    stores.note(ROOT, chunk_probe(Clock()))
+    assert stores.seen == {}
+
+
+def test_the_oldest_root_goes_past_the_capacity() -> None:
+    clock = Clock()
+    stores = StoreLatencies(capacity=2)
+    probe = chunk_probe(clock)
+    probe.measured(FAST_FILE / 2)
+    for root in (b"/a/", b"/b/", b"/a/", b"/c/"):  # /a/ noted again: /b/ is the oldest
+        stores.note(root, probe)
+    assert list(stores.seen) == [b"/a/", b"/c/"]
 
 
 # -- weighing large files ------------------------------------------------------------------

@@ -32,6 +32,7 @@ from zarr_fused.io.probe import (
     FAST_FILE,
     PROBE_READS,
     SLOW_HOLD,
+    STORE_LATENCIES,
     Fastest,
     LatencyProbe,
     per_file_latency,
@@ -134,8 +135,9 @@ class PipelinedChunkReader:
         if prefix is None or target is None:
             return self.direct.read(batch, request)
         probe = self.probe
+        STORE_LATENCIES.lend(prefix, probe)
         if probe.direct():
-            return self._read_direct_timed(batch, request)
+            return self._read_direct_timed(batch, request, prefix)
         per_thread = REQUESTS_PER_THREAD if probe.seen_fast() else REQUESTS_PER_THREAD_SLOW
         read = _PipelinedRead(
             self.chain, batch, target, prefix, io_concurrency, per_thread, request.stats
@@ -153,10 +155,11 @@ class PipelinedChunkReader:
         finally:
             read.count_files()
         probe.note_pipelined(time.perf_counter() - start, read.fastest.seconds)
+        STORE_LATENCIES.note(prefix, probe)
         return tuple(read.statuses)
 
     def _read_direct_timed(
-        self, batch: Sequence[ReadItem], request: ReadRequest
+        self, batch: Sequence[ReadItem], request: ReadRequest, prefix: bytes
     ) -> tuple[GetResult, ...]:
         start = time.perf_counter()
         result = self.direct.read(batch, request)
@@ -168,6 +171,7 @@ class PipelinedChunkReader:
         nbytes = self.chain.layout(spec0.shape).nbytes
         if slow_direct(self.direct.fastest_file, nbytes):
             self.probe.found_slow(hold=SLOW_HOLD)
+            STORE_LATENCIES.forget(prefix)
         return result
 
 

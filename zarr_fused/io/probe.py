@@ -21,6 +21,8 @@ per reader or writer (`zarr_fused.chunks.pipelined`, `zarr_fused.shard.pipelined
   after it: reads that come every second or so (a loop over arrays, a
   caller that reads something else in between) would otherwise all be
   probes;
+- a reader with no measurement of its own (an array just opened) takes
+  the last one of its store's files while it stands (`StoreLatencies`);
 - a direct read that finds its files slow drops the measurement at once
   (chunk reads also stay pipelined for `SLOW_HOLD` seconds: a few fast
   groups, blocks a disk or a VM host still caches, must not send every
@@ -52,9 +54,12 @@ __all__ = [
     "PROBE_SPACING",
     "SLOW_DIRECT",
     "SLOW_HOLD",
+    "STORE_LATENCIES",
+    "STORE_ROOTS",
     "TOOK_DECAY",
     "Fastest",
     "LatencyProbe",
+    "StoreLatencies",
     "per_call_latency",
     "per_file_latency",
     "slow_direct",
@@ -98,6 +103,8 @@ TOOK_DECAY: Final = 0.9
 PROBE_READS: Final = 4
 #: seconds chunk reads stay pipelined after a direct one found its files slow
 SLOW_HOLD: Final = 10 * PROBE_INTERVAL
+#: store roots whose last measurement `STORE_LATENCIES` keeps
+STORE_ROOTS: Final = 64
 #: chunk files each compute thread stores itself, timed, before a write
 #: with no measurement that stands decides where the rest go (at 1 ms per
 #: round trip, four files cost about 16 ms, once per `PROBE_INTERVAL`)
@@ -250,3 +257,62 @@ class LatencyProbe:
 
     def _took(self, seconds: float) -> None:
         self.took = max(seconds, TOOK_DECAY * self.took)
+
+
+class StoreLatencies:
+    """The last measurement of each store root's files, lent to probes
+    that have none of their own.
+
+    A probe belongs to one reader, and zarr builds a new reader with every
+    array it opens: a caller that opens an array for each read
+    (``zarr.open_array(...)[:]``, a loop over the arrays of a group) would
+    make every read a pipelined one, whose hand-off per file costs more CPU
+    than decoding a cheap chunk (lz4). A probe with no measurement takes
+    its store's last one while that is younger than `PROBE_INTERVAL`, and
+    only its age decides from then on (not `LatencyProbe`'s
+    ``reads_between``, which counts the direct reads of its own reader).
+
+    Plain dict operations, atomic under the GIL: two readers racing can
+    only keep one of two measurements of the same files.
+    """
+
+    __slots__ = ("capacity", "seen")
+
+    def __init__(self, capacity: int = STORE_ROOTS) -> None:
+        self.capacity = capacity
+        #: root -> (seconds per file, when measured on the probes' clock)
+        self.seen: dict[bytes, tuple[float, float]] = {}
+
+    def note(self, root: bytes, probe: LatencyProbe) -> None:
+        """``probe`` measured the files under ``root`` (or kept its last
+        measurement): remember it for the store's other readers."""
+        if probe.latency is None:
+            return
+        self.seen.pop(root, None)
+        self.seen[root] = (probe.latency, probe.probed)
+        if len(self.seen) > self.capacity:
+            self.seen.pop(next(iter(self.seen)), None)
+
+    def forget(self, root: bytes) -> None:
+        """A direct read found the files under ``root`` slow."""
+        self.seen.pop(root, None)
+
+    def lend(self, root: bytes, probe: LatencyProbe) -> None:
+        """Give ``probe``, if it has no measurement and is not holding
+        reads on the IO threads, the store's last one while it stands."""
+        if probe.latency is not None:
+            return
+        seen = self.seen.get(root)
+        if seen is None:
+            return
+        now = probe.clock()
+        latency, probed = seen
+        if now < probe.slow_until or now - probed >= PROBE_INTERVAL:
+            return
+        probe.latency = latency
+        probe.probed = probed
+        probe.direct_reads = probe.reads_between
+
+
+#: one per process: the roots' files answer the same to every reader
+STORE_LATENCIES: Final = StoreLatencies()
