@@ -35,6 +35,7 @@ for their size (`per_file_latency`, `per_call_latency`).
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from typing import TYPE_CHECKING, Final
@@ -272,14 +273,15 @@ class StoreLatencies:
     only its age decides from then on (not `LatencyProbe`'s
     ``reads_between``, which counts the direct reads of its own reader).
 
-    Plain dict operations, atomic under the GIL: two readers racing can
-    only keep one of two measurements of the same files.
+    Readers of many threads note and lend at once: a lock keeps the
+    eviction's look at the oldest root from racing another's insert.
     """
 
-    __slots__ = ("capacity", "seen")
+    __slots__ = ("capacity", "lock", "seen")
 
     def __init__(self, capacity: int = STORE_ROOTS) -> None:
         self.capacity = capacity
+        self.lock = threading.Lock()
         #: root -> (seconds per file, when measured on the probes' clock)
         self.seen: dict[bytes, tuple[float, float]] = {}
 
@@ -288,21 +290,24 @@ class StoreLatencies:
         measurement): remember it for the store's other readers."""
         if probe.latency is None:
             return
-        self.seen.pop(root, None)
-        self.seen[root] = (probe.latency, probe.probed)
-        if len(self.seen) > self.capacity:
-            self.seen.pop(next(iter(self.seen)), None)
+        with self.lock:
+            self.seen.pop(root, None)
+            self.seen[root] = (probe.latency, probe.probed)
+            if len(self.seen) > self.capacity:
+                del self.seen[next(iter(self.seen))]
 
     def forget(self, root: bytes) -> None:
         """A direct read found the files under ``root`` slow."""
-        self.seen.pop(root, None)
+        with self.lock:
+            self.seen.pop(root, None)
 
     def lend(self, root: bytes, probe: LatencyProbe) -> None:
         """Give ``probe``, if it has no measurement and is not holding
         reads on the IO threads, the store's last one while it stands."""
         if probe.latency is not None:
             return
-        seen = self.seen.get(root)
+        with self.lock:
+            seen = self.seen.get(root)
         if seen is None:
             return
         now = probe.clock()
@@ -316,3 +321,12 @@ class StoreLatencies:
 
 #: one per process: the roots' files answer the same to every reader
 STORE_LATENCIES: Final = StoreLatencies()
+
+
+def _new_lock_after_fork() -> None:
+    # a thread of the parent may have held it at the fork
+    STORE_LATENCIES.lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_lock_after_fork)
