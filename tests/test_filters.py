@@ -436,6 +436,31 @@ def test_plan_records_python_stage(name: str) -> None:
     assert plan.read_fallback == plan.write_fallback
 
 
+@pytest.mark.parametrize(
+    ("name", "grouped"),
+    [
+        ("transpose-then-quantize", True),
+        ("transpose-then-astype", True),
+        ("transpose-then-delta-astype", False),  # delta's running sum follows the order
+    ],
+)
+def test_leading_transpose_read_in_groups(tmp_path: Path, name: str, grouped: bool) -> None:
+    """An unsharded local chain whose transpose comes before elementwise
+    filters reads its files in groups through the batch kernels, as the
+    shard engine reads such inner chunks; values as zarr's."""
+    case = FILTER_CHAINS[name]
+    value = values_of(case["values"], case["dtype"], SHAPE, 0)
+    store = zarr.storage.LocalStore(tmp_path / "a")
+    with zarr.config.set({"codec_pipeline.path": BATCHED}):
+        create(store, case, [ZstdCodec(level=1)], sharded=False, fill_value=0)[:] = value
+        expected = zarr.open_array(store, mode="r")[:]
+    with zarr.config.set(LENIENT):
+        array = zarr.open_array(store, mode="r")
+        assert (plan_of(array).reader.grouped is not None) is grouped
+        assert_same_values(array[:], expected)
+        assert_same_values(array[2:30:3, 5:], expected[2:30:3, 5:])
+
+
 def test_native_stage_not_named_as_python() -> None:
     """Delta with astype runs zarr's code, BitRound natively: only Delta is named."""
     case = FILTER_CHAINS["bitround-then-delta-astype"]

@@ -264,9 +264,11 @@ def build_plan(
         decodes = partial_decode and has_partial_decode(array_bytes_codec)
         encodes = partial_encode and has_partial_encode(array_bytes_codec)
         reader, read_fallback = _path(_READERS, chain, array_bytes_codec, spec, decodes)
-        if type(reader) is ChunkReader and isinstance(chain, HybridChain) and chain.native:
-            # every filter has a kernel: local chunk files read in groups
-            grouped = filtered_chain(codecs, spec, chain.fallback, native_tail)
+        if type(reader) is ChunkReader and isinstance(chain, HybridChain):
+            # every filter has a kernel (a leading transpose, a Python stage
+            # of the hybrid chain, moved after elementwise ones as the shard
+            # engine does): local chunk files read in groups
+            grouped = filtered_chain(_transposes_last(codecs), spec, chain.fallback, native_tail)
             reader = ChunkReader(chain, grouped)
         elif type(reader) is ChunkReader and isinstance(chain, V2HybridChain) and chain.fused:
             reader = ChunkReader(chain, chain.fused)  # format 2: the same groups
