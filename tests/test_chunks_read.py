@@ -5,6 +5,8 @@ spaced out in time are not all probes."""
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -95,17 +97,25 @@ def chunked(tmp_path: Path) -> tuple[Path, np.ndarray]:
     return _stored(tmp_path / "a", data, (8, 8)), data
 
 
+@contextmanager
+def _pipelined(root: Path) -> Iterator[tuple[Any, PipelinedChunkReader]]:
+    """The array at ``root`` opened through zarr_fused with IO threads
+    (the config held while the caller reads), and its chunk reader."""
+    config = {"codec_pipeline.max_workers": 2, "codec_pipeline.io_concurrency": 4}
+    with with_pipeline(FUSED), zarr.config.set(config):
+        arr = zarr.open_array(LocalStore(root), mode="r")
+        reader = arr._async_array.codec_pipeline.plan.reader
+        assert isinstance(reader, PipelinedChunkReader)
+        yield arr, reader
+
+
 def test_reads_after_the_probe_interval_stay_direct_for_probe_reads(
     chunked: tuple[Path, np.ndarray],
 ) -> None:
     """Reads spaced by more than `PROBE_INTERVAL` (other work in between):
     `PROBE_READS` of them read directly before the next probe."""
     root, data = chunked
-    config = {"codec_pipeline.max_workers": 2, "codec_pipeline.io_concurrency": 4}
-    with with_pipeline(FUSED), zarr.config.set(config):
-        arr = zarr.open_array(LocalStore(root), mode="r")
-        reader = arr._async_array.codec_pipeline.plan.reader
-        assert isinstance(reader, PipelinedChunkReader)
+    with _pipelined(root) as (arr, reader):
         direct_counts = []
         for _ in range(PROBE_READS + 1):
             # files just seen fast, the last probe long ago
@@ -132,11 +142,7 @@ def test_a_new_arrays_first_read_follows_its_stores_measurement(
     measured fast within `PROBE_INTERVAL` (by another array's reader), and
     pipelined (a measurement) otherwise."""
     root, data = chunked
-    config = {"codec_pipeline.max_workers": 2, "codec_pipeline.io_concurrency": 4}
-    with with_pipeline(FUSED), zarr.config.set(config):
-        arr = zarr.open_array(LocalStore(root), mode="r")
-        reader = arr._async_array.codec_pipeline.plan.reader
-        assert isinstance(reader, PipelinedChunkReader)
+    with _pipelined(root) as (arr, reader):
         prefix = _store_prefix(arr)
         STORE_LATENCIES.forget(prefix)
         if measured:
