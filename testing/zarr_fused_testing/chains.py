@@ -12,6 +12,7 @@ table of speed-ups covers exactly the chains the checklist tests.
 from __future__ import annotations
 
 import importlib
+import re
 from typing import Any
 
 import numcodecs
@@ -316,3 +317,31 @@ def create_chain_array(
         compressors=case["compressors"](),
         **common,
     )
+
+
+#: one chain of each kernel family (filter, compressor, serializer, format
+#: 2), the subset the storage tests (tests/test_chains_storage.py) run on
+#: S3 and zip stores, where every chain of `CHAINS` would take minutes
+KERNEL_FAMILIES: dict[str, str] = {
+    "bitround": "bitround-f4-zstd",
+    "fixedscaleoffset": "fixedscaleoffset-f8-i2-zstd",
+    "delta": "delta-i4-zstd",
+    "quantize": "quantize-f4-zstd",
+    "shuffle": "shuffle-zstd-f4",
+    "lz4": "lz4-crc32c-i2",
+    "deflate": "gzip-f4",
+    "scale_offset": "scale_offset-f4-zstd",
+    "cast_value": "scale_offset-cast_value-f4-u2-zstd",
+    "vlen": "vlen-utf8-zstd",
+    "v2": "v2-delta-i4-blosc",
+}
+
+#: a gzip member's header up to its time (magic, deflate, any flags)
+_GZIP_HEADER = re.compile(rb"(\x1f\x8b\x08[\x00-\xff])[\x00-\xff]{4}", re.DOTALL)
+
+
+def without_gzip_mtime(stored: bytes) -> bytes:
+    """``stored`` with the time in every gzip member's header zeroed: gzip
+    writes the clock there, so two writes of one chunk a second apart
+    differ (a shard holds a member per inner chunk)."""
+    return _GZIP_HEADER.sub(lambda m: m.group(1) + bytes(4), stored)
