@@ -14,6 +14,14 @@ message otherwise) before every timed read, without latency.
 
     python asv_bench/latency_side_by_side.py --latency-us 1000 200 --pin both
     python asv_bench/latency_side_by_side.py --latency-us 0 --cold --pin both
+    python asv_bench/latency_side_by_side.py --chain gzip-f4 --chain delta-i4-zstd \
+        --latency-us 1000 200 --pin both
+
+``--chain NAME`` (repeatable) reads chains of the real-data catalogue
+(`zarr_fused_testing.chains`) instead of the default arrays: each written
+by zarr's Batched pipeline, unsharded and (format 3) sharded, and read whole
+by every peer in strict mode (zarr_fused, zarrs); a peer that rejects the
+chain or reads other values than zarr's is named and not timed.
 
 Peers: zarr's two pipelines, zarr_fused, zarr_fused with
 ``codec_pipeline.io_concurrency=1`` (its IO in the compute threads: the path
@@ -117,6 +125,124 @@ READ_CASES = list(_read_cases(0))
 #: the read cases of this run (``--cases``)
 CASES: list[str] = []
 
+#: the arrays of ``--chain``: (shape, chunks or shards, inner chunks when
+#: sharded); 64 chunk files unsharded, 4 shards of 16 inner chunks
+CHAIN_SHAPE = (1024, 1024)
+CHAIN_UNSHARDED = ((128, 128), None)
+CHAIN_SHARDED = ((512, 512), (128, 128))
+
+
+def _chain_arrays(chains: list[str]) -> list[tuple[str, Path]]:
+    """(what, path) of every array of ``chains``, each layout the chain
+    comes in, written by zarr's Batched pipeline once (kept in the data
+    directory, reused while complete)."""
+    import shutil
+
+    from benchmarks._peers import data_dir, pipeline
+    from zarr.storage import LocalStore
+    from zarr_fused_testing.chains import CHAINS, chain_values, create_chain_array, shardings
+
+    out = []
+    for name in chains:
+        case = CHAINS[name]
+        for sharded in shardings(case):
+            layout = "sharded" if sharded else "unsharded"
+            path = data_dir() / f"chain-{name}-{layout}"
+            chunks, inner = CHAIN_SHARDED if sharded else CHAIN_UNSHARDED
+            if not (path / ".complete").exists():
+                shutil.rmtree(path, ignore_errors=True)
+                with pipeline("zarr-batched"):
+                    array = create_chain_array(LocalStore(path), case, CHAIN_SHAPE, chunks, inner)
+                    array[:] = chain_values(case, CHAIN_SHAPE, 0)
+                (path / ".complete").touch()
+            out.append((f"{name} ({layout})", path))
+    return out
+
+
+class _ChainReader:
+    """One peer's handle on a chain's array, opened once: zarr_fused and
+    zarrs in strict mode (a fallback to zarr's code would time zarr)."""
+
+    def __init__(self, peer: str, path: Path) -> None:
+        from benchmarks._peers import PIPELINES, ts_driver
+
+        self.peer = peer
+        if peer == "tensorstore":
+            import tensorstore as ts
+
+            spec = {"driver": ts_driver(path), "kvstore": {"driver": "file", "path": str(path)}}
+            self.handle = ts.open(spec).result()
+            return
+        import zarr
+        from zarr.storage import LocalStore
+
+        self.config: dict[str, Any] = {"codec_pipeline.path": PIPELINES[_base(peer)]}
+        if _base(peer) in ("zarr_fused", "zarrs"):
+            self.config["codec_pipeline.strict"] = True
+        if peer == BASELINE:
+            self.config["codec_pipeline.io_concurrency"] = 1
+        with zarr.config.set(self.config):
+            self.handle = zarr.open_array(LocalStore(path), mode="r")
+
+    def read(self, selection: Any) -> Any:
+        if self.peer == "tensorstore":
+            return self.handle[selection].read().result()
+        import zarr
+
+        with zarr.config.set(self.config):
+            return self.handle[selection]
+
+
+def _base(peer: str) -> str:
+    return "zarr_fused" if peer == BASELINE else peer
+
+
+def _checked_readers(path: Path) -> tuple[dict[str, _ChainReader], list[str]]:
+    """The peers that read zarr's values from ``path``, and a line for each
+    that does not (not timed)."""
+    import numpy as np
+
+    readers, skipped = {}, []
+    expected = None
+    for peer in ["zarr-batched", *(p for p in _peers() if p != "zarr-batched")]:
+        try:
+            reader = _ChainReader(peer, path)
+            got = np.asarray(reader.read(Ellipsis))
+        except Exception as exc:
+            skipped.append(f"{peer}: not timed: {type(exc).__name__}: {exc}"[:200])
+            continue
+        if expected is None:
+            expected = got
+        elif got.shape != expected.shape or not np.array_equal(
+            got, expected, equal_nan=expected.dtype.kind in "fc"
+        ):
+            skipped.append(f"{peer}: not timed: read other values than zarr's")
+            continue
+        readers[peer] = reader
+    if "zarr_fused" not in readers:
+        raise SystemExit(f"zarr_fused cannot read {path.name}: {skipped}")
+    return readers, skipped
+
+
+def chain_read_scenarios(repeat: int, cold: bool, chains: list[str]) -> list[str]:
+    """Whole reads of the ``--chain`` arrays, every peer that reads them."""
+    prepare: Callable[[], Any] | None = None
+    if cold:
+        why = drop_page_cache()
+        if why is not None:
+            return [f"## cold cache: skipped: {why}"]
+        prepare = drop_page_cache
+    out: list[str] = []
+    for what, path in _chain_arrays(chains):
+        readers, skipped = _checked_readers(path)
+        results = rounds(
+            {p: ((lambda r=r: r.read(Ellipsis)), prepare) for p, r in readers.items()}, repeat
+        )
+        out += table(f"read all: {what}{' (cold cache)' if cold else ''}", results)
+        out += [_summary(results), *skipped]
+        _flush(out)
+    return out
+
 
 def read_scenarios(repeat: int, cold: bool) -> list[str]:
     import numpy as np
@@ -194,9 +320,13 @@ def child(args: argparse.Namespace) -> int:
             (
                 f"# {label}, CPUs {cpus} ({'pinned' if args.pin == 'on' else 'unpinned'}), "
                 f"{args.repeat} rounds"
-            )
+            ),
+            "# load average at the start: " + ", ".join(f"{v:.2f}" for v in os.getloadavg()),
         ]
     )
+    if args.chain:
+        _flush(chain_read_scenarios(args.repeat, args.cold, args.chain))
+        return 0
     if "read" in args.ops:
         _flush(read_scenarios(args.repeat, args.cold))
     if "write" in args.ops and not args.cold:
@@ -229,6 +359,13 @@ def main(argv: list[str] | None = None) -> int:
         default=[],
         help="read cases to run (default: all)",
     )
+    parser.add_argument(
+        "--chain",
+        action="append",
+        default=[],
+        help="read this chain of zarr_fused_testing.chains (repeatable) instead of the "
+        "default arrays, unsharded and sharded; reads only",
+    )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     SELECTED[:] = args.peers
@@ -238,8 +375,11 @@ def main(argv: list[str] | None = None) -> int:
 
     from benchmarks._peers import LAYOUTS, data_dir, write_reference
 
-    for name in ("unsharded-blosc", "sharded-zstd"):  # written once, without the shim
-        write_reference(LAYOUTS[name], data_dir() / name)
+    if args.chain:  # written once, without the shim
+        _chain_arrays(args.chain)
+    else:
+        for name in ("unsharded-blosc", "sharded-zstd"):
+            write_reference(LAYOUTS[name], data_dir() / name)
     shim = None
     if any(args.latency_us) and not args.cold:
         shim = build_shim(data_dir().parent / "shim")
@@ -273,6 +413,8 @@ def main(argv: list[str] | None = None) -> int:
                 cmd += ["--peers", *args.peers]
             if args.cases:
                 cmd += ["--cases", *args.cases]
+            for chain in args.chain:
+                cmd += ["--chain", chain]
             sys.stdout.flush()
             res = subprocess.run(cmd, env=env, check=False)
             if res.returncode:

@@ -17,6 +17,8 @@ bytes, for zarr_fused, zarr's two pipelines, zarrs and tensorstore.
     python asv_bench/s3_side_by_side.py --server static --server-cpu 1 --latency 20 \
         --operation write-all --peer zarr_fused --peer zarr-fused --peer zarr-batched \
         --peer bare-puts --repeat 5                     # writes to it
+    python asv_bench/s3_side_by_side.py --chain gzip-f4 --chain v2-delta-i4-blosc \
+        --latency 20 --repeat 5                         # chains of the catalogue
 
 zarr_fused and zarr's pipelines read through zarr's ``ObjectStore`` over
 obstore's ``S3Store`` (``--store s3fs``: ``FsspecStore`` over s3fs); zarrs
@@ -38,6 +40,13 @@ interleaved rounds, the order rotating each round; the requests and bytes of
 each peer are those of its last timed call (they do not vary between calls).
 Without added latency moto itself (a few ms per request) dominates: compare
 peers at 20 ms, and only as ratios measured in one run.
+
+``--chain NAME`` (repeatable) replaces the scenarios with chains of the
+real-data catalogue (`zarr_fused_testing.chains`), each unsharded and (format
+3) sharded, read whole; zarr_fused runs in strict mode there (a chain it
+cannot read natively fails instead of timing zarr's code), and every peer's
+values are checked against zarr's Batched pipeline's read of the same
+values.
 
 ``--server static`` serves reads and writes from
 `zarr_fused_testing.s3_static.StaticS3Server` instead: a light S3 server (one asyncio
@@ -149,7 +158,64 @@ class Scenario:
         )
 
 
-SCENARIOS = {
+@dataclass(frozen=True)
+class ChainScenario:
+    """A chain of `zarr_fused_testing.chains` as a read scenario: its array
+    (``chunks`` the shards when ``inner`` is given), read whole."""
+
+    name: str
+    chain: str
+    shape: tuple[int, ...]
+    chunks: tuple[int, ...]
+    inner: tuple[int, ...] | None
+    operations: dict[str, Any] = field(default_factory=lambda: {"whole": Ellipsis})
+
+    def data(self) -> np.ndarray:
+        from zarr_fused_testing.chains import CHAINS, chain_values
+
+        return chain_values(CHAINS[self.chain], self.shape, 0)
+
+    def expected(self) -> np.ndarray:
+        """What zarr's Batched pipeline reads back of `data` (a lossy
+        filter's values, not the ones written)."""
+        import zarr
+        from zarr.storage import MemoryStore
+
+        with zarr.config.set(zarr_config(WRITER)):
+            array = self.create(MemoryStore())
+            array[...] = self.data()
+            return np.asarray(array[...])
+
+    def create(self, store: Any) -> Any:
+        from zarr_fused_testing.chains import CHAINS, create_chain_array
+
+        return create_chain_array(store, CHAINS[self.chain], self.shape, self.chunks, self.inner)
+
+
+#: the arrays of ``--chain``: 64 objects unsharded, 4 shards of 16 inner chunks
+CHAIN_SHAPE = (1024, 1024)
+CHAIN_UNSHARDED = ((128, 128), None)
+CHAIN_SHARDED = ((512, 512), (128, 128))
+
+
+def chain_scenarios(chains: list[str]) -> dict[str, ChainScenario]:
+    """The scenarios of ``--chain``: each chain in each layout it comes in."""
+    from zarr_fused_testing.chains import CHAINS, shardings
+
+    out = {}
+    for chain in chains:
+        for sharded in shardings(CHAINS[chain]):
+            name = f"{chain}-{'sharded' if sharded else 'unsharded'}"
+            chunks, inner = CHAIN_SHARDED if sharded else CHAIN_UNSHARDED
+            out[name] = ChainScenario(name, chain, CHAIN_SHAPE, chunks, inner)
+    return out
+
+
+#: zarr_fused in strict mode (``--chain``: a fallback would time zarr's code)
+STRICT_OURS: list[bool] = []
+
+
+SCENARIOS: dict[str, Scenario | ChainScenario] = {
     "sharded": Scenario(
         "sharded",
         (256, 256, 256),
@@ -224,7 +290,7 @@ def zarr_config(peer: str) -> dict[str, Any]:
     cfg: dict[str, Any] = {"codec_pipeline.path": PIPELINES[base]}
     if limit:
         cfg["codec_pipeline.async_concurrency"] = int(limit)
-    if peer == "zarrs":
+    if peer == "zarrs" or (base == "zarr_fused" and STRICT_OURS):
         cfg["codec_pipeline.strict"] = True  # no silent fallback to zarr's pipeline
     return cfg
 
@@ -365,7 +431,7 @@ class Result:
 
 
 def measure(
-    scenario: Scenario,
+    scenario: Scenario | ChainScenario,
     operation: str,
     peers: list[str],
     proxy: LatencyProxy | StaticS3Server,
@@ -378,7 +444,12 @@ def measure(
     data = scenario.data()
     writing = selection == "write" or isinstance(selection, WriteAt)
     where = selection.selection if isinstance(selection, WriteAt) else Ellipsis
-    expected = None if writing else data[selection]
+    if writing:
+        expected = None
+    elif isinstance(scenario, ChainScenario):
+        expected = scenario.expected()[selection]
+    else:
+        expected = data[selection]
     if where is not Ellipsis or not writing:  # the floor is that of whole writes
         peers = [p for p in peers if p.partition(VARIANT)[0] != BARE]
     results = {p: Result() for p in peers}
@@ -405,7 +476,9 @@ def measure(
                 handle = Peer(peer, store_kind, proxy.endpoint, source)
                 handle.open()
                 got = handle.read(selection)
-                if got.dtype != expected.dtype or not np.array_equal(got, expected):
+                if got.dtype != expected.dtype or not np.array_equal(
+                    got, expected, equal_nan=expected.dtype.kind in "fc"
+                ):
                     raise AssertionError("wrong values read")
             handles[peer] = handle
         except Exception as exc:
@@ -466,7 +539,7 @@ def table(title: str, results: dict[str, Result], ours: str = "zarr_fused") -> l
     return lines + [""]
 
 
-def operations(scenario: Scenario, args: argparse.Namespace) -> list[str]:
+def operations(scenario: Scenario | ChainScenario, args: argparse.Namespace) -> list[str]:
     return [op for op in scenario.operations if not args.operation or op in args.operation]
 
 
@@ -528,7 +601,7 @@ class Servers:
 
 
 def run_scenario(
-    scenario: Scenario,
+    scenario: Scenario | ChainScenario,
     latency: float,
     peers: list[str],
     servers: Servers,
@@ -562,6 +635,13 @@ def run_scenario(
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--scenario", choices=[*SCENARIOS, "all"], default="all")
+    parser.add_argument(
+        "--chain",
+        action="append",
+        default=[],
+        help="read this chain of zarr_fused_testing.chains (repeatable), unsharded and "
+        "sharded, instead of the scenarios",
+    )
     parser.add_argument("--operation", action="append", help="only these operations")
     parser.add_argument(
         "--latency",
@@ -623,13 +703,21 @@ def main(argv: list[str] | None = None) -> int:
             peers.append(peer)
     latencies = args.latency if args.latency is not None else [0.0, 20.0]
     scenarios = list(SCENARIOS) if args.scenario == "all" else [args.scenario]
+    if args.chain:
+        SCENARIOS.clear()
+        SCENARIOS.update(chain_scenarios(args.chain))
+        scenarios = list(SCENARIOS)
+        STRICT_OURS.append(True)
     warnings.simplefilter("ignore")  # zarr's experimental-pipeline and numcodecs notices
 
     out: dict[str, Any] = {"store": args.store, "server": args.server, "repeat": args.repeat}
     out["results"] = {}
     where = "moto behind the latency proxy" if args.server == "moto" else "the static server"
+    cpus = sorted(os.sched_getaffinity(0))
+    load = ", ".join(f"{v:.2f}" for v in os.getloadavg())
     print(
-        f"## S3 side by side ({args.store}, served by {where}, median of {args.repeat})\n",
+        f"## S3 side by side ({args.store}, served by {where}, median of {args.repeat})\n"
+        f"# CPUs {cpus}, load average at the start: {load}\n",
         flush=True,
     )
     try:
