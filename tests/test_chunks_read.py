@@ -17,6 +17,7 @@ from zarr.storage import LocalStore
 
 import zarr_fused
 from zarr_fused._hybrid import FilteredChain
+from zarr_fused.chunks import pipelined as chunk_pipelined
 from zarr_fused.chunks import read as chunk_read
 from zarr_fused.chunks.pipelined import PipelinedChunkReader
 from zarr_fused.io.local import local_files
@@ -26,26 +27,35 @@ from zarr_fused.io.probe import (
     PROBE_READS,
     STORE_LATENCIES,
     per_file_latency,
+    slow_direct,
 )
 
-from helpers import BATCHED, FUSED, assert_same_values, with_pipeline
+from helpers import BATCHED, FUSED, assert_same_values, grouped_chain, with_pipeline
 
 
-def test_group_that_did_not_block_is_judged_by_its_cpu_time() -> None:
+def test_group_that_did_not_block_waited_for_no_file() -> None:
     # 1 s of wall time, 64 ms of CPU, 2 blocking waits for 64 files: it
     # waited for a CPU, not for its files
     before, after = (10.0, 3.0, 100), (11.0, 3.064, 102)
-    assert chunk_read.group_seconds_per_file(before, after, range(64)) == pytest.approx(1e-3)
+    assert chunk_read.group_wait_per_file(before, after, range(64)) == 0.0
 
 
-def test_group_that_blocked_per_file_is_judged_by_its_wall_time() -> None:
+def test_group_that_blocked_per_file_waited_what_its_cpu_time_leaves() -> None:
     before, after = (10.0, 3.0, 100), (11.0, 3.064, 164)
-    assert chunk_read.group_seconds_per_file(before, after, range(64)) == pytest.approx(1 / 64)
+    assert chunk_read.group_wait_per_file(before, after, range(64)) == pytest.approx(0.936 / 64)
+
+
+def test_slow_decoding_is_not_waiting_for_files() -> None:
+    # a hot cache of gzip chunks: 320 us of CPU per chunk, a GIL wait per file
+    before, after = (10.0, 3.0, 100), (10.0205, 3.0204, 164)
+    wait = chunk_read.group_wait_per_file(before, after, range(64))
+    assert wait == pytest.approx(0.0001 / 64)
+    assert not slow_direct(wait, 128 << 10)
 
 
 def test_group_without_a_count_of_blocking_waits_is_judged_by_its_wall_time() -> None:
     before, after = (10.0, 3.0, -1), (11.0, 3.064, -1)  # not Linux: no count
-    assert chunk_read.group_seconds_per_file(before, after, range(64)) == pytest.approx(1 / 64)
+    assert chunk_read.group_wait_per_file(before, after, range(64)) == pytest.approx(1 / 64)
 
 
 @pytest.mark.skipif(chunk_read.THREAD_USAGE is None, reason="no per-thread rusage here")
@@ -109,6 +119,26 @@ def _pipelined(root: Path) -> Iterator[tuple[Any, PipelinedChunkReader]]:
         yield arr, reader
 
 
+def _pipelined_reads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The number of chunks of each pipelined read from now on, as they run."""
+    pipelined: list[int] = []
+    run = chunk_pipelined.run_pipelined
+
+    def spy(groups: Any, *args: Any, **kwargs: Any) -> None:
+        pipelined.append(sum(len(g) for g in groups))
+        run(groups, *args, **kwargs)
+
+    monkeypatch.setattr(chunk_pipelined, "run_pipelined", spy)
+    return pipelined
+
+
+def _held_on_io_threads(arr: Any, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Hold ``arr``'s reads on the IO threads (files found slow); see
+    `_pipelined_reads`."""
+    arr._async_array.codec_pipeline.plan.reader.probe.found_slow(hold=3600.0)
+    return _pipelined_reads(monkeypatch)
+
+
 def test_reads_after_the_probe_interval_stay_direct_for_probe_reads(
     chunked: tuple[Path, np.ndarray],
 ) -> None:
@@ -124,7 +154,8 @@ def test_reads_after_the_probe_interval_stay_direct_for_probe_reads(
             reader.probe.slow_until = 0.0
             assert_same_values(arr[...], data)
             direct_counts.append(reader.probe.direct_reads)
-    assert direct_counts == [*range(1, PROBE_READS + 1), 0]
+    # then none stands: the next read's first chunks measure the files anew
+    assert direct_counts == [*range(1, PROBE_READS + 1), 1]
 
 
 def _store_prefix(arr: Any) -> bytes:
@@ -139,8 +170,8 @@ def test_a_new_arrays_first_read_follows_its_stores_measurement(
     chunked: tuple[Path, np.ndarray], measured: bool
 ) -> None:
     """An array just opened reads directly while its store's files were
-    measured fast within `PROBE_INTERVAL` (by another array's reader), and
-    pipelined (a measurement) otherwise."""
+    measured fast within `PROBE_INTERVAL` (by another array's reader);
+    otherwise its first chunks, read directly, measure them (hot here)."""
     root, data = chunked
     with _pipelined(root) as (arr, reader):
         prefix = _store_prefix(arr)
@@ -151,15 +182,41 @@ def test_a_new_arrays_first_read_follows_its_stores_measurement(
     if measured:  # lent: its age alone decides, as after PROBE_READS direct reads
         assert reader.probe.latency == FAST_FILE / 2
         assert reader.probe.direct_reads == PROBE_READS + 1
-    else:  # pipelined: its own measurement, lent to the next array opened
+    else:  # scouted: its own measurement, lent to the next array opened
+        assert reader.probe.latency is not None
+        assert reader.probe.latency < FAST_FILE
+        assert reader.probe.direct_reads == 1
+        assert STORE_LATENCIES.seen[prefix][0] == reader.probe.latency
+
+
+@pytest.mark.parametrize("waited", [False, True], ids=["hot", "waited"])
+def test_a_read_with_no_measurement_scouts_one_chunk_per_thread(
+    chunked: tuple[Path, np.ndarray], monkeypatch: pytest.MonkeyPatch, waited: bool
+) -> None:
+    """No measurement stands: one chunk per compute thread is read
+    directly first; the rest directly too if those did not wait for their
+    files, through the IO threads (which measure them) otherwise."""
+    root, data = chunked
+    pipelined = _pipelined_reads(monkeypatch)
+    if waited:  # as a network filesystem's first files would
+        monkeypatch.setattr(chunk_read, "group_wait_per_file", lambda *_: 1e-3)
+    with _pipelined(root) as (arr, reader):
+        STORE_LATENCIES.forget(_store_prefix(arr))
+        assert_same_values(arr[...], data)
+    chunks = (64 // 8) ** 2
+    if waited:  # the rest on the IO threads, which measured the files
+        assert pipelined == [chunks - 2]
         assert reader.probe.direct_reads == 0
-        assert prefix in STORE_LATENCIES.seen
+    else:
+        assert pipelined == []
+        assert reader.probe.direct_reads == 1
+    assert reader.probe.latency is not None
 
 
 @pytest.fixture
 def delta_chunked(tmp_path: Path) -> Path:
-    """A 64 x 64 int32 array in 16 x 16 delta -> zstd chunk files (a chain
-    the `ChunkReader` reads); the chunk at (1, 1) never written."""
+    """A 64 x 64 int32 array in 16 x 16 delta -> zstd chunk files (native
+    filters over a native chain); the chunk at (1, 1) never written."""
     data = np.cumsum(np.random.default_rng(5).integers(-3, 4, size=(64, 64)), axis=1)
     data = data.astype("<i4")
     data[16:32, 16:32] = 7  # the fill value: the chunk is not stored
@@ -168,12 +225,13 @@ def delta_chunked(tmp_path: Path) -> Path:
 
 
 def _reads(root: Path) -> tuple[np.ndarray, np.ndarray]:
-    """(zarr's read, ours) of the whole array, through the `ChunkReader`."""
+    """(zarr's read, ours) of the whole array, through the batch kernels of
+    its `FilteredChain`."""
     with with_pipeline(BATCHED):
         expected = zarr.open_array(LocalStore(root), mode="r")[...]
     with with_pipeline(FUSED):
         arr = zarr.open_array(LocalStore(root), mode="r")
-        assert type(arr._async_array.codec_pipeline.plan.reader) is chunk_read.ChunkReader
+        assert grouped_chain(arr) is not None
         return expected, arr[...]
 
 
@@ -240,27 +298,49 @@ def test_native_filters_read_local_files_in_groups(
 ) -> None:
     """Every filter has a kernel: the batch kernels decode each group of
     files in one call, never the hybrid chain's per-chunk decode."""
-    groups: list[range] = []
-    read_group = chunk_read._FilteredRead.read_group
+    capacities: list[int] = []
+    kernel_batch = FilteredChain.kernel_batch
 
-    def spy(self: chunk_read._FilteredRead, indices: range) -> None:
-        groups.append(indices)
-        read_group(self, indices)
+    def spy(self: FilteredChain, capacity: int, ndim: int, *args: Any) -> Any:
+        capacities.append(capacity)
+        return kernel_batch(self, capacity, ndim, *args)
 
     def per_chunk(*args: object) -> bool:
         raise AssertionError("a chunk decoded on its own")
 
-    monkeypatch.setattr(chunk_read._FilteredRead, "read_group", spy)
+    monkeypatch.setattr(FilteredChain, "kernel_batch", spy)
     monkeypatch.setattr(chunk_read.ChunkReader, "_decode_into", per_chunk)
     # the kernels read the files, the missing one included
     monkeypatch.setattr(chunk_read, "_read_bytes", per_chunk)
     expected, got = _reads(delta_chunked)
     assert_same_values(got, expected)
-    assert sorted(i for g in groups for i in g) == list(range(16))
+    assert sum(capacities) == 16
     with with_pipeline(BATCHED):
         part = zarr.open_array(LocalStore(delta_chunked), mode="r")[3:50:5, 10:]
     with with_pipeline(FUSED):
         assert_same_values(zarr.open_array(LocalStore(delta_chunked), mode="r")[3:50:5, 10:], part)
+
+
+@pytest.mark.parametrize("path", ["pipelined", "direct"])
+def test_native_filters_read_through_the_io_threads_when_files_are_slow(
+    delta_chunked: Path, monkeypatch: pytest.MonkeyPatch, path: str
+) -> None:
+    """Files measured slow (a network filesystem): the IO threads fetch the
+    filtered chain's files in groups, the compute threads decode them;
+    measured fast: the compute threads read them in their decode calls.
+    Either way zarr's values, the missing chunk filled."""
+    with with_pipeline(BATCHED):
+        expected = zarr.open_array(LocalStore(delta_chunked), mode="r")[...]
+    with _pipelined(delta_chunked) as (arr, reader):
+        assert isinstance(reader.chain, FilteredChain)
+        pipelined = []
+        if path == "pipelined":
+            pipelined = _held_on_io_threads(arr, monkeypatch)
+        else:
+            reader.probe.measured(FAST_FILE / 2)
+        assert_same_values(arr[...], expected)
+        assert_same_values(arr[5:60:7, 3:], expected[5:60:7, 3:])
+    assert pipelined == ([16, 16] if path == "pipelined" else [])
 
 
 def test_native_filters_in_groups_refuse_as_zarr(tmp_path: Path) -> None:
@@ -283,21 +363,30 @@ def test_native_filters_in_groups_refuse_as_zarr(tmp_path: Path) -> None:
             zarr.open_array(LocalStore(root / "b"), mode="r")[:]
 
 
-def test_native_filters_in_groups_name_a_cut_chunk(delta_chunked: Path) -> None:
+@pytest.mark.parametrize("io", ["direct", "pipelined"])
+def test_native_filters_in_groups_name_a_cut_chunk(
+    delta_chunked: Path, monkeypatch: pytest.MonkeyPatch, io: str
+) -> None:
     chunk = delta_chunked / "c" / "2" / "3"
     chunk.write_bytes(chunk.read_bytes()[:-5])
-    with with_pipeline(FUSED), pytest.raises(Exception, match="c/2/3"):
-        zarr.open_array(LocalStore(delta_chunked), mode="r")[:]
+    with with_pipeline(FUSED):
+        arr = zarr.open_array(LocalStore(delta_chunked), mode="r")
+        pipelined = _held_on_io_threads(arr, monkeypatch) if io == "pipelined" else []
+        with pytest.raises(Exception, match="c/2/3"):
+            arr[:]
+    assert pipelined == ([16] if io == "pipelined" else [])
 
 
 # numcodecs' astype warns of the values int32 cannot hold, under both pipelines
 @pytest.mark.filterwarnings("ignore:invalid value encountered in cast:RuntimeWarning")
+@pytest.mark.parametrize("io", ["direct", "pipelined"])
 def test_native_filters_in_groups_hand_a_refused_file_to_zarr(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, io: str
 ) -> None:
     """A stored float astype cannot turn into int32 (written by another
-    array): the kernels read the file and refuse the chunk, zarr's code
-    decodes the file's bytes, read again, as zarr reads them."""
+    array): the kernels read the file (or the IO threads fetched it) and
+    refuse the chunk, zarr's code decodes the file's bytes, as zarr reads
+    them."""
     refused: list[bytes] = []
     decode_refused = FilteredChain.decode_refused
 
@@ -328,10 +417,12 @@ def test_native_filters_in_groups_hand_a_refused_file_to_zarr(
         expected = zarr.open_array(LocalStore(root / "a"), mode="r")[:]
     with with_pipeline(FUSED):
         arr = zarr.open_array(LocalStore(root / "a"), mode="r")
-        assert arr._async_array.codec_pipeline.plan.reader.grouped is not None
+        assert grouped_chain(arr) is not None
+        pipelined = _held_on_io_threads(arr, monkeypatch) if io == "pipelined" else []
         assert_same_values(arr[:], expected)
         assert_same_values(arr[5:30:3], expected[5:30:3])
     assert refused == [(root / "a" / "c" / "2").read_bytes()] * 2
+    assert pipelined == ([4, 4] if io == "pipelined" else [])
 
 
 ROW_FILTERS = {

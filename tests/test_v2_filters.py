@@ -29,7 +29,7 @@ from zarr_fused._v2 import V2Shuffle
 from zarr_fused.cli.identity import byte_identical
 from zarr_fused.errors import CorruptChunkError, UnsupportedError
 
-from helpers import FUSED, assert_same_values, chunk_items, filter_data, make_store
+from helpers import FUSED, assert_same_values, chunk_items, filter_data, grouped_chain, make_store
 from helpers.filter_data import STRICT, assert_reads_as_zarr, values_of
 
 LENIENT = {"codec_pipeline.path": FUSED, "codec_pipeline.strict": False}
@@ -239,7 +239,7 @@ def test_filters_run_in_the_batch_kernel(tmp_path: Path, name: str, order: str) 
         fused = getattr(plan_of(array).chain, "fused", None)
         assert (fused is not None) == (name not in UNFUSED)
         # local chunk files: a group of them per nogil call
-        assert getattr(plan_of(array).reader, "grouped", None) is fused
+        assert grouped_chain(array) is fused
         if fused is not None:
             assert fused.order == ((1, 0) if order == "F" else None)
 
@@ -318,7 +318,7 @@ def test_delta_rows_into_output(tmp_path: Path, dtype: str, order: str, selectio
         array = zarr.open_array(store, mode="r")
         plan = plan_of(array)
         assert plan.chain.fused is not None
-        assert plan.reader.grouped is plan.chain.fused
+        assert grouped_chain(array) is plan.chain.fused
         got = array[selection]
     bits = f"<u{np.dtype(dtype).itemsize}"
     assert got.shape == expected.shape
@@ -332,7 +332,7 @@ def test_grouped_read_of_missing_files(tmp_path: Path) -> None:
         array = create(LocalStore(tmp_path), "delta-blosc", "C", fill_value=-4)
         array[:4, :5] = 1
         array[8:, 5:] = 2
-        assert plan_of(array).reader.grouped is not None
+        assert grouped_chain(array) is not None
         got = array[...]
     expected = np.full(SHAPE, -4, dtype="<i4")
     expected[:4, :5] = 1

@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from zarr.core.array_spec import ArraySpec
     from zarr.core.buffer import NDBuffer
 
-    from zarr_fused._chain import NativeChain
+    from zarr_fused._batch_chain import BatchChain
     from zarr_fused._items import ReadItem, WriteItem
     from zarr_fused.io.shard_lock import ShardLocks
     from zarr_fused.stats import Stats
@@ -98,7 +98,7 @@ class ReadTarget:
     @classmethod
     def native(
         cls,
-        chain: NativeChain,
+        chain: BatchChain,
         batch: Sequence[ReadItem],
         request: ReadRequest,
         chunk_shape: tuple[int, ...] | None = None,

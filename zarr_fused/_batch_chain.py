@@ -4,8 +4,9 @@
 `zarr_fused._hybrid.FilteredChain` (native filters over a native tail) are
 both run by `zarr_fused._codec_batch`'s batches: a chunk's element layout,
 a chunk decoded whole, or into its place in an output, through a batch of
-one, are the same for both; only the batch each builds differs
-(`BatchChain.kernel_batch`).
+one, are the same for both (and a group of fetched chunks decoded in one
+batch: `zarr_fused._scatter_py.decode_group`); only the batch each builds
+differs (`BatchChain.kernel_batch`).
 """
 
 from __future__ import annotations
@@ -60,6 +61,10 @@ class BatchChain(NativeOrFallback):
             with self._lock:
                 self._layouts[shape] = layout
         return layout
+
+    @abstractmethod
+    def encode_bound(self, nbytes: int) -> int:
+        """The most bytes a chunk of ``nbytes`` value bytes encodes to."""
 
     @abstractmethod
     def kernel_batch(self, capacity: int, ndim: int, describe: Any = describe_chunk) -> Any:

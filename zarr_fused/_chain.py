@@ -49,13 +49,12 @@ from zarr.core.dtype.npy.structured import Struct
 from zarr_fused._batch_chain import BatchChain, StoredBytes
 from zarr_fused._items import describe_chunk
 from zarr_fused._native import batch_kernels, codec_kernels, scatter_kernels
-from zarr_fused._scatter_py import DecodeThenScatter, fill_missing
+from zarr_fused._scatter_py import DecodeThenScatter
 from zarr_fused._v2 import V2Codec, v2_chain_params, v2_vlen_params
 from zarr_fused._vlen_chain import vlen_chain
 from zarr_fused._zarr_compat import ChunkTransform, numcodec_inside
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
 
     from zarr.abc.codec import Codec
     from zarr.core.array_spec import ArraySpec
@@ -144,50 +143,6 @@ class NativeChain(BatchChain):
     def encode_bound(self, nbytes: int) -> int:
         """The most bytes a chunk of ``nbytes`` can encode to."""
         return self.kernel.max_encoded_size(nbytes)
-
-    def decode_group(
-        self,
-        batch: Sequence[ReadItem],
-        out: NDBuffer,
-        drop_axes: tuple[int, ...],
-        fill: bytes,
-        ndim: int,
-        group: Sequence[tuple[int, Any]],
-    ) -> None:
-        """Decode ``group``, pairs of a batch position and its stored bytes (None
-        for a missing chunk, filled with ``fill``), into ``out`` in one nogil
-        call; the chunks the kernels do not place go through the chain (the
-        readers that fetch apart from decoding: `zarr_fused.chunks.pipelined`,
-        `zarr_fused.chunks.async_read`)."""
-        dst = out.as_ndarray_like()
-        decode = self.decode_batch(len(group), ndim)
-        decode.set_fill(fill)
-        general: list[tuple[int, Any]] = []
-        for i, data in group:
-            getter, spec, chunk_selection, out_selection, _ = batch[i]
-            if data is None:
-                queued = decode.add_missing(dst, out_selection, getter)
-            else:
-                queued = decode.add(
-                    data,
-                    self.layout(spec.shape),
-                    chunk_selection,
-                    dst,
-                    out_selection,
-                    drop_axes,
-                    getter,
-                )
-            if not queued:
-                general.append((i, data))
-        decode.run()
-        for i, data in general:
-            _, spec, _, out_selection, _ = batch[i]
-            if data is None:
-                fill_missing(out, out_selection, spec)
-            else:
-                # a copy: the bytes may sit in a buffer the caller reuses
-                raw = spec.prototype.buffer.from_bytes(bytes(data))
-                self.decode_into(raw, batch[i], out, drop_axes)
 
     def encode_swap(self, array: np.ndarray) -> bool | None:
         """Whether encoding ``array`` swaps bytes; None when the kernel

@@ -264,14 +264,8 @@ def build_plan(
         decodes = partial_decode and has_partial_decode(array_bytes_codec)
         encodes = partial_encode and has_partial_encode(array_bytes_codec)
         reader, read_fallback = _path(_READERS, chain, array_bytes_codec, spec, decodes)
-        if type(reader) is ChunkReader and isinstance(chain, HybridChain):
-            # every filter has a kernel (a leading transpose, a Python stage
-            # of the hybrid chain, moved after elementwise ones as the shard
-            # engine does): local chunk files read in groups
-            grouped = filtered_chain(_transposes_last(codecs), spec, chain.fallback, native_tail)
-            reader = ChunkReader(chain, grouped)
-        elif type(reader) is ChunkReader and isinstance(chain, V2HybridChain) and chain.fused:
-            reader = ChunkReader(chain, chain.fused)  # format 2: the same groups
+        if type(reader) is ChunkReader:
+            reader = _grouped_reader(codecs, spec, chain) or reader
         writer, write_fallback = _path(_WRITERS, chain, array_bytes_codec, spec, encodes)
     sharded = isinstance(async_array_bytes_codec, ShardingCodec)
     return PipelinePlan(
@@ -288,6 +282,24 @@ def build_plan(
         AsyncShardReader(reader) if isinstance(reader, ShardReader) else None,
         AsyncShardWriter(writer) if isinstance(writer, ShardWriter) else None,
     )
+
+
+def _grouped_reader(codecs: tuple[Codec, ...], spec: ArraySpec, chain: Chain) -> Reader | None:
+    """Whole chunks of a chain whose every filter has a kernel: read in
+    groups by the batch kernels, local chunk files through the IO threads as
+    a native chain's are; what the kernels cannot write into through
+    ``chain`` (the hybrid chain, zarr's code for its Python stages). None
+    for any other chain."""
+    grouped: FilteredChain | None = None
+    if isinstance(chain, HybridChain):
+        # a leading transpose, a Python stage of the hybrid chain, moved
+        # after elementwise filters as the shard engine does
+        grouped = filtered_chain(_transposes_last(codecs), spec, chain.fallback, native_tail)
+    elif isinstance(chain, V2HybridChain):
+        grouped = chain.fused  # format 2: the same groups
+    if grouped is None:
+        return None
+    return PipelinedChunkReader(grouped, NativeChunkReader(grouped, ChunkReader(chain)))
 
 
 def _async_codecs(
@@ -353,7 +365,7 @@ _READERS: _Paths[Reader] = _Paths(
     ),
     # LocalStore chunk files go through the IO threads; any other store
     # through the NativeChunkReader the pipelined reader wraps
-    lambda chain: PipelinedChunkReader(chain, NativeChunkReader(chain)),
+    lambda chain: PipelinedChunkReader(chain, NativeChunkReader(chain, ChunkReader(chain))),
     ChunkReader,
 )
 _WRITERS: _Paths[Writer] = _Paths(

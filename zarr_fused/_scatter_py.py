@@ -20,16 +20,20 @@ from zarr_fused._dtypes import element_bytes, in_byte_order
 from zarr_fused._native import scatter_kernels
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from zarr.core.array_spec import ArraySpec
     from zarr.core.buffer import Buffer, NDBuffer
     from zarr.core.indexing import SelectorTuple
 
+    from zarr_fused._batch_chain import BatchChain
     from zarr_fused._items import ReadItem
 
 __all__ = [
     "SWAPPABLE_KINDS",
     "DecodeThenScatter",
     "copy_into",
+    "decode_group",
     "fill_missing",
     "scatter_array",
     "scatter_chunk",
@@ -136,3 +140,50 @@ def fill_missing(out: NDBuffer, out_selection: SelectorTuple, spec: ArraySpec) -
         # one element already in dst's byte order (NumPy's cast would not swap)
         value = np.frombuffer(element_bytes(value, dst.dtype), dtype=dst.dtype).reshape(())
     out[out_selection] = value
+
+
+def decode_group(
+    chain: BatchChain,
+    batch: Sequence[ReadItem],
+    out: NDBuffer,
+    drop_axes: tuple[int, ...],
+    fill: bytes,
+    ndim: int,
+    group: Sequence[tuple[int, Any]],
+) -> None:
+    """Decode ``group``, pairs of a batch position and its stored bytes (None
+    for a missing chunk, filled with ``fill``), into ``out`` in one nogil
+    call of ``chain``'s batch kernels (a native chain's, or native filters
+    over one); the chunks the kernels do not place go through the chain (the
+    readers that fetch apart from decoding: `zarr_fused.chunks.pipelined`,
+    `zarr_fused.chunks.async_read`); missing ones it does not place get
+    `fill_missing`."""
+    dst = out.as_ndarray_like()
+    decode = chain.kernel_batch(len(group), ndim)
+    decode.set_fill(fill)
+    general: list[tuple[int, Any]] = []
+    for i, data in group:
+        getter, spec, chunk_selection, out_selection, _ = batch[i]
+        if data is None:
+            queued = decode.add_missing(dst, out_selection, getter)
+        else:
+            queued = decode.add(
+                data,
+                chain.layout(spec.shape),
+                chunk_selection,
+                dst,
+                out_selection,
+                drop_axes,
+                getter,
+            )
+        if not queued:
+            general.append((i, data))
+    decode.run()
+    for i, data in general:
+        _, spec, _, out_selection, _ = batch[i]
+        if data is None:
+            fill_missing(out, out_selection, spec)
+        else:
+            # a copy: the bytes may sit in a buffer the caller reuses
+            raw = spec.prototype.buffer.from_bytes(bytes(data))
+            chain.decode_into(raw, batch[i], out, drop_axes)

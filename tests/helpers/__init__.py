@@ -133,3 +133,13 @@ def chunk_spec(shape: tuple[int, ...], dtype: Any) -> ArraySpec:
         config=ArrayConfig(order="C", write_empty_chunks=True),
         prototype=default_buffer_prototype(),
     )
+
+
+def grouped_chain(array: Any) -> Any:
+    """The `FilteredChain` whose batch kernels read ``array``'s unsharded
+    local chunk files in groups (through the IO threads or directly), or
+    None when its chunks are read one by one through its plan's chain."""
+    from zarr_fused._hybrid import FilteredChain
+
+    chain = getattr(array._async_array.codec_pipeline.plan.reader, "chain", None)
+    return chain if isinstance(chain, FilteredChain) else None

@@ -38,7 +38,7 @@ from zarr.storage import ObjectStore, StorePath
 
 from zarr_fused._batch import ReadTarget
 from zarr_fused._items import MISSING, PRESENT
-from zarr_fused._scatter_py import fill_missing, scatter_chunk
+from zarr_fused._scatter_py import decode_group, fill_missing, scatter_chunk
 
 if TYPE_CHECKING:
     from collections.abc import Iterator, Sequence
@@ -260,6 +260,6 @@ class _GroupedRead:
         for i, data in group:
             if data is None:
                 self.statuses[i] = MISSING
-        self.chain.decode_group(
-            self.batch, self.out, self.drop_axes, self.pattern, self.ndim, group
+        decode_group(
+            self.chain, self.batch, self.out, self.drop_axes, self.pattern, self.ndim, group
         )

@@ -26,6 +26,7 @@ import numpy as np
 from zarr_fused._batch import ReadTarget
 from zarr_fused._items import PRESENT
 from zarr_fused._native import fileio_kernels, io_kernels
+from zarr_fused._scatter_py import decode_group
 from zarr_fused.io.engine import Batch, resolve_io_concurrency, run_pipelined
 from zarr_fused.io.local import local_files
 from zarr_fused.io.probe import (
@@ -46,7 +47,7 @@ if TYPE_CHECKING:
     from zarr.abc.codec import GetResult
 
     from zarr_fused._batch import ReadRequest
-    from zarr_fused._chain import NativeChain
+    from zarr_fused._batch_chain import BatchChain
     from zarr_fused._items import ReadItem
     from zarr_fused.chunks.read import NativeChunkReader
     from zarr_fused.stats import Stats
@@ -103,18 +104,22 @@ class PipelinedChunkReader:
     as much again per `zarr_fused.io.probe.FILE_BYTES` they hold), the
     compute threads read them inside their decode calls
     (`NativeChunkReader`); slower files (a network filesystem, a cold
-    cache) go to the IO threads. Only a pipelined read measures the files
-    (a direct read's time includes decoding); a direct read whose fastest
-    group took more than `zarr_fused.io.probe.SLOW_DIRECT` per file (waits
-    for a CPU left out: see `zarr_fused.chunks.read.group_seconds_per_file`)
-    sends the reads of the next `SLOW_HOLD` seconds to the IO threads.
+    cache) go to the IO threads. A read with no measurement that stands
+    reads one chunk per compute thread first (`_scout_then_read`); a direct
+    read whose fastest group waited more than
+    `zarr_fused.io.probe.SLOW_DIRECT` per file for its files (its CPU time
+    left out: see `zarr_fused.chunks.read.group_wait_per_file`) sends the
+    reads of the next `SLOW_HOLD` seconds to the IO threads.
+
+    The chain is any the batch kernels run: a native codec chain, or native
+    filters over one (`zarr_fused._hybrid.FilteredChain`).
     """
 
     #: see `zarr_fused.stats.counted`: the files are counted from the
     #: request's sink (IO threads) and each group's first key (decoding)
     local_native = True
 
-    def __init__(self, chain: NativeChain, direct: NativeChunkReader) -> None:
+    def __init__(self, chain: BatchChain, direct: NativeChunkReader) -> None:
         self.chain = chain
         #: the reader for everything the IO threads do not serve (the plan
         #: passes it in, so this module sits beside the chunk reader)
@@ -136,8 +141,48 @@ class PipelinedChunkReader:
             return self.direct.read(batch, request)
         probe = self.probe
         STORE_LATENCIES.lend(prefix, probe)
-        if probe.direct():
+        verdict = probe.verdict()
+        if verdict is True:
             return self._read_direct_timed(batch, request, prefix)
+        if verdict is None:
+            return self._scout_then_read(batch, request, prefix, io_concurrency)
+        return self._read_pipelined(batch, target, request, prefix, io_concurrency)
+
+    def _scout_then_read(
+        self, batch: Sequence[ReadItem], request: ReadRequest, prefix: bytes, io_concurrency: int
+    ) -> tuple[GetResult, ...]:
+        """A read with no measurement that stands: the compute threads read
+        one chunk each first, timed; the rest follows them directly if they
+        did not wait for their files, on the IO threads otherwise.
+
+        One round trip ahead of the IO threads on a slow filesystem, where
+        a read waits for dozens; on a hot cache, no hand-off between threads
+        at all (a pipelined first read costs a fresh process's first read of
+        cheap chunks half again its CPU time).
+        """
+        scout = request.max_workers
+        first = self.direct.read(batch[:scout], request)
+        rest = batch[scout:]
+        wait = self.direct.fastest_file  # inf: it read no file
+        if wait < FAST_FILE:
+            self.probe.measured(wait)
+            self.probe.direct_reads = 0
+            STORE_LATENCIES.note(prefix, self.probe)
+            return first + self._read_direct_timed(rest, request, prefix)
+        target = ReadTarget.native(self.chain, rest, request)
+        if target is None:  # as for the whole batch: not after `read` found one
+            return first + self.direct.read(rest, request)
+        return first + self._read_pipelined(rest, target, request, prefix, io_concurrency)
+
+    def _read_pipelined(
+        self,
+        batch: Sequence[ReadItem],
+        target: ReadTarget,
+        request: ReadRequest,
+        prefix: bytes,
+        io_concurrency: int,
+    ) -> tuple[GetResult, ...]:
+        probe = self.probe
         per_thread = REQUESTS_PER_THREAD if probe.seen_fast() else REQUESTS_PER_THREAD_SLOW
         read = _PipelinedRead(
             self.chain, batch, target, prefix, io_concurrency, per_thread, request.stats
@@ -165,7 +210,7 @@ class PipelinedChunkReader:
         result = self.direct.read(batch, request)
         self.probe.note_direct(time.perf_counter() - start)
         # The fastest group, not the whole read: on a busy host a read's
-        # threads wait for a CPU, which its mean time per file would count
+        # threads wait for a CPU, which its mean wait per file would count
         # as file latency and send a hot cache to the IO threads.
         _, spec0, *_ = batch[0]
         nbytes = self.chain.layout(spec0.shape).nbytes
@@ -181,7 +226,7 @@ class _PipelinedRead:
 
     def __init__(
         self,
-        chain: NativeChain,
+        chain: BatchChain,
         batch: Sequence[ReadItem],
         target: ReadTarget,
         prefix: bytes,
@@ -272,8 +317,14 @@ class _PipelinedRead:
             payloads.append((i, payload))
             offset += self.bounds[i]
         target = self.target
-        self.chain.decode_group(
-            self.batch, target.out, target.drop_axes, target.pattern, target.ndim, payloads
+        decode_group(
+            self.chain,
+            self.batch,
+            target.out,
+            target.drop_axes,
+            target.pattern,
+            target.ndim,
+            payloads,
         )
         with self.lock:
             self.spare.append(fetched.arena)

@@ -6,12 +6,12 @@ pool; each item runs its whole life (fetch, decode, scatter) in one worker,
 so the IO of one chunk overlaps the decoding of another. Chunks have
 disjoint output selections, so workers write into ``out`` without locks.
 
-`NativeChunkReader` serves chunks whose codec chain runs natively: each
+`NativeChunkReader` serves chunks whose codec chain runs in the batch
+kernels (a native chain, or filters that all have a kernel over one): each
 worker fetches a group of chunks, then decodes the whole group straight
 into ``out`` in one ``nogil`` call. `ChunkReader` fetches each chunk whole
 and decodes it through the plan's chain (zarr's code for chains without a
-kernel); local files of a chain whose every filter has a kernel go in
-groups through that chain's batch kernels instead (`_FilteredRead`).
+kernel).
 `PartialDecodeReader` lets the array->bytes codec (sharding) fetch
 only the byte ranges a selection needs, through its own synchronous
 partial decode.
@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 import time
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 try:
     import resource
@@ -45,8 +45,8 @@ if TYPE_CHECKING:
     from zarr.abc.codec import ArrayBytesCodec, GetResult
     from zarr.core.buffer import Buffer, BufferPrototype
 
-    from zarr_fused._chain import Chain, NativeChain
-    from zarr_fused._hybrid import FilteredChain
+    from zarr_fused._batch_chain import BatchChain
+    from zarr_fused._chain import Chain
     from zarr_fused._items import ReadItem
     from zarr_fused.stats import Stats
 
@@ -90,22 +90,13 @@ class ChunkReader(_EachChunk):
     block) keep their own ``get_sync``, which counts the request.
     """
 
-    def __init__(self, chain: Chain, grouped: FilteredChain | None = None) -> None:
+    def __init__(self, chain: Chain) -> None:
         self.chain = chain
-        self.grouped = grouped
 
     def read(self, batch: Sequence[ReadItem], request: ReadRequest) -> tuple[GetResult, ...]:
         prefix = _plain_local_prefix(batch)
         if prefix is None:
             return super().read(batch, request)
-        if self.grouped is not None:
-            # `writes_into`, the one method `native` calls, is a FilteredChain's too
-            target = ReadTarget.native(cast("NativeChain", self.grouped), batch, request)
-            if target is not None:
-                job = _FilteredRead(self.grouped, batch, target, prefix)
-                max_workers = request.max_workers
-                run_parallel(job.read_group, partition(len(batch), max_workers), max_workers)
-                return tuple(target.statuses)
 
         def read_into(item: ReadItem) -> bool:
             getter, spec, _, _, _ = item
@@ -147,62 +138,11 @@ def _read_bytes(path: bytes) -> bytes | None:
         return None
 
 
-class _FilteredRead:
-    """One `ChunkReader.read` of plain local chunk files through the batch
-    kernels of a chain with native filters, group by group.
-
-    A chain of filters run chunk by chunk (the hybrid chain) drops and
-    retakes the GIL around every step of every chunk (file read, tail
-    decode, filter, scatter), and a cheap chunk's steps are short: two
-    threads then take turns more than they overlap. Here a group's files
-    are read, decompressed, filtered and scattered into ``out`` in one
-    nogil call, as the shard engine runs inner chunks; the kernels read
-    the files themselves, so no chunk's bytes become a Python object."""
-
-    def __init__(
-        self,
-        chain: FilteredChain,
-        batch: Sequence[ReadItem],
-        target: ReadTarget,
-        prefix: bytes,
-    ) -> None:
-        self.chain = chain
-        self.batch = batch
-        self.target = target
-        self.prefix = prefix
-
-    def read_group(self, indices: range) -> None:
-        chain, target = self.chain, self.target
-        dst, drop_axes, statuses = target.dst, target.drop_axes, target.statuses
-        group = chain.kernel_batch(len(indices), target.ndim)
-        group.set_fill(target.pattern)
-        queued: list[int] = []
-        general: list[int] = []
-        for i in indices:
-            getter, spec, chunk_selection, out_selection, _ = self.batch[i]
-            path = self.prefix + os.fsencode(getter.path)
-            layout = chain.layout(spec.shape)
-            if group.add_file(path, layout, chunk_selection, dst, out_selection, drop_axes, getter):
-                statuses[i] = PRESENT
-                queued.append(i)
-            else:
-                general.append(i)
-        for position in group.run():  # the files that were missing
-            statuses[queued[position]] = MISSING
-        for i in general:
-            getter, spec, _, out_selection, _ = self.batch[i]
-            data = _read_bytes(self.prefix + os.fsencode(getter.path))
-            if data is None:
-                fill_missing(target.out, out_selection, spec)
-                statuses[i] = MISSING
-            else:
-                statuses[i] = PRESENT
-                raw = spec.prototype.buffer.from_bytes(data)
-                self.chain.decode_into(raw, self.batch[i], target.out, drop_axes)
-
-
 class NativeChunkReader:
-    """Whole-chunk reads through a native chain, one nogil call per group.
+    """Whole-chunk reads through the batch kernels, one nogil call per group;
+    what they cannot write into (another data type, advanced selections)
+    through ``generic`` (a `ChunkReader` of the same chain; for filters over
+    a native chain, one of the plan's hybrid chain).
 
     Inside a `zarr_fused.stats` block it takes a batch of `LocalStore` keys
     as they are (`zarr_fused.stats.counted`'s ``local_native``): the files
@@ -212,17 +152,18 @@ class NativeChunkReader:
     #: see `zarr_fused.stats.counted`
     local_native = True
 
-    def __init__(self, chain: NativeChain) -> None:
+    def __init__(self, chain: BatchChain, generic: ChunkReader) -> None:
         self.chain = chain
-        self.generic = ChunkReader(chain)
-        #: the last read's fastest group, in seconds per chunk file (fetch
-        #: and decode; inf when it read no file): how fast the files answer,
-        #: for `zarr_fused.chunks.pipelined`; see `group_seconds_per_file`
+        self.generic = generic
+        #: the last read's fastest group, in seconds it waited per chunk file
+        #: (inf when it read no file): how fast the files answer, for
+        #: `zarr_fused.chunks.pipelined`; see `group_wait_per_file`
         self.fastest_file = float("inf")
 
     def read(self, batch: Sequence[ReadItem], request: ReadRequest) -> tuple[GetResult, ...]:
         target = ReadTarget.native(self.chain, batch, request)
         if target is None:
+            self.fastest_file = float("inf")
             return self.generic.read(counted(list(batch), request.stats), request)
         job = _ChunkRead(self.chain, batch, target, request.stats)
         max_workers = request.max_workers
@@ -238,7 +179,7 @@ class _ChunkRead:
 
     def __init__(
         self,
-        chain: NativeChain,
+        chain: BatchChain,
         batch: Sequence[ReadItem],
         target: ReadTarget,
         sink: Stats | None = None,
@@ -257,14 +198,14 @@ class _ChunkRead:
         before = _group_clock()
         files = self._read_group(indices)
         # a race between two groups can only keep the slower figure
-        self.fastest = min(self.fastest, group_seconds_per_file(before, _group_clock(), indices))
+        self.fastest = min(self.fastest, group_wait_per_file(before, _group_clock(), indices))
         note_files(self.sink, self.batch, files, self.prefix)  # after the clock: it stats the files
 
     def _read_group(self, indices: range) -> list[int]:
         """Read the group; the items whose files the kernels read."""
         chain, target, sink = self.chain, self.target, self.sink
         dst, drop_axes, statuses = target.dst, target.drop_axes, target.statuses
-        group = chain.decode_batch(len(indices), target.ndim)
+        group = chain.kernel_batch(len(indices), target.ndim)
         group.set_fill(target.pattern)
         queued_items: list[int] = []
         general: list[tuple[int, Buffer | None]] = []
@@ -337,21 +278,26 @@ def _group_clock() -> tuple[float, float, int]:
     return time.perf_counter(), time.thread_time(), blocks
 
 
-def group_seconds_per_file(
+def group_wait_per_file(
     before: tuple[float, float, int], after: tuple[float, float, int], indices: range
 ) -> float:
-    """How long a group of chunk files took per file, waits for a CPU left out.
+    """How long a group of chunk files waited for its files, per file.
 
-    On a busy host a group's threads wait for a CPU (runnable, not
-    blocked), which its wall time would count as file latency and send a
-    hot cache to the IO threads. A group that hardly blocked did not wait
-    for its files: its CPU time is its cost. One that blocked (a cold disk,
-    a network filesystem) is judged by its wall time.
+    A group's own CPU time (reading from the page cache, decoding) is not
+    waiting: a hot cache of slow-to-decode chunks (gzip, a few hundred
+    microseconds per chunk) must not look like a slow filesystem. A group
+    that hardly blocked did not wait for its files at all: the rest of its
+    wall time was spent runnable, waiting for a CPU on a busy host. One that
+    blocked (a cold disk, a network filesystem) waited for the wall time its
+    CPU time does not cover. Where blocking waits are not counted (not
+    Linux), the whole wall time counts.
     """
     wall = after[0] - before[0]
-    if before[2] >= 0 and after[2] - before[2] < BLOCKS_PER_FILE * len(indices):
-        wall = min(wall, after[1] - before[1])
-    return wall / len(indices)
+    if before[2] < 0:
+        return wall / len(indices)
+    if after[2] - before[2] < BLOCKS_PER_FILE * len(indices):
+        return 0.0
+    return max(0.0, wall - (after[1] - before[1])) / len(indices)
 
 
 class PartialDecodeReader(_EachChunk):

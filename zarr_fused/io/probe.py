@@ -9,9 +9,12 @@ per reader or writer (`zarr_fused.chunks.pipelined`, `zarr_fused.shard.pipelined
 `zarr_fused.chunks.write`):
 
 - a read or write with no measurement that stands goes the measuring way:
-  a pipelined read (only the IO threads time the files alone: a direct
-  read's time includes decoding), or a write that stores a few files from
-  the compute threads first (`PROBE_FILES`);
+  an unsharded read reads one chunk per compute thread directly first and
+  judges their files by how long those waited for them (a hot cache: not
+  at all), the rest following directly or on the IO threads; a sharded
+  read is pipelined (only the IO threads time the files alone: a direct
+  read's time includes decoding); a write stores a few files from the
+  compute threads first (`PROBE_FILES`);
 - a measurement stands for `PROBE_INTERVAL` seconds, or `PROBE_SPACING`
   times the recent reads' duration (`took`, decaying by `TOOK_DECAY`) if
   longer: a pipelined read of a hot cache costs more CPU than a direct one,
@@ -85,11 +88,13 @@ FAST_STORE: Final = 500e-6
 #: here), so large chunk files (an uncompressed 64^3 chunk is 512 KiB) and
 #: large shard reads must not look slow for their size
 FILE_BYTES: Final = 256 << 10
-#: a direct chunk read whose fastest group took longer than this per file
-#: (decoding included) goes back to the IO threads at once
+#: a direct chunk read whose fastest group waited longer than this per file
+#: for its files (`zarr_fused.chunks.read.group_wait_per_file`) goes back
+#: to the IO threads at once
 SLOW_DIRECT: Final = 2 * FAST_FILE
-#: decoded bytes per chunk that count as one more `SLOW_DIRECT` (a direct
-#: read's time per file includes decoding, which grows with the chunk)
+#: decoded bytes per chunk that count as one more `SLOW_DIRECT` (a large
+#: chunk's file takes longer to come in, even from a fast local disk; the
+#: chunk's decoded size, which a direct read knows, stands for its file's)
 DECODE_BYTES: Final = 256 << 10
 #: seconds a measurement stands, after which a read is pipelined (a write
 #: probes) again, to look afresh at how fast the files answer (a cache that
@@ -127,9 +132,9 @@ def per_call_latency(seconds: float, calls: int, nbytes: int) -> float:
 
 
 def slow_direct(seconds_per_file: float, decoded: int) -> bool:
-    """Whether a direct chunk read whose fastest group took
-    ``seconds_per_file`` (inf: it read no file) per chunk of ``decoded``
-    bytes found its files slow (`SLOW_DIRECT`, `DECODE_BYTES`)."""
+    """Whether a direct chunk read whose fastest group waited
+    ``seconds_per_file`` (inf: it read no file) for each file of a chunk of
+    ``decoded`` bytes found its files slow (`SLOW_DIRECT`, `DECODE_BYTES`)."""
     return seconds_per_file != float("inf") and seconds_per_file > SLOW_DIRECT * (
         1 + decoded / DECODE_BYTES
     )
@@ -209,12 +214,12 @@ class LatencyProbe:
         """True: the files answered fast, recently enough for the compute
         threads to do the IO themselves; False: slow, recently (the IO
         threads); None: no measurement stands (measure first)."""
-        latency = self.latency
-        if latency is None:
-            return None
         now = self.clock()
         if now < self.slow_until:
             return False
+        latency = self.latency
+        if latency is None:
+            return None
         stands = self.direct_reads < self.reads_between or now - self.probed < max(
             PROBE_INTERVAL, PROBE_SPACING * self.took
         )
