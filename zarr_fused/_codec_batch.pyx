@@ -506,13 +506,24 @@ cdef int _decode_rows(FilterChain filters, const char* items, const DecodeTask* 
             return FILTER_OK
 
 
-cdef bytes _payload_again(const DecodeTask* t):
-    """A task's payload for zarr's code: a file task's is read again (the
-    batch read it into a buffer that the next task reused)."""
+def read_again(bytes path):
+    """A refused file task's payload for zarr's code, read again (the batch
+    read it into a buffer that the next task reused), or None when the file
+    went in between: zarr's code reads that chunk as missing. A module
+    function (not a cdef one) so that a test can delete the file first."""
+    try:
+        with open(path, "rb", buffering=0) as file:
+            return file.readall()
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        return None
+
+
+cdef object _payload_again(const DecodeTask* t):
+    """A task's payload for zarr's code (`read_again` for a file task), or
+    None for a file gone since the run read it."""
     if t.path == NULL:
         return (<const char*>t.src)[:t.src_len] if t.src_len else b""
-    with open(<bytes>t.path, "rb", buffering=0) as file:
-        return file.readall()
+    return read_again(<bytes>t.path)
 
 
 cdef class TaskBatch:
@@ -937,7 +948,9 @@ cdef class DecodeBatch(TaskBatch):
         """Hand the chunks ``start:stop`` (a run range) whose decoding the
         filters refused to ``refuse`` (zarr's code), in order: the first
         that zarr refuses too raises its error; the values of one it
-        decodes go where the task's selection goes."""
+        decodes go where the task's selection goes; one whose file went
+        since the run read it is filled and reported missing, as zarr reads
+        it."""
         cdef DecodeTask* t
         cdef cnp.ndarray values
         cdef Py_ssize_t i
@@ -953,7 +966,13 @@ cdef class DecodeBatch(TaskBatch):
                 raise ValueError(
                     f"{where}: the filters refused the chunk's values and the batch has no "
                     "refuse hook")
-            payload = np.frombuffer(_payload_again(t), dtype=np.uint8)
+            stored = _payload_again(t)
+            if stored is None:
+                fill_strided(t.dst, t.dst_strides, t.shape, t.ndim, self.fill_ptr(),
+                             self.itemsize)
+                t.was_missing = True
+                continue
+            payload = np.frombuffer(stored, dtype=np.uint8)
             values = np.ascontiguousarray(self.refuse(payload, where)).view(np.uint8).reshape(-1)
             # the hook's bytes are checked before the copy reads them
             if values.shape[0] != t.nbytes:
