@@ -416,8 +416,10 @@ cdef Py_ssize_t _encode_group(ChainKernel kernel, Workspace ws, EncodeTask* task
 
 # A task's rows decode straight into the output (`_decode_rows`) instead of
 # into a scratch that is then scattered: one pass over the chunk's values
-# fewer. Rows shorter than this go the scratch way, where one copy call
-# moves them all (a call per short row costs more).
+# fewer. Rows of a part of a chunk shorter than this go the scratch way,
+# where one copy call moves them all (a call per short row costs more); a
+# whole chunk's short rows still go in place, its one decode pass saved
+# outweighing the calls.
 cdef enum:
     MIN_FILTERED_ROW = 256
 
@@ -442,18 +444,20 @@ cdef int _row_axes(const DecodeTask* t, Py_ssize_t count, Py_ssize_t itemsize,
     the number of outer axes it steps over, each step a row of ``row[0]``
     items contiguous on both sides (trailing axes merged where both sides
     run on), or -1 for the scratch way: the chain has no `row_step`, the
-    rows are not contiguous, are shorter than `MIN_FILTERED_ROW` bytes or
-    land unaligned, or a chain whose rows go in order (delta's running
-    sum) has a part of its chunk selected."""
+    rows are not contiguous or land unaligned, or the task takes a part of
+    its chunk and its rows are shorter than `MIN_FILTERED_ROW` bytes or go
+    in order (delta's running sum)."""
     cdef int k, last = t.ndim - 1
     cdef Py_ssize_t n
+    cdef bint whole
     if filters.row_step < 0 or last < 0:
         return -1
     if t.src_strides[last] != itemsize or t.dst_strides[last] != itemsize:
         return -1
     if <uintptr_t>t.dst % <uintptr_t>itemsize:
         return -1
-    if filters.rows_in_order and not _whole_rows(t, count, itemsize):
+    whole = _whole_rows(t, count, itemsize)
+    if filters.rows_in_order and not whole:
         return -1
     for k in range(last):
         if t.src_strides[k] % itemsize or t.dst_strides[k] % itemsize:
@@ -463,7 +467,7 @@ cdef int _row_axes(const DecodeTask* t, Py_ssize_t count, Py_ssize_t itemsize,
                                                    and t.dst_strides[last - 1] == n * itemsize)):
         last -= 1
         n *= t.shape[last]
-    if n * itemsize < MIN_FILTERED_ROW:
+    if n * itemsize < MIN_FILTERED_ROW and not whole:
         return -1
     row[0] = n
     return last
@@ -477,28 +481,30 @@ cdef int _decode_rows(FilterChain filters, const char* items, const DecodeTask* 
     `row_step`; the items sit where the values would, scaled by the item
     sizes. `FILTER_OK`, or what the step said of the first row it refused."""
     cdef Py_ssize_t idx[ZF_MAX_DIMS]
+    cdef Py_ssize_t src_strides[ZF_MAX_DIMS]  # in bytes of the items
     cdef FilterCarry carry
-    cdef Py_ssize_t src = t.src_offset
     cdef Py_ssize_t encoded = filters.steps[filters.row_step].encoded_itemsize
+    cdef const char* src = items + t.src_offset // itemsize * encoded
     cdef char* dst = t.dst
     cdef int k, rc
     for k in range(outer):
         if t.shape[k] == 0:
             return FILTER_OK
         idx[k] = 0
+        src_strides[k] = t.src_strides[k] // itemsize * encoded
     memset(&carry, 0, sizeof(carry))
     while True:
-        rc = filters.decode_row(items + src // itemsize * encoded, dst, row, &carry)
+        rc = filters.decode_row(src, dst, row, &carry)
         if rc != FILTER_OK:
             return rc
         k = outer - 1
         while k >= 0:
             idx[k] += 1
-            src += t.src_strides[k]
+            src += src_strides[k]
             dst += t.dst_strides[k]
             if idx[k] < t.shape[k]:
                 break
-            src -= t.shape[k] * t.src_strides[k]
+            src -= t.shape[k] * src_strides[k]
             dst -= t.shape[k] * t.dst_strides[k]
             idx[k] = 0
             k -= 1
