@@ -4,6 +4,7 @@ spaced out in time are not all probes."""
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -16,6 +17,7 @@ import zarr
 from zarr.storage import LocalStore
 
 import zarr_fused
+from zarr_fused import _codec_batch
 from zarr_fused._hybrid import FilteredChain
 from zarr_fused.chunks import pipelined as chunk_pipelined
 from zarr_fused.chunks import read as chunk_read
@@ -423,6 +425,46 @@ def test_native_filters_in_groups_hand_a_refused_file_to_zarr(
         assert_same_values(arr[5:30:3], expected[5:30:3])
     assert refused == [(root / "a" / "c" / "2").read_bytes()] * 2
     assert pipelined == ([4, 4] if io == "pipelined" else [])
+
+
+def test_native_filters_in_groups_fill_a_refused_file_gone_before_its_reread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A refused chunk's file deleted between the kernels' read and the
+    read again for zarr's code: the chunk is missing, filled as zarr reads
+    it, not a FileNotFoundError."""
+    root = tmp_path / "s"
+    with with_pipeline(BATCHED):
+        for name, scale in (("a", 1), ("b", 3)):
+            zarr.create_array(
+                LocalStore(root / name),
+                shape=(32,),
+                chunks=(8,),
+                dtype="<i4",
+                fill_value=-5,
+                filters=[zarr.codecs.scale_offset.ScaleOffset(scale=scale)],
+                compressors=zarr.codecs.ZstdCodec(level=1),
+            )[:] = np.arange(32, dtype="<i4")
+    refused = root / "b" / "c" / "2"
+    refused.write_bytes((root / "a" / "c" / "2").read_bytes())  # a remainder of 3
+    read_again = _codec_batch.read_again
+    reread: list[bytes] = []
+
+    def gone_first(path: bytes) -> bytes | None:
+        reread.append(path)
+        Path(os.fsdecode(path)).unlink(missing_ok=True)
+        return read_again(path)
+
+    monkeypatch.setattr(_codec_batch, "read_again", gone_first)
+    with with_pipeline(FUSED):
+        arr = zarr.open_array(LocalStore(root / "b"), mode="r")
+        assert arr._async_array.codec_pipeline.plan.reader.grouped is not None
+        got = arr[:]
+    assert reread == [os.fsencode(refused)]
+    with with_pipeline(BATCHED):
+        expected = zarr.open_array(LocalStore(root / "b"), mode="r")[:]
+    assert_same_values(got, expected)
+    np.testing.assert_array_equal(got[16:24], -5)
 
 
 ROW_FILTERS = {

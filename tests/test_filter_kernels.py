@@ -800,3 +800,113 @@ def test_batch_row_refused_midway_takes_the_hooks_values() -> None:
     assert calls == ["'c/0'"]
     np.testing.assert_array_equal(out[:, 12:], hooked)
     np.testing.assert_array_equal(out[:, :12], 0)
+
+
+@pytest.mark.parametrize(
+    ("steps", "row_step", "in_order"),
+    [
+        pytest.param([FSO], 0, False, id="fso"),
+        pytest.param(
+            [("bitround", "<f4", 10), ("astype", "<f4", "<f8")], 1, False, id="bitround-astype"
+        ),
+        pytest.param([("bitround", "<f4", 10)], 0, False, id="bitround-alone"),
+        pytest.param([("delta", "<i4")], 0, True, id="delta"),
+        pytest.param([FSO, ("delta", "<i2")], 0, False, id="fso-delta"),
+        pytest.param([("delta", "<i4"), ("astype", "<i4", "<i8")], 0, True, id="delta-astype"),
+        pytest.param([("delta", "<i4", "<i2")], -1, False, id="delta-into-i2"),
+    ],
+)
+def test_filter_chain_row_step(steps: list[Any], row_step: int, in_order: bool) -> None:
+    chain = _filters.FilterChain(steps)
+    assert (chain.row_step, chain.rows_in_order) == (row_step, in_order)
+
+
+# the steps of a chain, numcodecs' filters that decode it, the values' type
+# and the encoded items'
+ROW_CHAINS = {
+    "delta-i4": ([("delta", "<i4")], lambda: [numcodecs.Delta(dtype="<i4")], "<i4", "<i4"),
+    "fso-delta": (
+        [FSO, ("delta", "<i2")],
+        lambda: [FSO_CODEC, numcodecs.Delta(dtype="<i2")],
+        "<f8",
+        "<i2",
+    ),
+}
+
+
+def _chain_decoded(name: str, stored: np.ndarray) -> np.ndarray:
+    """numcodecs' decoding of the chunk of encoded items ``stored``."""
+    _, codecs, dtype, _ = ROW_CHAINS[name]
+    data: Any = stored.tobytes()
+    for codec in reversed(codecs()):
+        data = codec.decode(data)
+    return np.frombuffer(np.asarray(data).tobytes(), dtype).reshape(stored.shape)
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, id=n) for n in ROW_CHAINS])
+@pytest.mark.parametrize(("chunk_selection", "out_selection", "order"), ROW_CASES)
+def test_batch_chain_rows_into_place(
+    name: str, chunk_selection: tuple[slice, ...], out_selection: tuple[slice, ...], order: str
+) -> None:
+    """A chain whose first step decodes row by row after the others
+    (delta's running sum only over a whole chunk's rows, in order)."""
+    steps, _, dtype, encoded = ROW_CHAINS[name]
+    stored = np.random.default_rng(13).integers(-50, 50, size=(5, 48)).astype(encoded)
+    out = np.full((8, 100), -7, dtype=dtype, order=order)
+    expected = out.copy()
+    expected[out_selection] = _chain_decoded(name, stored)[chunk_selection]
+    _batch_decode(stored, chunk_selection, out, out_selection, steps=tuple(steps))
+    np.testing.assert_array_equal(out, expected)
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, id=n) for n in ROW_CHAINS])
+@pytest.mark.parametrize(
+    ("out_shape", "chunk_selection", "out_selection"),
+    [
+        pytest.param((8, 48), (slice(0, 5), slice(0, 48)), (slice(2, 7), slice(None)), id="2d"),
+        pytest.param(
+            (2, 5, 48), (slice(0, 5), slice(0, 48)), (1, slice(None), slice(None)), id="int-index"
+        ),
+        pytest.param((8, 48), (slice(1, 4), slice(0, 48)), (slice(0, 3), slice(None)), id="part"),
+    ],
+)
+def test_batch_chain_rows_run_on(
+    name: str,
+    out_shape: tuple[int, ...],
+    chunk_selection: tuple[Any, ...],
+    out_selection: tuple[Any, ...],
+) -> None:
+    """Rows contiguous on both sides run on into one: values as numcodecs'."""
+    steps, _, dtype, encoded = ROW_CHAINS[name]
+    stored = np.random.default_rng(14).integers(-50, 50, size=(5, 48)).astype(encoded)
+    out = np.full(out_shape, -7, dtype=dtype)
+    expected = out.copy()
+    expected[out_selection] = _chain_decoded(name, stored)[chunk_selection]
+    _batch_decode(stored, chunk_selection, out, out_selection, steps=tuple(steps))
+    np.testing.assert_array_equal(out, expected)
+
+
+@pytest.mark.parametrize(
+    "steps",
+    [
+        pytest.param((("delta", "<i4"), ("scale_offset", "<i4", 0, 3)), id="refused-before-rows"),
+        pytest.param((("scale_offset", "<i4", 0, 3), ("delta", "<i4")), id="refused-in-a-row"),
+    ],
+)
+def test_batch_chain_refused_takes_the_hooks_values(steps: tuple[Any, ...]) -> None:
+    """A refusing chain of two steps: the refusal in the steps decoded
+    first or in a row written in place, the region holds the hook's values."""
+    stored = np.zeros((5, 80), "<i4")
+    stored[3, 7] = 1  # a remainder of 3, delta-decoded or not
+    hooked = np.arange(5 * 80, dtype="<i4").reshape(5, 80) + 10_000
+
+    def refuse(payload: np.ndarray, where: str) -> np.ndarray:
+        assert payload.tobytes() == stored.tobytes()
+        return hooked
+
+    out = np.zeros((5, 92), "<i4")
+    _batch_decode(
+        stored, (slice(0, 5), slice(0, 80)), out, (slice(0, 5), slice(12, 92)), refuse, steps
+    )
+    np.testing.assert_array_equal(out[:, 12:], hooked)
+    np.testing.assert_array_equal(out[:, :12], 0)

@@ -22,6 +22,8 @@ class ChunkLayout:
     @property
     def strides(self) -> tuple[int, ...]: ...
 
+def read_again(path: bytes) -> bytes | None: ...
+
 @disjoint_base
 class TaskBatch:
     itemsize: int

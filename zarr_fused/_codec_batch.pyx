@@ -414,6 +414,16 @@ cdef Py_ssize_t _encode_group(ChainKernel kernel, Workspace ws, EncodeTask* task
 # -- batches ----------------------------------------------------------------------------
 
 
+# A task's rows decode straight into the output (`_decode_rows`) instead of
+# into a scratch that is then scattered: one pass over the chunk's values
+# fewer. Rows of a part of a chunk shorter than this go the scratch way,
+# where one copy call moves them all (a call per short row costs more); a
+# whole chunk's short rows still go in place, its one decode pass saved
+# outweighing the calls.
+cdef enum:
+    MIN_FILTERED_ROW = 256
+
+
 cdef bint _whole_rows(const DecodeTask* t, Py_ssize_t count, Py_ssize_t itemsize) noexcept nogil:
     """The task takes its whole chunk of ``count`` items in C order, into
     rows of the output whose items are adjacent."""
@@ -428,42 +438,98 @@ cdef bint _whole_rows(const DecodeTask* t, Py_ssize_t count, Py_ssize_t itemsize
     return expect == count * itemsize
 
 
-cdef void _decode_rows(FilterChain filters, const char* src, DecodeTask* t) noexcept nogil:
-    """The first filter's decoding of a `_whole_rows` task's items at
-    ``src`` (as that filter encoded them) straight into its rows of the
-    output, in order."""
-    cdef Py_ssize_t index[ZF_MAX_DIMS]
+cdef int _row_axes(const DecodeTask* t, Py_ssize_t count, Py_ssize_t itemsize,
+                   FilterChain filters, Py_ssize_t* row) noexcept nogil:
+    """How `_decode_rows` walks task ``t`` (a chunk of ``count`` items):
+    the number of outer axes it steps over, each step a row of ``row[0]``
+    items contiguous on both sides (trailing axes merged where both sides
+    run on), or -1 for the scratch way: the chain has no `row_step`, the
+    rows are not contiguous or land unaligned, or the task takes a part of
+    its chunk and its rows are shorter than `MIN_FILTERED_ROW` bytes or go
+    in order (delta's running sum)."""
+    cdef int k, last = t.ndim - 1
+    cdef Py_ssize_t n
+    cdef bint whole
+    if filters.row_step < 0 or last < 0:
+        return -1
+    if t.src_strides[last] != itemsize or t.dst_strides[last] != itemsize:
+        return -1
+    if <uintptr_t>t.dst % <uintptr_t>itemsize:
+        return -1
+    whole = _whole_rows(t, count, itemsize)
+    if filters.rows_in_order and not whole:
+        return -1
+    for k in range(last):
+        if t.src_strides[k] % itemsize or t.dst_strides[k] % itemsize:
+            return -1
+    n = t.shape[last]
+    while last > 0 and (t.shape[last - 1] == 1 or (t.src_strides[last - 1] == n * itemsize
+                                                   and t.dst_strides[last - 1] == n * itemsize)):
+        last -= 1
+        n *= t.shape[last]
+    if n * itemsize < MIN_FILTERED_ROW and not whole:
+        return -1
+    row[0] = n
+    return last
+
+
+cdef int _decode_rows(FilterChain filters, const char* items, const DecodeTask* t,
+                      Py_ssize_t itemsize, int outer, Py_ssize_t row) noexcept nogil:
+    """Decode task ``t``'s selected rows (``outer`` axes of rows of ``row``
+    items, as `_row_axes` said) from its chunk's ``items`` as `decode_head`
+    left them into its region of the output, in C order, with the chain's
+    `row_step`; the items sit where the values would, scaled by the item
+    sizes. `FILTER_OK`, or what the step said of the first row it refused."""
+    cdef Py_ssize_t idx[ZF_MAX_DIMS]
+    cdef Py_ssize_t src_strides[ZF_MAX_DIMS]  # in bytes of the items
     cdef FilterCarry carry
-    cdef int nd = t.ndim
-    cdef int d
-    cdef Py_ssize_t row = t.shape[nd - 1]
-    cdef Py_ssize_t row_bytes = row * filters.steps[0].encoded_itemsize
+    cdef Py_ssize_t encoded = filters.steps[filters.row_step].encoded_itemsize
+    cdef const char* src = items + t.src_offset // itemsize * encoded
     cdef char* dst = t.dst
-    memset(index, 0, sizeof(index))
+    cdef int k, rc
+    for k in range(outer):
+        if t.shape[k] == 0:
+            return FILTER_OK
+        idx[k] = 0
+        src_strides[k] = t.src_strides[k] // itemsize * encoded
     memset(&carry, 0, sizeof(carry))
     while True:
-        filters.decode_run(src, dst, row, &carry)
-        src += row_bytes
-        d = nd - 2
-        while d >= 0:
-            index[d] += 1
-            dst += t.dst_strides[d]
-            if index[d] < t.shape[d]:
+        rc = filters.decode_row(src, dst, row, &carry)
+        if rc != FILTER_OK:
+            return rc
+        k = outer - 1
+        while k >= 0:
+            idx[k] += 1
+            src += src_strides[k]
+            dst += t.dst_strides[k]
+            if idx[k] < t.shape[k]:
                 break
-            dst -= t.dst_strides[d] * t.shape[d]
-            index[d] = 0
-            d -= 1
-        if d < 0:
-            return
+            src -= t.shape[k] * src_strides[k]
+            dst -= t.shape[k] * t.dst_strides[k]
+            idx[k] = 0
+            k -= 1
+        if k < 0:
+            return FILTER_OK
 
 
-cdef bytes _payload_again(const DecodeTask* t):
-    """A task's payload for zarr's code: a file task's is read again (the
-    batch read it into a buffer that the next task reused)."""
+def read_again(bytes path):
+    """A refused file task's payload for zarr's code, read again (the batch
+    read it into a buffer that the next task reused), or None when the file
+    went in between: zarr's code reads that chunk as missing. A module
+    function (not a cdef one) so that a test can delete the file first."""
+    try:
+        with open(path, "rb", buffering=0) as file:
+            return file.readall()
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        return None
+
+
+cdef object _payload_again(const DecodeTask* t):
+    """A task's payload for zarr's code (`read_again` for a file task), or
+    None for a file gone since the run read it."""
     if t.path == NULL:
         return (<const char*>t.src)[:t.src_len] if t.src_len else b""
-    with open(<bytes>t.path, "rb", buffering=0) as file:
-        return file.readall()
+    return read_again(<bytes>t.path)
 
 
 cdef class TaskBatch:
@@ -712,66 +778,6 @@ cdef class TaskBatch:
         return stop
 
 
-# An elementwise filter writes a task's rows straight into the output
-# instead of into a scratch that is then scattered: one pass over the
-# chunk's values fewer. Rows shorter than this go the scratch way, where
-# one copy call moves them all (a call per short row costs more).
-cdef enum:
-    MIN_FILTERED_ROW = 256
-
-
-cdef bint _rows_in_place(const DecodeTask* t, Py_ssize_t itemsize,
-                         FilterChain filters) noexcept nogil:
-    """Whether `_filter_rows` takes task ``t``: the filters have one
-    elementwise step, the last axis is contiguous on both sides with rows
-    of at least `MIN_FILTERED_ROW` bytes, and the output is item-aligned."""
-    cdef int k, last = t.ndim - 1
-    if filters.elementwise_step < 0 or last < 0:
-        return False
-    if t.src_strides[last] != itemsize or t.dst_strides[last] != itemsize:
-        return False
-    if t.shape[last] * itemsize < MIN_FILTERED_ROW or <uintptr_t>t.dst % <uintptr_t>itemsize:
-        return False
-    for k in range(last):
-        if t.src_strides[k] % itemsize or t.dst_strides[k] % itemsize:
-            return False
-    return True
-
-
-cdef int _filter_rows(FilterChain filters, const uint8_t* data, const DecodeTask* t,
-                      Py_ssize_t itemsize) noexcept nogil:
-    """Decode task ``t``'s selected rows of encoded items at ``data`` into
-    its region of the output (`_rows_in_place` said yes); the encoded items
-    sit where the values would, scaled by the item sizes. `FILTER_OK`, or
-    what the step said of the first row it refused."""
-    cdef Py_ssize_t idx[ZF_MAX_DIMS]
-    cdef Py_ssize_t row = t.shape[t.ndim - 1], src = t.src_offset
-    cdef Py_ssize_t encoded = filters.encoded_itemsize
-    cdef char* dst = t.dst
-    cdef int k, rc
-    for k in range(t.ndim):
-        if t.shape[k] == 0:
-            return FILTER_OK
-        idx[k] = 0
-    while True:
-        rc = filters.decode_elementwise(data + src // itemsize * encoded, dst, row)
-        if rc != FILTER_OK:
-            return rc
-        k = t.ndim - 2
-        while k >= 0:
-            idx[k] += 1
-            src += t.src_strides[k]
-            dst += t.dst_strides[k]
-            if idx[k] < t.shape[k]:
-                break
-            src -= t.shape[k] * t.src_strides[k]
-            dst -= t.shape[k] * t.dst_strides[k]
-            idx[k] = 0
-            k -= 1
-        if k < 0:
-            return FILTER_OK
-
-
 cdef class DecodeBatch(TaskBatch):
     """The decode work of a group of chunks, as C tasks, run in one nogil call.
 
@@ -948,7 +954,9 @@ cdef class DecodeBatch(TaskBatch):
         """Hand the chunks ``start:stop`` (a run range) whose decoding the
         filters refused to ``refuse`` (zarr's code), in order: the first
         that zarr refuses too raises its error; the values of one it
-        decodes go where the task's selection goes."""
+        decodes go where the task's selection goes; one whose file went
+        since the run read it is filled and reported missing, as zarr reads
+        it."""
         cdef DecodeTask* t
         cdef cnp.ndarray values
         cdef Py_ssize_t i
@@ -964,7 +972,13 @@ cdef class DecodeBatch(TaskBatch):
                 raise ValueError(
                     f"{where}: the filters refused the chunk's values and the batch has no "
                     "refuse hook")
-            payload = np.frombuffer(_payload_again(t), dtype=np.uint8)
+            stored = _payload_again(t)
+            if stored is None:
+                fill_strided(t.dst, t.dst_strides, t.shape, t.ndim, self.fill_ptr(),
+                             self.itemsize)
+                t.was_missing = True
+                continue
+            payload = np.frombuffer(stored, dtype=np.uint8)
             values = np.ascontiguousarray(self.refuse(payload, where)).view(np.uint8).reshape(-1)
             # the hook's bytes are checked before the copy reads them
             if values.shape[0] != t.nbytes:
@@ -982,11 +996,12 @@ cdef class DecodeBatch(TaskBatch):
                           uint8_t* b) noexcept nogil:
         """Task ``i`` with filters: read its file (a file task), decompress
         (and check), byte-swap into ``a``, undo the filters, scatter the
-        selected values (a whole chunk's last filter, or a lone elementwise
-        filter, writes them in place, row by row)."""
+        selected values (the filters' `row_step` writes long enough rows in
+        place, see `_row_axes`)."""
         cdef DecodeTask* t = &self.tasks[i]
         cdef Py_ssize_t ki = self.kernel.itemsize
-        cdef Py_ssize_t count
+        cdef Py_ssize_t count, row
+        cdef int outer
         cdef const uint8_t* src = t.src
         cdef Py_ssize_t src_len = t.src_len
         cdef const uint8_t* data
@@ -1018,12 +1033,11 @@ cdef class DecodeBatch(TaskBatch):
             # an uncompressed payload at an odd offset of its shard
             memcpy(a, data, <size_t>(count * ki))
             data = a
-        if self.filters.decodes_in_runs and _whole_rows(t, count, self.itemsize):
-            values = self.filters.decode_head(data, a, b, count)
-            _decode_rows(self.filters, <const char*>values, t)
-            return 0
-        if _rows_in_place(t, self.itemsize, self.filters):
-            if _filter_rows(self.filters, data, t, self.itemsize) != FILTER_OK:
+        outer = _row_axes(t, count, self.itemsize, self.filters, &row)
+        if outer >= 0:
+            if (self.filters.decode_head(data, a, b, count, &values) != FILTER_OK
+                    or _decode_rows(self.filters, <const char*>values, t, self.itemsize, outer,
+                                    row) != FILTER_OK):
                 self.refused[i] = 1  # zarr's code decodes it, or raises, after the run
             return 0
         if not self.filters.may_refuse:

@@ -55,8 +55,8 @@ cdef struct FilterStep:
     CastPlan cast_encode  # cast_value: its two directions (see _cast_value.pxd)
     CastPlan cast_decode
 
-# Where a chunk decoded in runs of its items stands between two runs
-# (`FilterChain.decode_run`): delta's running sum, the bytes of one item.
+# Where a chunk decoded in rows stands between two rows (`FilterChain.decode_row`):
+# delta's running sum, the bytes of one item.
 cdef struct FilterCarry:
     bint started
     uint64_t acc
@@ -68,20 +68,20 @@ cdef class FilterChain:
     cdef readonly Py_ssize_t encoded_itemsize
     cdef readonly Py_ssize_t max_itemsize
     cdef readonly bint may_refuse  # a step's decoding may refuse a stored value
-    cdef readonly bint decodes_in_runs  # `decode_run` takes the first step
     # the one step whose decoding changes the items, item by item, or -1
     cdef readonly int elementwise_step
-    cdef int decode_elementwise(self, const void* src, void* dst,
-                                Py_ssize_t count) noexcept nogil
+    # the step `decode_row` runs (the steps after it decode in `decode_head`), or -1
+    cdef readonly int row_step
+    cdef readonly bint rows_in_order  # `decode_row` needs a whole chunk's rows in order
     cdef const void* decode(self, const void* src, void* a, void* b,
                             Py_ssize_t count) noexcept nogil
     cdef int decode_checked(self, const void* src, void* a, void* b, Py_ssize_t count,
                             const void** out) noexcept nogil
     cdef int encode(self, void* a, void* b, Py_ssize_t count,
                     const void** out) noexcept nogil
-    cdef const void* decode_head(self, const void* src, void* a, void* b,
-                                 Py_ssize_t count) noexcept nogil
-    cdef void decode_run(self, const void* src, void* dst, Py_ssize_t n,
-                         FilterCarry* carry) noexcept nogil
+    cdef int decode_head(self, const void* src, void* a, void* b, Py_ssize_t count,
+                         const void** out) noexcept nogil
+    cdef int decode_row(self, const void* src, void* dst, Py_ssize_t n,
+                        FilterCarry* carry) noexcept nogil
     cdef int _decode_down_to(self, int last, const void* src, void* a, void* b,
                              Py_ssize_t count, const void** out) noexcept nogil

@@ -32,8 +32,9 @@ class FilterChain:
     encoded_itemsize: int
     max_itemsize: int
     may_refuse: bool
-    decodes_in_runs: bool
     elementwise_step: int
+    row_step: int
+    rows_in_order: bool
     def __init__(self, steps: Sequence[tuple[Any, ...]], *, refusing: bool = False) -> None: ...
 
 def scale_offset(

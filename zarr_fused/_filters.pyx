@@ -679,6 +679,18 @@ cdef int _elementwise_step(const FilterStep* steps, int n) noexcept:
     return -1
 
 
+cdef int _row_step(const FilterStep* steps, int elementwise) noexcept:
+    """The step whose decoding runs row by row into the output: the
+    elementwise one (the others leave the items as they are), else the
+    first, unless that is a delta into another type (it sums in a wider
+    one, see `_delta_cast`): -1."""
+    if elementwise >= 0:
+        return elementwise
+    if steps[0].kind == FK_DELTA and steps[0].code != steps[0].encoded_code:
+        return -1
+    return 0
+
+
 cdef class FilterChain:
     """numcodecs filters in their encode order, run on a chunk's items in
     C order by `decode` and `encode` (nogil, over two scratch buffers of
@@ -719,21 +731,9 @@ cdef class FilterChain:
             self.n += 1
         self.itemsize = self.steps[0].itemsize
         self.encoded_itemsize = self.steps[self.n - 1].encoded_itemsize
-        # delta into another type sums in a wider one; a refusing step
-        # would leave a chunk written in part
-        self.decodes_in_runs = not self.may_refuse and not (
-            self.steps[0].kind == FK_DELTA
-            and self.steps[0].code != self.steps[0].encoded_code)
         self.elementwise_step = _elementwise_step(self.steps, self.n)
-
-    cdef int decode_elementwise(self, const void* src, void* dst,
-                                Py_ssize_t count) noexcept nogil:
-        """Decode ``count`` encoded items at ``src`` into ``dst`` (apart) with
-        the chain's `elementwise_step` alone: a chain that has one decodes any
-        run of items on its own, straight into its place in an output.
-        `FILTER_OUT_OF_RANGE` when the step refuses a value (``dst`` then
-        holds a part of the run), else `FILTER_OK`."""
-        return _run(&self.steps[self.elementwise_step], False, src, dst, count)
+        self.row_step = _row_step(self.steps, self.elementwise_step)
+        self.rows_in_order = self.row_step >= 0 and self.steps[self.row_step].kind == FK_DELTA
 
     cdef const void* decode(self, const void* src, void* a, void* b,
                             Py_ssize_t count) noexcept nogil:
@@ -747,25 +747,27 @@ cdef class FilterChain:
         self._decode_down_to(0, src, a, b, count, &out)
         return out
 
-    cdef const void* decode_head(self, const void* src, void* a, void* b,
-                                 Py_ssize_t count) noexcept nogil:
-        """`decode` without the first step, which `decode_run` then runs
-        (``src`` itself for a chain of one step)."""
-        cdef const void* out
-        self._decode_down_to(1, src, a, b, count, &out)
-        return out
+    cdef int decode_head(self, const void* src, void* a, void* b, Py_ssize_t count,
+                         const void** out) noexcept nogil:
+        """Undo the steps after `row_step` on a chunk's ``count`` items as
+        `decode_checked` does (``out[0]`` may be ``src`` itself): what is
+        left is `decode_row`'s, row by row."""
+        return self._decode_down_to(self.row_step + 1, src, a, b, count, out)
 
-    cdef void decode_run(self, const void* src, void* dst, Py_ssize_t n,
-                         FilterCarry* carry) noexcept nogil:
-        """The first step's decoding of a chunk's next ``n`` (> 0) items
-        into ``dst``, for a chain that `decodes_in_runs`: the chunk's runs
-        in order, ``carry`` zeroed before the first, so each run can land in
-        its own place (a row of the output) with no copy in between."""
-        cdef const FilterStep* p = &self.steps[0]
+    cdef int decode_row(self, const void* src, void* dst, Py_ssize_t n,
+                        FilterCarry* carry) noexcept nogil:
+        """`row_step`'s decoding of ``n`` (> 0) items at ``src`` (as
+        `decode_head` left them) into ``dst`` (apart), for a chain whose
+        `row_step` is not -1: each row of a chunk lands in its own place in
+        the output with no copy in between. Delta (`rows_in_order`) takes a
+        whole chunk's rows in order, ``carry`` zeroed before the first; any
+        other step any rows. `FILTER_OUT_OF_RANGE` when the step refuses a
+        value (``dst`` then holds a part of the row), else `FILTER_OK`."""
+        cdef const FilterStep* p = &self.steps[self.row_step]
         if p.kind == FK_QUANTIZE or p.kind == FK_BITROUND:
             memcpy(dst, src, <size_t>(n * p.itemsize))
         elif p.kind != FK_DELTA:
-            _run(p, False, src, dst, n)
+            return _run(p, False, src, dst, n)
         elif p.code == IT_U8:
             _delta_decode_run(<const uint8_t*>src, <uint8_t*>dst, n, carry)
         elif p.code == IT_U16:
@@ -778,6 +780,7 @@ cdef class FilterChain:
             _delta_decode_run(<const float*>src, <float*>dst, n, carry)
         else:
             _delta_decode_run(<const double*>src, <double*>dst, n, carry)
+        return FILTER_OK
 
     cdef int decode_checked(self, const void* src, void* a, void* b, Py_ssize_t count,
                             const void** out) noexcept nogil:
