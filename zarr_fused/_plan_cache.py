@@ -58,30 +58,46 @@ def exact_key(value: Any) -> Hashable:
         return (kind, value)
     if kind is float:
         return (kind, struct.pack("<d", value))
-    if kind is complex:
-        return (kind, struct.pack("<dd", value.real, value.imag))
-    if isinstance(value, type):
-        return value  # classes are compared by identity
+    names = _field_names(kind)
+    if names is not None:
+        return (kind, tuple((name, exact_key(getattr(value, name))) for name in names))
+    if isinstance(value, tuple | list):  # NamedTuples keep their own type
+        return (kind, tuple(exact_key(v) for v in value))
     if isinstance(value, enum.Enum):
         return (kind, exact_key(value.value))
+    if isinstance(value, type):
+        return value  # classes are compared by identity
+    if kind is complex:
+        return (kind, struct.pack("<dd", value.real, value.imag))
     if isinstance(value, np.generic):
         return (kind, value.dtype.str, value.tobytes())
     if kind is np.ndarray:
         return (kind, value.dtype.str, value.shape, value.tobytes())
     if isinstance(value, np.dtype):
         return (np.dtype, value.str, str(value.descr), value.isalignedstruct)
-    if isinstance(value, tuple | list):  # NamedTuples keep their own type
-        return (kind, tuple(exact_key(v) for v in value))
     if isinstance(value, set | frozenset):
         return (kind, frozenset(exact_key(v) for v in value))
     if kind is dict:
         return (kind, _dict_key(value))
-    if dataclasses.is_dataclass(value):
-        fields = dataclasses.fields(value)
-        return (kind, tuple((f.name, exact_key(getattr(value, f.name))) for f in fields))
     if isinstance(value, Numcodec):
         return (kind, _dict_key(value.get_config()))
     raise Unkeyable(f"no exact key for {kind.__name__}")
+
+
+#: the field names of each dataclass type met, None for other types
+#: (`dataclasses.fields` costs more than keying the values)
+_FIELD_NAMES: dict[type, tuple[str, ...] | None] = {}
+_UNSEEN = ("",)
+
+
+def _field_names(kind: type) -> tuple[str, ...] | None:
+    names = _FIELD_NAMES.get(kind, _UNSEEN)
+    if names is _UNSEEN:
+        names = None
+        if dataclasses.is_dataclass(kind) and not issubclass(kind, type):
+            names = tuple(f.name for f in dataclasses.fields(kind))
+        _FIELD_NAMES[kind] = names
+    return names
 
 
 def _dict_key(value: dict[Any, Any]) -> Hashable:
