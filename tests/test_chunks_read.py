@@ -458,7 +458,7 @@ def test_native_filters_in_groups_fill_a_refused_file_gone_before_its_reread(
     monkeypatch.setattr(_codec_batch, "read_again", gone_first)
     with with_pipeline(FUSED):
         arr = zarr.open_array(LocalStore(root / "b"), mode="r")
-        assert arr._async_array.codec_pipeline.plan.reader.grouped is not None
+        assert grouped_chain(arr) is not None
         got = arr[:]
     assert reread == [os.fsencode(refused)]
     with with_pipeline(BATCHED):

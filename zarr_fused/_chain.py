@@ -55,7 +55,6 @@ from zarr_fused._vlen_chain import vlen_chain
 from zarr_fused._zarr_compat import ChunkTransform, numcodec_inside
 
 if TYPE_CHECKING:
-
     from zarr.abc.codec import Codec
     from zarr.core.array_spec import ArraySpec
     from zarr.core.buffer import Buffer, NDBuffer

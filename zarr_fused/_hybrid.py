@@ -580,6 +580,8 @@ def filtered_chain(
     if any(type(c) is TransposeCodec for c in codecs[:split]):
         return None
     stages, rest = codecs[:split], codecs[split:]
+    if any(native_stage(c) is None for c in stages):
+        return None  # before resolving the stages' specs, which costs more
     specs = _stage_specs(stages, spec)
     steps = _kernel_steps(stages, specs)
     if steps is None:

@@ -37,6 +37,7 @@ from zarr_fused._hybrid import (
     hybrid_chain,
 )
 from zarr_fused._native import shard_kernels
+from zarr_fused._plan_cache import PLAN_PARTS, Unkeyable, exact_key
 from zarr_fused._vlen_chain import VlenChain
 from zarr_fused._zarr_compat import (
     AsyncChunkTransform,
@@ -228,6 +229,25 @@ def shard_chain_reason(codec: Any, spec: ArraySpec) -> tuple[str, InnerChain | N
     return "", NativeChain(inner_spec, params, fallback)
 
 
+@dataclass(frozen=True, slots=True)
+class _PlanParts:
+    """What a plan derives from its codecs and chunk spec alone, shared by
+    the plans of arrays whose metadata match (`zarr_fused._plan_cache`):
+    no reader or writer, which learn from the files they read."""
+
+    async_transform: AsyncChunkTransform
+    async_array_bytes_codec: ArrayBytesCodec
+    chain: Chain | None
+    #: the `FilteredChain` whose batch kernels read whole chunks in groups
+    #: (`_grouped_reader`), or None
+    grouped: FilteredChain | None
+    #: `shard_chain_reason` when the array->bytes codec reads or writes
+    #: partially, else None
+    shard: tuple[str, InnerChain | None] | None
+    #: the reason when there is no synchronous path ("" otherwise)
+    no_sync: str
+
+
 def build_plan(
     codecs: tuple[Codec, ...],
     array_bytes_codec: ArrayBytesCodec,
@@ -246,59 +266,108 @@ def build_plan(
     chunks of a sharded array through that pipeline, whatever the process's
     configuration says.
     """
+    # the same dispatch as zarr's FusedCodecPipeline: a codec that
+    # implements the partial mixins but only their async methods takes
+    # the whole-chunk path
+    decodes = partial_decode and has_partial_decode(array_bytes_codec)
+    encodes = partial_encode and has_partial_encode(array_bytes_codec)
+
+    def build() -> _PlanParts:
+        return _plan_parts(
+            codecs, array_bytes_codec, spec, sync_transform, pipeline_class, (decodes, encodes)
+        )
+
+    try:
+        key = (
+            pipeline_class,
+            exact_key(codecs),
+            exact_key(spec),
+            sync_transform is None,
+            decodes,
+            encodes,
+        )
+    except Unkeyable:
+        parts = build()
+    else:
+        parts = PLAN_PARTS.get(key, build)
+    return _plan_from_parts(parts, array_bytes_codec, partial_decode, (decodes, encodes))
+
+
+def _plan_parts(
+    codecs: tuple[Codec, ...],
+    array_bytes_codec: ArrayBytesCodec,
+    spec: ArraySpec | None,
+    sync_transform: ChunkTransform | None,
+    pipeline_class: type[CodecPipeline] | None,
+    partial: tuple[bool, bool],
+) -> _PlanParts:
+    """The chains of a plan (see `_PlanParts`); ``partial``: whether the
+    array->bytes codec decodes and encodes partially, synchronously."""
     async_transform, async_array_bytes_codec = _async_codecs(
         codecs, array_bytes_codec, pipeline_class
     )
-    chain: Chain | None = None
+    if spec is None or sync_transform is None:
+        reason = _no_sync_reason(codecs, spec)
+        return _PlanParts(async_transform, async_array_bytes_codec, None, None, None, reason)
+    chain = build_chain(codecs, spec, sync_transform)
+    if isinstance(chain, TransformChain):
+        chain = hybrid_chain(codecs, spec, chain, native_tail) or chain
+    grouped: FilteredChain | None = None
+    if not partial[0] and isinstance(chain, HybridChain):
+        # every filter has a kernel (a leading transpose, a Python stage
+        # of the hybrid chain, moved after elementwise ones as the shard
+        # engine does): local chunk files read in groups
+        grouped = filtered_chain(_transposes_last(codecs), spec, chain.fallback, native_tail)
+    elif not partial[0] and isinstance(chain, V2HybridChain):
+        grouped = chain.fused  # format 2: the same groups
+    # one answer for the reader and the writer: finding the inner chain
+    # evolves and resolves the inner codecs
+    shard = shard_chain_reason(array_bytes_codec, spec) if any(partial) else None
+    return _PlanParts(async_transform, async_array_bytes_codec, chain, grouped, shard, "")
+
+
+def _plan_from_parts(
+    parts: _PlanParts,
+    array_bytes_codec: ArrayBytesCodec,
+    partial_decode: bool,
+    partial: tuple[bool, bool],
+) -> PipelinePlan:
+    """A plan with its own readers and writers over ``parts``' chains."""
+    chain = parts.chain
     reader: Reader | None = None
     writer: Writer | None = None
-    if spec is None or sync_transform is None:
-        read_fallback = write_fallback = _no_sync_reason(codecs, spec)
+    if chain is None:
+        read_fallback = write_fallback = parts.no_sync
     else:
-        chain = build_chain(codecs, spec, sync_transform)
-        if isinstance(chain, TransformChain):
-            chain = hybrid_chain(codecs, spec, chain, native_tail) or chain
-        # the same dispatch as zarr's FusedCodecPipeline: a codec that
-        # implements the partial mixins but only their async methods takes
-        # the whole-chunk path
-        decodes = partial_decode and has_partial_decode(array_bytes_codec)
-        encodes = partial_encode and has_partial_encode(array_bytes_codec)
-        reader, read_fallback = _path(_READERS, chain, array_bytes_codec, spec, decodes)
-        if type(reader) is ChunkReader:
-            reader = _grouped_reader(codecs, spec, chain) or reader
-        writer, write_fallback = _path(_WRITERS, chain, array_bytes_codec, spec, encodes)
-    sharded = isinstance(async_array_bytes_codec, ShardingCodec)
+        found = parts.shard if partial[0] else None
+        reader, read_fallback = _path(_READERS, chain, array_bytes_codec, found)
+        if type(reader) is ChunkReader and parts.grouped is not None:
+            reader = _grouped_reader(chain, parts.grouped)
+        found = parts.shard if partial[1] else None
+        writer, write_fallback = _path(_WRITERS, chain, array_bytes_codec, found)
+    sharded = isinstance(parts.async_array_bytes_codec, ShardingCodec)
     return PipelinePlan(
-        async_array_bytes_codec,
+        parts.async_array_bytes_codec,
         chain,
-        async_transform,
+        parts.async_transform,
         partial_decode,
         reader,
         writer,
         read_fallback,
         write_fallback,
-        _async_chunk_reader(chain, async_transform),
-        AsyncChunkWriter(chain, async_transform, sharded),
+        _async_chunk_reader(chain, parts.async_transform),
+        AsyncChunkWriter(chain, parts.async_transform, sharded),
         AsyncShardReader(reader) if isinstance(reader, ShardReader) else None,
         AsyncShardWriter(writer) if isinstance(writer, ShardWriter) else None,
     )
 
 
-def _grouped_reader(codecs: tuple[Codec, ...], spec: ArraySpec, chain: Chain) -> Reader | None:
+def _grouped_reader(chain: Chain, grouped: FilteredChain) -> Reader:
     """Whole chunks of a chain whose every filter has a kernel: read in
-    groups by the batch kernels, local chunk files through the IO threads as
-    a native chain's are; what the kernels cannot write into through
-    ``chain`` (the hybrid chain, zarr's code for its Python stages). None
-    for any other chain."""
-    grouped: FilteredChain | None = None
-    if isinstance(chain, HybridChain):
-        # a leading transpose, a Python stage of the hybrid chain, moved
-        # after elementwise filters as the shard engine does
-        grouped = filtered_chain(_transposes_last(codecs), spec, chain.fallback, native_tail)
-    elif isinstance(chain, V2HybridChain):
-        grouped = chain.fused  # format 2: the same groups
-    if grouped is None:
-        return None
+    groups by the batch kernels of ``grouped``, local chunk files through
+    the IO threads as a native chain's are; what the kernels cannot write
+    into through ``chain`` (the hybrid chain, zarr's code for its Python
+    stages)."""
     return PipelinedChunkReader(grouped, NativeChunkReader(grouped, ChunkReader(chain)))
 
 
@@ -374,14 +443,17 @@ _WRITERS: _Paths[Writer] = _Paths(
 
 
 def _path[P](
-    paths: _Paths[P], chain: Chain, codec: ArrayBytesCodec, spec: ArraySpec, partial: bool
+    paths: _Paths[P],
+    chain: Chain,
+    codec: ArrayBytesCodec,
+    shard: tuple[str, InnerChain | None] | None,
 ) -> tuple[P, str]:
     """The path of ``paths`` for this array, and why any of its work falls
-    back to zarr's code ("" if none). ``partial``: the codec reads or
-    writes partially (sharding), synchronously."""
-    if partial:
+    back to zarr's code ("" if none). ``shard``: `shard_chain_reason` when
+    the codec reads or writes partially (sharding), synchronously, else None."""
+    if shard is not None:
         fallback = paths.partial(codec)
-        reason, inner = shard_chain_reason(codec, spec)
+        reason, inner = shard
         if inner is None:
             return fallback, reason
         if isinstance(inner, VlenChain):
