@@ -1050,6 +1050,13 @@ TRANSPOSING = [
     pytest.param((90, 400), "<U8", "F", "C", id="U8-rows"),
     pytest.param((256, 256), "<f4", "F", "C", id="256x256-f4-tiles"),
     pytest.param((256, 256), "<f4", "C", "F", id="256x256-f4-C-into-F-tiles"),
+    # whole tiles of each item size with a register transpose, and edges
+    pytest.param((128, 256), "<f8", "F", "C", id="128x256-f8-tiles"),
+    pytest.param((131, 261), "<i8", "F", "C", id="partial-tiles-i8"),
+    pytest.param((300, 140), "<u2", "F", "C", id="partial-tiles-u2"),
+    pytest.param((256, 160), "<i2", "C", "F", id="256x160-i2-C-into-F-tiles"),
+    pytest.param((70, 520), "<f4", "F", "C", id="partial-tiles-f4"),
+    pytest.param((4, 96, 520), "<f4", "F", "C", id="3d-tiles-f4"),
 ]
 
 
@@ -1112,6 +1119,40 @@ def transposing_cases(draw: st.DrawFn) -> ScatterCase:
 @settings(max_examples=150, deadline=None, derandomize=True, database=None)
 @given(case=transposing_cases())
 def test_scatter_transposing_property(case: ScatterCase) -> None:
+    check_scatter(case)
+
+
+@st.composite
+def tiled_cases(draw: st.DrawFn) -> ScatterCase:
+    """Transposing copies large enough to go tile by tile (the source's
+    far stride times its row over 32 KiB), item sizes 1 to 8, with whole
+    and partial tiles, steps, flips and swaps."""
+    dtype = draw(st.sampled_from([np.dtype(s) for s in ("u1", "<i2", ">u2", "<f4", "<f8", "<c8")]))
+    ndim = draw(st.integers(2, 3))
+    sides = [draw(st.integers(33, 400)) for _ in range(2)]
+    if ndim == 3:
+        sides.insert(draw(st.integers(0, 2)), draw(st.integers(1, 3)))
+    starts = [draw(st.integers(0, 2)) for _ in sides]
+    into = Into(
+        out_shape=tuple(a + n + draw(st.integers(0, 2)) for a, n in zip(starts, sides)),
+        selection=tuple(slice(a, a + n) for a, n in zip(starts, sides)),
+        order=draw(st.sampled_from("CF")),
+    )
+    # the source in the order opposite to the output's, so the copy transposes
+    perm = tuple(range(ndim)) if into.order == "F" else tuple(reversed(range(ndim)))
+    source = StridedSource(
+        steps=tuple(draw(st.sampled_from([1, 1, 1, 2])) for _ in sides),
+        flips=tuple(draw(st.sampled_from([False, False, True])) for _ in sides),
+        perm=perm,
+        seed=draw(st.integers(0, 2**32 - 1)),
+    )
+    swap = dtype.itemsize > 1 and draw(st.booleans())
+    return ScatterCase(dtype=dtype, into=into, source=source, swap=swap)
+
+
+@settings(max_examples=60, deadline=None, derandomize=True, database=None)
+@given(case=tiled_cases())
+def test_scatter_tiled_property(case: ScatterCase) -> None:
     check_scatter(case)
 
 

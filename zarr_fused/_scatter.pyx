@@ -62,6 +62,118 @@ cdef extern from *:
     void ZF_PREFETCH_R(const void* p) noexcept nogil
 
 
+# One full tile of a transposed copy: ``n`` x ``n`` elements of ``e`` bytes
+# (``n * e`` == 64, a cache line each way), element (b, a) of the source
+# (rows ``ss`` bytes apart, elements dense) to element (a, b) of the
+# destination (rows ``ds`` bytes apart, elements dense). A scalar walk moves
+# one element per load and store; SSE2 (part of every x86-64 CPU, so no flag
+# from the build host) transposes 2x2, 4x4 or 8x8 sub-blocks in registers
+# with byte-exact shuffles. Other CPUs and item sizes take the scalar walk,
+# whose fixed trip counts the compiler unrolls.
+cdef extern from *:
+    """
+    #include <string.h>
+    #if defined(__SSE2__) || defined(_M_X64)
+    #include <emmintrin.h>
+    #define ZF_TILE_SSE2 1
+    #else
+    #define ZF_TILE_SSE2 0
+    #endif
+
+    #define ZF_TILE_SCALAR(E, T)                                                     \
+        for (Py_ssize_t a = 0; a < (T); a++) {                                       \
+            char* dr = d + a * ds;                                                   \
+            const char* sc = s + a * (E);                                            \
+            for (Py_ssize_t b = 0; b < (T); b++) memcpy(dr + b * (E), sc + b * ss, (E)); \
+        }
+
+    #if ZF_TILE_SSE2
+    #define ZF_LD(p) _mm_loadu_si128((const __m128i*)(p))
+    #define ZF_ST(p, v) _mm_storeu_si128((__m128i*)(p), (v))
+
+    static inline void zf_tile8(const char* s, Py_ssize_t ss, char* d, Py_ssize_t ds) {
+        for (Py_ssize_t a = 0; a < 8; a += 2)
+            for (Py_ssize_t b = 0; b < 8; b += 2) {
+                __m128i r0 = ZF_LD(s + b * ss + a * 8), r1 = ZF_LD(s + (b + 1) * ss + a * 8);
+                ZF_ST(d + a * ds + b * 8, _mm_unpacklo_epi64(r0, r1));
+                ZF_ST(d + (a + 1) * ds + b * 8, _mm_unpackhi_epi64(r0, r1));
+            }
+    }
+
+    static inline void zf_tile4(const char* s, Py_ssize_t ss, char* d, Py_ssize_t ds) {
+        for (Py_ssize_t a = 0; a < 16; a += 4)
+            for (Py_ssize_t b = 0; b < 16; b += 4) {
+                const char* p = s + b * ss + a * 4;
+                __m128i r0 = ZF_LD(p), r1 = ZF_LD(p + ss), r2 = ZF_LD(p + 2 * ss),
+                        r3 = ZF_LD(p + 3 * ss);
+                __m128i t0 = _mm_unpacklo_epi32(r0, r1), t1 = _mm_unpacklo_epi32(r2, r3);
+                __m128i t2 = _mm_unpackhi_epi32(r0, r1), t3 = _mm_unpackhi_epi32(r2, r3);
+                char* q = d + a * ds + b * 4;
+                ZF_ST(q, _mm_unpacklo_epi64(t0, t1));
+                ZF_ST(q + ds, _mm_unpackhi_epi64(t0, t1));
+                ZF_ST(q + 2 * ds, _mm_unpacklo_epi64(t2, t3));
+                ZF_ST(q + 3 * ds, _mm_unpackhi_epi64(t2, t3));
+            }
+    }
+
+    static inline void zf_tile2(const char* s, Py_ssize_t ss, char* d, Py_ssize_t ds) {
+        for (Py_ssize_t a = 0; a < 32; a += 8)
+            for (Py_ssize_t b = 0; b < 32; b += 8) {
+                const char* p = s + b * ss + a * 2;
+                __m128i r0 = ZF_LD(p), r1 = ZF_LD(p + ss), r2 = ZF_LD(p + 2 * ss),
+                        r3 = ZF_LD(p + 3 * ss), r4 = ZF_LD(p + 4 * ss), r5 = ZF_LD(p + 5 * ss),
+                        r6 = ZF_LD(p + 6 * ss), r7 = ZF_LD(p + 7 * ss);
+                __m128i a0 = _mm_unpacklo_epi16(r0, r1), a1 = _mm_unpacklo_epi16(r2, r3),
+                        a2 = _mm_unpacklo_epi16(r4, r5), a3 = _mm_unpacklo_epi16(r6, r7),
+                        a4 = _mm_unpackhi_epi16(r0, r1), a5 = _mm_unpackhi_epi16(r2, r3),
+                        a6 = _mm_unpackhi_epi16(r4, r5), a7 = _mm_unpackhi_epi16(r6, r7);
+                __m128i b0 = _mm_unpacklo_epi32(a0, a1), b1 = _mm_unpackhi_epi32(a0, a1),
+                        b2 = _mm_unpacklo_epi32(a2, a3), b3 = _mm_unpackhi_epi32(a2, a3),
+                        b4 = _mm_unpacklo_epi32(a4, a5), b5 = _mm_unpackhi_epi32(a4, a5),
+                        b6 = _mm_unpacklo_epi32(a6, a7), b7 = _mm_unpackhi_epi32(a6, a7);
+                char* q = d + a * ds + b * 2;
+                ZF_ST(q, _mm_unpacklo_epi64(b0, b2));
+                ZF_ST(q + ds, _mm_unpackhi_epi64(b0, b2));
+                ZF_ST(q + 2 * ds, _mm_unpacklo_epi64(b1, b3));
+                ZF_ST(q + 3 * ds, _mm_unpackhi_epi64(b1, b3));
+                ZF_ST(q + 4 * ds, _mm_unpacklo_epi64(b4, b6));
+                ZF_ST(q + 5 * ds, _mm_unpackhi_epi64(b4, b6));
+                ZF_ST(q + 6 * ds, _mm_unpacklo_epi64(b5, b7));
+                ZF_ST(q + 7 * ds, _mm_unpackhi_epi64(b5, b7));
+            }
+    }
+    #else
+    static inline void zf_tile8(const char* s, Py_ssize_t ss, char* d, Py_ssize_t ds) {
+        ZF_TILE_SCALAR(8, 8)
+    }
+    static inline void zf_tile4(const char* s, Py_ssize_t ss, char* d, Py_ssize_t ds) {
+        ZF_TILE_SCALAR(4, 16)
+    }
+    static inline void zf_tile2(const char* s, Py_ssize_t ss, char* d, Py_ssize_t ds) {
+        ZF_TILE_SCALAR(2, 32)
+    }
+    #endif
+
+    static inline void zf_tile1(const char* s, Py_ssize_t ss, char* d, Py_ssize_t ds) {
+        ZF_TILE_SCALAR(1, 64)
+    }
+
+    /* 0 when ``e`` has no full-tile kernel */
+    static inline int zf_transpose_tile(const char* s, Py_ssize_t ss, char* d, Py_ssize_t ds,
+                                        Py_ssize_t e) {
+        switch (e) {
+        case 8: zf_tile8(s, ss, d, ds); return 1;
+        case 4: zf_tile4(s, ss, d, ds); return 1;
+        case 2: zf_tile2(s, ss, d, ds); return 1;
+        case 1: zf_tile1(s, ss, d, ds); return 1;
+        default: return 0;
+        }
+    }
+    """
+    int zf_transpose_tile(const char* s, Py_ssize_t ss, char* d, Py_ssize_t ds,
+                          Py_ssize_t e) noexcept nogil
+
+
 # Short rows far apart (a 32-element row of a chunk inside a large output
 # array) defeat the hardware prefetchers: every row's first store waits for
 # its cache lines to be read from memory, one row at a time. The kernels
@@ -357,12 +469,19 @@ cdef void _copy_tile_block(
     ``dsa``, ``dsb`` in the destination) tile by tile."""
     cdef Py_ssize_t step = _TILE_BYTES // itemsize
     cdef Py_ssize_t a0, b0, a, a_end, tb
+    # full tiles with both inner runs dense go through `zf_transpose_tile`
+    cdef bint dense = swap_unit == 0 and ssa == itemsize and dsb == itemsize
     a0 = 0
     while a0 < na:
         a_end = a0 + step if a0 + step < na else na
         b0 = 0
         while b0 < nb:
             tb = step if b0 + step <= nb else nb - b0
+            if (dense and tb == step and a_end - a0 == step
+                    and zf_transpose_tile(sp + a0 * ssa + b0 * ssb, ssb,
+                                          dp + a0 * dsa + b0 * dsb, dsa, itemsize)):
+                b0 += step
+                continue
             for a in range(a0, a_end):
                 _copy_row(sp + a * ssa + b0 * ssb, ssb, dp + a * dsa + b0 * dsb, dsb, tb,
                           itemsize, swap_unit)
