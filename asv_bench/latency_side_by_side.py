@@ -224,14 +224,23 @@ def _checked_readers(path: Path) -> tuple[dict[str, _ChainReader], list[str]]:
     return readers, skipped
 
 
+def _cold_prepare(cold: bool) -> tuple[Callable[[], Any] | None, str]:
+    """What runs before each timed read (the page cache dropped, for
+    ``cold``), and a line saying why the cold scenario is skipped ("" if
+    it is not)."""
+    if not cold:
+        return None, ""
+    why = drop_page_cache()
+    if why is not None:
+        return None, f"## cold cache: skipped: {why}"
+    return drop_page_cache, ""
+
+
 def chain_read_scenarios(repeat: int, cold: bool, chains: list[str]) -> list[str]:
     """Whole reads of the ``--chain`` arrays, every peer that reads them."""
-    prepare: Callable[[], Any] | None = None
-    if cold:
-        why = drop_page_cache()
-        if why is not None:
-            return [f"## cold cache: skipped: {why}"]
-        prepare = drop_page_cache
+    prepare, skipped_cold = _cold_prepare(cold)
+    if skipped_cold:
+        return [skipped_cold]
     out: list[str] = []
     for what, path in _chain_arrays(chains):
         readers, skipped = _checked_readers(path)
@@ -248,12 +257,9 @@ def read_scenarios(repeat: int, cold: bool) -> list[str]:
     import numpy as np
     from benchmarks._peers import LAYOUTS, data_dir, write_reference
 
-    prepare: Callable[[], Any] | None = None
-    if cold:
-        why = drop_page_cache()
-        if why is not None:
-            return [f"## cold cache: skipped: {why}"]
-        prepare = drop_page_cache
+    prepare, skipped_cold = _cold_prepare(cold)
+    if skipped_cold:
+        return [skipped_cold]
     out: list[str] = []
     row = 100 % LAYOUTS["sharded-zstd"].shape[0]  # 100, or a row of the small scale
     cases = [c for name, c in _read_cases(row).items() if name in (CASES or READ_CASES)]

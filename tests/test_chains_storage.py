@@ -27,6 +27,9 @@ from zarr.abc.store import Store
 from zarr.storage import LocalStore, ZipStore
 from zarr_fused_testing.chains import (
     CHAINS,
+    CHECK_CHUNKS,
+    CHECK_INNER,
+    CHECK_SHAPE,
     KERNEL_FAMILIES,
     NOT_NATIVE,
     chain_values,
@@ -37,17 +40,13 @@ from zarr_fused_testing.chains import (
 from zarr_fused_testing.cluster import local_cluster
 from zarr_fused_testing.s3 import MotoServer
 
-from helpers import BATCHED, FUSED, METADATA_KEYS, assert_same_values, chunk_items
+from helpers import BATCHED, METADATA_KEYS, STRICT, assert_same_values, chunk_items
 from helpers.s3_stores import new_prefix, open_store, stored
 
-STRICT = {"codec_pipeline.path": FUSED, "codec_pipeline.strict": True}
 ORACLE = {"codec_pipeline.path": BATCHED}
 
-SHAPE = (37, 29)  # partial edge chunks on both axes
-CHUNKS = (16, 12)
-INNER = (8, 6)
 #: the rows a one-write store leaves at the fill value: whole chunks not stored
-FILL_ROWS = slice(CHUNKS[0] * 2, None)
+FILL_ROWS = slice(CHECK_CHUNKS[0] * 2, None)
 SELECTION = (slice(2, 35, 3), slice(1, None))
 
 pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered in cast:RuntimeWarning")
@@ -74,7 +73,9 @@ def _create(store: Store, name: str, sharded: bool) -> Any:
     case = CHAINS[name]
     if case["requires"]:
         pytest.importorskip(case["requires"])
-    return create_chain_array(store, case, SHAPE, CHUNKS, INNER if sharded else None)
+    return create_chain_array(
+        store, case, CHECK_SHAPE, CHECK_CHUNKS, CHECK_INNER if sharded else None
+    )
 
 
 def _write(store: Store, name: str, sharded: bool) -> np.ndarray:
@@ -82,7 +83,7 @@ def _write(store: Store, name: str, sharded: bool) -> np.ndarray:
     (deleted); the array read back whole."""
     case = CHAINS[name]
     array = _create(store, name, sharded)
-    array[:] = chain_values(case, SHAPE, 0)
+    array[:] = chain_values(case, CHECK_SHAPE, 0)
     array[3:8, 6:23] = chain_values(case, (5, 17), 1)
     array[FILL_ROWS, :] = case["fill"]
     return array[:]
@@ -92,7 +93,7 @@ def _write_once(store: Store, name: str, sharded: bool) -> None:
     """One whole write, its last rows at the fill value: a zip file is
     written once, never rewritten in place."""
     case = CHAINS[name]
-    value = chain_values(case, SHAPE, 0)
+    value = chain_values(case, CHECK_SHAPE, 0)
     value[FILL_ROWS, :] = case["fill"]
     _create(store, name, sharded)[:] = value
 

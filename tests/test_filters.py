@@ -41,11 +41,18 @@ from zarr_fused._hybrid import HybridChain, split_python_stages
 from zarr_fused.cli.identity import byte_identical
 from zarr_fused.errors import ChunkSizeError, DecompressionError, UnsupportedError
 
-from helpers import BATCHED, FUSED, assert_same_values, chunk_items, grouped_chain, make_store
+from helpers import (
+    BATCHED,
+    FUSED,
+    STRICT,
+    assert_same_values,
+    chunk_items,
+    grouped_chain,
+    make_store,
+)
 from helpers.filter_data import values_of
 from helpers.s3_stores import new_prefix, open_store
 
-STRICT = {"codec_pipeline.path": FUSED, "codec_pipeline.strict": True}
 LENIENT = {"codec_pipeline.path": FUSED, "codec_pipeline.strict": False}
 
 SHAPE = (37, 29)  # edge chunks on both axes

@@ -28,9 +28,8 @@ from zarr_fused._native import native_info
 from zarr_fused.cli.identity import byte_identical
 from zarr_fused.errors import ChunkSizeError, CorruptChunkError, DecompressionError
 
-from helpers import BATCHED, FUSED, assert_same_values, chunk_items, make_store
+from helpers import BATCHED, FUSED, STRICT, assert_same_values, chunk_items, make_store
 
-STRICT = {"codec_pipeline.path": FUSED, "codec_pipeline.strict": True}
 ZARR = {"codec_pipeline.path": BATCHED}
 
 SHAPE = (37, 29)  # edge chunks on both axes

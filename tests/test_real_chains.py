@@ -30,6 +30,9 @@ import pytest
 import zarr
 from zarr_fused_testing.chains import (
     CHAINS,
+    CHECK_CHUNKS,
+    CHECK_INNER,
+    CHECK_SHAPE,
     NOT_NATIVE,
     chain_values,
     create_chain_array,
@@ -38,14 +41,10 @@ from zarr_fused_testing.chains import (
 
 from zarr_fused.errors import CorruptChunkError
 
-from helpers import BATCHED, FUSED, assert_same_values, chunk_items, make_store
+from helpers import BATCHED, STRICT, assert_same_values, chunk_items, make_store
 
-STRICT = {"codec_pipeline.path": FUSED, "codec_pipeline.strict": True}
 ORACLE = {"codec_pipeline.path": BATCHED}
 
-SHAPE = (37, 29)  # partial edge chunks on both axes
-CHUNKS = (16, 12)
-INNER = (8, 6)
 
 #: a gzip member's header up to its time (magic, deflate, any flags)
 _GZIP_HEADER = re.compile(rb"(\x1f\x8b\x08[\x00-\xff])[\x00-\xff]{4}", re.DOTALL)
@@ -56,10 +55,12 @@ def _write(store: Any, case: dict[str, Any], sharded: bool) -> np.ndarray:
     (not stored); the array read back whole."""
     if case["requires"]:
         pytest.importorskip(case["requires"])
-    array = create_chain_array(store, case, SHAPE, CHUNKS, INNER if sharded else None)
-    array[:] = chain_values(case, SHAPE, 0)
+    array = create_chain_array(
+        store, case, CHECK_SHAPE, CHECK_CHUNKS, CHECK_INNER if sharded else None
+    )
+    array[:] = chain_values(case, CHECK_SHAPE, 0)
     array[3:8, 6:23] = chain_values(case, (5, 17), 1)
-    array[CHUNKS[0] * 2 :, :] = case["fill"]
+    array[CHECK_CHUNKS[0] * 2 :, :] = case["fill"]
     return array[:]
 
 
@@ -133,7 +134,7 @@ def _damage(raw: bytes, how: str, name: str) -> bytes:
             out[i] ^= 0x5A
         return bytes(out)
     # a sound stream of one byte more than the chunk holds
-    size = int(np.prod(CHUNKS)) * np.dtype(CHAINS[name]["dtype"]).itemsize + 1
+    size = int(np.prod(CHECK_CHUNKS)) * np.dtype(CHAINS[name]["dtype"]).itemsize + 1
     return bytes(DEFLATE_CHAINS[name]().encode(bytes(size)))
 
 

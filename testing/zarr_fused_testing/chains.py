@@ -27,6 +27,12 @@ from zarr.core.dtype import VariableLengthBytes
 #: the module cast_value's codec needs (an optional install)
 CAST_VALUE_MODULE = "cast_value_rs"
 
+#: the small geometry the tests check every chain on: partial edge chunks on
+#: both axes, and these inner chunks when the chain is a shard's
+CHECK_SHAPE = (37, 29)
+CHECK_CHUNKS = (16, 12)
+CHECK_INNER = (8, 6)
+
 
 def values_of(kind: str, dtype: str, shape: tuple[int, ...], seed: int) -> np.ndarray:
     """``kind``: ``ints`` (a random walk, what delta is for; non-negative for

@@ -29,6 +29,8 @@ from zarr_fused.io.shard_lock import LOCK_FILE
 FUSED = "zarr_fused.FusedCodecPipeline"
 BATCHED = "zarr.core.codec_pipeline.BatchedCodecPipeline"
 ZARR_FUSED = "zarr.core.codec_pipeline.FusedCodecPipeline"
+#: zarr_fused, raising where its native path does not apply
+STRICT = {"codec_pipeline.path": FUSED, "codec_pipeline.strict": True}
 
 METADATA_KEYS = ("zarr.json", ".zarray", ".zattrs", ".zgroup", ".zmetadata")
 
