@@ -13,6 +13,8 @@ the native zlib and gzip kernels, in strict mode.
 from __future__ import annotations
 
 import gzip
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +39,8 @@ from zarr.storage import MemoryStore
 from zarr_fused_testing.s3 import LatencyProxy
 
 from zarr_fused._filter_stages import NativeBitRound, NativeFixedScaleOffset, NativeQuantize
-from zarr_fused._hybrid import HybridChain, split_python_stages
+from zarr_fused._hybrid import FilteredChain, HybridChain, split_python_stages
+from zarr_fused.chunks import write as chunk_write
 from zarr_fused.cli.identity import byte_identical
 from zarr_fused.errors import ChunkSizeError, DecompressionError, UnsupportedError
 
@@ -978,6 +981,58 @@ def test_fixedscaleoffset_unfit_chunk_runs_numcodecs(tmp_path: Path, bad: float)
             array[:] = value
             stores[label] = store
     assert chunk_items(stores["fused"]) == chunk_items(stores["zarr"])
+
+
+@pytest.mark.parametrize("io", ["direct", "io-threads"])
+@pytest.mark.parametrize("name", ["delta-i4-zstd", "fixedscaleoffset-f8-i2"])
+def test_unsharded_filters_write_in_groups_as_zarr(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, io: str
+) -> None:
+    """Unsharded chunks of filters that all have a kernel are encoded in
+    groups by the batch kernels and stored by the compute threads, or by
+    the IO threads once the files were found slow to store (a network
+    filesystem): zarr's bytes either way, a whole write, a partial
+    overwrite merged into the stored chunks, a chunk of fill values left
+    out, and a chunk the kernel refuses (a value int16 cannot hold)
+    encoded by zarr's code."""
+    case = FILTER_CHAINS[name]
+    value = values_of(case["values"], case["dtype"], SHAPE, 4)
+    if name.startswith("fixedscaleoffset"):
+        value[20, 3] = 1e6
+    value[32:, 24:] = case["fill"]  # the edge chunk c/2/2: not stored
+    threads: list[str] = []
+    write_parts = chunk_write.write_parts
+
+    def spy(*args: Any) -> Any:
+        threads.append(threading.current_thread().name)
+        return write_parts(*args)
+
+    monkeypatch.setattr(chunk_write, "write_parts", spy)
+    stores = {}
+    for label, config in (("fused", STRICT), ("zarr", {"codec_pipeline.path": BATCHED})):
+        with zarr.config.set({**config, "codec_pipeline.max_workers": 2}):
+            store = make_store("local", tmp_path, label)
+            array = create(store, case, [ZstdCodec()], sharded=False, fill_value=case["fill"])
+            if label == "fused":
+                writer = plan_of(array).writer
+                assert type(writer) is chunk_write.NativeChunkWriter
+                assert isinstance(writer.chain, FilteredChain)
+                if io == "io-threads":  # as if the IO threads had just found them slow
+                    writer.probe.latency = float("inf")
+                    writer.probe.probed = time.monotonic()
+                else:  # as if the compute threads had just stored them fast
+                    writer.probe.measured(chunk_write.FAST_STORE / 2)
+            with np.errstate(invalid="ignore"):
+                array[:] = value
+                array[3:30, 5:20] = value[3:30, 5:20][::-1]
+            stores[label] = store
+    assert chunk_items(stores["fused"]) == chunk_items(stores["zarr"])
+    assert "c/2/2" not in chunk_items(stores["zarr"])
+    if io == "io-threads":
+        assert threads
+        assert all(n.startswith("zarr_fused-fileio") for n in threads), threads
+    else:
+        assert not threads
 
 
 # what zarr itself refuses: the same error from zarr_fused

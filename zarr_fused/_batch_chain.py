@@ -47,6 +47,10 @@ class BatchChain(NativeOrFallback):
     order: tuple[int, ...] | None
     _layouts: dict[tuple[int, ...], Any]
     _lock: threading.Lock
+    #: whether its encode batches write chunk files themselves (a batch
+    #: with filters encodes into memory only: a chunk they refuse is zarr's
+    #: code to encode)
+    encodes_to_files = True
 
     def writes_into(self, out: Any, spec: ArraySpec) -> bool:
         """Whether the kernels can decode chunks of ``spec`` straight into
@@ -65,6 +69,25 @@ class BatchChain(NativeOrFallback):
     @abstractmethod
     def encode_bound(self, nbytes: int) -> int:
         """The most bytes a chunk of ``nbytes`` value bytes encodes to."""
+
+    @abstractmethod
+    def encode_batch(
+        self,
+        capacity: int,
+        ndim: int,
+        describe: Any = describe_chunk,
+        arena: np.ndarray | None = None,
+    ) -> Any:
+        """An `EncodeBatch`; its results are views into ``arena`` (see there)."""
+
+    @abstractmethod
+    def encode_swap(self, array: np.ndarray) -> bool | None:
+        """Whether encoding ``array`` swaps bytes; None when the batch
+        cannot take its data type."""
+
+    @abstractmethod
+    def encode(self, array: NDBuffer, spec: ArraySpec, key: Any = None) -> Buffer | None:
+        """The bytes to store for one chunk, or None when a codec elides it."""
 
     @abstractmethod
     def kernel_batch(self, capacity: int, ndim: int, describe: Any = describe_chunk) -> Any:

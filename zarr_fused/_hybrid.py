@@ -490,6 +490,7 @@ class FilteredChain(BatchChain):
 
     native = True
     reason = ""
+    encodes_to_files = False
 
     def __init__(
         self,

@@ -345,6 +345,8 @@ def _plan_from_parts(
             reader = _grouped_reader(chain, parts.grouped)
         found = parts.shard if partial[1] else None
         writer, write_fallback = _path(_WRITERS, chain, array_bytes_codec, found)
+        if type(writer) is ChunkWriter and parts.grouped is not None:
+            writer = NativeChunkWriter(parts.grouped, writer)
     sharded = isinstance(parts.async_array_bytes_codec, ShardingCodec)
     return PipelinePlan(
         parts.async_array_bytes_codec,
@@ -438,7 +440,11 @@ _READERS: _Paths[Reader] = _Paths(
     ChunkReader,
 )
 _WRITERS: _Paths[Writer] = _Paths(
-    PartialEncodeWriter, ShardWriter, VlenShardWriter, NativeChunkWriter, ChunkWriter
+    PartialEncodeWriter,
+    ShardWriter,
+    VlenShardWriter,
+    lambda chain: NativeChunkWriter(chain, ChunkWriter(chain)),
+    ChunkWriter,
 )
 
 

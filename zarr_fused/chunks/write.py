@@ -5,9 +5,11 @@ worker. The merge and empty-chunk rules are zarr's own
 (`zarr.core.chunk_utils`), so ``write_empty_chunks`` behaves exactly as
 with zarr's pipelines.
 
-`NativeChunkWriter` serves native chains group by group: fetch the stored
-bytes of the chunks the write covers only partly, decode them in one nogil
-call, merge with NumPy, encode the group in one nogil call, store. A scalar
+`NativeChunkWriter` serves the chains the batch kernels run (a native
+chain, or filters that all have a kernel over one) group by group: fetch
+the stored bytes of the chunks the write covers only partly, decode them in
+one nogil call, merge with NumPy, encode the group in one nogil call,
+store. A scalar
 written over whole chunks (``a[...] = 5``) is merged and encoded once per
 chunk shape, not once per chunk.
 
@@ -18,7 +20,9 @@ while the compute thread encodes the next group: a rename that blocks on
 the filesystem no longer holds up encoding. Otherwise, and while the files
 were found fast to store (`FAST_STORE`: a hot tmpfs or local disk, where
 the hand-off costs more than it saves), the encode kernel writes each file
-itself, inside its nogil call.
+itself, inside its nogil call (a batch with filters encodes into memory,
+since a chunk the filters refuse is zarr's code to encode; the compute
+thread then stores the group's files).
 
 Which of the two a write takes is measured, not guessed
 (`zarr_fused.io.probe`): with no recent measurement (a new array handle,
@@ -63,7 +67,8 @@ if TYPE_CHECKING:
     from zarr.core.buffer import Buffer
 
     from zarr_fused._batch import WriteRequest
-    from zarr_fused._chain import Chain, NativeChain
+    from zarr_fused._batch_chain import BatchChain
+    from zarr_fused._chain import Chain
     from zarr_fused._items import WriteItem
 
 __all__ = ["ChunkWriter", "NativeChunkWriter", "PartialEncodeWriter"]
@@ -181,12 +186,16 @@ def _hashable(key: Any) -> bool:
 
 
 class NativeChunkWriter:
-    """Whole-chunk writes through a native chain, one nogil call per group
-    for decoding the existing chunks and one for encoding."""
+    """Whole-chunk writes through the batch kernels (a native chain, or
+    filters that all have a kernel over one), one nogil call per group for
+    decoding the existing chunks and one for encoding; what they do not
+    take (another value type, a chunk spec of another array) through
+    ``generic`` (a `ChunkWriter` of the same chain, or of the plan's hybrid
+    chain for filters)."""
 
-    def __init__(self, chain: NativeChain) -> None:
+    def __init__(self, chain: BatchChain, generic: ChunkWriter) -> None:
         self.chain = chain
-        self.generic = ChunkWriter(chain)
+        self.generic = generic
         #: the fastest a chunk file was stored, per file, by the IO threads
         #: or by a probe on the compute threads, and when
         self.probe = LatencyProbe(FAST_STORE)
@@ -252,7 +261,7 @@ class _ChunkWrite:
     written in part, merge, encode the group in one nogil call, store."""
 
     def __init__(
-        self, chain: NativeChain, batch: Sequence[WriteItem], request: WriteRequest
+        self, chain: BatchChain, batch: Sequence[WriteItem], request: WriteRequest
     ) -> None:
         self.chain = chain
         self.batch = batch
@@ -325,7 +334,7 @@ class _ChunkWrite:
         existing: dict[int, np.ndarray] = {}
         if not partial:
             return existing
-        decoding = chain.decode_batch(len(partial), self.ndim)
+        decoding = chain.kernel_batch(len(partial), self.ndim)
         decoding.set_fill(b"\0" * chain.dtype.itemsize)
         decoded_items = []
         for i in partial:
@@ -389,7 +398,7 @@ class _ChunkWrite:
                     chain.layout(spec.shape),
                     chain.encode_swap(array),
                     setter,
-                    None if arena is not None else self._path(setter),
+                    None if arena is not None or not chain.encodes_to_files else self._path(setter),
                     self.empty_pattern is not None and array.dtype == chain.dtype,
                 )
             results.append((i, ready, position))
