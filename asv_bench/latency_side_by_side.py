@@ -236,6 +236,106 @@ def _cold_prepare(cold: bool) -> tuple[Callable[[], Any] | None, str]:
     return drop_page_cache, ""
 
 
+class _ChainWriter:
+    """One peer's writes of a whole chain array: ``prepare`` makes the
+    array afresh (the shim delays its files too), ``write`` stores every
+    chunk; zarr_fused and zarrs in strict mode."""
+
+    def __init__(self, peer: str, case: dict[str, Any], sharded: bool, path: Path) -> None:
+        from benchmarks._peers import PIPELINES
+
+        self.case, self.sharded, self.path = case, sharded, path
+        self.config: dict[str, Any] = {"codec_pipeline.path": PIPELINES[_base(peer)]}
+        if _base(peer) in ("zarr_fused", "zarrs"):
+            self.config["codec_pipeline.strict"] = True
+        if peer == BASELINE:
+            self.config["codec_pipeline.io_concurrency"] = 1
+        self.array: Any = None
+
+    def prepare(self) -> None:
+        import shutil
+
+        import zarr
+        from zarr.storage import LocalStore
+        from zarr_fused_testing.chains import create_chain_array
+
+        shutil.rmtree(self.path, ignore_errors=True)
+        chunks, inner = CHAIN_SHARDED if self.sharded else CHAIN_UNSHARDED
+        with zarr.config.set(self.config):
+            self.array = create_chain_array(
+                LocalStore(self.path), self.case, CHAIN_SHAPE, chunks, inner
+            )
+
+    def write(self, value: Any) -> None:
+        import zarr
+
+        with zarr.config.set(self.config):
+            self.array[...] = value
+
+    def read_back(self) -> Any:
+        """What zarr's own pipeline reads from the array written."""
+        import zarr
+        from benchmarks._peers import pipeline
+        from zarr.storage import LocalStore
+
+        with pipeline("zarr-batched"):
+            return zarr.open_array(LocalStore(self.path), mode="r")[...]
+
+
+def _checked_writers(
+    case: dict[str, Any], sharded: bool, stem: str, value: Any
+) -> tuple[dict[str, _ChainWriter], list[str]]:
+    """The peers whose write of ``value`` zarr reads back as it reads its
+    own, and a line for each other one (not timed)."""
+    import numpy as np
+    from benchmarks._peers import data_dir
+
+    writers, skipped = {}, []
+    expected = None
+    for peer in [
+        "zarr-batched",
+        *(p for p in _peers() if p not in ("zarr-batched", "tensorstore")),
+    ]:
+        writer = _ChainWriter(peer, case, sharded, data_dir() / f"{stem}-write-{peer}")
+        try:
+            writer.prepare()
+            writer.write(value)
+            got = writer.read_back()
+        except Exception as exc:
+            skipped.append(f"{peer}: not timed: {type(exc).__name__}: {exc}"[:200])
+            continue
+        if expected is None:
+            expected = got
+        elif not np.array_equal(got, expected, equal_nan=expected.dtype.kind in "fc"):
+            skipped.append(f"{peer}: not timed: wrote other values than zarr's")
+            continue
+        writers[peer] = writer
+    if "zarr_fused" not in writers:
+        raise SystemExit(f"zarr_fused cannot write {stem}: {skipped}")
+    return writers, skipped
+
+
+def chain_write_scenarios(repeat: int, chains: list[str]) -> list[str]:
+    """Whole writes of the ``--chain`` arrays, every peer that writes them."""
+    from zarr_fused_testing.chains import CHAINS, chain_values, shardings
+
+    out: list[str] = []
+    for name in chains:
+        case = CHAINS[name]
+        value = chain_values(case, CHAIN_SHAPE, 0)
+        for sharded in shardings(case):
+            layout = "sharded" if sharded else "unsharded"
+            writers, skipped = _checked_writers(case, sharded, f"chain-{name}-{layout}", value)
+            results = rounds(
+                {p: ((lambda w=w, v=value: w.write(v)), w.prepare) for p, w in writers.items()},
+                repeat,
+            )
+            out += table(f"write all: {name} ({layout})", results)
+            out += [_summary(results), *skipped]
+            _flush(out)
+    return out
+
+
 def chain_read_scenarios(repeat: int, cold: bool, chains: list[str]) -> list[str]:
     """Whole reads of the ``--chain`` arrays, every peer that reads them."""
     prepare, skipped_cold = _cold_prepare(cold)
@@ -331,7 +431,10 @@ def child(args: argparse.Namespace) -> int:
         ]
     )
     if args.chain:
-        _flush(chain_read_scenarios(args.repeat, args.cold, args.chain))
+        if "read" in args.ops:
+            _flush(chain_read_scenarios(args.repeat, args.cold, args.chain))
+        if "write" in args.ops and not args.cold:
+            _flush(chain_write_scenarios(args.repeat, args.chain))
         return 0
     if "read" in args.ops:
         _flush(read_scenarios(args.repeat, args.cold))
@@ -369,8 +472,8 @@ def main(argv: list[str] | None = None) -> int:
         "--chain",
         action="append",
         default=[],
-        help="read this chain of zarr_fused_testing.chains (repeatable) instead of the "
-        "default arrays, unsharded and sharded; reads only",
+        help="read and write (--ops) this chain of zarr_fused_testing.chains (repeatable) "
+        "instead of the default arrays, unsharded and sharded",
     )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
