@@ -197,17 +197,20 @@ def _base(peer: str) -> str:
     return "zarr_fused" if peer == BASELINE else peer
 
 
-def _checked_readers(path: Path) -> tuple[dict[str, _ChainReader], list[str]]:
-    """The peers that read zarr's values from ``path``, and a line for each
-    that does not (not timed)."""
+def _checked[H](
+    peers: list[str], make: Callable[[str], H], result: Callable[[H], Any], what: str
+) -> tuple[dict[str, H], list[str]]:
+    """The handles (``make(peer)``) whose ``result`` is zarr's Batched one
+    (the first peer), and a line for each other peer (not timed); exits
+    when zarr_fused's is not among them. ``what``: "read" or "wrote"."""
     import numpy as np
 
-    readers, skipped = {}, []
+    handles, skipped = {}, []
     expected = None
-    for peer in ["zarr-batched", *(p for p in _peers() if p != "zarr-batched")]:
+    for peer in peers:
         try:
-            reader = _ChainReader(peer, path)
-            got = np.asarray(reader.read(Ellipsis))
+            handle = make(peer)
+            got = np.asarray(result(handle))
         except Exception as exc:
             skipped.append(f"{peer}: not timed: {type(exc).__name__}: {exc}"[:200])
             continue
@@ -216,12 +219,20 @@ def _checked_readers(path: Path) -> tuple[dict[str, _ChainReader], list[str]]:
         elif got.shape != expected.shape or not np.array_equal(
             got, expected, equal_nan=expected.dtype.kind in "fc"
         ):
-            skipped.append(f"{peer}: not timed: read other values than zarr's")
+            skipped.append(f"{peer}: not timed: {what} other values than zarr's")
             continue
-        readers[peer] = reader
-    if "zarr_fused" not in readers:
-        raise SystemExit(f"zarr_fused cannot read {path.name}: {skipped}")
-    return readers, skipped
+        handles[peer] = handle
+    if "zarr_fused" not in handles:
+        raise SystemExit(f"zarr_fused's {what} failed: {skipped}")
+    return handles, skipped
+
+
+def _checked_readers(path: Path) -> tuple[dict[str, _ChainReader], list[str]]:
+    """The peers that read zarr's values from ``path`` (see `_checked`)."""
+    peers = ["zarr-batched", *(p for p in _peers() if p != "zarr-batched")]
+    return _checked(
+        peers, lambda peer: _ChainReader(peer, path), lambda r: r.read(Ellipsis), "read"
+    )
 
 
 def _cold_prepare(cold: bool) -> tuple[Callable[[], Any] | None, str]:
@@ -286,33 +297,17 @@ def _checked_writers(
     case: dict[str, Any], sharded: bool, stem: str, value: Any
 ) -> tuple[dict[str, _ChainWriter], list[str]]:
     """The peers whose write of ``value`` zarr reads back as it reads its
-    own, and a line for each other one (not timed)."""
-    import numpy as np
+    own (see `_checked`)."""
     from benchmarks._peers import data_dir
 
-    writers, skipped = {}, []
-    expected = None
-    for peer in [
-        "zarr-batched",
-        *(p for p in _peers() if p not in ("zarr-batched", "tensorstore")),
-    ]:
+    def written(peer: str) -> _ChainWriter:
         writer = _ChainWriter(peer, case, sharded, data_dir() / f"{stem}-write-{peer}")
-        try:
-            writer.prepare()
-            writer.write(value)
-            got = writer.read_back()
-        except Exception as exc:
-            skipped.append(f"{peer}: not timed: {type(exc).__name__}: {exc}"[:200])
-            continue
-        if expected is None:
-            expected = got
-        elif not np.array_equal(got, expected, equal_nan=expected.dtype.kind in "fc"):
-            skipped.append(f"{peer}: not timed: wrote other values than zarr's")
-            continue
-        writers[peer] = writer
-    if "zarr_fused" not in writers:
-        raise SystemExit(f"zarr_fused cannot write {stem}: {skipped}")
-    return writers, skipped
+        writer.prepare()
+        writer.write(value)
+        return writer
+
+    peers = ["zarr-batched", *(p for p in _peers() if p not in ("zarr-batched", "tensorstore"))]
+    return _checked(peers, written, _ChainWriter.read_back, "wrote")
 
 
 def chain_write_scenarios(repeat: int, chains: list[str]) -> list[str]:
