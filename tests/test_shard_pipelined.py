@@ -13,9 +13,11 @@ import numpy as np
 import pytest
 import zarr
 from zarr.codecs import ZstdCodec
-from zarr.storage import LocalStore
+from zarr.storage import LocalStore, StorePath
 
 from zarr_fused import _shard_local
+from zarr_fused.io.local import local_files
+from zarr_fused.io.probe import FAST_CALL, PROBE_INTERVAL
 from zarr_fused.shard import pipelined
 
 from helpers import FUSED, with_pipeline
@@ -193,3 +195,52 @@ def test_shards_split_only_where_the_kernel_does_not_prefetch(
         got = reader[3:4]
     np.testing.assert_array_equal(got, data[3:4])
     assert bool(calls) != cold
+
+
+def _spy_pipelined(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The shard count of every batch read on the IO threads."""
+    runs: list[int] = []
+    real = pipelined.ShardIO.run
+
+    def spy(self: Any, read: Any, *args: Any) -> None:
+        runs.append(len(read.shards))
+        real(self, read, *args)
+
+    monkeypatch.setattr(pipelined.ShardIO, "run", spy)
+    return runs
+
+
+@pytest.mark.parametrize(
+    ("seen", "age", "lent"),
+    [
+        pytest.param(None, 0.0, False, id="store-unknown"),
+        pytest.param(FAST_CALL / 2, 0.0, True, id="store-fast-just-now"),
+        pytest.param(FAST_CALL / 2, 2 * PROBE_INTERVAL, False, id="store-fast-long-ago"),
+        pytest.param(1e-3, 0.0, False, id="store-slow-just-now"),
+    ],
+)
+def test_a_new_arrays_first_read_follows_its_stores_shard_calls(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seen: float | None, age: float, lent: bool
+) -> None:
+    """An array just opened (a new reader, no measurement of its own) reads
+    its shards directly while another reader measured the store's shard
+    calls fast within `PROBE_INTERVAL`; otherwise on the IO threads, which
+    measure them for the store's next readers."""
+    data = _array(tmp_path)
+    runs = _spy_pipelined(monkeypatch)
+    with (
+        with_pipeline(FUSED),
+        zarr.config.set({"codec_pipeline.max_workers": 1, "codec_pipeline.io_concurrency": 8}),
+    ):
+        reader = zarr.open_array(LocalStore(tmp_path / "a"), mode="r")
+        root = local_files([(StorePath(reader.store, "zarr.json"),)], shard_io=True)
+        assert root is not None
+        pipelined.SHARD_CALLS.forget(root)
+        if seen is not None:
+            pipelined.SHARD_CALLS.seen[root] = (seen, time.monotonic() - age)
+        got = reader[...]
+        probe = reader._async_array.codec_pipeline.plan.reader.io.probe
+    np.testing.assert_array_equal(got, data)
+    assert runs == ([] if lent else [8])
+    # the store keeps what this reader measured (or was lent) for the next
+    assert pipelined.SHARD_CALLS.seen[root][0] == probe.latency

@@ -28,8 +28,11 @@ unsharded chunks (`zarr_fused.io.probe`): the hand-off between threads
 costs wake-ups that a shard served from the page cache does not repay, so
 while file calls answer within `FAST_CALL`, the compute threads read their
 shards themselves (the direct path of ``ShardReader``). The first read of
-a reader is pipelined, and so is a read once the last measurement no
-longer stands (only a pipelined read measures the files: a direct read's
+a reader is pipelined unless its store's files were measured within
+`zarr_fused.io.probe.PROBE_INTERVAL` by another reader (`SHARD_CALLS`
+lends that measurement: zarr builds a new reader with every array it
+opens), and so is a read once the last measurement no longer stands (only
+a pipelined read measures the files: a direct read's
 time includes decoding), and the read after a direct one that made the
 process read from a block device (a page cache that went cold:
 `storage_read_bytes`): otherwise reads of a cache that went cold after a
@@ -38,22 +41,29 @@ hot read stay direct for as long as they come more often than the probes.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import numpy as np
 
 from zarr_fused._native import io_kernels, shard_local_kernels
 from zarr_fused.io.engine import Batch, resolve_io_concurrency, run_pipelined
-from zarr_fused.io.probe import FAST_CALL, Fastest, LatencyProbe, per_call_latency
+from zarr_fused.io.probe import (
+    FAST_CALL,
+    Fastest,
+    LatencyProbe,
+    StoreLatencies,
+    per_call_latency,
+)
 from zarr_fused.shard.index import MISSING_OFFSET
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-__all__ = ["ShardIO", "storage_read_bytes"]
+__all__ = ["SHARD_CALLS", "ShardIO", "storage_read_bytes"]
 
 #: a shard split over several requests pays, per extra part, an ``open``,
 #: an index read and a hand-off between threads (about 0.1 ms of CPU);
@@ -65,6 +75,21 @@ __all__ = ["ShardIO", "storage_read_bytes"]
 #: nothing (a FUSE or some parallel filesystems, the latency harness' shim)
 #: the parts still read their ranges in parallel
 SPLIT_CALL = 0.5e-3
+
+#: the last measurement of each store root's shard file calls, lent to the
+#: probe of a reader that has none (see `StoreLatencies`: an array opened
+#: for each read would otherwise pipeline every read, a hand-off per shard);
+#: apart from the chunk files' `STORE_LATENCIES`, which count per file
+SHARD_CALLS: Final = StoreLatencies()
+
+
+def _new_lock_after_fork() -> None:
+    # a thread of the parent may have held it at the fork
+    SHARD_CALLS.lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_lock_after_fork)
 
 
 #: the kernel's IO counters of this process (Linux); ``read_bytes`` counts
@@ -119,10 +144,14 @@ class ShardIO:
         self.direct_from: int | None = None
         #: whether the last pipelined read read from a block device
         self.from_device = False
+        #: the local store root of the reader's files (`applies` sets it:
+        #: one store per array, so every batch of a reader names the same)
+        self.root: bytes | None = None
 
-    def applies(self, n_shards: int, max_workers: int, local: bool) -> int:
+    def applies(self, n_shards: int, max_workers: int, root: bytes | None) -> int:
         """The IO requests in flight to pipeline a batch of ``n_shards``
-        shards with, 0 when the direct path serves it.
+        shards under the local store ``root`` (None: not a local store)
+        with, 0 when the direct path serves it.
 
         Only where the direct path goes shard by shard (enough shards for
         every worker, or one worker): with few shards and several workers
@@ -130,13 +159,15 @@ class ShardIO:
         compute thread per request would not.
         """
         self.direct_from = None
-        if not local or n_shards < 2 or io_kernels is None or shard_local_kernels is None:
+        self.root = root
+        if root is None or n_shards < 2 or io_kernels is None or shard_local_kernels is None:
             return 0
         if n_shards < 2 * max_workers and max_workers > 1:
             return 0
         io_concurrency = resolve_io_concurrency()
         if io_concurrency <= 1:
             return 0
+        SHARD_CALLS.lend(root, self.probe)
         if self.probe.direct():
             self.direct_from = storage_read_bytes()
             return 0
@@ -144,8 +175,8 @@ class ShardIO:
 
     def note_direct(self, seconds: float) -> None:
         """Note how long a direct read took (spaces the probes), and
-        whether it read from a block device: then the next read is
-        pipelined and measures the files afresh."""
+        whether it read from a block device: then the next read (of any
+        reader of the store) is pipelined and measures the files afresh."""
         self.probe.note_direct(seconds)
         start, self.direct_from = self.direct_from, None
         if start is None:
@@ -153,6 +184,8 @@ class ShardIO:
         now = storage_read_bytes()
         if now is not None and now > start:
             self.probe.found_slow()
+            if self.root is not None:
+                SHARD_CALLS.forget(self.root)
 
     def run(self, read: ShardBatch, io_concurrency: int, max_workers: int) -> None:
         """Fetch every shard of ``read`` on the IO threads and decode each
@@ -194,6 +227,8 @@ class ShardIO:
             self.probe.note_pipelined(time.perf_counter() - began, timing.seconds)
         device_after = storage_read_bytes()
         self.from_device = device_after is not None and device_after != device_before
+        if self.root is not None:
+            SHARD_CALLS.note(self.root, self.probe)
 
 
 class _Part:

@@ -305,8 +305,8 @@ class ShardReader(ShardSide):
         if io is None or not shards:
             read.run(max_workers)
             return
-        local = local_files([(getter,) for getter, _ in shards], shard_io=True) is not None
-        io_concurrency = io.applies(len(shards), max_workers, local)
+        root = local_files([(getter,) for getter, _ in shards], shard_io=True)
+        io_concurrency = io.applies(len(shards), max_workers, root)
         if io_concurrency:
             io.run(read, io_concurrency, max_workers)
             return
@@ -329,8 +329,8 @@ class ShardReader(ShardSide):
         max_workers = request.max_workers
         io = self.io
         if io is not None:
-            local = local_files(batch, shard_io=True) is not None
-            io_concurrency = io.applies(len(batch), max_workers, local)
+            root = local_files(batch, shard_io=True)
+            io_concurrency = io.applies(len(batch), max_workers, root)
             if io_concurrency:
                 io.run(read, io_concurrency, max_workers)
                 return tuple(read.statuses)
