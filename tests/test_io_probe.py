@@ -3,6 +3,7 @@ measurements and durations, on an injected clock (no timing here)."""
 
 from __future__ import annotations
 
+import os
 import threading
 from typing import TYPE_CHECKING
 
@@ -376,3 +377,26 @@ def test_fastest_keeps_the_least_of_what_threads_note() -> None:
     for thread in threads:
         thread.join()
     assert fastest.seconds == samples.min()
+
+
+# -- the store roots' measurements across a fork --------------------------------------------
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork")
+@pytest.mark.parametrize(
+    "module", [pytest.param("io", id="chunk-files"), pytest.param("shard", id="shard-calls")]
+)
+def test_store_latencies_lock_is_free_in_a_child_forked_while_it_was_held(module: str) -> None:
+    """A child forked while a thread of the parent held a `StoreLatencies`
+    lock can still note and lend (the at-fork hook gives every one a new
+    lock); without it the child would wait forever."""
+    from zarr_fused.io.probe import STORE_LATENCIES
+    from zarr_fused.shard.pipelined import SHARD_CALLS
+
+    latencies = STORE_LATENCIES if module == "io" else SHARD_CALLS
+    with latencies.lock:
+        pid = os.fork()
+        if pid == 0:  # the child: exit 0 only if the lock is free
+            os._exit(0 if latencies.lock.acquire(timeout=5) else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0

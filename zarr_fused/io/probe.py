@@ -41,6 +41,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+import weakref
 from typing import TYPE_CHECKING, Final
 
 if TYPE_CHECKING:
@@ -282,13 +283,14 @@ class StoreLatencies:
     eviction's look at the oldest root from racing another's insert.
     """
 
-    __slots__ = ("capacity", "lock", "seen")
+    __slots__ = ("__weakref__", "capacity", "lock", "seen")
 
     def __init__(self, capacity: int = STORE_ROOTS) -> None:
         self.capacity = capacity
         self.lock = threading.Lock()
         #: root -> (seconds per file, when measured on the probes' clock)
         self.seen: dict[bytes, tuple[float, float]] = {}
+        _LIVE.add(self)
 
     def note(self, root: bytes, probe: LatencyProbe) -> None:
         """``probe`` measured the files under ``root`` (or kept its last
@@ -324,14 +326,18 @@ class StoreLatencies:
         probe.direct_reads = probe.reads_between
 
 
+#: every `StoreLatencies` of the process, for their locks' reset at a fork
+_LIVE: weakref.WeakSet[StoreLatencies] = weakref.WeakSet()
+
 #: one per process: the roots' files answer the same to every reader
 STORE_LATENCIES: Final = StoreLatencies()
 
 
-def _new_lock_after_fork() -> None:
-    # a thread of the parent may have held it at the fork
-    STORE_LATENCIES.lock = threading.Lock()
+def _new_locks_after_fork() -> None:
+    # a thread of the parent may have held one at the fork
+    for latencies in _LIVE:
+        latencies.lock = threading.Lock()
 
 
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_new_lock_after_fork)
+    os.register_at_fork(after_in_child=_new_locks_after_fork)

@@ -41,7 +41,6 @@ hot read stay direct for as long as they come more often than the probes.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from pathlib import Path
@@ -79,17 +78,9 @@ SPLIT_CALL = 0.5e-3
 #: the last measurement of each store root's shard file calls, lent to the
 #: probe of a reader that has none (see `StoreLatencies`: an array opened
 #: for each read would otherwise pipeline every read, a hand-off per shard);
-#: apart from the chunk files' `STORE_LATENCIES`, which count per file
+#: apart from the chunk files' `STORE_LATENCIES`, which count per file (its
+#: lock is reset at a fork with theirs)
 SHARD_CALLS: Final = StoreLatencies()
-
-
-def _new_lock_after_fork() -> None:
-    # a thread of the parent may have held it at the fork
-    SHARD_CALLS.lock = threading.Lock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_new_lock_after_fork)
 
 
 #: the kernel's IO counters of this process (Linux); ``read_bytes`` counts
