@@ -18,6 +18,7 @@ from zarr.storage import LocalStore
 
 import zarr_fused
 from zarr_fused import _codec_batch
+from zarr_fused._batch import ReadTarget
 from zarr_fused._hybrid import FilteredChain
 from zarr_fused.chunks import pipelined as chunk_pipelined
 from zarr_fused.chunks import read as chunk_read
@@ -213,6 +214,36 @@ def test_a_read_with_no_measurement_scouts_one_chunk_per_thread(
         assert pipelined == []
         assert reader.probe.direct_reads == 1
     assert reader.probe.latency is not None
+
+
+@pytest.mark.parametrize("case", ["hot", "waited", "held-slow"])
+def test_a_pipelined_read_builds_one_target_for_what_it_reads(
+    chunked: tuple[Path, np.ndarray], monkeypatch: pytest.MonkeyPatch, case: str
+) -> None:
+    """The pipelined reader builds an output target only for the chunks
+    the IO threads read, once: none when all is read directly (the direct
+    reader has its own), the scout's rest after a scout that waited, the
+    whole batch while the files are held slow."""
+    root, data = chunked
+    built: list[int] = []
+
+    class Spy:
+        @staticmethod
+        def native(chain: Any, batch: Any, request: Any) -> Any:
+            built.append(len(batch))
+            return ReadTarget.native(chain, batch, request)
+
+    monkeypatch.setattr(chunk_pipelined, "ReadTarget", Spy)
+    pipelined = _pipelined_reads(monkeypatch)
+    if case == "waited":
+        monkeypatch.setattr(chunk_read, "group_wait_per_file", lambda *_: 1e-3)
+    with _pipelined(root) as (arr, reader):
+        STORE_LATENCIES.forget(_store_prefix(arr))
+        if case == "held-slow":
+            reader.probe.found_slow(hold=3600.0)
+        assert_same_values(arr[...], data)
+    assert built == pipelined
+    assert built == {"hot": [], "waited": [64 - 2], "held-slow": [64]}[case]
 
 
 @pytest.fixture
@@ -456,7 +487,10 @@ def test_native_filters_in_groups_fill_a_refused_file_gone_before_its_reread(
         return read_again(path)
 
     monkeypatch.setattr(_codec_batch, "read_again", gone_first)
-    with with_pipeline(FUSED):
+    # the compute threads read the files (IO threads would hand the
+    # kernels the bytes they fetched, with no file to read again): without
+    # this, a busy host's scout may find the files slow
+    with with_pipeline(FUSED), zarr.config.set({"codec_pipeline.io_concurrency": 1}):
         arr = zarr.open_array(LocalStore(root / "b"), mode="r")
         assert grouped_chain(arr) is not None
         got = arr[:]

@@ -50,6 +50,16 @@ LAYOUTS = {
     # 32 chunk files of 8 KiB: one compute thread probes a few files, then
     # hands the rest to the IO threads (several in flight)
     "chunked-io-threads": ({"chunks": (2, 1024), "compressors": None}, 1),
+    # 8 chunk files of 32 KiB through a filter: the batch encodes them into
+    # memory, then the compute threads write each file natively
+    "chunked-filtered": (
+        {
+            "chunks": (8, 1024),
+            "compressors": None,
+            "filters": [{"name": "numcodecs.delta", "configuration": {"dtype": "<i4"}}],
+        },
+        4,
+    ),
     # 4 shard files of 64 KiB (two 32 KiB inner chunks each)
     "sharded": ({"chunks": (8, 1024), "shards": (16, 1024), "compressors": None}, 4),
 }

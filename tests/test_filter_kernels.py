@@ -886,6 +886,31 @@ def test_batch_chain_rows_run_on(
     np.testing.assert_array_equal(out, expected)
 
 
+@pytest.mark.parametrize("name", [pytest.param(n, id=n) for n in ROW_CHAINS])
+@pytest.mark.parametrize(
+    ("out_shape", "out_selection"),
+    [
+        pytest.param((5, 6, 9), (slice(1, 4), slice(2, 6), slice(3, 8)), id="3d"),
+        pytest.param((5, 2, 6, 9), (slice(1, 4), 1, slice(2, 6), slice(3, 8)), id="int-index"),
+        pytest.param((3, 4, 5), (slice(None), slice(None), slice(None)), id="run-on"),
+    ],
+)
+def test_batch_chain_short_rows_3d(
+    name: str, out_shape: tuple[int, ...], out_selection: tuple[Any, ...]
+) -> None:
+    """A whole 3-D chunk of rows of 5 items: the rows along one axis go to
+    the chain in one call, the outer axis steps between such calls (delta's
+    sum carried across both); values as numcodecs'."""
+    steps, _, dtype, encoded = ROW_CHAINS[name]
+    stored = np.random.default_rng(15).integers(-50, 50, size=(3, 4, 5)).astype(encoded)
+    out = np.full(out_shape, -7, dtype=dtype)
+    expected = out.copy()
+    expected[out_selection] = _chain_decoded(name, stored)
+    whole = (slice(0, 3), slice(0, 4), slice(0, 5))
+    _batch_decode(stored, whole, out, out_selection, steps=tuple(steps))
+    np.testing.assert_array_equal(out, expected)
+
+
 @pytest.mark.parametrize(
     "steps",
     [

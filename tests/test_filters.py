@@ -35,7 +35,7 @@ from zarr.codecs import (
 from zarr.codecs import numcodecs as znc
 from zarr.codecs._v2 import V2Codec
 from zarr.codecs.scale_offset import ScaleOffset
-from zarr.storage import MemoryStore
+from zarr.storage import LocalStore, MemoryStore
 from zarr_fused_testing.s3 import LatencyProxy
 
 from zarr_fused._filter_stages import NativeBitRound, NativeFixedScaleOffset, NativeQuantize
@@ -991,10 +991,11 @@ def test_unsharded_filters_write_in_groups_as_zarr(
     """Unsharded chunks of filters that all have a kernel are encoded in
     groups by the batch kernels and stored by the compute threads, or by
     the IO threads once the files were found slow to store (a network
-    filesystem): zarr's bytes either way, a whole write, a partial
-    overwrite merged into the stored chunks, a chunk of fill values left
-    out, and a chunk the kernel refuses (a value int16 cannot hold)
-    encoded by zarr's code."""
+    filesystem), each file written natively either way (`write_parts`):
+    zarr's bytes either way, a whole write, a partial overwrite merged into
+    the stored chunks, a chunk of fill values left out, a stored chunk
+    overwritten with fill values deleted, and a chunk the kernel refuses (a
+    value int16 cannot hold) encoded by zarr's code."""
     case = FILTER_CHAINS[name]
     value = values_of(case["values"], case["dtype"], SHAPE, 4)
     if name.startswith("fixedscaleoffset"):
@@ -1008,6 +1009,14 @@ def test_unsharded_filters_write_in_groups_as_zarr(
         return write_parts(*args)
 
     monkeypatch.setattr(chunk_write, "write_parts", spy)
+    set_keys: list[str] = []
+    set_sync = LocalStore.set_sync
+
+    def set_spy(store: LocalStore, key: str, value: Any) -> None:
+        set_keys.append(key)
+        set_sync(store, key, value)
+
+    monkeypatch.setattr(LocalStore, "set_sync", set_spy)
     stores = {}
     for label, config in (("fused", STRICT), ("zarr", {"codec_pipeline.path": BATCHED})):
         with zarr.config.set({**config, "codec_pipeline.max_workers": 2}):
@@ -1025,14 +1034,17 @@ def test_unsharded_filters_write_in_groups_as_zarr(
             with np.errstate(invalid="ignore"):
                 array[:] = value
                 array[3:30, 5:20] = value[3:30, 5:20][::-1]
+                array[16:32, 12:24] = case["fill"]  # c/1/1, stored before
             stores[label] = store
     assert chunk_items(stores["fused"]) == chunk_items(stores["zarr"])
     assert "c/2/2" not in chunk_items(stores["zarr"])
-    if io == "io-threads":
-        assert threads
-        assert all(n.startswith("zarr_fused-fileio") for n in threads), threads
-    else:
-        assert not threads
+    assert "c/1/1" not in chunk_items(stores["zarr"])
+    # every file written natively; by the IO threads until their own timing
+    # finds the files fast, then by the compute threads
+    fileio = [n.startswith("zarr_fused-fileio") for n in threads]
+    assert threads
+    assert any(fileio) if io == "io-threads" else not any(fileio), threads
+    assert not [k for k in set_keys if k.startswith("c/")], set_keys
 
 
 # what zarr itself refuses: the same error from zarr_fused

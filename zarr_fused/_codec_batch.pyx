@@ -479,25 +479,32 @@ cdef int _decode_rows(FilterChain filters, const char* items, const DecodeTask* 
     items, as `_row_axes` said) from its chunk's ``items`` as `decode_head`
     left them into its region of the output, in C order, with the chain's
     `row_step`; the items sit where the values would, scaled by the item
-    sizes. `FILTER_OK`, or what the step said of the first row it refused."""
+    sizes. The rows along the last outer axis go to the chain in one call
+    (`FilterChain.decode_rows`). `FILTER_OK`, or what the step said of the
+    first row it refused."""
     cdef Py_ssize_t idx[ZF_MAX_DIMS]
     cdef Py_ssize_t src_strides[ZF_MAX_DIMS]  # in bytes of the items
     cdef FilterCarry carry
     cdef Py_ssize_t encoded = filters.steps[filters.row_step].encoded_itemsize
     cdef const char* src = items + t.src_offset // itemsize * encoded
     cdef char* dst = t.dst
+    cdef Py_ssize_t rows = 1, src_step = 0, dst_step = 0
     cdef int k, rc
     for k in range(outer):
         if t.shape[k] == 0:
             return FILTER_OK
         idx[k] = 0
         src_strides[k] = t.src_strides[k] // itemsize * encoded
+    if outer > 0:
+        rows = t.shape[outer - 1]
+        src_step = src_strides[outer - 1]
+        dst_step = t.dst_strides[outer - 1]
     memset(&carry, 0, sizeof(carry))
     while True:
-        rc = filters.decode_row(src, dst, row, &carry)
+        rc = filters.decode_rows(src, src_step, dst, dst_step, rows, row, &carry)
         if rc != FILTER_OK:
             return rc
-        k = outer - 1
+        k = outer - 2
         while k >= 0:
             idx[k] += 1
             src += src_strides[k]

@@ -55,7 +55,7 @@ cdef struct FilterStep:
     CastPlan cast_encode  # cast_value: its two directions (see _cast_value.pxd)
     CastPlan cast_decode
 
-# Where a chunk decoded in rows stands between two rows (`FilterChain.decode_row`):
+# Where a chunk decoded in rows stands between two rows (`FilterChain.decode_rows`):
 # delta's running sum, the bytes of one item.
 cdef struct FilterCarry:
     bint started
@@ -70,9 +70,9 @@ cdef class FilterChain:
     cdef readonly bint may_refuse  # a step's decoding may refuse a stored value
     # the one step whose decoding changes the items, item by item, or -1
     cdef readonly int elementwise_step
-    # the step `decode_row` runs (the steps after it decode in `decode_head`), or -1
+    # the step `decode_rows` runs (the steps after it decode in `decode_head`), or -1
     cdef readonly int row_step
-    cdef readonly bint rows_in_order  # `decode_row` needs a whole chunk's rows in order
+    cdef readonly bint rows_in_order  # `decode_rows` needs a whole chunk's rows in order
     cdef const void* decode(self, const void* src, void* a, void* b,
                             Py_ssize_t count) noexcept nogil
     cdef int decode_checked(self, const void* src, void* a, void* b, Py_ssize_t count,
@@ -81,7 +81,8 @@ cdef class FilterChain:
                     const void** out) noexcept nogil
     cdef int decode_head(self, const void* src, void* a, void* b, Py_ssize_t count,
                          const void** out) noexcept nogil
-    cdef int decode_row(self, const void* src, void* dst, Py_ssize_t n,
-                        FilterCarry* carry) noexcept nogil
+    cdef int decode_rows(self, const char* src, Py_ssize_t src_step, char* dst,
+                         Py_ssize_t dst_step, Py_ssize_t rows, Py_ssize_t n,
+                         FilterCarry* carry) noexcept nogil
     cdef int _decode_down_to(self, int last, const void* src, void* a, void* b,
                              Py_ssize_t count, const void** out) noexcept nogil

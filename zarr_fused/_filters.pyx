@@ -163,6 +163,31 @@ cdef void _delta_decode_run(const delta_t* src, delta_t* dst, Py_ssize_t n,
     memcpy(&carry.acc, &acc, sizeof(delta_t))
 
 
+cdef void _delta_decode_rows(const char* src, Py_ssize_t src_step, char* dst,
+                             Py_ssize_t dst_step, Py_ssize_t rows, Py_ssize_t n,
+                             FilterCarry* carry, delta_t tag) noexcept nogil:
+    """`_delta_decode_run` of ``rows`` runs of ``n`` (> 0) items each, the
+    next one ``src_step`` and ``dst_step`` bytes on: the sum stays in a
+    register from row to row, with no call or carry between them (``tag``
+    names the item type only)."""
+    cdef Py_ssize_t r = 0, i
+    cdef const delta_t* s
+    cdef delta_t* d
+    cdef delta_t acc
+    if not carry.started:
+        _delta_decode_run(<const delta_t*>src, <delta_t*>dst, n, carry)
+        r = 1
+    memcpy(&acc, &carry.acc, sizeof(delta_t))
+    while r < rows:
+        s = <const delta_t*>(src + r * src_step)
+        d = <delta_t*>(dst + r * dst_step)
+        for i in range(n):
+            acc = <delta_t>(acc + s[i])
+            d[i] = acc
+        r += 1
+    memcpy(&carry.acc, &acc, sizeof(delta_t))
+
+
 cdef void _bitround(const bits_t* src, bits_t* dst, Py_ssize_t n, int maskbits) noexcept nogil:
     cdef bits_t low = (<bits_t>1 << maskbits) - 1
     cdef bits_t half = (<bits_t>1 << (maskbits - 1)) - 1
@@ -751,35 +776,46 @@ cdef class FilterChain:
                          const void** out) noexcept nogil:
         """Undo the steps after `row_step` on a chunk's ``count`` items as
         `decode_checked` does (``out[0]`` may be ``src`` itself): what is
-        left is `decode_row`'s, row by row."""
+        left is `decode_rows`'s, row by row."""
         return self._decode_down_to(self.row_step + 1, src, a, b, count, out)
 
-    cdef int decode_row(self, const void* src, void* dst, Py_ssize_t n,
-                        FilterCarry* carry) noexcept nogil:
-        """`row_step`'s decoding of ``n`` (> 0) items at ``src`` (as
-        `decode_head` left them) into ``dst`` (apart), for a chain whose
-        `row_step` is not -1: each row of a chunk lands in its own place in
-        the output with no copy in between. Delta (`rows_in_order`) takes a
-        whole chunk's rows in order, ``carry`` zeroed before the first; any
-        other step any rows. `FILTER_OUT_OF_RANGE` when the step refuses a
-        value (``dst`` then holds a part of the row), else `FILTER_OK`."""
+    cdef int decode_rows(self, const char* src, Py_ssize_t src_step, char* dst,
+                         Py_ssize_t dst_step, Py_ssize_t rows, Py_ssize_t n,
+                         FilterCarry* carry) noexcept nogil:
+        """`row_step`'s decoding of ``rows`` rows of ``n`` (> 0) items, the
+        first at ``src`` (as `decode_head` left the items) and ``dst``
+        (apart), each next one ``src_step`` and ``dst_step`` bytes on, for a
+        chain whose `row_step` is not -1: each row of a chunk lands in its
+        own place in the output with no copy in between. The step is chosen
+        once per call, not once per row (a chunk's rows may be a few items
+        each). Delta (`rows_in_order`) takes a whole chunk's rows in order
+        over its calls, ``carry`` zeroed before the first; any other step
+        any rows. `FILTER_OUT_OF_RANGE` when the step refuses a value in a
+        row (``dst`` then holds the rows before it and a part of it), else
+        `FILTER_OK`."""
         cdef const FilterStep* p = &self.steps[self.row_step]
+        cdef Py_ssize_t r
+        if p.kind == FK_DELTA:
+            if p.code == IT_U8:
+                _delta_decode_rows(src, src_step, dst, dst_step, rows, n, carry, <uint8_t>0)
+            elif p.code == IT_U16:
+                _delta_decode_rows(src, src_step, dst, dst_step, rows, n, carry, <uint16_t>0)
+            elif p.code == IT_U32:
+                _delta_decode_rows(src, src_step, dst, dst_step, rows, n, carry, <uint32_t>0)
+            elif p.code == IT_U64:
+                _delta_decode_rows(src, src_step, dst, dst_step, rows, n, carry, <uint64_t>0)
+            elif p.code == IT_F32:
+                _delta_decode_rows(src, src_step, dst, dst_step, rows, n, carry, <float>0)
+            else:
+                _delta_decode_rows(src, src_step, dst, dst_step, rows, n, carry, <double>0)
+            return FILTER_OK
         if p.kind == FK_QUANTIZE or p.kind == FK_BITROUND:
-            memcpy(dst, src, <size_t>(n * p.itemsize))
-        elif p.kind != FK_DELTA:
-            return _run(p, False, src, dst, n)
-        elif p.code == IT_U8:
-            _delta_decode_run(<const uint8_t*>src, <uint8_t*>dst, n, carry)
-        elif p.code == IT_U16:
-            _delta_decode_run(<const uint16_t*>src, <uint16_t*>dst, n, carry)
-        elif p.code == IT_U32:
-            _delta_decode_run(<const uint32_t*>src, <uint32_t*>dst, n, carry)
-        elif p.code == IT_U64:
-            _delta_decode_run(<const uint64_t*>src, <uint64_t*>dst, n, carry)
-        elif p.code == IT_F32:
-            _delta_decode_run(<const float*>src, <float*>dst, n, carry)
-        else:
-            _delta_decode_run(<const double*>src, <double*>dst, n, carry)
+            for r in range(rows):
+                memcpy(dst + r * dst_step, src + r * src_step, <size_t>(n * p.itemsize))
+            return FILTER_OK
+        for r in range(rows):
+            if _run(p, False, src + r * src_step, dst + r * dst_step, n) != FILTER_OK:
+                return FILTER_OUT_OF_RANGE
         return FILTER_OK
 
     cdef int decode_checked(self, const void* src, void* a, void* b, Py_ssize_t count,

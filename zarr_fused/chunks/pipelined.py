@@ -136,8 +136,7 @@ class PipelinedChunkReader:
         prefix = None
         if io_concurrency > 1 and fileio_kernels is not None and io_kernels is not None:
             prefix = local_files(batch)
-        target = None if prefix is None else ReadTarget.native(self.chain, batch, request)
-        if prefix is None or target is None:
+        if prefix is None or not self._writes_into(batch, request):
             return self.direct.read(batch, request)
         probe = self.probe
         STORE_LATENCIES.lend(prefix, probe)
@@ -146,7 +145,15 @@ class PipelinedChunkReader:
             return self._read_direct_timed(batch, request, prefix)
         if verdict is None:
             return self._scout_then_read(batch, request, prefix, io_concurrency)
-        return self._read_pipelined(batch, target, request, prefix, io_concurrency)
+        return self._read_pipelined(batch, request, prefix, io_concurrency)
+
+    def _writes_into(self, batch: Sequence[ReadItem], request: ReadRequest) -> bool:
+        """Whether the kernels can decode ``batch`` straight into the
+        request's output (what `ReadTarget.native` checks): the pipelined
+        read builds its target only once it knows it runs, for the items
+        it reads, and a direct read needs none."""
+        _, spec, *_ = batch[0]
+        return self.chain.writes_into(request.out.as_ndarray_like(), spec)
 
     def _scout_then_read(
         self, batch: Sequence[ReadItem], request: ReadRequest, prefix: bytes, io_concurrency: int
@@ -169,19 +176,14 @@ class PipelinedChunkReader:
             self.probe.direct_reads = 0
             STORE_LATENCIES.note(prefix, self.probe)
             return first + self._read_direct_timed(rest, request, prefix)
-        target = ReadTarget.native(self.chain, rest, request)
-        if target is None:  # as for the whole batch: not after `read` found one
-            return first + self.direct.read(rest, request)
-        return first + self._read_pipelined(rest, target, request, prefix, io_concurrency)
+        return first + self._read_pipelined(rest, request, prefix, io_concurrency)
 
     def _read_pipelined(
-        self,
-        batch: Sequence[ReadItem],
-        target: ReadTarget,
-        request: ReadRequest,
-        prefix: bytes,
-        io_concurrency: int,
+        self, batch: Sequence[ReadItem], request: ReadRequest, prefix: bytes, io_concurrency: int
     ) -> tuple[GetResult, ...]:
+        target = ReadTarget.native(self.chain, batch, request)
+        if target is None:  # as for the whole batch: not after `read` found it writable
+            return self.direct.read(batch, request)
         probe = self.probe
         per_thread = REQUESTS_PER_THREAD if probe.seen_fast() else REQUESTS_PER_THREAD_SLOW
         read = _PipelinedRead(

@@ -22,7 +22,8 @@ were found fast to store (`FAST_STORE`: a hot tmpfs or local disk, where
 the hand-off costs more than it saves), the encode kernel writes each file
 itself, inside its nogil call (a batch with filters encodes into memory,
 since a chunk the filters refuse is zarr's code to encode; the compute
-thread then stores the group's files).
+thread then stores the group's files as the IO threads would: each written
+natively and atomically, the chunks left all fill value deleted).
 
 Which of the two a write takes is measured, not guessed
 (`zarr_fused.io.probe`): with no recent measurement (a new array handle,
@@ -410,6 +411,15 @@ class _ChunkWrite:
             self._hand_over(results, encoded, arena)
 
     def _store(self, results: list[tuple[int, Buffer | None, int]], encoded: list[Any]) -> None:
+        """Store the group's chunks from the compute thread: on a
+        LocalStore as the IO threads' parcel does (`_file_stores`: each
+        file written natively, atomically), else through each key."""
+        if self.prefix is not None and io_kernels is not None:
+            stores = self._file_stores(results, encoded)
+            note_stores(self.batch[0][0], stores)
+            for fn, *args in stores:
+                fn(*args)
+            return
         for i, ready, position in results:
             setter, spec, _, _, _ = self.batch[i]
             if position >= 0:
@@ -423,13 +433,13 @@ class _ChunkWrite:
             else:
                 setter.set_sync(ready)
 
-    def _hand_over(
-        self, results: list[tuple[int, Buffer | None, int]], encoded: list[Any], arena: np.ndarray
-    ) -> None:
-        """Give the group's stores to the IO threads, as one parcel that
-        pins ``arena`` (its encoded chunks are views into it) until the last
-        file is written; `files_per_store` files go to one IO request."""
-        assert self.writes is not None
+    def _file_stores(
+        self, results: list[tuple[int, Buffer | None, int]], encoded: list[Any]
+    ) -> list[tuple[Any, ...]]:
+        """The group's stores on a LocalStore, one per chunk not written by
+        the encode kernel itself: ``(delete,)`` for a chunk left all fill
+        value, ``(write_parts, path, [bytes])`` otherwise (timed into the
+        batch's sink, if any)."""
         stores: list[tuple[Any, ...]] = []
         write = timed_writer(self.batch[0][0], write_parts)
         for i, ready, position in results:
@@ -437,6 +447,8 @@ class _ChunkWrite:
             stored: Any = ready
             if position >= 0:
                 result = encoded[position]
+                if result is None:  # written to its file by the encode kernel
+                    continue
                 stored = None if result is False else result  # False: all fill value
             elif ready is not None:
                 stored = ready.as_numpy_array()
@@ -444,6 +456,16 @@ class _ChunkWrite:
                 stores.append((setter.delete_sync,))
             else:
                 stores.append((write, self._path(setter), [stored]))
+        return stores
+
+    def _hand_over(
+        self, results: list[tuple[int, Buffer | None, int]], encoded: list[Any], arena: np.ndarray
+    ) -> None:
+        """Give the group's stores to the IO threads, as one parcel that
+        pins ``arena`` (its encoded chunks are views into it) until the last
+        file is written; `files_per_store` files go to one IO request."""
+        assert self.writes is not None
+        stores = self._file_stores(results, encoded)
         note_stores(self.batch[0][0], stores)
         step = self.files_per_store
         with self.writes.parcel(arena.nbytes, lambda: buffers.give(arena)) as parcel:
