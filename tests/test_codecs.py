@@ -17,6 +17,7 @@ written by mistake cannot look untouched.
 
 from __future__ import annotations
 
+import gc
 import glob
 import gzip
 import itertools
@@ -29,6 +30,7 @@ import struct
 import sys
 import threading
 import tracemalloc
+import weakref
 import zlib
 from collections.abc import Callable
 from functools import cache
@@ -2022,6 +2024,37 @@ def test_add_missing_fills_the_selection(
     assert batch.add_missing(out, out_sel, "key") is True
     batch.run()
     assert out.tobytes() == expected.tobytes()
+
+
+@pytest.mark.parametrize(
+    "how", [pytest.param("add", id="add"), pytest.param("missing", id="missing")]
+)
+def test_decode_batch_keeps_its_output_alive(how: str) -> None:
+    """The tasks write through raw pointers into ``out``: a batch whose
+    caller dropped its last reference to ``out`` before ``run`` still
+    writes into live memory (the batch holds a reference), and the array
+    it wrote is the one it was given."""
+    chain = Chain(CHUNK_SHAPE, np.dtype("<f8"), "little", (), [ZstdCodec()])
+    chunk = random_values(chain.dtype, CHUNK_SHAPE, _rng(12))
+    payload = np.frombuffer(chain.zarr_encode(chunk), np.uint8)
+    out = _sentinel_array(CHUNK_SHAPE, chain.dtype)
+    watch = weakref.ref(out)
+    batch = batches.DecodeBatch(chain.kernel, 1, 3)
+    batch.set_fill(np.float64(1.5).tobytes())
+    if how == "add":
+        assert batch.add(payload, chain.layout, (), out, (), (), "key") is True
+    else:
+        assert batch.add_missing(out, (), "key") is True
+    del out
+    gc.collect()
+    kept = watch()
+    assert kept is not None
+    batch.run()
+    expected = chunk if how == "add" else np.full(CHUNK_SHAPE, 1.5)
+    assert kept.tobytes() == expected.tobytes()
+    del batch, kept
+    gc.collect()
+    assert watch() is None
 
 
 def test_set_fill_needs_one_element() -> None:

@@ -833,6 +833,9 @@ cdef class DecodeBatch(TaskBatch):
         for i in range(nd):
             t.dst_strides[i] = strides[i]
         t.dst = <char*>cnp.PyArray_DATA(out) + offset
+        # the task writes through a raw pointer into ``out``: the batch
+        # keeps it alive, whatever its caller keeps
+        self.refs.append(out)
         return nd
 
     cdef bint is_direct(self, DecodeTask* t, ChunkLayout layout) noexcept:
