@@ -383,6 +383,8 @@ def test_fastest_keeps_the_least_of_what_threads_note() -> None:
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork")
+# the child only takes the lock and exits: the pool threads it lacks do not matter
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
 @pytest.mark.parametrize(
     "module", [pytest.param("io", id="chunk-files"), pytest.param("shard", id="shard-calls")]
 )
