@@ -408,7 +408,9 @@ def test_sharded_vlen_property(
 # -- a shard's selected inner chunks in one native call (`VlenRegion`) -------------
 
 
-def _write_partly(store: Any, kind: str, geometry: str, fill: str, index_location: str) -> Any:
+def _write_partly(
+    store: Any, kind: str, geometry: str, fill: str, index_location: str, compressor: str = "zstd"
+) -> Any:
     """An array written by zarr into ``store`` with a shard never written
     (read as the fill value), an inner chunk left all fill (not stored),
     empty items and non-ASCII strings; ``fill``: the kind's empty fill
@@ -419,7 +421,12 @@ def _write_partly(store: Any, kind: str, geometry: str, fill: str, index_locatio
     value[(slice(None, None, 3),) + (slice(None),) * (len(shape) - 1)] = FILLS[kind][0]
     with zarr.config.set(ZARR):
         array = create(
-            store, kind, geometry=geometry, fill=fill_value, index_location=index_location
+            store,
+            kind,
+            compressor,
+            geometry=geometry,
+            fill=fill_value,
+            index_location=index_location,
         )
         written = tuple(slice(0, n) for n in shard[:-1]) + (slice(None),)
         array[written] = value[written]
@@ -430,7 +437,7 @@ def _write_partly(store: Any, kind: str, geometry: str, fill: str, index_locatio
 @pytest.fixture(scope="module")
 def partly_written(tmp_path_factory: pytest.TempPathFactory) -> Any:
     """`_write_partly` as ``(store kind, kind, geometry, fill, index
-    location) -> store``, each store written once per module (LocalStore
+    location, compressor) -> store``, each store written once per module (LocalStore
     in a temporary directory, or MemoryStore)."""
 
     @functools.cache
@@ -474,6 +481,7 @@ def _read_both(store: Any, selection: Any) -> tuple[np.ndarray, np.ndarray]:
     geometry=st.sampled_from(["2d", "3d"]),
     fill=st.sampled_from(["empty", "other"]),
     index_location=st.sampled_from(["start", "end"]),
+    compressor=st.sampled_from(["zstd", "zstd-crc32c", "none"]),
 )
 def test_basic_selections_read_like_zarr(
     partly_written: Any,
@@ -483,11 +491,13 @@ def test_basic_selections_read_like_zarr(
     geometry: str,
     fill: str,
     index_location: str,
+    compressor: str,
 ) -> None:
     """Slices (steps too) and integers over shards, inner chunks read in
-    part, missing inner chunks and a missing shard: zarr's values (a
-    LocalStore's shards read natively, a MemoryStore's by ranges)."""
-    store = partly_written(store_kind, kind, geometry, fill, index_location)
+    part, missing inner chunks and a missing shard, inner chains with and
+    without crc32c: zarr's values (a LocalStore's shards read natively, a
+    MemoryStore's by ranges)."""
+    store = partly_written(store_kind, kind, geometry, fill, index_location, compressor)
     selection = data.draw(basic_indices(shape=GEOMETRIES[geometry][0]), label="selection")
     got, expected = _read_both(store, selection)
     assert_same_read(got, expected)
