@@ -9,6 +9,7 @@ zarr_fused runs in strict mode, so a silent fallback fails the test.
 
 from __future__ import annotations
 
+import functools
 import struct
 from pathlib import Path
 from typing import Any
@@ -20,12 +21,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec, GzipCodec, ShardingCodec, ZstdCodec
 from zarr.codecs.vlen_utf8 import VLenBytesCodec, VLenUTF8Codec
+from zarr.core.buffer import default_buffer_prototype
 from zarr.core.dtype import VariableLengthBytes
 from zarr.storage import MemoryStore
+from zarr.testing.strategies import basic_indices
 
-from zarr_fused._native import vlen_kernels
+from zarr_fused._native import codec_kernels, vlen_kernels
 from zarr_fused._vlen_chain import VlenChain
-from zarr_fused.errors import CorruptChunkError
+from zarr_fused.errors import CorruptChunkError, CorruptShardError
 from zarr_fused.shard.vlen import VlenShardReader, VlenShardWriter
 
 from helpers import BATCHED, FUSED, assert_same_values, chunk_items, make_store
@@ -400,3 +403,338 @@ def test_sharded_vlen_property(
             array[:] = value
             array[region] = value[region][::-1]
     assert_same(stores, region)
+
+
+# -- a shard's selected inner chunks in one native call (`VlenRegion`) -------------
+
+
+def _write_partly(
+    store: Any, kind: str, geometry: str, fill: str, index_location: str, compressor: str = "zstd"
+) -> Any:
+    """An array written by zarr into ``store`` with a shard never written
+    (read as the fill value), an inner chunk left all fill (not stored),
+    empty items and non-ASCII strings; ``fill``: the kind's empty fill
+    value or another."""
+    shape, shard, _ = GEOMETRIES[geometry]
+    fill_value = FILLS[kind][0 if fill == "empty" else 1]
+    value = values(kind, shape, 11)
+    value[(slice(None, None, 3),) + (slice(None),) * (len(shape) - 1)] = FILLS[kind][0]
+    with zarr.config.set(ZARR):
+        array = create(
+            store,
+            kind,
+            compressor,
+            geometry=geometry,
+            fill=fill_value,
+            index_location=index_location,
+        )
+        written = tuple(slice(0, n) for n in shard[:-1]) + (slice(None),)
+        array[written] = value[written]
+        array[tuple(slice(0, n) for n in GEOMETRIES[geometry][2])] = fill_value
+    return store
+
+
+@pytest.fixture(scope="module")
+def partly_written(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """`_write_partly` as ``(store kind, kind, geometry, fill, index
+    location, compressor) -> store``, each store written once per module (LocalStore
+    in a temporary directory, or MemoryStore)."""
+
+    @functools.cache
+    def build(store_kind: str, *args: str) -> Any:
+        path = tmp_path_factory.mktemp("vlen")
+        return _write_partly(make_store(store_kind, path), *args)
+
+    return build
+
+
+def assert_same_read(got: Any, expected: Any) -> None:
+    """`assert_same_values`; of a read of one item, the item and its type
+    only: zarr and zarr_fused wrap a bytes item differently (``bytes``, a
+    0-d array, a 0-d array holding a 0-d array; zarr_fused did so before
+    it placed items straight into the output too)."""
+    if np.ndim(expected) != 0:
+        assert_same_values(got, expected)
+        return
+    items = []
+    for value in (got, expected):
+        while isinstance(value, np.ndarray):
+            value = value[()]
+        items.append(value)
+    assert items[0] == items[1] and type(items[0]) is type(items[1])
+
+
+def _read_both(store: Any, selection: Any) -> tuple[np.ndarray, np.ndarray]:
+    """(zarr_fused strict, zarr) reads of ``selection``."""
+    with zarr.config.set(STRICT):
+        got = zarr.open_array(store, mode="r")[selection]
+    with zarr.config.set(ZARR):
+        expected = zarr.open_array(store, mode="r")[selection]
+    return got, expected
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    data=st.data(),
+    store_kind=st.sampled_from(["memory", "local"]),
+    kind=st.sampled_from(["str", "bytes"]),
+    geometry=st.sampled_from(["2d", "3d"]),
+    fill=st.sampled_from(["empty", "other"]),
+    index_location=st.sampled_from(["start", "end"]),
+    compressor=st.sampled_from(["zstd", "zstd-crc32c", "none"]),
+)
+def test_basic_selections_read_like_zarr(
+    partly_written: Any,
+    data: st.DataObject,
+    store_kind: str,
+    kind: str,
+    geometry: str,
+    fill: str,
+    index_location: str,
+    compressor: str,
+) -> None:
+    """Slices (steps too) and integers over shards, inner chunks read in
+    part, missing inner chunks and a missing shard, inner chains with and
+    without crc32c: zarr's values (a LocalStore's shards read natively, a
+    MemoryStore's by ranges)."""
+    store = partly_written(store_kind, kind, geometry, fill, index_location, compressor)
+    selection = data.draw(basic_indices(shape=GEOMETRIES[geometry][0]), label="selection")
+    got, expected = _read_both(store, selection)
+    assert_same_read(got, expected)
+
+
+@pytest.mark.parametrize(
+    "selection",
+    [
+        pytest.param((slice(None), slice(None)), id="all"),
+        pytest.param((slice(1, 22, 2), slice(3, 16, 3)), id="steps"),
+        pytest.param((6, slice(None)), id="row"),
+        pytest.param((slice(2, 19), 13), id="column"),
+    ],
+)
+@pytest.mark.parametrize("kind", ["str", "bytes"])
+def test_read_into_a_strided_output(partly_written: Any, kind: str, selection: Any) -> None:
+    """``out=`` a view with steps and negative strides: the selected items
+    land in it, the elements between them are left alone."""
+    store = partly_written("local", kind, "2d", "other", "end")
+    _, expected = _read_both(store, selection)
+    # longer than NumPy keeps inside a StringDType element: each one overwritten
+    # frees its own heap string
+    sentinel = "untouched, " * 3 if kind == "str" else b"untouched"
+    with zarr.config.set(STRICT):
+        array = zarr.open_array(store, mode="r")
+        base = np.full(tuple(2 * n for n in expected.shape), sentinel, dtype=array.dtype)
+        out = base[(slice(None, None, -2),) * expected.ndim]
+        array.get_basic_selection(
+            selection, out=default_buffer_prototype().nd_buffer.from_ndarray_like(out)
+        )
+    assert_same_values(out, expected)
+    between = np.ones(base.shape, dtype=bool)
+    between[(slice(None, None, -2),) * expected.ndim] = False
+    assert (base[between] == sentinel).all()
+
+
+@pytest.mark.parametrize("kind", ["str", "bytes"])
+def test_basic_reads_decode_each_shard_in_one_call(
+    partly_written: Any, kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Slices and integers never decode inner chunk by inner chunk; integer
+    arrays (an orthogonal selection) still do."""
+    store = partly_written("memory", kind, "2d", "empty", "end")
+    each = []
+    original = VlenShardReader._decode_each
+
+    def spy(self: VlenShardReader, projections: Any, *args: Any) -> None:
+        each.append(len(projections))
+        original(self, projections, *args)
+
+    monkeypatch.setattr(VlenShardReader, "_decode_each", spy)
+    for selection in [(slice(None), slice(None)), (slice(3, 20, 2), 5), (4, 7)]:
+        got, expected = _read_both(store, selection)
+        assert_same_values(got, expected)
+    assert each == []
+    with zarr.config.set(STRICT):
+        got = zarr.open_array(store, mode="r").oindex[[1, 12], [0, 9]]
+    with zarr.config.set(ZARR):
+        expected = zarr.open_array(store, mode="r").oindex[[1, 12], [0, 9]]
+    assert_same_values(got, expected)
+    assert each
+
+
+def _frame_items(frame: bytes) -> list[tuple[int, int]]:
+    """(start, length) of each item of an uncompressed vlen frame."""
+    (count,) = struct.unpack_from("<I", frame)
+    spans, pos = [], 4
+    for _ in range(count):
+        (length,) = struct.unpack_from("<I", frame, pos)
+        spans.append((pos + 4, length))
+        pos += 4 + length
+    return spans
+
+
+def _not_utf8_in_last_item(frame: bytes) -> bytes:
+    start, length = [span for span in _frame_items(frame) if span[1]][-1]
+    assert length
+    return frame[:start] + b"\xff" + frame[start + 1 :]
+
+
+@pytest.mark.parametrize(
+    ("damage", "shrink", "message"),
+    [
+        pytest.param(None, 5, "runs past the frame's end", id="truncated"),
+        pytest.param(
+            lambda frame: struct.pack("<I", 19) + frame[4:], 0, "holds 19 items", id="count"
+        ),
+        pytest.param(
+            lambda frame: frame[:4] + struct.pack("<I", 1 << 30) + frame[8:],
+            0,
+            "runs past the frame's end",
+            id="item-length",
+        ),
+        pytest.param(_not_utf8_in_last_item, 0, "is not UTF-8", id="not-utf8-unselected"),
+    ],
+)
+@pytest.mark.parametrize(
+    "selection",
+    [
+        pytest.param((slice(None), slice(None)), id="all"),
+        pytest.param((slice(0, 1), slice(0, 1)), id="first-item"),
+        pytest.param((0, slice(1, 8, 3)), id="partial"),
+    ],
+)
+def test_corrupt_inner_chunk_read_in_part(
+    selection: Any, damage: Any, shrink: int, message: str
+) -> None:
+    """A corrupt inner chunk raises a `CorruptChunkError` naming it and its
+    shard, also when the read selects a few of its items (its frame is
+    checked whole, as zarr decodes it whole); zarr raises too."""
+    store = MemoryStore()
+    with zarr.config.set(ZARR):
+        array = create(store, "str", compressor="none", index_crc=False)
+        array[:] = values("str", GEOMETRIES["2d"][0], 3)
+    key = "c/0/0"
+    shard = bytes(store._store_dict[key].to_bytes())
+    n = 4
+    index = list(struct.unpack(f"<{2 * n}Q", shard[-16 * n :]))
+    off, length = index[0], index[1]
+    frame = shard[off : off + length]
+    if damage is not None:
+        frame = damage(frame)
+    index[1] = length - shrink
+    shard = shard[:off] + frame + shard[off + length : -16 * n] + struct.pack(f"<{2 * n}Q", *index)
+    store._store_dict[key] = store._store_dict[key].from_bytes(shard)
+    with zarr.config.set(STRICT), pytest.raises(CorruptChunkError, match=message) as info:
+        zarr.open_array(store, mode="r")[selection]
+    assert "inner chunk (0, 0) of shard 'c/0/0'" in str(info.value)
+    with zarr.config.set(ZARR), pytest.raises((ValueError, MemoryError)):
+        zarr.open_array(store, mode="r")[selection]
+
+
+# -- VlenRegion on its own ------------------------------------------------------------
+
+
+def _region_args(out: np.ndarray, **changes: Any) -> dict[str, Any]:
+    """A two-inner-chunk shard (the second missing) of 2 x 3 bytes items,
+    read whole into ``out`` (2 x 6)."""
+    kernel = codec_kernels.ChainKernel()
+    items = np.array([b"a", b"", b"ccc", b"dd", b"\x00", b"f"], dtype=object)
+    payload = vlen_kernels.encode(kernel, items, False)
+    missing = np.iinfo(np.uint64).max
+    args = {
+        "kernel": kernel,
+        "payload": payload,
+        "entries": np.array([[0, payload.size], [missing, missing]], dtype=np.uint64),
+        "rows": np.array([[0, 0, 1, 2, 0], [0, 0, 1, 3, 0], [1, 0, 1, 3, 3]], dtype=np.intp),
+        "dim_rows": (1, 2),
+        "out_axes": (0, 1),
+        "inner_shape": (2, 3),
+        "grid": (1, 2),
+        "out": out,
+        "utf8": False,
+        "fill": b"fill",
+        "key": "shard",
+        "describe": lambda key: f"inner chunk {key[1]} of {key[0]}",
+    }
+    args.update(changes)
+    return args
+
+
+def _decode_region(**args: Any) -> None:
+    region = vlen_kernels.VlenRegion(*args.values())
+    region.decode(0, region.n_tasks)
+
+
+def test_region_places_items_and_fills_missing_chunks() -> None:
+    out = np.full((4, 12), None, dtype=object)
+    view = out[::2, ::2]
+    _decode_region(**_region_args(view))
+    expected = np.array(
+        [[b"a", b"", b"ccc", b"fill", b"fill", b"fill"], [b"dd", b"\x00", b"f"] + [b"fill"] * 3],
+        dtype=object,
+    )
+    assert_same_values(view, expected)
+    assert (out[1::2] == None).all() and (out[:, 1::2] == None).all()
+
+
+@pytest.mark.parametrize(
+    ("changes", "error", "message"),
+    [
+        pytest.param(
+            {"rows": np.array([[0, 0, 1, 2, 0], [0, 1, 1, 3, 0], [1, 0, 1, 3, 3]])},
+            ValueError,
+            "selects past the inner chunk",
+            id="items-past-the-chunk",
+        ),
+        pytest.param(
+            {"rows": np.array([[0, 0, 1, 2, 0], [0, 0, 1, 3, 0], [1, 0, 1, 3, 4]])},
+            ValueError,
+            "or the output",
+            id="past-the-output",
+        ),
+        pytest.param(
+            {"rows": np.array([[0, 0, 1, 2, 0], [0, 0, 1, 3, 0], [2, 0, 1, 3, 3]])},
+            ValueError,
+            "one of 2 inner chunks",
+            id="no-such-chunk",
+        ),
+        pytest.param({"dim_rows": (1, 1)}, ValueError, "rows must be", id="dimension-rows"),
+        pytest.param({"out_axes": (0, 2)}, ValueError, "output axis", id="no-such-axis"),
+        pytest.param({"entries": np.zeros((3, 2))}, ValueError, "entries", id="entries"),
+        pytest.param(
+            {"out": np.empty((2, 6), dtype=np.int64)}, TypeError, "object", id="not-objects"
+        ),
+        pytest.param(
+            {"out": np.empty((2, 6), dtype=np.dtypes.StringDType())},
+            TypeError,
+            "StringDType",
+            id="strings-of-bytes",
+        ),
+        pytest.param(
+            {"entries": np.array([[8, 1 << 40], [0, 4]], dtype=np.uint64)},
+            CorruptShardError,
+            "lies outside",
+            id="entry-outside",
+        ),
+    ],
+)
+def test_region_checks_its_arguments(changes: dict[str, Any], error: type, message: str) -> None:
+    """Rows, entries and outputs that would reach past memory are refused
+    before any item is read or written."""
+    with pytest.raises(error, match=message):
+        _decode_region(**_region_args(**{"out": np.empty((2, 6), dtype=object), **changes}))
+
+
+def test_region_decodes_only_its_tasks() -> None:
+    out = np.full((2, 6), None, dtype=object)
+    region = vlen_kernels.VlenRegion(*_region_args(out).values())
+    with pytest.raises(ValueError, match="tasks"):
+        region.decode(1, 3)
+    region.decode(1, 2)
+    assert (out[:, :3] == None).all() and (out[:, 3:] == b"fill").all()
+
+
+def test_region_refuses_a_read_only_output() -> None:
+    out = np.empty((2, 6), dtype=object)
+    out.flags.writeable = False
+    with pytest.raises(ValueError, match="writeable"):
+        _decode_region(**_region_args(out))

@@ -10,6 +10,7 @@ must raise a clear error naming the chunk, never crash.
 
 from __future__ import annotations
 
+import functools
 import struct
 import zlib
 from pathlib import Path
@@ -24,9 +25,12 @@ from hypothesis import strategies as st
 from zarr.codecs import BloscCodec, Crc32cCodec, GzipCodec, ZstdCodec
 from zarr.codecs import numcodecs as znc
 from zarr.codecs.vlen_utf8 import VLenBytesCodec, VLenUTF8Codec
+from zarr.core.buffer import default_buffer_prototype
 from zarr.core.dtype import VariableLengthBytes
+from zarr.testing.strategies import basic_indices
 
 from zarr_fused._native import codec_kernels, vlen_kernels
+from zarr_fused._native_gate import NativeOrFallback
 from zarr_fused._vlen_chain import VlenChain
 from zarr_fused.errors import ChunkSizeError, CorruptChunkError, UnsupportedError
 
@@ -552,3 +556,108 @@ def test_encode_strings_releases_the_gil(many_strings: tuple[Any, np.ndarray, by
     spins = spins_during(lambda: encoded.append(vlen_kernels.encode_strings(kernel, values)), 5)
     assert spins > 1000
     assert bytes(encoded[-1]) == payload
+
+
+# -- reads of slices and integers: straight into the output (`VlenRegion`) ---------
+
+
+@functools.cache
+def _partly_written(kind: str, fmt: int, order: str) -> zarr.storage.MemoryStore:
+    """A (9, 7) array in (4, 3) chunks written by zarr, its last chunks
+    never written (read as the fill value), empty items among the others."""
+    store = zarr.storage.MemoryStore()
+    value = _strings((9, 7), 5) if kind == "str" else _bytes((9, 7), 5)
+    value[::4] = "" if kind == "str" else b""
+    extra = {"order": order} if fmt == 2 else {}
+    with with_pipeline(BATCHED):
+        array = _create(store, fmt, None, kind, shape=(9, 7), chunks=(4, 3), **extra)
+        array[:8, :6] = value[:8, :6]
+    return store
+
+
+def assert_same_read(got: Any, expected: Any) -> None:
+    """`assert_same_values`; of a read of one item, the item and its type
+    only: zarr and zarr_fused wrap a bytes item differently (``bytes``, a
+    0-d array, a 0-d array holding a 0-d array; zarr_fused did so before
+    it placed items straight into the output too)."""
+    if np.ndim(expected) != 0:
+        assert_same_values(got, expected)
+        return
+    items = []
+    for value in (got, expected):
+        while isinstance(value, np.ndarray):
+            value = value[()]
+        items.append(value)
+    assert items[0] == items[1] and type(items[0]) is type(items[1])
+
+
+def _read_both(store: Any, selection: Any) -> tuple[np.ndarray, np.ndarray]:
+    with zarr.config.set(STRICT):
+        got = zarr.open_array(store, mode="r")[selection]
+    with with_pipeline(BATCHED):
+        expected = zarr.open_array(store, mode="r")[selection]
+    return got, expected
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    data=st.data(),
+    kind=st.sampled_from(["str", "bytes"]),
+    layout=st.sampled_from([(3, "C"), (2, "C"), (2, "F")]),
+)
+def test_basic_selections_read_like_zarr(
+    data: st.DataObject, kind: str, layout: tuple[int, str]
+) -> None:
+    """Slices (steps too) and integers, chunks read in part, missing
+    chunks, format-2 frames in F order: zarr's values."""
+    store = _partly_written(kind, *layout)
+    selection = data.draw(basic_indices(shape=(9, 7)), label="selection")
+    got, expected = _read_both(store, selection)
+    assert_same_read(got, expected)
+
+
+@pytest.mark.parametrize("layout", [(3, "C"), (2, "F")], ids=["v3", "v2-F"])
+@pytest.mark.parametrize("kind", ["str", "bytes"])
+def test_read_into_a_strided_output(kind: str, layout: tuple[int, str]) -> None:
+    """``out=`` a view with steps and negative strides: the selected items
+    land in it, the elements between them are left alone."""
+    store = _partly_written(kind, *layout)
+    selection = (slice(1, 9, 2), slice(None))
+    _, expected = _read_both(store, selection)
+    # longer than NumPy keeps inside a StringDType element: each one overwritten
+    # frees its own heap string
+    sentinel = "untouched, " * 3 if kind == "str" else b"untouched"
+    with zarr.config.set(STRICT):
+        array = zarr.open_array(store, mode="r")
+        base = np.full((8, 14), sentinel, dtype=array.dtype)
+        out = base[::-2, ::2]
+        array.get_basic_selection(
+            selection, out=default_buffer_prototype().nd_buffer.from_ndarray_like(out)
+        )
+    assert_same_values(out, expected)
+    assert (base[::-2, 1::2] == sentinel).all() and (base[-2::-2] == sentinel).all()
+
+
+@pytest.mark.parametrize("kind", ["str", "bytes"])
+def test_basic_reads_place_items_natively(kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Slices and integers never decode a chunk whole to assign it; a
+    coordinate selection still does."""
+    store = _partly_written(kind, 3, "C")
+    whole = []
+    original = NativeOrFallback.decode_handled_into
+
+    def spy(self: Any, *args: Any) -> None:
+        whole.append(args[1][0])
+        original(self, *args)
+
+    monkeypatch.setattr(NativeOrFallback, "decode_handled_into", spy)
+    for selection in [..., (slice(1, 8, 3), 2), (5, 4)]:
+        got, expected = _read_both(store, selection)
+        assert_same_read(got, expected)
+    assert whole == []
+    with zarr.config.set(STRICT):
+        got = zarr.open_array(store, mode="r").vindex[[0, 5], [1, 4]]
+    with with_pipeline(BATCHED):
+        expected = zarr.open_array(store, mode="r").vindex[[0, 5], [1, 4]]
+    assert_same_values(got, expected)
+    assert whole

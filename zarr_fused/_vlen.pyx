@@ -32,9 +32,11 @@ from cpython.bytes cimport (
 from cpython.object cimport PyObject
 from cpython.ref cimport Py_INCREF, Py_XDECREF
 from cpython.unicode cimport PyUnicode_Check, PyUnicode_DecodeUTF8
-from libc.stdint cimport uint8_t, uint32_t
+from libc.stdint cimport uint8_t, uint32_t, uint64_t
 from libc.stdlib cimport free, malloc
 from libc.string cimport memcpy, memset
+
+import math
 
 import numpy as np
 
@@ -90,6 +92,19 @@ cdef extern from *:
 
 _import_array()
 
+# after the block above: NumPy's declarations (also the shard index's)
+# include NumPy's headers, which must see NPY_TARGET_VERSION first (the
+# StringDType API)
+cimport numpy as cnp
+
+from zarr_fused._shard_index cimport (
+    CHUNK_MISSING,
+    CHUNK_OUTSIDE,
+    ChunkPlace,
+    chunk_place,
+    outside_error,
+)
+
 
 cdef enum VlenStatus:
     # beyond the codec kernel's StatusCode values
@@ -99,6 +114,7 @@ cdef enum VlenStatus:
     VLEN_TOO_LARGE = 103
     VLEN_NOT_UTF8 = 104
     VLEN_NULL = 105
+    VLEN_OUTSIDE = 106
 
 cdef Py_ssize_t HEADER = 4
 # where an empty item points (memcpy takes no NULL, even for 0 bytes)
@@ -270,6 +286,16 @@ cdef int _fill_objects(const uint8_t* data, const Py_ssize_t* starts, Py_ssize_t
         slots[i] = <PyObject*>value
         Py_XDECREF(old)
     return 0
+
+
+cdef int _raise_undecodable(const uint8_t* data, const Py_ssize_t* starts, Py_ssize_t item,
+                            object where) except -1:
+    """Raise the error of ``item``, found not to be UTF-8: Python's decoder
+    names the bad byte as zarr's error would."""
+    scratch = np.empty(1, dtype=object)  # held: the decoder writes into it
+    _fill_objects(data, starts + item, 1, True, <PyObject**><Py_ssize_t>scratch.ctypes.data,
+                  where, item)
+    raise CorruptChunkError(f"{where}: item {item} of the vlen-utf8 frame is not UTF-8")
 
 
 def decode(ChainKernel kernel, payload, Py_ssize_t count, bint utf8, where="payload", out=None):
@@ -597,9 +623,7 @@ def decode_strings(ChainKernel kernel, payload, out, where="payload"):
                 rc = _pack(data, starts, count, dst, stride, allocator, &st)
                 NpyString_release_allocator(allocator)
         if rc < 0 and st.code == VLEN_NOT_UTF8:
-            # Python's decoder names the bad byte as zarr's error would
-            _fill_objects(data, starts + st.a, 1, True,
-                          <PyObject**><Py_ssize_t>np.empty(1, object).ctypes.data, where, st.a)
+            _raise_undecodable(data, starts, st.a, where)
         if rc < 0:
             raise _error(&st, where)
     finally:
@@ -682,3 +706,413 @@ def encode_strings(ChainKernel kernel, values, where="chunk"):
         free(encoded)
         free(ptrs)
         free(lengths)
+
+
+# -- a shard's selected inner chunks in one call -------------------------------------
+#
+# A sharded read selects a box (slices with steps, integers) of each shard,
+# which zarr's indexer splits per dimension into rows: one per inner chunk
+# along that dimension, saying which of its items the box takes and where
+# they go along the output's axis. The inner chunks to decode are the
+# product of the dimensions' rows ("tasks", in C order). `VlenRegion` checks
+# the rows against the inner chunks and the output once, then decodes any
+# run of tasks: each frame decompressed and parsed with the GIL released,
+# then only its selected items placed into the output (NpyString_pack for a
+# StringDType output, without the GIL; objects in one loop with it).
+
+
+cdef enum:
+    # NumPy's most dimensions
+    MAX_DIMS = 64
+    # a row: inner chunk index along the dimension, first item, step, items,
+    # first index along the output's axis
+    ROW = 5
+
+
+cdef struct Geometry:
+    int ndim
+    Py_ssize_t items  # of an inner chunk
+    const Py_ssize_t* rows  # ROW numbers per row, the dimensions' rows in turn
+    const uint8_t* payload  # the fetched inner chunks
+    Py_ssize_t payload_len
+    const uint64_t* entries  # where each inner chunk is in ``payload``
+    char* base  # the output's element [0, ..., 0]
+    Py_ssize_t row0[MAX_DIMS]  # each dimension's first row
+    Py_ssize_t nrows[MAX_DIMS]
+    Py_ssize_t item_strides[MAX_DIMS]  # an inner chunk's C-order strides, in items
+    Py_ssize_t out_strides[MAX_DIMS]  # in bytes along the output; 0 for integers
+    Py_ssize_t grid_strides[MAX_DIMS]  # the shard's C-order strides, in inner chunks
+
+
+cdef Py_ssize_t _select(const Geometry* g, Py_ssize_t task, Py_ssize_t* items,
+                        Py_ssize_t* dsts, Py_ssize_t* lin) noexcept nogil:
+    """The inner chunk of ``task`` (``lin``: its linear index in the shard)
+    and its selected items in C order: each one's place in the frame
+    (``items``) and its byte offset in the output (``dsts``); returns how
+    many."""
+    cdef Py_ssize_t counter[MAX_DIMS]
+    cdef Py_ssize_t counts[MAX_DIMS]
+    cdef Py_ssize_t steps[MAX_DIMS]
+    cdef Py_ssize_t rest = task
+    cdef Py_ssize_t src = 0
+    cdef Py_ssize_t dst = 0
+    cdef Py_ssize_t m = 1
+    cdef Py_ssize_t j
+    cdef const Py_ssize_t* row
+    cdef int d
+    lin[0] = 0
+    for d in range(g.ndim - 1, -1, -1):
+        row = g.rows + ROW * (g.row0[d] + rest % g.nrows[d])
+        rest = rest // g.nrows[d]
+        lin[0] += row[0] * g.grid_strides[d]
+        src += row[1] * g.item_strides[d]
+        steps[d] = row[2] * g.item_strides[d]
+        counts[d] = row[3]
+        dst += row[4] * g.out_strides[d]
+        counter[d] = 0
+        m *= row[3]
+    for j in range(m):
+        items[j] = src
+        dsts[j] = dst
+        d = g.ndim - 1
+        while d >= 0:
+            counter[d] += 1
+            src += steps[d]
+            dst += g.out_strides[d]
+            if counter[d] < counts[d]:
+                break
+            src -= counts[d] * steps[d]
+            dst -= counts[d] * g.out_strides[d]
+            counter[d] = 0
+            d -= 1
+    return m
+
+
+cdef int _open_chunk(const Geometry* g, ChainKernel k, Workspace ws, Py_ssize_t lin,
+                     bint utf8, const uint8_t** data, Py_ssize_t* starts,
+                     Status* st) noexcept nogil:
+    """Inner chunk ``lin``'s frame decoded and parsed (0; its strings checked
+    when ``utf8``: zarr decodes every item, selected or not), CHUNK_MISSING
+    when it is not stored, or -1 (``st``; VLEN_OUTSIDE: its index entry
+    points past the fetched bytes)."""
+    cdef uint64_t off, size
+    cdef Py_ssize_t length = 0
+    cdef ChunkPlace place = chunk_place(g.entries, lin, g.payload_len, &off, &size)
+    cdef int rc
+    memset(st, 0, sizeof(Status))
+    if place == CHUNK_MISSING:
+        return CHUNK_MISSING
+    if place == CHUNK_OUTSIDE:
+        st.code = VLEN_OUTSIDE
+        return -1
+    rc = _decode_frame(k, ws, g.payload + off if size else <const uint8_t*>b"",
+                       <Py_ssize_t>size, data, &length, st)
+    if rc == 0:
+        rc = _parse(data[0], length, g.items, starts, st)
+    if rc == 0 and utf8:
+        rc = _check_utf8(data[0], starts, g.items, st)
+    return rc
+
+
+cdef int _pack_selected(const uint8_t* data, const Py_ssize_t* starts, const Py_ssize_t* items,
+                        const Py_ssize_t* dsts, Py_ssize_t m, char* base,
+                        npy_string_allocator* allocator, Status* st) noexcept nogil:
+    """Pack the selected items into their StringDType elements."""
+    cdef Py_ssize_t j
+    cdef const uint8_t* p
+    for j in range(m):
+        p = data + starts[items[j]]
+        if NpyString_pack(allocator, <npy_packed_static_string*>(base + dsts[j]),
+                          <const char*>p + 4, <size_t>load_le32(p)) < 0:
+            st.code = ZF_ERR_NOMEM
+            return -1
+    return 0
+
+
+cdef int _pack_fill(const char* fill, size_t n, const Py_ssize_t* dsts, Py_ssize_t m,
+                    char* base, npy_string_allocator* allocator, Status* st) noexcept nogil:
+    """Pack the fill value (``n`` bytes of UTF-8) into StringDType elements."""
+    cdef Py_ssize_t j
+    for j in range(m):
+        if NpyString_pack(allocator, <npy_packed_static_string*>(base + dsts[j]), fill, n) < 0:
+            st.code = ZF_ERR_NOMEM
+            return -1
+    return 0
+
+
+cdef int _set_objects(const uint8_t* data, const Py_ssize_t* starts, const Py_ssize_t* items,
+                      const Py_ssize_t* dsts, Py_ssize_t m, bint utf8, char* base,
+                      object fill) except -1:
+    """Make the selected items' objects (``data`` NULL: ``fill``) and put
+    them into their slots of an object output."""
+    cdef Py_ssize_t j, length
+    cdef const uint8_t* p
+    cdef object value = fill
+    cdef PyObject* old
+    cdef PyObject** slot
+    for j in range(m):
+        if data != NULL:
+            p = data + starts[items[j]]
+            length = <Py_ssize_t>load_le32(p)
+            if utf8:
+                value = PyUnicode_DecodeUTF8(<const char*>p + 4, length, NULL)
+            else:
+                value = PyBytes_FromStringAndSize(<const char*>p + 4, length)
+        slot = <PyObject**>(base + dsts[j])
+        Py_INCREF(value)
+        old = slot[0]
+        slot[0] = <PyObject*>value
+        Py_XDECREF(old)
+    return 0
+
+
+cdef int _check_row(const Py_ssize_t* row, Py_ssize_t inner, Py_ssize_t chunks,
+                    Py_ssize_t extent) except -1:
+    """A row (see `Geometry`) within its dimension: an inner chunk of the
+    ``chunks`` along it, items within its ``inner`` ones, places within the
+    output axis's ``extent`` (1 for an integer's dimension)."""
+    cdef Py_ssize_t ix = row[0], start = row[1], step = row[2], count = row[3], out = row[4]
+    if not 0 <= ix < chunks or step < 1 or count < 1 or not 0 <= start < inner:
+        raise ValueError(f"row {ix, start, step, count, out} is not a selection of one of "
+                         f"{chunks} inner chunks")
+    # (count - 1) * step < inner - start, without overflow
+    if (count - 1) > (inner - 1 - start) // step or out < 0 or count > extent - out:
+        raise ValueError(f"row {ix, start, step, count, out} selects past the inner chunk "
+                         f"({inner}) or the output ({extent})")
+    return 0
+
+
+cdef class VlenRegion:
+    """The selected items of a shard's inner chunks, decoded into an output.
+
+    Parameters
+    ----------
+    kernel : ChainKernel
+        The inner chunks' bytes->bytes codecs (``itemsize`` 1).
+    payload : bytes-like
+        The fetched inner chunks.
+    entries : numpy.ndarray
+        ``(n, 2)`` uint64: each inner chunk's offset in ``payload`` and
+        size, both 2**64-1 when it is not stored (the shard index).
+    rows : numpy.ndarray
+        ``(r, 5)`` intp: per dimension in turn, one row per inner chunk
+        along it that the selection touches (inner chunk index, first item,
+        step, items, first index along the output's axis).
+    dim_rows : sequence of int
+        How many rows each dimension has (at least one).
+    out_axes : sequence of int
+        Each dimension's axis of ``out``; -1 for a dimension an integer
+        selects (its rows take one item each, at output index 0).
+    inner_shape, grid : sequence of int
+        An inner chunk's shape, the shard's inner chunks per dimension.
+    out : numpy.ndarray
+        Writeable: of objects (``bytes``, or ``str`` when ``utf8``), or a
+        StringDType without a missing-value object (``utf8``); any strides.
+    utf8 : bool
+        Whether the items are strings.
+    fill : object
+        What a missing inner chunk's items become: an object, or a ``str``
+        for a StringDType output.
+    key, describe : object
+        ``describe((key, lin))`` names inner chunk ``lin`` in errors; ``key``
+        names the shard.
+    order : {"C", "F"}
+        The order the frames list an inner chunk's items in.
+    """
+
+    cdef Geometry g
+    cdef ChainKernel kernel
+    cdef bint utf8
+    cdef bint strings
+    cdef object out
+    cdef object fill
+    cdef bytes fill_utf8
+    cdef object key
+    cdef object describe
+    cdef object _rows
+    cdef object _entries
+    cdef const uint8_t[::1] _payload
+    cdef PyArray_StringDTypeObject* descr
+    cdef readonly Py_ssize_t n_tasks
+
+    def __init__(self, ChainKernel kernel, payload, entries, rows, dim_rows, out_axes,
+                 inner_shape, grid, out, bint utf8, fill, key, describe, *, order="C"):
+        ndim = len(inner_shape)
+        if not 1 <= ndim <= MAX_DIMS or not len(grid) == len(dim_rows) == len(out_axes) == ndim:
+            raise ValueError("inner_shape, grid, dim_rows and out_axes must each give "
+                             f"1 to {<int>MAX_DIMS} dimensions alike")
+        self._set_output(out, utf8, fill)
+        self.kernel = kernel
+        self.key = key
+        self.describe = describe
+        cdef cnp.ndarray table = np.ascontiguousarray(entries, dtype=np.uint64)
+        if table.ndim != 2 or table.shape[0] != math.prod(grid) or table.shape[1] != 2:
+            raise ValueError(f"entries must be ({math.prod(grid)}, 2)")
+        self._entries = table
+        self.g.entries = <const uint64_t*>cnp.PyArray_DATA(table)
+        table = np.ascontiguousarray(rows, dtype=np.intp)
+        if table.ndim != 2 or table.shape[0] != sum(dim_rows) or table.shape[1] != ROW:
+            raise ValueError(f"rows must be ({sum(dim_rows)}, {<int>ROW})")
+        self._rows = table
+        self.g.rows = <const Py_ssize_t*>cnp.PyArray_DATA(table)
+        self._payload = as_bytes_view(payload)
+        self.g.ndim = ndim
+        self.g.payload = &self._payload[0] if self._payload.shape[0] else NULL
+        self.g.payload_len = self._payload.shape[0]
+        self._set_strides(inner_shape, grid, order == "F")
+        self.n_tasks = self._set_rows(dim_rows, out_axes, inner_shape, grid)
+
+    cdef int _set_output(self, out, bint utf8, fill) except -1:
+        if type(out) is not np.ndarray:
+            raise TypeError("out must be a NumPy array")
+        cdef cnp.ndarray array = out
+        if not cnp.PyArray_ISWRITEABLE(array) or not cnp.PyArray_ISALIGNED(array):
+            raise ValueError("out must be writeable and aligned")
+        if array.dtype == object:
+            self.strings = False
+        elif utf8 and array.dtype.kind == "T" and not hasattr(array.dtype, "na_object"):
+            self.strings = True
+            self.descr = <PyArray_StringDTypeObject*>array.dtype
+            self.fill_utf8 = fill.encode("utf-8")
+        else:
+            raise TypeError("out must be an object array or (strings) a StringDType array")
+        self.out = array
+        self.utf8 = utf8
+        self.fill = fill
+        self.g.base = <char*>cnp.PyArray_DATA(array)
+        return 0
+
+    cdef int _set_strides(self, inner_shape, grid, bint f_order) except -1:
+        cdef int d, e
+        items = 1
+        chunks = 1
+        for d in range(self.g.ndim - 1, -1, -1):
+            if inner_shape[d] < 1 or grid[d] < 1:
+                raise ValueError("inner_shape and grid must be positive")
+            self.g.grid_strides[d] = chunks
+            chunks *= int(grid[d])
+        for e in range(self.g.ndim):
+            # the frame lists an inner chunk's items in C order, or in F order
+            # (a format-2 array's memory order)
+            d = e if f_order else self.g.ndim - 1 - e
+            self.g.item_strides[d] = items
+            items *= int(inner_shape[d])
+        # room for three numbers per item (`decode`)
+        if items > (1 << 62) // (3 * sizeof(Py_ssize_t)):
+            raise ValueError(f"inner chunks of {items} items are too large")
+        self.g.items = items
+        return 0
+
+    cdef Py_ssize_t _set_rows(self, dim_rows, out_axes, inner_shape, grid) except -1:
+        """Check each dimension's rows; the number of tasks."""
+        cdef Py_ssize_t tasks = 1
+        cdef Py_ssize_t first = 0
+        cdef Py_ssize_t total = self._rows.shape[0]
+        cdef Py_ssize_t n, axis, extent, r
+        cdef cnp.ndarray out = self.out
+        cdef int d
+        for d in range(self.g.ndim):
+            n = dim_rows[d]
+            axis = out_axes[d]
+            if not 1 <= n <= total - first or not -1 <= axis < out.ndim:
+                raise ValueError(f"dimension {d}: {n} rows, output axis {axis}")
+            extent = 1 if axis < 0 else cnp.PyArray_DIMS(out)[axis]
+            for r in range(first, first + n):
+                _check_row(self.g.rows + ROW * r, inner_shape[d], grid[d], extent)
+            self.g.row0[d] = first
+            self.g.nrows[d] = n
+            self.g.out_strides[d] = 0 if axis < 0 else cnp.PyArray_STRIDES(out)[axis]
+            first += n
+            if tasks > (1 << 62) // n:
+                raise ValueError("too many inner chunks")
+            tasks *= n
+        return tasks
+
+    def decode(self, Py_ssize_t first, Py_ssize_t last):
+        """Decode tasks ``first`` to ``last`` (excluded; tasks are the touched
+        inner chunks in C order) into the output. Threads may decode
+        different tasks of one region at once."""
+        cdef Workspace ws = workspace()
+        cdef Py_ssize_t* buf
+        if not 0 <= first <= last <= self.n_tasks:
+            raise ValueError(f"tasks {first}..{last} of {self.n_tasks}")
+        buf = <Py_ssize_t*>malloc(<size_t>(3 * self.g.items) * sizeof(Py_ssize_t))
+        if buf == NULL:
+            raise MemoryError()
+        try:
+            if self.strings:
+                self._strings(ws, first, last, buf)
+            else:
+                self._objects(ws, first, last, buf)
+        finally:
+            free(buf)
+
+    cdef int _strings(self, Workspace ws, Py_ssize_t first, Py_ssize_t last,
+                      Py_ssize_t* buf) except -1:
+        cdef const Geometry* g = &self.g
+        cdef ChainKernel k = self.kernel
+        cdef PyArray_StringDTypeObject* descr = self.descr
+        cdef const char* fill = PyBytes_AS_STRING(self.fill_utf8)
+        cdef size_t fill_len = <size_t>PyBytes_GET_SIZE(self.fill_utf8)
+        cdef Py_ssize_t* items = buf + g.items
+        cdef Py_ssize_t* dsts = buf + 2 * g.items
+        cdef const uint8_t* data = NULL
+        cdef npy_string_allocator* allocator
+        cdef Py_ssize_t task, m
+        cdef Py_ssize_t lin = 0
+        cdef Status st
+        cdef int rc = 0
+        with nogil:
+            for task in range(first, last):
+                m = _select(g, task, items, dsts, &lin)
+                rc = _open_chunk(g, k, ws, lin, True, &data, buf, &st)
+                if rc < 0:
+                    break
+                allocator = NpyString_acquire_allocator(descr)
+                if rc == CHUNK_MISSING:
+                    rc = _pack_fill(fill, fill_len, dsts, m, g.base, allocator, &st)
+                else:
+                    rc = _pack_selected(data, buf, items, dsts, m, g.base, allocator, &st)
+                NpyString_release_allocator(allocator)
+                if rc < 0:
+                    break
+        if rc < 0:
+            self._raise(&st, lin, data, buf)
+        return 0
+
+    cdef int _objects(self, Workspace ws, Py_ssize_t first, Py_ssize_t last,
+                      Py_ssize_t* buf) except -1:
+        cdef const Geometry* g = &self.g
+        cdef ChainKernel k = self.kernel
+        cdef bint utf8 = self.utf8
+        cdef Py_ssize_t* items = buf + g.items
+        cdef Py_ssize_t* dsts = buf + 2 * g.items
+        cdef const uint8_t* data = NULL
+        cdef Py_ssize_t task, m
+        cdef Py_ssize_t lin = 0
+        cdef Status st
+        cdef int rc
+        for task in range(first, last):
+            with nogil:
+                m = _select(g, task, items, dsts, &lin)
+                rc = _open_chunk(g, k, ws, lin, utf8, &data, buf, &st)
+            if rc < 0:
+                self._raise(&st, lin, data, buf)
+            if rc == CHUNK_MISSING:
+                data = NULL
+            # ``data`` is in this thread's workspace or in the payload: both
+            # stay as they are until this thread decodes again
+            _set_objects(data, buf, items, dsts, m, utf8, g.base, self.fill)
+        return 0
+
+    cdef int _raise(self, Status* st, Py_ssize_t lin, const uint8_t* data,
+                    const Py_ssize_t* starts) except -1:
+        """Raise the error ``st`` describes for inner chunk ``lin``."""
+        cdef uint64_t off, size
+        where = self.describe((self.key, lin))
+        if st.code == VLEN_OUTSIDE:
+            chunk_place(self.g.entries, lin, self.g.payload_len, &off, &size)
+            raise outside_error(self.key, lin, off, size, self.g.payload_len)
+        if st.code == VLEN_NOT_UTF8:
+            _raise_undecodable(data, starts, st.a, where)
+        raise _error(st, where)

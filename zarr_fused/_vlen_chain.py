@@ -12,12 +12,17 @@ The chunk's items are framed in C order (format 3; zarr makes the chunk
 contiguous first) or in the array's ``order`` (format 2, which flattens the
 chunk in that order). Strings of a ``str`` array (NumPy's ``StringDType``)
 go between the frame and the array with no Python object at all; bytes
-(object arrays) are made as objects in one loop.
+(object arrays) are made as objects in one loop. A read of slices and
+integers places the selected items straight into the output, however
+strided (a one-chunk `zarr_fused._vlen.VlenRegion`); other reads decode the
+chunk whole and assign it as zarr does.
 
 Sharded vlen arrays read and write through `zarr_fused.shard.vlen`, which
-fetches and lays out shards natively and runs each inner chunk through this
-chain (``decode_chunk``, ``decode_chunk_into``, ``encode_chunk``, whose
-errors name the inner chunk and its shard).
+fetches and lays out shards natively and decodes a shard's selected inner
+chunks in one `VlenRegion` call; the selections that call does not take,
+and writes, run each inner chunk through this chain (``decode_chunk``,
+``decode_chunk_into``, ``encode_chunk``, whose errors name the inner chunk
+and its shard).
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ if TYPE_CHECKING:
 
     from zarr_fused._buffers import RawBuffer
     from zarr_fused._items import ReadItem
+    from zarr_fused._vlen import VlenRegion
 
     #: `zarr_fused._chain._bytes_to_bytes_params`: the kernel parameters of
     #: bytes->bytes codecs (named in reasons), or why they have none
@@ -117,21 +123,37 @@ class VlenChain(NativeOrFallback):
             self.kernel, raw.as_numpy_array(), items.size, self.utf8, where, items
         )
 
-    def _whole_chunk_view(
-        self, out: NDBuffer, item: ReadItem, drop_axes: tuple[int, ...]
-    ) -> np.ndarray | None:
-        """The region of ``out`` that a whole chunk read fills, when the
-        kernels can decode into it directly: contiguous, in frame order, of
-        the chain's own items; else None."""
-        _, spec, chunk_selection, out_selection, _ = item
-        dst = out.as_ndarray_like()
-        if drop_axes or type(dst) is not np.ndarray or not _whole(chunk_selection, spec.shape):
+    def _region(self, raw: Buffer, item: ReadItem, dst: Any) -> VlenRegion | None:
+        """The chunk's selected items decoded straight into their places in
+        ``dst`` (a strided view: any selection of slices and integers), or
+        None when the kernels cannot write there (not a writeable NumPy
+        array of the chain's own items, another selection)."""
+        key, spec, chunk_selection, out_selection, _ = item
+        if type(dst) is not np.ndarray or vlen_kernels is None or not dst.flags.writeable:
             return None
-        if not isinstance(out_selection, tuple):
+        if dst.dtype != object and not (self.strings and dst.dtype == self.dtype):
             return None
-        if not all(type(s) is slice and s.step in (None, 1) for s in out_selection):
+        rows = _rows(chunk_selection, out_selection, spec.shape, dst.ndim)
+        if rows is None:
             return None
-        return self._frame_view(dst[out_selection], spec.shape)
+        ndim = len(spec.shape)
+        payload = raw.as_numpy_array()
+        return vlen_kernels.VlenRegion(
+            self.kernel,
+            payload,
+            np.array([[0, payload.size]], dtype=np.uint64),
+            rows[0],
+            (1,) * ndim,
+            rows[1],
+            spec.shape,
+            (1,) * ndim,
+            dst,
+            self.utf8,
+            "" if dst.dtype != object else None,
+            key,
+            _describe,
+            order=self.order,
+        )
 
     def _frame_view(self, view: np.ndarray, shape: tuple[int, ...]) -> np.ndarray | None:
         """``view`` (a chunk of ``shape``) as the array the kernels decode
@@ -164,10 +186,9 @@ class VlenChain(NativeOrFallback):
     def decode_handled_into(
         self, raw: Buffer, item: ReadItem, out: NDBuffer, drop_axes: tuple[int, ...]
     ) -> None:
-        key, *_ = item
-        view = self._whole_chunk_view(out, item, drop_axes)
-        if view is not None:
-            self._decode_flat(raw, view.reshape(-1), describe_chunk(key))
+        region = None if drop_axes else self._region(raw, item, out.as_ndarray_like())
+        if region is not None:
+            region.decode(0, 1)
             return
         # NumPy's assignment (what zarr does): the scatter kernels copy no
         # object or StringDType elements, whose storage the arrays own
@@ -204,15 +225,46 @@ class VlenChain(NativeOrFallback):
         return encoded
 
 
-def _whole(selection: Any, shape: tuple[int, ...]) -> bool:
-    """Whether ``selection`` selects every element of a chunk of ``shape``,
-    in order."""
-    if not isinstance(selection, tuple) or len(selection) != len(shape):
-        return False
-    return all(
-        type(s) is slice and s.indices(n) == (0, n, 1)
-        for s, n in zip(selection, shape, strict=True)
-    )
+def _describe(key: tuple[Any, int]) -> str:
+    """Names the chunk of a one-chunk `VlenRegion` (``(chunk key, 0)``)."""
+    return describe_chunk(key[0])
+
+
+def _rows(
+    chunk_selection: Any, out_selection: Any, shape: tuple[int, ...], out_ndim: int
+) -> tuple[list[tuple[int, int, int, int, int]], list[int]] | None:
+    """The rows and output axes of a one-chunk `VlenRegion` reading
+    ``chunk_selection`` of a chunk of ``shape`` into ``out_selection``:
+    slices and integers of the chunk into contiguous slices of an output
+    of ``out_ndim`` axes (zarr's basic and orthogonal indexers drop an
+    integer's axis); None for other selections."""
+    if not isinstance(chunk_selection, tuple) or not isinstance(out_selection, tuple):
+        return None
+    if len(chunk_selection) != len(shape) or len(out_selection) != out_ndim:
+        return None
+    rows: list[tuple[int, int, int, int, int]] = []
+    axes: list[int] = []
+    for sel, n in zip(chunk_selection, shape, strict=True):
+        if type(sel) is slice:
+            axis = len(axes) - axes.count(-1)
+            place = out_selection[axis] if axis < out_ndim else None
+            start, stop, step = sel.indices(n)
+            count = len(range(start, stop, step))
+            if type(place) is not slice or place.step not in (None, 1) or count == 0:
+                return None
+            first = place.start or 0
+            if place.stop is None or place.stop - first != count:
+                return None
+            rows.append((0, start, step, count, first))
+            axes.append(axis)
+        elif isinstance(sel, (int, np.integer)) and not isinstance(sel, (bool, np.bool_)):
+            if not 0 <= sel < n:
+                return None
+            rows.append((0, int(sel), 1, 1, 0))
+            axes.append(-1)
+        else:
+            return None
+    return rows, axes
 
 
 def vlen_chain(

@@ -10,10 +10,15 @@ values, statuses and stored shards are zarr's:
 - reads fetch as the engine does (`ShardReader`'s fetch: the whole shard
   in one get when every inner chunk is touched, else the index, then only
   the touched inner chunks' ranges, coalesced; LocalStore files natively),
-  with the index checked natively; each touched inner chunk is then
-  decompressed and its frame parsed by `zarr_fused._vlen` with the GIL
-  released (`VlenChain.decode_chunk`), whole chunks straight into the
-  output where it is contiguous, a missing one filled;
+  with the index checked natively. A selection of slices and integers
+  (zarr's basic and plain orthogonal ones) then decodes in one native call
+  per shard, or per worker's run of its inner chunks
+  (`zarr_fused._vlen.VlenRegion`): each touched inner chunk decompressed
+  and its frame parsed with the GIL released, only its selected items
+  placed straight into the output, however strided (StringDType strings
+  without the GIL, objects in one loop with it), a missing one filled.
+  Other selections decode inner chunk by inner chunk through the chain
+  (`VlenChain.decode_chunk`) and assign as zarr does;
 - writes read the stored shard (unless they cover it whole), decode the
   inner chunks they cover in part, merge with zarr's rule, drop chunks
   left equal to the fill value (``write_empty_chunks=False``), encode the
@@ -30,18 +35,24 @@ from __future__ import annotations
 
 import math
 import os
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 import numpy as np
 from zarr.core.chunk_grids import ChunkGrid
-from zarr.core.chunk_utils import chunk_is_empty
-from zarr.core.indexing import get_indexer
+from zarr.core.chunk_utils import chunk_is_empty, fill_value_or_default
+from zarr.core.indexing import (
+    BasicIndexer,
+    IntDimIndexer,
+    OrthogonalIndexer,
+    SliceDimIndexer,
+    get_indexer,
+)
 
 from zarr_fused._buffers import RawBuffer, buffers
 from zarr_fused._items import MISSING, PRESENT
 from zarr_fused._merge import merge_owned
-from zarr_fused._native import index_kernels
-from zarr_fused._pool import run_parallel
+from zarr_fused._native import index_kernels, vlen_kernels
+from zarr_fused._pool import partition, run_parallel
 from zarr_fused._scatter_py import fill_missing
 from zarr_fused._zarr_compat import inner_chunk_spec
 from zarr_fused.io.local import local_files, make_parents, write_parts
@@ -66,8 +77,9 @@ if TYPE_CHECKING:
 
     from zarr_fused._batch import BatchReader, HeldWriter, ReadRequest, WriteRequest
     from zarr_fused._items import ReadItem, WriteItem
+    from zarr_fused._vlen import VlenRegion
     from zarr_fused._vlen_chain import VlenChain
-    from zarr_fused.shard.read import ShardReader
+    from zarr_fused.shard.read import ShardReader, _Shard
 
 __all__ = ["VlenShardReader", "VlenShardWriter"]
 
@@ -123,6 +135,72 @@ def _spread[T, R](
     return [fn(item)(max_workers) for item in items]
 
 
+class _Split(NamedTuple):
+    """A basic selection of one shard split per dimension, as
+    `zarr_fused._vlen.VlenRegion` takes it."""
+
+    #: per dimension in turn, a row per inner chunk along it: its index,
+    #: first item, step, items, first index along the output's axis
+    rows: list[tuple[int, int, int, int, int]]
+    #: how many rows each dimension has
+    dim_rows: list[int]
+    #: each dimension's output axis (-1: an integer's, dropped)
+    out_axes: list[int]
+    #: the touched inner chunks (linear, ascending: the rows' product in C order)
+    touched: np.ndarray
+
+
+def _split(indexer: Any, inner_shape: tuple[int, ...], grid: tuple[int, ...]) -> _Split | None:
+    """zarr's basic ``indexer`` over a shard's inner chunks as rows per
+    dimension (one Python step per inner chunk along each dimension, none
+    per inner chunk); None for other indexers."""
+    # zarr indexes a tuple of slices orthogonally, as the basic selection it is
+    basic = type(indexer) is BasicIndexer or (
+        type(indexer) is OrthogonalIndexer and not indexer.is_advanced
+    )
+    if not basic or not indexer.dim_indexers:
+        return None
+    split = _Split([], [], [], np.empty(0, dtype=np.intp))
+    along = []
+    axis = 0
+    for dim, n in zip(indexer.dim_indexers, inner_shape, strict=True):
+        first = len(split.rows)
+        if type(dim) is IntDimIndexer:
+            split.rows.extend((p.dim_chunk_ix, cast("int", p.dim_chunk_sel), 1, 1, 0) for p in dim)
+            split.out_axes.append(-1)
+        elif type(dim) is SliceDimIndexer:
+            for p in dim:
+                start, stop, step = cast("slice", p.dim_chunk_sel).indices(n)
+                count = len(range(start, stop, step))
+                first_out = cast("slice", p.dim_out_sel).start
+                split.rows.append((p.dim_chunk_ix, start, step, count, first_out))
+            split.out_axes.append(axis)
+            axis += 1
+        else:
+            return None
+        split.dim_rows.append(len(split.rows) - first)
+        along.append([row[0] for row in split.rows[first:]])
+    if 0 in split.dim_rows:
+        return split
+    mesh = np.meshgrid(*along, indexing="ij")
+    return split._replace(touched=np.ravel_multi_index(tuple(mesh), grid).ravel())
+
+
+def _decode_spread(region: VlenRegion, workers: int) -> None:
+    """Decode all of ``region``: in one call, or in a few runs of inner
+    chunks per worker."""
+    if workers <= 1:
+        region.decode(0, region.n_tasks)
+        return
+    groups = partition(region.n_tasks, workers)
+    run_parallel(lambda run: region.decode(run.start, run.stop), groups, workers)
+
+
+def _linear(projections: list[Any], grid: tuple[int, ...]) -> list[int]:
+    """The linear index in the shard of each projection's inner chunk."""
+    return [int(np.ravel_multi_index(coords, grid)) for coords, *_ in projections]
+
+
 class VlenShardReader(ShardSide):
     """Native reads of vlen shards (see the module docstring)."""
 
@@ -154,12 +232,16 @@ class VlenShardReader(ShardSide):
     def _read_shard(self, item: ReadItem, request: ReadRequest, workers: int) -> GetResult:
         getter, spec, chunk_selection, out_selection, _ = item
         indexer = _projections(spec, self.inner_shape, chunk_selection)
-        projections = list(indexer)
-        if not projections:
-            return PRESENT
         grid = inner_grid(spec, self.inner_shape)
-        linear = [int(np.ravel_multi_index(coords, grid)) for coords, *_ in projections]
-        touched = np.unique(np.array(linear, dtype=np.intp))
+        split = _split(indexer, self.inner_shape, grid)
+        projections: list[Any] | None = None
+        if split is not None:
+            touched = split.touched
+        else:
+            projections = list(indexer)
+            touched = np.unique(np.array(_linear(projections, grid), dtype=np.intp))
+        if touched.size == 0:
+            return PRESENT
         shard = self.fetcher.fetch_inner(
             getter, spec, None if len(touched) == math.prod(grid) else touched, grid
         )
@@ -168,38 +250,97 @@ class VlenShardReader(ShardSide):
                 fill_missing(request.out, out_selection, spec)
                 return MISSING
             target, direct = self._target(request, out_selection, indexer, spec)
-            inner_spec = inner_chunk_spec(self.codec, spec)
-            describe = inner_describer(grid)
-            entries, payload = shard.entries, shard.payload
-
-            def decode(k: int) -> None:
-                _, inner_selection, target_selection, complete = projections[k]
-                lin = linear[k]
-                off, size = (int(v) for v in entries[lin])
-                if off == MISSING_OFFSET:
-                    fill_missing(target, target_selection, inner_spec)
-                    return
-                raw = RawBuffer(payload[off : off + size])
-                where = _Where(describe, getter, lin)
-                if complete:
-                    view = _basic_view(
-                        cast("np.ndarray", target.as_ndarray_like()), target_selection
-                    )
-                    if (
-                        view is not None
-                        and view.shape == inner_spec.shape
-                        and self.chain.decode_chunk_into(raw, view, where)
-                    ):
-                        return
-                chunk = self.chain.decode_chunk(raw, inner_spec, where)
-                target[target_selection] = chunk[inner_selection]
-
-            run_parallel(decode, range(len(projections)), workers)
+            region = None if split is None else self._region(split, shard, target, spec, getter)
+            if region is not None:
+                _decode_spread(region, workers)
+            else:
+                self._decode_each(
+                    list(indexer) if projections is None else projections,
+                    shard,
+                    target,
+                    inner_chunk_spec(self.codec, spec),
+                    (getter, grid),
+                    workers,
+                )
         finally:
             shard.release()
         if not direct:
             self._scatter(request, out_selection, indexer, target)
         return PRESENT
+
+    def _region(
+        self, split: _Split, shard: _Shard, target: NDBuffer, spec: ArraySpec, getter: Any
+    ) -> VlenRegion | None:
+        """The native decode of ``split`` into ``target`` (its items placed
+        straight into it), or None when the kernels do not write into that
+        output (a StringDType with a missing-value object, a fill value
+        that is not UTF-8)."""
+        out = target.as_ndarray_like()
+        chain = self.chain
+        if type(out) is not np.ndarray or vlen_kernels is None or not out.flags.writeable:
+            return None
+        if out.dtype != object and not (chain.strings and out.dtype == chain.dtype):
+            return None
+        fill = fill_value_or_default(inner_chunk_spec(self.codec, spec))
+        if out.dtype != object and not isinstance(fill, str):
+            return None
+        grid = inner_grid(spec, self.inner_shape)
+        try:
+            return vlen_kernels.VlenRegion(
+                chain.kernel,
+                shard.payload,
+                shard.entries,
+                split.rows,
+                split.dim_rows,
+                split.out_axes,
+                self.inner_shape,
+                grid,
+                out,
+                chain.utf8,
+                fill,
+                getter,
+                inner_describer(grid),
+            )
+        except UnicodeEncodeError:
+            return None
+
+    def _decode_each(
+        self,
+        projections: list[Any],
+        shard: _Shard,
+        target: NDBuffer,
+        inner_spec: ArraySpec,
+        where: tuple[Any, tuple[int, ...]],
+        workers: int,
+    ) -> None:
+        """Decode the inner chunks of ``projections`` one at a time (the
+        selections and outputs `_region` does not take)."""
+        getter, grid = where
+        describe = inner_describer(grid)
+        linear = _linear(projections, grid)
+        entries, payload = shard.entries, shard.payload
+
+        def decode(k: int) -> None:
+            _, inner_selection, target_selection, complete = projections[k]
+            lin = linear[k]
+            off, size = (int(v) for v in entries[lin])
+            if off == MISSING_OFFSET:
+                fill_missing(target, target_selection, inner_spec)
+                return
+            raw = RawBuffer(payload[off : off + size])
+            where = _Where(describe, getter, lin)
+            if complete:
+                view = _basic_view(cast("np.ndarray", target.as_ndarray_like()), target_selection)
+                if (
+                    view is not None
+                    and view.shape == inner_spec.shape
+                    and self.chain.decode_chunk_into(raw, view, where)
+                ):
+                    return
+            chunk = self.chain.decode_chunk(raw, inner_spec, where)
+            target[target_selection] = chunk[inner_selection]
+
+        run_parallel(decode, range(len(projections)), workers)
 
     @staticmethod
     def _target(
