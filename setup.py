@@ -103,6 +103,7 @@ EXTENSIONS: list[dict] = [
             "zarr_fused/_zstd.pxd",
             "zarr_fused/_zlib.pxd",
             "zarr_fused/_le32.pxd",
+            "zarr_fused/_shard_index.pxd",
         ],
         "libraries": ["zstd"],
     },
