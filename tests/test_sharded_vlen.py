@@ -31,7 +31,7 @@ from zarr_fused._vlen_chain import VlenChain
 from zarr_fused.errors import CorruptChunkError, CorruptShardError
 from zarr_fused.shard.vlen import VlenShardReader, VlenShardWriter
 
-from helpers import BATCHED, FUSED, assert_same_values, chunk_items, make_store
+from helpers import BATCHED, FUSED, assert_same_read, assert_same_values, chunk_items, make_store
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore::zarr.errors.UnstableSpecificationWarning"),
@@ -446,22 +446,6 @@ def partly_written(tmp_path_factory: pytest.TempPathFactory) -> Any:
         return _write_partly(make_store(store_kind, path), *args)
 
     return build
-
-
-def assert_same_read(got: Any, expected: Any) -> None:
-    """`assert_same_values`; of a read of one item, the item and its type
-    only: zarr and zarr_fused wrap a bytes item differently (``bytes``, a
-    0-d array, a 0-d array holding a 0-d array; zarr_fused did so before
-    it placed items straight into the output too)."""
-    if np.ndim(expected) != 0:
-        assert_same_values(got, expected)
-        return
-    items = []
-    for value in (got, expected):
-        while isinstance(value, np.ndarray):
-            value = value[()]
-        items.append(value)
-    assert items[0] == items[1] and type(items[0]) is type(items[1])
 
 
 def _read_both(store: Any, selection: Any) -> tuple[np.ndarray, np.ndarray]:

@@ -28,13 +28,22 @@ from zarr.codecs.vlen_utf8 import VLenBytesCodec, VLenUTF8Codec
 from zarr.core.buffer import default_buffer_prototype
 from zarr.core.dtype import VariableLengthBytes
 from zarr.testing.strategies import basic_indices
+from zarr_fused_testing.chains import CHAINS, create_chain_array
 
 from zarr_fused._native import codec_kernels, vlen_kernels
 from zarr_fused._native_gate import NativeOrFallback
 from zarr_fused._vlen_chain import VlenChain
 from zarr_fused.errors import ChunkSizeError, CorruptChunkError, UnsupportedError
 
-from helpers import BATCHED, FUSED, assert_same_values, chunk_items, make_store, with_pipeline
+from helpers import (
+    BATCHED,
+    FUSED,
+    assert_same_read,
+    assert_same_values,
+    chunk_items,
+    make_store,
+    with_pipeline,
+)
 from helpers.gil import spins_during
 
 pytestmark = [
@@ -575,22 +584,6 @@ def _partly_written(kind: str, fmt: int, order: str) -> zarr.storage.MemoryStore
     return store
 
 
-def assert_same_read(got: Any, expected: Any) -> None:
-    """`assert_same_values`; of a read of one item, the item and its type
-    only: zarr and zarr_fused wrap a bytes item differently (``bytes``, a
-    0-d array, a 0-d array holding a 0-d array; zarr_fused did so before
-    it placed items straight into the output too)."""
-    if np.ndim(expected) != 0:
-        assert_same_values(got, expected)
-        return
-    items = []
-    for value in (got, expected):
-        while isinstance(value, np.ndarray):
-            value = value[()]
-        items.append(value)
-    assert items[0] == items[1] and type(items[0]) is type(items[1])
-
-
 def _read_both(store: Any, selection: Any) -> tuple[np.ndarray, np.ndarray]:
     with zarr.config.set(STRICT):
         got = zarr.open_array(store, mode="r")[selection]
@@ -661,3 +654,57 @@ def test_basic_reads_place_items_natively(kind: str, monkeypatch: pytest.MonkeyP
         expected = zarr.open_array(store, mode="r").vindex[[0, 5], [1, 4]]
     assert_same_values(got, expected)
     assert whole
+
+
+# -- one item read: zarr's wrapping of it --------------------------------------------------
+
+_ONE_ITEM = {
+    "ints": lambda a: a[1, 2],
+    "ellipsis-ints": lambda a: a[..., 1, 2],
+    "numpy-ints": lambda a: a[np.int64(1), np.int32(2)],
+    "oindex-ints": lambda a: a.oindex[1, 2],
+    "oindex-lists": lambda a: a.oindex[[1], [2]],
+    "vindex": lambda a: a.vindex[[1], [2]],
+    "mask": lambda a: a.vindex[np.eye(8, dtype=bool) & (np.arange(8) == 2)],
+    "row": lambda a: a[1],
+    "one-slice": lambda a: a[1, 2:3],
+}
+
+
+@pytest.mark.parametrize("selection", list(_ONE_ITEM))
+@pytest.mark.parametrize(
+    ("chain", "sharded"),
+    [
+        pytest.param("vlen-bytes-zstd", False, id="bytes"),
+        pytest.param("vlen-bytes-zstd", True, id="bytes-sharded"),
+        pytest.param("v2-vlen-bytes-zstd", False, id="v2-bytes"),
+        pytest.param("vlen-utf8-zstd", False, id="str"),
+        pytest.param("vlen-utf8-zstd", True, id="str-sharded"),
+        pytest.param("v2-vlen-utf8-zstd", False, id="v2-str"),
+    ],
+)
+def test_one_item_reads_wrap_it_as_zarr_does(chain: str, sharded: bool, selection: str) -> None:
+    """A read of one item returns what zarr's returns, wrapping included:
+    zarr assigns a lone object item into a 0-d output as a 0-d array,
+    which NumPy keeps as the element (twice nested through a shard)."""
+    case = CHAINS[chain]
+    stores = {}
+    for name, pipeline in (("fused", STRICT), ("zarr", {"codec_pipeline.path": BATCHED})):
+        with zarr.config.set(pipeline):
+            stores[name] = zarr.storage.MemoryStore()
+            array = create_chain_array(
+                stores[name],
+                case,
+                (8, 8),
+                (4, 4) if sharded else (2, 2),
+                (2, 2) if sharded else None,
+            )
+            items = [f"x{i}" for i in range(64)]
+            array[...] = np.array(
+                [s.encode() for s in items] if "bytes" in chain else items, dtype=object
+            ).reshape(8, 8)
+    with zarr.config.set(STRICT):
+        got = _ONE_ITEM[selection](zarr.open_array(stores["fused"], mode="r"))
+    with zarr.config.set({"codec_pipeline.path": BATCHED}):
+        expected = _ONE_ITEM[selection](zarr.open_array(stores["zarr"], mode="r"))
+    assert_same_read(got, expected)

@@ -186,7 +186,11 @@ class VlenChain(NativeOrFallback):
     def decode_handled_into(
         self, raw: Buffer, item: ReadItem, out: NDBuffer, drop_axes: tuple[int, ...]
     ) -> None:
-        region = None if drop_axes else self._region(raw, item, out.as_ndarray_like())
+        dst = out.as_ndarray_like()
+        if lone_object(dst):
+            self.fallback.decode_into(raw, item, out, drop_axes)
+            return
+        region = None if drop_axes else self._region(raw, item, dst)
         if region is not None:
             region.decode(0, 1)
             return
@@ -223,6 +227,15 @@ class VlenChain(NativeOrFallback):
                 self.kernel, np.ascontiguousarray(values), self.utf8, where
             )
         return encoded
+
+
+def lone_object(dst: Any) -> bool:
+    """Whether ``dst`` is a 0-d object array: zarr assigns the one selected
+    item as a 0-d array of it, which NumPy stores as the element itself (a
+    0-d array inside the 0-d output, nested once more per assignment, as a
+    shard's inner chunk takes two); zarr's code reproduces that, one item
+    at a time, where the kernels would place the item itself."""
+    return type(dst) is np.ndarray and dst.ndim == 0 and dst.dtype == object
 
 
 def _describe(key: tuple[Any, int]) -> str:

@@ -124,6 +124,21 @@ def assert_same_values(actual: Any, expected: Any, *, byte_order: bool = True) -
     np.testing.assert_array_equal(actual, expected, strict=True)
 
 
+def assert_same_read(got: Any, expected: Any) -> None:
+    """`assert_same_values`, and of a read of one item the same wrapping
+    as zarr's: zarr returns an object item as ``bytes``/``str``, a 0-d array
+    of it, or a 0-d array holding such a 0-d array (NumPy stores a 0-d
+    array assigned into a 0-d object array as the element itself), and a
+    caller sees which."""
+    while np.ndim(expected) == 0 and isinstance(expected, np.ndarray):
+        assert type(got) is np.ndarray and got.shape == () and got.dtype == expected.dtype
+        got, expected = got[()], expected[()]
+    if isinstance(expected, np.ndarray):
+        assert_same_values(got, expected)
+        return
+    assert type(got) is type(expected) and got == expected
+
+
 def chunk_spec(shape: tuple[int, ...], dtype: Any) -> ArraySpec:
     """The spec of one chunk of ``shape`` and NumPy ``dtype`` (default fill
     value, C order, CPU buffers), as codecs receive it."""

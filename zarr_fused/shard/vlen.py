@@ -54,6 +54,7 @@ from zarr_fused._merge import merge_owned
 from zarr_fused._native import index_kernels, vlen_kernels
 from zarr_fused._pool import partition, run_parallel
 from zarr_fused._scatter_py import fill_missing
+from zarr_fused._vlen_chain import lone_object
 from zarr_fused._zarr_compat import inner_chunk_spec
 from zarr_fused.io.local import local_files, make_parents, write_parts
 from zarr_fused.io.shard_lock import shard_locks
@@ -218,8 +219,10 @@ class VlenShardReader(ShardSide):
     def read(self, batch: Sequence[ReadItem], request: ReadRequest) -> tuple[GetResult, ...]:
         _, spec, *_ = batch[0]
         dst = request.out.as_ndarray_like()
-        if type(dst) is not np.ndarray or not self.chain.handles(
-            inner_chunk_spec(self.codec, spec)
+        if (
+            type(dst) is not np.ndarray
+            or lone_object(dst)
+            or not self.chain.handles(inner_chunk_spec(self.codec, spec))
         ):
             return self.fallback.read(batch, request)
         results = _spread(
