@@ -31,14 +31,21 @@ from zarr_fused._vlen_chain import VlenChain
 from zarr_fused.errors import CorruptChunkError, CorruptShardError
 from zarr_fused.shard.vlen import VlenShardReader, VlenShardWriter
 
-from helpers import BATCHED, FUSED, assert_same_read, assert_same_values, chunk_items, make_store
+from helpers import (
+    BATCHED,
+    STRICT,
+    assert_same_read,
+    assert_same_values,
+    chunk_items,
+    make_store,
+    read_both,
+)
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore::zarr.errors.UnstableSpecificationWarning"),
     pytest.mark.skipif(vlen_kernels is None, reason="compiled extensions missing"),
 ]
 
-STRICT = {"codec_pipeline.path": FUSED, "codec_pipeline.strict": True}
 ZARR = {"codec_pipeline.path": BATCHED}
 
 COMPRESSORS: dict[str, Any] = {
@@ -448,15 +455,6 @@ def partly_written(tmp_path_factory: pytest.TempPathFactory) -> Any:
     return build
 
 
-def _read_both(store: Any, selection: Any) -> tuple[np.ndarray, np.ndarray]:
-    """(zarr_fused strict, zarr) reads of ``selection``."""
-    with zarr.config.set(STRICT):
-        got = zarr.open_array(store, mode="r")[selection]
-    with zarr.config.set(ZARR):
-        expected = zarr.open_array(store, mode="r")[selection]
-    return got, expected
-
-
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     data=st.data(),
@@ -483,7 +481,7 @@ def test_basic_selections_read_like_zarr(
     MemoryStore's by ranges)."""
     store = partly_written(store_kind, kind, geometry, fill, index_location, compressor)
     selection = data.draw(basic_indices(shape=GEOMETRIES[geometry][0]), label="selection")
-    got, expected = _read_both(store, selection)
+    got, expected = read_both(store, selection)
     assert_same_read(got, expected)
 
 
@@ -501,7 +499,7 @@ def test_read_into_a_strided_output(partly_written: Any, kind: str, selection: A
     """``out=`` a view with steps and negative strides: the selected items
     land in it, the elements between them are left alone."""
     store = partly_written("local", kind, "2d", "other", "end")
-    _, expected = _read_both(store, selection)
+    _, expected = read_both(store, selection)
     # longer than NumPy keeps inside a StringDType element: each one overwritten
     # frees its own heap string
     sentinel = "untouched, " * 3 if kind == "str" else b"untouched"
@@ -534,7 +532,7 @@ def test_basic_reads_decode_each_shard_in_one_call(
 
     monkeypatch.setattr(VlenShardReader, "_decode_each", spy)
     for selection in [(slice(None), slice(None)), (slice(3, 20, 2), 5), (4, 7)]:
-        got, expected = _read_both(store, selection)
+        got, expected = read_both(store, selection)
         assert_same_values(got, expected)
     assert each == []
     with zarr.config.set(STRICT):

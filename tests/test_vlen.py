@@ -38,10 +38,12 @@ from zarr_fused.errors import ChunkSizeError, CorruptChunkError, UnsupportedErro
 from helpers import (
     BATCHED,
     FUSED,
+    STRICT,
     assert_same_read,
     assert_same_values,
     chunk_items,
     make_store,
+    read_both,
     with_pipeline,
 )
 from helpers.gil import spins_during
@@ -51,7 +53,6 @@ pytestmark = [
     pytest.mark.skipif(vlen_kernels is None, reason="compiled extensions missing"),
 ]
 
-STRICT = {"codec_pipeline.path": FUSED, "codec_pipeline.strict": True}
 
 V3_COMPRESSORS = {
     "none": None,
@@ -584,14 +585,6 @@ def _partly_written(kind: str, fmt: int, order: str) -> zarr.storage.MemoryStore
     return store
 
 
-def _read_both(store: Any, selection: Any) -> tuple[np.ndarray, np.ndarray]:
-    with zarr.config.set(STRICT):
-        got = zarr.open_array(store, mode="r")[selection]
-    with with_pipeline(BATCHED):
-        expected = zarr.open_array(store, mode="r")[selection]
-    return got, expected
-
-
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     data=st.data(),
@@ -605,7 +598,7 @@ def test_basic_selections_read_like_zarr(
     chunks, format-2 frames in F order: zarr's values."""
     store = _partly_written(kind, *layout)
     selection = data.draw(basic_indices(shape=(9, 7)), label="selection")
-    got, expected = _read_both(store, selection)
+    got, expected = read_both(store, selection)
     assert_same_read(got, expected)
 
 
@@ -616,7 +609,7 @@ def test_read_into_a_strided_output(kind: str, layout: tuple[int, str]) -> None:
     land in it, the elements between them are left alone."""
     store = _partly_written(kind, *layout)
     selection = (slice(1, 9, 2), slice(None))
-    _, expected = _read_both(store, selection)
+    _, expected = read_both(store, selection)
     # longer than NumPy keeps inside a StringDType element: each one overwritten
     # frees its own heap string
     sentinel = "untouched, " * 3 if kind == "str" else b"untouched"
@@ -645,7 +638,7 @@ def test_basic_reads_place_items_natively(kind: str, monkeypatch: pytest.MonkeyP
 
     monkeypatch.setattr(NativeOrFallback, "decode_handled_into", spy)
     for selection in [..., (slice(1, 8, 3), 2), (5, 4)]:
-        got, expected = _read_both(store, selection)
+        got, expected = read_both(store, selection)
         assert_same_read(got, expected)
     assert whole == []
     with zarr.config.set(STRICT):

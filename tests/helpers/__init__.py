@@ -124,6 +124,16 @@ def assert_same_values(actual: Any, expected: Any, *, byte_order: bool = True) -
     np.testing.assert_array_equal(actual, expected, strict=True)
 
 
+def read_both(store: Any, selection: Any) -> tuple[Any, Any]:
+    """``selection`` of the array in ``store`` read by zarr_fused in strict
+    mode and by zarr's `BatchedCodecPipeline`: (ours, zarr's)."""
+    with zarr.config.set(STRICT):
+        got = zarr.open_array(store, mode="r")[selection]
+    with zarr.config.set({"codec_pipeline.path": BATCHED}):
+        expected = zarr.open_array(store, mode="r")[selection]
+    return got, expected
+
+
 def assert_same_read(got: Any, expected: Any) -> None:
     """`assert_same_values`, and of a read of one item the same wrapping
     as zarr's: zarr returns an object item as ``bytes``/``str``, a 0-d array
