@@ -18,9 +18,7 @@ import asyncio
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from zarr.core.chunk_utils import chunk_is_empty
-
-from zarr_fused._merge import merge_and_encode
+from zarr_fused._merge import is_empty_chunk, merge_and_encode
 from zarr_fused._pool import partition
 from zarr_fused._zarr_compat import merge_chunk_array
 
@@ -102,7 +100,7 @@ class AsyncChunkWriter:
         merged = merge_chunk_array(
             existing_array, value, out_selection, spec, chunk_selection, is_complete, drop_axes
         )
-        if chunk_is_empty(merged, spec):
+        if is_empty_chunk(merged, spec):
             return None
         return await transform.encode_chunk(merged, spec)
 

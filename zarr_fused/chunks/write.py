@@ -46,11 +46,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from zarr.codecs.sharding import ShardingCodec
-from zarr.core.chunk_utils import chunk_is_empty
 
 from zarr_fused._buffers import buffers
 from zarr_fused._dtypes import empty, empty_rule_pattern
-from zarr_fused._merge import merge_and_encode, merge_owned
+from zarr_fused._merge import is_empty_chunk, merge_and_encode, merge_owned
 from zarr_fused._native import io_kernels
 from zarr_fused._pool import partition, run_parallel
 from zarr_fused._zarr_compat import encode_partial_sync
@@ -295,7 +294,7 @@ class _ChunkWrite:
         kernel_checks = (
             queued and self.empty_pattern is not None and merged.dtype == self.chain.dtype
         )
-        if not kernel_checks and chunk_is_empty(
+        if not kernel_checks and is_empty_chunk(
             spec.prototype.nd_buffer.from_ndarray_like(merged), spec
         ):
             return None, None

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 import numpy as np
 from zarr.core.chunk_grids import ChunkGrid
-from zarr.core.chunk_utils import chunk_is_empty, fill_value_or_default
+from zarr.core.chunk_utils import fill_value_or_default
 from zarr.core.indexing import (
     BasicIndexer,
     IntDimIndexer,
@@ -50,7 +50,7 @@ from zarr.core.indexing import (
 
 from zarr_fused._buffers import RawBuffer, buffers
 from zarr_fused._items import MISSING, PRESENT
-from zarr_fused._merge import merge_owned
+from zarr_fused._merge import is_empty_chunk, merge_owned
 from zarr_fused._native import index_kernels, vlen_kernels
 from zarr_fused._pool import partition, run_parallel
 from zarr_fused._scatter_py import fill_missing
@@ -462,7 +462,7 @@ class VlenShardWriter(ShardSide):
                 merged = merge_owned(
                     decoded, value, value_selection, inner_spec, inner_selection, complete, ()
                 )
-                if chunk_is_empty(
+                if is_empty_chunk(
                     inner_spec.prototype.nd_buffer.from_ndarray_like(merged), inner_spec
                 ):
                     payloads[lin] = None

@@ -51,12 +51,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, TypeGuard, cast
 
 import numpy as np
-from zarr.core.chunk_utils import chunk_is_empty, fill_value_or_default
+from zarr.core.chunk_utils import fill_value_or_default
 from zarr.storage import MemoryStore
 
 from zarr_fused._buffers import buffers
 from zarr_fused._dtypes import empty, empty_rule_pattern, in_byte_order
-from zarr_fused._merge import merge_owned
+from zarr_fused._merge import is_empty_chunk, merge_owned
 from zarr_fused._native import index_kernels, shard_kernels
 from zarr_fused._pool import partition, run_parallel
 from zarr_fused._zarr_compat import inner_chunk_spec
@@ -488,7 +488,7 @@ class ShardWriter(ShardSide):
         inner_spec = ctx.inner_spec
         nd_buffer = inner_spec.prototype.nd_buffer
         merged = merge_owned(None, ctx.request.value, (), inner_spec, (), True, ())
-        if chunk_is_empty(nd_buffer.from_ndarray_like(merged), inner_spec):
+        if is_empty_chunk(nd_buffer.from_ndarray_like(merged), inner_spec):
             return None
         encoded = self.chain.encode(nd_buffer.from_ndarray_like(merged), inner_spec)
         return encoded.as_numpy_array() if encoded is not None else None
@@ -595,7 +595,7 @@ class ShardWriter(ShardSide):
             if not whole:
                 continue
             region = np.asarray(block[block_selection]).reshape(self.inner_shape)
-            if chunk_is_empty(inner_spec.prototype.nd_buffer.from_ndarray_like(region), inner_spec):
+            if is_empty_chunk(inner_spec.prototype.nd_buffer.from_ndarray_like(region), inner_spec):
                 payloads[lin] = None
             else:
                 state.encoding.add(region, ctx.layout, ctx.swap, (setter, lin))
@@ -633,7 +633,7 @@ class ShardWriter(ShardSide):
                     ).as_ndarray_like(),
                 )
             chunk[sel] = in_byte_order(data if block is None else block[block_sel], chunk.dtype)
-            if not checks_empty and chunk_is_empty(
+            if not checks_empty and is_empty_chunk(
                 inner_spec.prototype.nd_buffer.from_ndarray_like(chunk), inner_spec
             ):
                 payloads[lin] = None
