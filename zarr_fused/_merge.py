@@ -42,7 +42,7 @@ def merge_and_encode(
 
 
 #: data kinds whose elements NumPy compares one by one through their
-#: objects or string storage (objects, StringDType): ~30 ns an element
+#: objects or string storage (objects, StringDType)
 _SLOW_COMPARE = frozenset("OT")
 
 
@@ -51,10 +51,9 @@ def is_empty_chunk(chunk: NDBuffer, spec: ArraySpec) -> bool:
     the chunk's first element when that differs from the fill value.
 
     zarr compares a first block of 16384 elements before it can say a
-    chunk is not empty: for strings and objects about 1 ms a chunk of
-    32768, most of a vlen chunk's encode. An element that differs by
-    zarr's own comparison (applied to a one-element view) means the whole
-    differs too, so the answer is zarr's either way."""
+    chunk is not empty, one by one for strings and objects. An element
+    that differs by zarr's own comparison (applied to a one-element view)
+    means the whole differs too, so the answer is zarr's either way."""
     if spec.config.write_empty_chunks:
         return False
     data = chunk.as_ndarray_like()
