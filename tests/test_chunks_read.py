@@ -170,11 +170,18 @@ def _store_prefix(arr: Any) -> bytes:
 
 @pytest.mark.parametrize("measured", [True, False], ids=["store-measured", "store-unknown"])
 def test_a_new_arrays_first_read_follows_its_stores_measurement(
-    chunked: tuple[Path, np.ndarray], measured: bool
+    chunked: tuple[Path, np.ndarray], measured: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """An array just opened reads directly while its store's files were
     measured fast within `PROBE_INTERVAL` (by another array's reader);
-    otherwise its first chunks, read directly, measure them (hot here)."""
+    otherwise its first chunks, read directly, measure them (hot here).
+
+    The files are hot, but a busy host (CI's ASan run) can make a hot read
+    wait past `FAST_FILE` for a CPU: the scout's and the direct reads'
+    thresholds are held generous, so what is tested is what the reader
+    does with fast files, not how fast they were."""
+    monkeypatch.setattr(chunk_pipelined, "FAST_FILE", 1.0)
+    monkeypatch.setattr(chunk_pipelined, "slow_direct", lambda seconds, nbytes: False)
     root, data = chunked
     with _pipelined(root) as (arr, reader):
         prefix = _store_prefix(arr)
@@ -187,7 +194,7 @@ def test_a_new_arrays_first_read_follows_its_stores_measurement(
         assert reader.probe.direct_reads == PROBE_READS + 1
     else:  # scouted: its own measurement, lent to the next array opened
         assert reader.probe.latency is not None
-        assert reader.probe.latency < FAST_FILE
+        assert reader.probe.latency < 1.0
         assert reader.probe.direct_reads == 1
         assert STORE_LATENCIES.seen[prefix][0] == reader.probe.latency
 
