@@ -208,8 +208,10 @@ def test_a_read_with_no_measurement_scouts_one_chunk_per_thread(
     files, through the IO threads (which measure them) otherwise."""
     root, data = chunked
     pipelined = _pipelined_reads(monkeypatch)
-    if waited:  # as a network filesystem's first files would
-        monkeypatch.setattr(chunk_read, "group_wait_per_file", lambda *_: 1e-3)
+    # as a network filesystem's first files would wait, or hot ones not
+    # (held so: a busy host can make a hot read wait for a CPU)
+    wait = 1e-3 if waited else 0.0
+    monkeypatch.setattr(chunk_read, "group_wait_per_file", lambda *_: wait)
     with _pipelined(root) as (arr, reader):
         STORE_LATENCIES.forget(_store_prefix(arr))
         assert_same_values(arr[...], data)
@@ -242,8 +244,8 @@ def test_a_pipelined_read_builds_one_target_for_what_it_reads(
 
     monkeypatch.setattr(chunk_pipelined, "ReadTarget", Spy)
     pipelined = _pipelined_reads(monkeypatch)
-    if case == "waited":
-        monkeypatch.setattr(chunk_read, "group_wait_per_file", lambda *_: 1e-3)
+    wait = 1e-3 if case == "waited" else 0.0  # hot: held so on a busy host too
+    monkeypatch.setattr(chunk_read, "group_wait_per_file", lambda *_: wait)
     with _pipelined(root) as (arr, reader):
         STORE_LATENCIES.forget(_store_prefix(arr))
         if case == "held-slow":
